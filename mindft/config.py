@@ -1,0 +1,312 @@
+"""Everything mindft reads from the environment, parsed once into frozen dataclasses.
+
+This is the only module that validates configuration: every other module takes
+a :class:`MindftConfig` (or one of its parts) and trusts it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Optional, TypeVar
+
+log = logging.getLogger(__name__)
+
+TFT_VARIABLE = "MS_ENABLE_TFT"
+DEFAULT_RESET_FILE = Path("/user/restore/reset/config/reset.json")
+DEFAULT_CONTROLLER_PORT = 29600
+
+# Option → allowed values, as MindSpore 2.10 and the MindCluster guides document them.
+_FLAG_VALUES = ("0", "1")
+_TFT_OPTIONS: dict[str, tuple[str, ...]] = {
+    "ARF": _FLAG_VALUES,  # process-level rescheduling
+    "ATO": _FLAG_VALUES,  # adaptive checkpoint-interval advice
+    "HCCE": _FLAG_VALUES,  # process-level online recovery of communication errors
+    "RSC": _FLAG_VALUES,  # graceful fault tolerance (device plugin -hotReset=1)
+    "TRE": ("0", "1", "2"),  # training-result-error recompute; 2 uses snapshots
+    "TSP": _FLAG_VALUES,  # step pause
+    "TTP": _FLAG_VALUES,  # dying-gasp checkpoint after a fault
+    "UCE": _FLAG_VALUES,  # process-level online recovery of on-chip memory errors
+}
+_TFT_FREE_OPTIONS = ("ATO_PATH", "ATO_THRESHOLD")  # values are not flags
+_KNOWN_KEYS = tuple(sorted((*_TFT_OPTIONS, *_TFT_FREE_OPTIONS)))
+_KEY_PATTERN = re.compile(r"[A-Z][A-Z0-9_]*")
+
+# The seed: graceful fault tolerance, process-level rescheduling and process-level
+# online recovery cannot be enabled at the same time.
+_EXCLUSIVE_WITH_RSC = {
+    "ARF": "process-level rescheduling",
+    "UCE": "process-level online recovery",
+    "HCCE": "process-level online recovery",
+}
+_NEEDS_MINDIO = ("TTP", "UCE", "ARF", "TSP", "HCCE")
+
+
+class ConfigError(ValueError):
+    """A configuration value is malformed or inconsistent; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class TFTOptions:
+    """The parsed value of ``MS_ENABLE_TFT``."""
+
+    ttp: bool = False
+    uce: bool = False
+    arf: bool = False
+    hcce: bool = False
+    rsc: bool = False
+    tsp: bool = False
+    tre: int = 0
+    ato: bool = False
+    ato_path: Optional[str] = None
+    ato_threshold: Optional[float] = None
+
+    @property
+    def enabled(self) -> bool:
+        """True when any option asks for fault tolerance (mindft then takes part)."""
+        return any((self.ttp, self.uce, self.arf, self.hcce, self.rsc, self.tsp, self.tre))
+
+    @property
+    def needs_mindio(self) -> bool:
+        """True when MindSpore itself would require the mindio-ttp wheel for these options."""
+        return any(getattr(self, key.lower()) for key in _NEEDS_MINDIO)
+
+    def __str__(self) -> str:
+        parts = [f"{f.name.upper()}:{_render(getattr(self, f.name))}"
+                 for f in dataclasses.fields(self)
+                 if getattr(self, f.name) not in (False, 0, None)]
+        return "{" + ",".join(parts) + "}"
+
+
+def _render(value: object) -> str:
+    return "1" if value is True else str(value)
+
+
+def parse_tft(text: str, variable: str = TFT_VARIABLE) -> TFTOptions:
+    """Parse an ``MS_ENABLE_TFT`` value such as ``'{TTP:1,UCE:1}'``.
+
+    Braces are optional, blanks around items and separators are ignored and the
+    empty string enables nothing. Keys are case-sensitive and upper case, as in
+    MindSpore (which silently ignores ``ttp:1``); a lower-case key is an error
+    that suggests the right spelling.
+    """
+    body = text.strip()
+    if body.startswith("{") != body.endswith("}"):
+        raise ConfigError(f"{variable}: unbalanced braces in {text!r}; write e.g. '{{RSC:1}}'")
+    if body.startswith("{"):
+        body = body[1:-1].strip()
+    values: dict[str, str] = {}
+    if body:
+        for position, item in enumerate(body.split(","), start=1):
+            key, value = _split_item(item, position, text, variable)
+            if key in values and values[key] != value:
+                raise ConfigError(f"{variable}: {key} is given twice with different values "
+                                  f"({values[key]!r} and {value!r}) in {text!r}; keep one")
+            values[key] = value
+    return _build_options(values, text, variable)
+
+
+def _split_item(item: str, position: int, text: str, variable: str) -> tuple[str, str]:
+    item = item.strip()
+    if not item:
+        raise ConfigError(f"{variable}: empty item #{position} in {text!r}; "
+                          f"items are KEY:VALUE separated by single commas")
+    if ":" not in item:
+        raise ConfigError(f"{variable}: item {item!r} in {text!r} has no value; "
+                          f"write KEY:VALUE, e.g. '{item}:1'")
+    key, value = (part.strip() for part in item.split(":", 1))
+    if key not in _KNOWN_KEYS:
+        hint = f" (keys are upper case: did you mean {key.upper()!r}?)" if key.upper() in _KNOWN_KEYS else ""
+        raise ConfigError(f"{variable}: unknown option {key!r} in {text!r}{hint}; "
+                          f"known options: {', '.join(_KNOWN_KEYS)}")
+    allowed = _TFT_OPTIONS.get(key)
+    if allowed is not None and value not in allowed:
+        raise ConfigError(f"{variable}: {key} must be one of {', '.join(allowed)}, "
+                          f"got {value!r} in {text!r}")
+    if not value:
+        raise ConfigError(f"{variable}: {key} has an empty value in {text!r}")
+    return key, value
+
+
+def _build_options(values: Mapping[str, str], text: str, variable: str) -> TFTOptions:
+    flags = {key.lower(): values.get(key) == "1" for key in _TFT_OPTIONS if key != "TRE"}
+    if flags["arf"] and not flags["ttp"]:
+        log.info("%s: ARF:1 implies TTP:1 (as in MindSpore); enabling TTP", variable)
+        flags["ttp"] = True
+    if flags["rsc"]:
+        for key, mode in _EXCLUSIVE_WITH_RSC.items():
+            if flags[key.lower()]:
+                raise ConfigError(
+                    f"{variable}: RSC (graceful fault tolerance) and {key} ({mode}) cannot be "
+                    f"enabled at the same time in {text!r}; keep RSC:1 or {key}:1, not both")
+    threshold = values.get("ATO_THRESHOLD")
+    ato_threshold = None
+    if threshold is not None:
+        try:
+            ato_threshold = float(threshold)
+        except ValueError:
+            raise ConfigError(f"{variable}: ATO_THRESHOLD must be a number, got {threshold!r} "
+                              f"in {text!r}") from None
+    if not flags["ato"] and ("ATO_PATH" in values or threshold is not None):
+        raise ConfigError(f"{variable}: ATO_PATH and ATO_THRESHOLD only apply with ATO:1, "
+                          f"in {text!r}; add ATO:1 or remove them")
+    return TFTOptions(tre=int(values.get("TRE", "0")), ato_path=values.get("ATO_PATH"),
+                      ato_threshold=ato_threshold, **flags)
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Every time limit mindft uses, in seconds (see the README's timeout ladder)."""
+
+    heartbeat_interval: float = 0.5
+    heartbeat_misses: int = 6
+    register: float = 120.0
+    pause: float = 60.0
+    repair: float = 180.0
+    rollback: float = 180.0
+    resume: float = 60.0
+    connect_retries: int = 10
+    reset_poll_interval: float = 1.0
+
+    @property
+    def dead_after(self) -> float:
+        """Silence after which a rank is declared dead or hung."""
+        return self.heartbeat_interval * self.heartbeat_misses
+
+
+@dataclass(frozen=True)
+class MindftConfig:
+    """Everything one mindft process needs, read by :func:`load_config`."""
+
+    tft: TFTOptions = field(default_factory=TFTOptions)
+    rank: int = 0
+    world_size: int = 1
+    controller_ip: str = "127.0.0.1"
+    controller_port: int = DEFAULT_CONTROLLER_PORT
+    reset_file: Path = DEFAULT_RESET_FILE
+    key_file: Optional[Path] = None
+    insecure: bool = False
+    dump_dir: Path = Path("mindft_dump")
+    restart_count: int = 0
+    timeouts: Timeouts = field(default_factory=Timeouts)
+
+    @property
+    def controller_address(self) -> str:
+        """The ZeroMQ endpoint of the controller."""
+        return f"tcp://{self.controller_ip}:{self.controller_port}"
+
+
+@dataclass(frozen=True)
+class _EnvVar:
+    name: str
+    meaning: str
+    default: str
+    valid: str
+
+
+# One row per variable; the README's configuration table is this list.
+ENV_VARS: tuple[_EnvVar, ...] = (
+    _EnvVar(TFT_VARIABLE, "fault-tolerance options, e.g. '{RSC:1}'", "'' (off)",
+            "KEY:VALUE items, keys " + ", ".join(_KNOWN_KEYS)),
+    _EnvVar("MS_TFT_IP", "controller address", "127.0.0.1", "an IPv4/IPv6 address"),
+    _EnvVar("MS_TFT_PORT", "controller port", str(DEFAULT_CONTROLLER_PORT), "1024..65535"),
+    _EnvVar("MS_WORKER_NUM", "world size (msrun); RANK_SIZE is read if unset", "1", "1..1048576"),
+    _EnvVar("MS_NODE_ID", "this process's rank (msrun); RANK_ID is read if unset", "0",
+            "0..world size - 1"),
+    _EnvVar("MINDFT_RESET_FILE", "device plugin reset file", str(DEFAULT_RESET_FILE), "a path"),
+    _EnvVar("MINDFT_KEY_FILE", "CurveZMQ key pair written by mindft-launch", "unset",
+            "a file readable only by the job's user"),
+    _EnvVar("MINDFT_INSECURE", "1 turns authentication and encryption off (debugging only)", "0",
+            "0, 1"),
+    _EnvVar("MINDFT_DUMP_DIR", "where dying-gasp checkpoints are written", "mindft_dump", "a path"),
+    _EnvVar("MINDFT_RESTART_COUNT", "times this rank was restarted (set by mindft-launch)", "0",
+            "0..1000"),
+    _EnvVar("MINDFT_HEARTBEAT_INTERVAL", "seconds between heartbeats", "0.5", "0.01..60"),
+    _EnvVar("MINDFT_HEARTBEAT_MISSES", "missed heartbeats before a rank is dead or hung", "6",
+            "1..1000"),
+    _EnvVar("MINDFT_REGISTER_TIMEOUT", "seconds for every rank to register at start", "120",
+            "1..86400"),
+    _EnvVar("MINDFT_PAUSE_TIMEOUT", "seconds for every live rank to pause at a step boundary",
+            "60", "1..86400"),
+    _EnvVar("MINDFT_REPAIR_TIMEOUT", "seconds for a device to recover or a rank to come back "
+            "(cf. TTP_NORMAL_ACTION_TIME_LIMIT)", "180", "1..86400"),
+    _EnvVar("MINDFT_ROLLBACK_TIMEOUT", "seconds for every rank to restore the repair step", "180",
+            "1..86400"),
+    _EnvVar("MINDFT_RESUME_TIMEOUT", "seconds for every rank to acknowledge resume", "60",
+            "1..86400"),
+    _EnvVar("MINDFT_CONNECT_RETRIES", "controller connection attempts (cf. TTP_RETRY_TIMES)", "10",
+            "1..300"),
+    _EnvVar("MINDFT_RESET_POLL_INTERVAL", "seconds between reads of the reset file", "1.0",
+            "0.01..60"),
+)
+
+_Number = TypeVar("_Number", int, float)
+
+
+def _number(environ: Mapping[str, str], name: str, kind: Callable[[str], _Number], default: _Number,
+            low: _Number, high: _Number) -> _Number:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise ConfigError(f"{name}: expected {'an integer' if kind is int else 'a number'} "
+                          f"in {low}..{high}, got {raw!r}") from None
+    if not low <= value <= high:
+        raise ConfigError(f"{name}: {raw!r} is out of range; valid: {low}..{high}")
+    return value
+
+
+def _first(environ: Mapping[str, str], *names: str) -> Optional[str]:
+    for name in names:
+        if environ.get(name, "").strip():
+            return name
+    return None
+
+
+def load_config(environ: Mapping[str, str] = os.environ) -> MindftConfig:
+    """Read and validate every variable mindft uses (see :data:`ENV_VARS`)."""
+    tft = parse_tft(environ.get(TFT_VARIABLE, ""))
+    size_var = _first(environ, "MS_WORKER_NUM", "RANK_SIZE") or "MS_WORKER_NUM"
+    world_size = _number(environ, size_var, int, 1, 1, 1 << 20)
+    rank_var = _first(environ, "MS_NODE_ID", "RANK_ID") or "MS_NODE_ID"
+    rank = _number(environ, rank_var, int, 0, 0, 1 << 20)
+    if rank >= world_size:
+        raise ConfigError(f"{rank_var}: rank {rank} is not below the world size {world_size} "
+                          f"({size_var}); valid ranks: 0..{world_size - 1}")
+    ip = environ.get("MS_TFT_IP", "").strip() or "127.0.0.1"
+    try:
+        ipaddress.ip_address(ip)
+    except ValueError:
+        raise ConfigError(f"MS_TFT_IP: {ip!r} is not an IP address; use e.g. 127.0.0.1") from None
+    insecure = _number(environ, "MINDFT_INSECURE", int, 0, 0, 1) == 1
+    key_file = environ.get("MINDFT_KEY_FILE", "").strip() or None
+    timeouts = Timeouts(
+        heartbeat_interval=_number(environ, "MINDFT_HEARTBEAT_INTERVAL", float, 0.5, 0.01, 60.0),
+        heartbeat_misses=_number(environ, "MINDFT_HEARTBEAT_MISSES", int, 6, 1, 1000),
+        register=_number(environ, "MINDFT_REGISTER_TIMEOUT", float, 120.0, 1.0, 86400.0),
+        pause=_number(environ, "MINDFT_PAUSE_TIMEOUT", float, 60.0, 1.0, 86400.0),
+        repair=_number(environ, "MINDFT_REPAIR_TIMEOUT", float, 180.0, 1.0, 86400.0),
+        rollback=_number(environ, "MINDFT_ROLLBACK_TIMEOUT", float, 180.0, 1.0, 86400.0),
+        resume=_number(environ, "MINDFT_RESUME_TIMEOUT", float, 60.0, 1.0, 86400.0),
+        connect_retries=_number(environ, "MINDFT_CONNECT_RETRIES", int, 10, 1, 300),
+        reset_poll_interval=_number(environ, "MINDFT_RESET_POLL_INTERVAL", float, 1.0, 0.01, 60.0),
+    )
+    return MindftConfig(
+        tft=tft,
+        rank=rank,
+        world_size=world_size,
+        controller_ip=ip,
+        controller_port=_number(environ, "MS_TFT_PORT", int, DEFAULT_CONTROLLER_PORT, 1024, 65535),
+        reset_file=Path(environ.get("MINDFT_RESET_FILE", "").strip() or DEFAULT_RESET_FILE),
+        key_file=Path(key_file) if key_file else None,
+        insecure=insecure,
+        dump_dir=Path(environ.get("MINDFT_DUMP_DIR", "").strip() or "mindft_dump"),
+        restart_count=_number(environ, "MINDFT_RESTART_COUNT", int, 0, 0, 1000),
+        timeouts=timeouts,
+    )
