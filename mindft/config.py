@@ -201,54 +201,74 @@ class MindftConfig:
 
 
 @dataclass(frozen=True)
-class _EnvVar:
+class EnvVar:
+    """One environment variable mindft reads: the README's configuration table is built from these."""
+
     name: str
     meaning: str
     default: str
     valid: str
 
 
-# One row per variable; the README's configuration table is this list.
-ENV_VARS: tuple[_EnvVar, ...] = (
-    _EnvVar(TFT_VARIABLE, "fault-tolerance options, e.g. '{RSC:1}'", "'' (off)",
-            "KEY:VALUE items, keys " + ", ".join(_KNOWN_KEYS)),
-    _EnvVar("MS_TFT_IP", "controller address", "127.0.0.1", "an IPv4/IPv6 address"),
-    _EnvVar("MS_TFT_PORT", "controller port", str(DEFAULT_CONTROLLER_PORT), "1024..65535"),
-    _EnvVar("MS_WORKER_NUM", "world size (msrun); RANK_SIZE is read if unset", "1", "1..1048576"),
-    _EnvVar("MS_NODE_ID", "this process's rank (msrun); RANK_ID is read if unset", "0",
-            "0..world size - 1"),
-    _EnvVar("MINDFT_RESET_FILE", "device plugin reset file", str(DEFAULT_RESET_FILE), "a path"),
-    _EnvVar("MINDFT_KEY_FILE", "CurveZMQ key pair written by mindft-launch", "unset",
-            "a file readable only by the job's user"),
-    _EnvVar("MINDFT_INSECURE", "1 turns authentication and encryption off (debugging only)", "0",
-            "0, 1"),
-    _EnvVar("MINDFT_DUMP_DIR", "where dying-gasp checkpoints are written", "mindft_dump", "a path"),
-    _EnvVar("MINDFT_RESTART_COUNT", "times this rank was restarted (set by mindft-launch)", "0",
-            "0..1000"),
-    _EnvVar("MINDFT_HEARTBEAT_INTERVAL", "seconds between heartbeats", "0.5", "0.01..60"),
-    _EnvVar("MINDFT_HEARTBEAT_MISSES", "missed heartbeats before a rank is dead or hung", "6",
-            "1..1000"),
-    _EnvVar("MINDFT_REGISTER_TIMEOUT", "seconds for every rank to register at start", "120",
-            "1..86400"),
-    _EnvVar("MINDFT_PAUSE_TIMEOUT", "seconds for every live rank to pause at a step boundary",
-            "60", "1..86400"),
-    _EnvVar("MINDFT_REPAIR_TIMEOUT", "seconds for a device to recover or a rank to come back "
-            "(cf. TTP_NORMAL_ACTION_TIME_LIMIT)", "180", "1..86400"),
-    _EnvVar("MINDFT_ROLLBACK_TIMEOUT", "seconds for every rank to restore the repair step", "180",
-            "1..86400"),
-    _EnvVar("MINDFT_RESUME_TIMEOUT", "seconds for every rank to acknowledge resume", "60",
-            "1..86400"),
-    _EnvVar("MINDFT_CONNECT_RETRIES", "controller connection attempts (cf. TTP_RETRY_TIMES)", "10",
-            "1..300"),
-    _EnvVar("MINDFT_RESET_POLL_INTERVAL", "seconds between reads of the reset file", "1.0",
-            "0.01..60"),
+@dataclass(frozen=True)
+class _Timeout:
+    """A numeric setting of :class:`Timeouts` and the variable that overrides it."""
+
+    variable: str
+    attribute: str
+    kind: type
+    low: float
+    high: float
+    meaning: str
+
+
+_TIMEOUT_VARS: tuple[_Timeout, ...] = (
+    _Timeout("MINDFT_HEARTBEAT_INTERVAL", "heartbeat_interval", float, 0.01, 60,
+             "seconds between heartbeats"),
+    _Timeout("MINDFT_HEARTBEAT_MISSES", "heartbeat_misses", int, 1, 1000,
+             "missed heartbeats before a rank is declared dead or hung"),
+    _Timeout("MINDFT_REGISTER_TIMEOUT", "register", float, 1, 86400,
+             "seconds for every rank to register at start"),
+    _Timeout("MINDFT_PAUSE_TIMEOUT", "pause", float, 1, 86400,
+             "seconds for every live rank to pause at a step boundary"),
+    _Timeout("MINDFT_REPAIR_TIMEOUT", "repair", float, 1, 86400,
+             "seconds for a device to recover or a rank to come back "
+             "(cf. TTP_NORMAL_ACTION_TIME_LIMIT)"),
+    _Timeout("MINDFT_ROLLBACK_TIMEOUT", "rollback", float, 1, 86400,
+             "seconds for every rank to restore the repair step"),
+    _Timeout("MINDFT_RESUME_TIMEOUT", "resume", float, 1, 86400,
+             "seconds for every rank to acknowledge resume"),
+    _Timeout("MINDFT_CONNECT_RETRIES", "connect_retries", int, 1, 300,
+             "controller connection attempts (cf. TTP_RETRY_TIMES)"),
+    _Timeout("MINDFT_RESET_POLL_INTERVAL", "reset_poll_interval", float, 0.01, 60,
+             "seconds between reads of the device plugin reset file"),
+)
+
+ENV_VARS: tuple[EnvVar, ...] = (
+    EnvVar(TFT_VARIABLE, "fault-tolerance options, e.g. '{RSC:1}'", "'' (off)",
+           "KEY:VALUE items, keys " + ", ".join(_KNOWN_KEYS)),
+    EnvVar("MS_TFT_IP", "controller address", "127.0.0.1", "an IPv4/IPv6 address"),
+    EnvVar("MS_TFT_PORT", "controller port", str(DEFAULT_CONTROLLER_PORT), "1024..65535"),
+    EnvVar("MS_WORKER_NUM", "world size (msrun); RANK_SIZE is read if unset", "1", "1..1048576"),
+    EnvVar("MS_NODE_ID", "this process's rank (msrun); RANK_ID is read if unset", "0",
+           "0..world size - 1"),
+    EnvVar("MINDFT_RESET_FILE", "device plugin reset file", str(DEFAULT_RESET_FILE), "a path"),
+    EnvVar("MINDFT_KEY_FILE", "CurveZMQ key pair (mindft-launch writes it)", "unset",
+           "a file readable only by the job's user"),
+    EnvVar("MINDFT_INSECURE", "1 turns authentication and encryption off (debugging only)", "0",
+           "0, 1"),
+    EnvVar("MINDFT_DUMP_DIR", "where dying-gasp checkpoints are written", "mindft_dump", "a path"),
+    EnvVar("MINDFT_RESTART_COUNT", "times this rank was restarted (mindft-launch sets it)", "0",
+           "0..1000"),
+    *(EnvVar(t.variable, t.meaning, str(getattr(Timeouts(), t.attribute)), f"{t.low}..{t.high}")
+      for t in _TIMEOUT_VARS),
 )
 
 _Number = TypeVar("_Number", int, float)
 
 
 def _number(environ: Mapping[str, str], name: str, kind: Callable[[str], _Number], default: _Number,
-            low: _Number, high: _Number) -> _Number:
+            low: float, high: float) -> _Number:
     raw = environ.get(name, "").strip()
     if not raw:
         return default
@@ -262,19 +282,21 @@ def _number(environ: Mapping[str, str], name: str, kind: Callable[[str], _Number
     return value
 
 
-def _first(environ: Mapping[str, str], *names: str) -> Optional[str]:
-    for name in names:
-        if environ.get(name, "").strip():
-            return name
-    return None
+def _one_of(environ: Mapping[str, str], preferred: str, alias: str) -> str:
+    """The variable to read among two synonyms (msrun sets both); they must agree."""
+    first, second = environ.get(preferred, "").strip(), environ.get(alias, "").strip()
+    if first and second and first != second:
+        raise ConfigError(f"{preferred}={first!r} and {alias}={second!r} disagree; "
+                          f"set them to the same value or unset {alias}")
+    return alias if second and not first else preferred
 
 
 def load_config(environ: Mapping[str, str] = os.environ) -> MindftConfig:
     """Read and validate every variable mindft uses (see :data:`ENV_VARS`)."""
     tft = parse_tft(environ.get(TFT_VARIABLE, ""))
-    size_var = _first(environ, "MS_WORKER_NUM", "RANK_SIZE") or "MS_WORKER_NUM"
+    size_var = _one_of(environ, "MS_WORKER_NUM", "RANK_SIZE")
     world_size = _number(environ, size_var, int, 1, 1, 1 << 20)
-    rank_var = _first(environ, "MS_NODE_ID", "RANK_ID") or "MS_NODE_ID"
+    rank_var = _one_of(environ, "MS_NODE_ID", "RANK_ID")
     rank = _number(environ, rank_var, int, 0, 0, 1 << 20)
     if rank >= world_size:
         raise ConfigError(f"{rank_var}: rank {rank} is not below the world size {world_size} "
@@ -286,17 +308,10 @@ def load_config(environ: Mapping[str, str] = os.environ) -> MindftConfig:
         raise ConfigError(f"MS_TFT_IP: {ip!r} is not an IP address; use e.g. 127.0.0.1") from None
     insecure = _number(environ, "MINDFT_INSECURE", int, 0, 0, 1) == 1
     key_file = environ.get("MINDFT_KEY_FILE", "").strip() or None
-    timeouts = Timeouts(
-        heartbeat_interval=_number(environ, "MINDFT_HEARTBEAT_INTERVAL", float, 0.5, 0.01, 60.0),
-        heartbeat_misses=_number(environ, "MINDFT_HEARTBEAT_MISSES", int, 6, 1, 1000),
-        register=_number(environ, "MINDFT_REGISTER_TIMEOUT", float, 120.0, 1.0, 86400.0),
-        pause=_number(environ, "MINDFT_PAUSE_TIMEOUT", float, 60.0, 1.0, 86400.0),
-        repair=_number(environ, "MINDFT_REPAIR_TIMEOUT", float, 180.0, 1.0, 86400.0),
-        rollback=_number(environ, "MINDFT_ROLLBACK_TIMEOUT", float, 180.0, 1.0, 86400.0),
-        resume=_number(environ, "MINDFT_RESUME_TIMEOUT", float, 60.0, 1.0, 86400.0),
-        connect_retries=_number(environ, "MINDFT_CONNECT_RETRIES", int, 10, 1, 300),
-        reset_poll_interval=_number(environ, "MINDFT_RESET_POLL_INTERVAL", float, 1.0, 0.01, 60.0),
-    )
+    defaults = Timeouts()
+    timeouts = Timeouts(**{
+        t.attribute: _number(environ, t.variable, t.kind, getattr(defaults, t.attribute), t.low, t.high)
+        for t in _TIMEOUT_VARS})
     return MindftConfig(
         tft=tft,
         rank=rank,
