@@ -1,0 +1,612 @@
+"""In-memory checkpoints: double-buffered, checksummed snapshots, a peer replica, a dying-gasp dump.
+
+A rank keeps the state of its last completed steps in host memory so a rollback
+costs a memcpy, not a disk read. :class:`SnapshotStore` holds two slots: a
+capture always writes into the slot that does not hold the snapshot to keep, so
+a capture that dies half-way leaves the previous snapshot intact. The copy runs
+in a background thread into buffers reused from one step to the next, and each
+array is checksummed chunk by chunk right after it is copied, while the chunk is
+still in cache, which makes the checksum nearly free.
+
+:class:`ReplicaServer`, :func:`push_replica` and :func:`fetch_replica` move a
+snapshot to a buddy rank and back over ZeroMQ without copying it in Python;
+:meth:`SnapshotStore.dump` writes MindSpore's ``.ckpt`` format without importing
+MindSpore, so a job that cannot recover still leaves a loadable checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+import zmq
+
+from mindft.keys import CurveKeys, secure_client, secure_server, start_authenticator
+
+try:  # xxh3 is ~10x faster than zlib.crc32 (bench/snapshot.py); crc32 keeps mindft working without it
+    import xxhash
+except ImportError:  # pragma: no cover - depends on the environment
+    xxhash = None
+
+log = logging.getLogger(__name__)
+
+REPLICA_VERSION = 1
+# 512 KiB chunks fit in L2, so hashing a chunk right after copying it reads from cache.
+_CHUNK = 512 * 1024
+# MindSpore slices parameters larger than 512 MiB into several records with the same tag.
+_CKPT_SLICE = 512 * 1024 * 1024
+# How often the replica server's thread wakes up to notice close().
+_POLL_MS = 100
+
+_CKPT_TYPES = {
+    np.dtype(np.bool_): "Bool", np.dtype(np.int8): "Int8", np.dtype(np.uint8): "UInt8",
+    np.dtype(np.int16): "Int16", np.dtype(np.uint16): "UInt16", np.dtype(np.int32): "Int32",
+    np.dtype(np.uint32): "UInt32", np.dtype(np.int64): "Int64", np.dtype(np.uint64): "UInt64",
+    np.dtype(np.float16): "Float16", np.dtype(np.float32): "Float32", np.dtype(np.float64): "Float64",
+}
+
+
+class SnapshotError(RuntimeError):
+    """No usable snapshot: none held, all corrupt, a refused replica, or a failed capture/dump."""
+
+
+class _Crc32:
+    """zlib.crc32 behind the streaming interface of xxhash's hashers."""
+
+    def __init__(self) -> None:
+        self._value = 0
+
+    def update(self, data: Any) -> None:
+        self._value = zlib.crc32(data, self._value)
+
+    def intdigest(self) -> int:
+        return self._value
+
+
+_HASHERS: Dict[str, Any] = {"crc32": _Crc32}
+if xxhash is not None:
+    _HASHERS["xxh3_64"] = xxhash.xxh3_64
+CHECKSUM = "xxh3_64" if xxhash is not None else "crc32"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One rank's state at the end of ``step``.
+
+    ``arrays`` are read-only views into the store (or into received frames): copy
+    them into the model before the store captures twice more.
+    """
+
+    step: int
+    arrays: Mapping[str, np.ndarray]
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    checksums: Mapping[str, int] = field(default_factory=dict)
+    algorithm: str = CHECKSUM  # how ``checksums`` were computed
+
+
+def checksum(array: np.ndarray, algorithm: str = CHECKSUM) -> int:
+    """The checksum mindft records for ``array``'s bytes (C order)."""
+    return _fill(np.ascontiguousarray(array), None, _HASHERS[algorithm])
+
+
+def _flat_bytes(array: np.ndarray) -> np.ndarray:
+    return array.reshape(-1).view(np.uint8)
+
+
+def _fill(dst: np.ndarray, src: Optional[np.ndarray], hasher: Any) -> int:
+    """Copy ``src`` into ``dst`` (when given) and return the checksum of what ``dst`` now holds."""
+    state = hasher()
+    if src is not None and not (src.flags.c_contiguous and dst.flags.c_contiguous):
+        np.copyto(dst, src, casting="no")  # rare: chunking needs flat views of both
+        dst, src = (dst if dst.flags.c_contiguous else src), None
+    out = _flat_bytes(dst)
+    inp = _flat_bytes(src) if src is not None else None
+    for start in range(0, out.size, _CHUNK):
+        chunk = out[start:start + _CHUNK]
+        if inp is not None:
+            np.copyto(chunk, inp[start:start + _CHUNK])
+        state.update(chunk)
+    return state.intdigest()
+
+
+def _as_sources(arrays: Mapping[str, Any]) -> Dict[str, np.ndarray]:
+    sources = {}
+    for name, value in arrays.items():
+        array = value if isinstance(value, np.ndarray) else np.asarray(value)
+        if array.dtype.hasobject:
+            raise SnapshotError(f"array {name!r} has dtype {array.dtype}; snapshots hold numeric arrays only")
+        sources[str(name)] = array
+    return sources
+
+
+def _readonly(array: np.ndarray) -> np.ndarray:
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+class _Slot:
+    """One of the two buffers; ``complete`` only once copy and checksums finished."""
+
+    def __init__(self) -> None:
+        self.buffers: Dict[str, np.ndarray] = {}
+        self.step = -1
+        self.meta: Dict[str, Any] = {}
+        self.checksums: Dict[str, int] = {}
+        self.algorithm = CHECKSUM
+        self.complete = False
+        self.readers = 0  # restores verifying this slot; a capture must not overwrite it meanwhile
+
+    def reserve(self, sources: Mapping[str, np.ndarray]) -> None:
+        """Make ``buffers`` match ``sources``, reusing every buffer whose shape and dtype still fit."""
+        old, new = self.buffers, {}
+        for name, src in sources.items():
+            buffer = old.get(name)
+            fits = buffer is not None and buffer.shape == src.shape and buffer.dtype == src.dtype
+            new[name] = buffer if fits else np.empty(src.shape, src.dtype)
+        self.buffers = new  # one assignment: nbytes may read it from another thread
+
+
+class SnapshotStore:
+    """Two host-memory snapshots of one rank's training state (see the module docstring).
+
+    One thread captures (the training thread); restore may run from any thread.
+    """
+
+    def __init__(self) -> None:
+        self._slots = (_Slot(), _Slot())
+        self._keep = 1  # the slot a capture must not touch: the newest, or the one last restored
+        self._cond = threading.Condition()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mindft-snapshot")
+        self._future: Optional[Future] = None
+        self._pending_step = -1
+        self._completed = 0  # captures and adopts completed, so restore can tell if one overtook it
+
+    def capture(self, step: int, arrays: Mapping[str, Any], meta: Optional[Mapping[str, Any]] = None) -> None:
+        """Start copying ``arrays`` (and JSON-able ``meta``) as the snapshot of ``step`` in the background.
+
+        Blocks only while the previous capture is still running. Do not mutate
+        ``arrays`` until :meth:`wait` returns: the copy reads them meanwhile.
+        """
+        sources = _as_sources(arrays)
+        meta = json.loads(json.dumps(dict(meta or {})))  # a private copy, and fails now if not JSON-able
+        self._join()
+        index, slot = self._claim()
+        slot.reserve(sources)
+        self._pending_step = step
+        self._future = self._pool.submit(self._fill_slot, index, step, sources, meta, CHECKSUM, None)
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        """Block until the capture in flight completed; raise :class:`SnapshotError` if it failed."""
+        future = self._future
+        if future is None:
+            return
+        try:
+            error = future.exception(timeout)
+        except FutureTimeout:
+            raise TimeoutError(f"capture of step {self._pending_step} still running after {timeout} s") from None
+        if error is not None:
+            raise SnapshotError(f"capture of step {self._pending_step} failed: {error!r}; "
+                                f"the previous snapshot is intact (steps held: {self.steps})") from error
+
+    def restore(self, step: Optional[int] = None, into: Optional[Mapping[str, np.ndarray]] = None) -> Snapshot:
+        """The newest snapshot at or below ``step`` whose checksums verify.
+
+        A snapshot that fails verification is dropped and the older one is tried.
+        With ``into`` (arrays with the snapshot's names, shapes and dtypes) the data
+        is copied there while it is verified, which is faster than verifying and
+        then copying; on :class:`SnapshotError` ``into`` may hold garbage. The
+        snapshot returned is the one the next capture will not overwrite.
+        """
+        with self._cond:
+            candidates = sorted(((slot.step, index) for index, slot in enumerate(self._slots)
+                                 if slot.complete and (step is None or slot.step <= step)), reverse=True)
+            for _, index in candidates:
+                self._slots[index].readers += 1
+            completed = self._completed
+        refused = []
+        try:
+            for held, index in candidates:
+                slot = self._slots[index]
+                if into is not None:
+                    _check_like(slot.buffers, into)
+                bad = self._verify(slot, into)
+                if not bad:
+                    with self._cond:
+                        if self._completed == completed:  # else a newer capture landed: keep that one
+                            self._keep = index
+                    log.debug("restored the snapshot of step %d (steps held: %s)", held, self.steps)
+                    return Snapshot(held, {name: _readonly(b) for name, b in slot.buffers.items()},
+                                    dict(slot.meta), dict(slot.checksums), slot.algorithm)
+                with self._cond:
+                    slot.complete = False
+                refused.append(f"step {held} (checksum mismatch in {', '.join(bad)})")
+                log.error("snapshot of step %d failed verification in %s; dropped it", held, ", ".join(bad))
+        finally:
+            with self._cond:
+                for _, index in candidates:
+                    self._slots[index].readers -= 1
+                self._cond.notify_all()
+        wanted = "any step" if step is None else f"step <= {step}"
+        raise SnapshotError(f"no verified snapshot for {wanted}; refused: {'; '.join(refused) or 'none held'}")
+
+    def adopt(self, snapshot: Snapshot) -> None:
+        """Install ``snapshot`` (e.g. a fetched replica) as complete, after verifying its checksums."""
+        self._join()
+        index, slot = self._claim()
+        sources = _as_sources(snapshot.arrays)
+        slot.reserve(sources)
+        if snapshot.algorithm not in _HASHERS:
+            raise SnapshotError(f"snapshot checksummed with {snapshot.algorithm!r}, unknown here "
+                                f"(known: {sorted(_HASHERS)})")
+        self._fill_slot(index, snapshot.step, sources, json.loads(json.dumps(dict(snapshot.meta))),
+                        snapshot.algorithm, snapshot.checksums)
+
+    @property
+    def steps(self) -> Tuple[int, ...]:
+        """Steps of the complete snapshots held, ascending."""
+        with self._cond:
+            return tuple(sorted(slot.step for slot in self._slots if slot.complete))
+
+    @property
+    def nbytes(self) -> int:
+        """Host memory held by the buffers (at most two copies of the state)."""
+        with self._cond:
+            return sum(buffer.nbytes for slot in self._slots for buffer in slot.buffers.values())
+
+    def dump(self, directory: Path, rank: int, world_size: int) -> Path:
+        """Write the newest verified snapshot as a MindSpore ``.ckpt`` plus a JSON manifest.
+
+        Both files appear atomically under their final names (the manifest last),
+        so a dump cut short leaves only a hidden temporary file. Returns the
+        checkpoint's path.
+        """
+        self._join()
+        snapshot = self.restore()
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"mindft-rank{rank}-step{snapshot.step}.ckpt"
+        manifest = {
+            "format": "mindspore-ckpt", "file": path.name, "step": snapshot.step, "rank": rank,
+            "world_size": world_size, "meta": dict(snapshot.meta), "checksum_algorithm": snapshot.algorithm,
+            "checksums": dict(snapshot.checksums),
+            "arrays": {name: {"dtype": array.dtype.str, "shape": list(array.shape)}
+                       for name, array in snapshot.arrays.items()},
+            "created": time.time(),
+        }
+        try:
+            _atomic_write(path, lambda handle: _write_ckpt(handle, snapshot.arrays))
+            _atomic_write(path.with_suffix(".json"),
+                          lambda handle: handle.write(json.dumps(manifest, indent=1).encode()))
+        except OSError as error:
+            raise SnapshotError(f"dump of step {snapshot.step} to {directory} failed: {error}") from error
+        log.warning("rank %d dumped the snapshot of step %d to %s", rank, snapshot.step, path)
+        return path
+
+    def close(self) -> None:
+        """Finish the capture in flight, stop the copy thread and free the buffers."""
+        self._join()
+        self._pool.shutdown(wait=True)
+        with self._cond:
+            for slot in self._slots:
+                slot.buffers, slot.complete = {}, False
+
+    def __enter__(self) -> SnapshotStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _join(self) -> None:
+        """Wait for the capture in flight; its failure was logged and is reported by wait()."""
+        if self._future is not None:
+            self._future.exception()
+
+    def _claim(self) -> Tuple[int, _Slot]:
+        """Take the slot a capture may overwrite, once no restore is reading it."""
+        with self._cond:
+            index = 1 - self._keep
+            slot = self._slots[index]
+            while slot.readers:
+                self._cond.wait()
+            slot.complete = False
+            return index, slot
+
+    def _fill_slot(self, index: int, step: int, sources: Mapping[str, np.ndarray], meta: Dict[str, Any],
+                   algorithm: str, expected: Optional[Mapping[str, int]]) -> None:
+        slot = self._slots[index]
+        try:
+            hasher = _HASHERS[algorithm]
+            checksums = {name: _fill(slot.buffers[name], src, hasher) for name, src in sources.items()}
+        except BaseException:
+            log.exception("capture of step %d failed; keeping the previous snapshot", step)
+            raise
+        if expected is not None and dict(expected) != checksums:
+            bad = sorted(name for name in checksums if checksums[name] != expected.get(name))
+            raise SnapshotError(f"snapshot of step {step} does not match its checksums "
+                                f"({', '.join(bad) or 'different array names'})")
+        with self._cond:
+            slot.step, slot.meta, slot.checksums, slot.algorithm = step, meta, checksums, algorithm
+            slot.complete = True
+            self._completed += 1
+            self._keep = index
+        log.debug("captured step %d (%d bytes)", step, sum(b.nbytes for b in slot.buffers.values()))
+
+    def _verify(self, slot: _Slot, into: Optional[Mapping[str, np.ndarray]]) -> List[str]:
+        """Names whose data does not match the recorded checksum (copying into ``into`` meanwhile)."""
+        hasher = _HASHERS[slot.algorithm]
+        return [name for name, buffer in slot.buffers.items()
+                if (_fill(into[name], buffer, hasher) if into is not None else _fill(buffer, None, hasher))
+                != slot.checksums.get(name)]
+
+
+def _check_like(buffers: Mapping[str, np.ndarray], into: Mapping[str, np.ndarray]) -> None:
+    if set(buffers) != set(into):
+        raise SnapshotError(f"restore(into=...): names differ from the snapshot's: missing "
+                            f"{sorted(set(buffers) - set(into))}, unexpected {sorted(set(into) - set(buffers))}")
+    for name, buffer in buffers.items():
+        target = into[name]
+        if not isinstance(target, np.ndarray) or target.shape != buffer.shape or target.dtype != buffer.dtype:
+            raise SnapshotError(f"restore(into=...): {name!r} must be an array of shape {buffer.shape} "
+                                f"and dtype {buffer.dtype}, got {getattr(target, 'shape', type(target))}")
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field (wire type 2)."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _write_ckpt(handle: Any, arrays: Mapping[str, np.ndarray]) -> None:
+    """Stream ``arrays`` as MindSpore's ``Checkpoint`` protobuf (mindspore/train/checkpoint.proto).
+
+    Checkpoint{repeated Value value = 1}; Value{string tag = 1; TensorProto tensor = 2};
+    TensorProto{repeated int64 dims = 1; string tensor_type = 2; bytes tensor_content = 3}.
+    Each record is a serialized one-value Checkpoint; concatenated, they parse as
+    one message. Tensor bytes go from the buffer to the file without a copy.
+    """
+    for name, array in arrays.items():
+        tensor_type = _CKPT_TYPES.get(array.dtype.newbyteorder("="))
+        if tensor_type is None or not array.dtype.isnative:
+            raise SnapshotError(f"array {name!r}: dtype {array.dtype} has no MindSpore checkpoint type")
+        data = _flat_bytes(np.ascontiguousarray(array))
+        # Proto2 repeated scalars are not packed: one (field 1, varint) pair per dimension.
+        head = b"".join(b"\x08" + _varint(dim) for dim in array.shape) + _field(2, tensor_type.encode())
+        for start in range(0, max(data.size, 1), _CKPT_SLICE):
+            content = data[start:start + _CKPT_SLICE]
+            tensor_head = head + _varint(3 << 3 | 2) + _varint(content.size)
+            tensor_size = len(tensor_head) + content.size
+            value_head = _field(1, name.encode()) + _varint(2 << 3 | 2) + _varint(tensor_size)
+            handle.write(_varint(1 << 3 | 2) + _varint(len(value_head) + tensor_size) + value_head + tensor_head)
+            handle.write(memoryview(content))
+
+
+def _atomic_write(path: Path, write: Any) -> None:
+    """Write ``path`` through a hidden temporary file: fsync, rename, fsync the directory."""
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except FileNotFoundError:
+            pass
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+@dataclass(frozen=True)
+class ReplicaHeader:
+    """The JSON frame in front of a replica's array frames: what the bytes are and how to check them."""
+
+    owner_rank: int
+    step: int
+    arrays: Tuple[Tuple[str, str, Tuple[int, ...], int], ...]  # (name, dtype.str, shape, checksum)
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    algorithm: str = CHECKSUM
+    version: int = REPLICA_VERSION
+
+    def encode(self) -> bytes:
+        """The header as one JSON frame."""
+        return json.dumps({"version": self.version, "owner_rank": self.owner_rank, "step": self.step,
+                           "algorithm": self.algorithm, "meta": dict(self.meta),
+                           "arrays": [list(spec) for spec in self.arrays]}).encode()
+
+    @classmethod
+    def decode(cls, frame: bytes) -> ReplicaHeader:
+        """Parse a header; :class:`SnapshotError` for garbage or a version this mindft does not speak."""
+        try:
+            data = json.loads(frame)
+            version = data["version"]
+            if version != REPLICA_VERSION:
+                raise SnapshotError(f"replica format version {version!r}; this mindft speaks {REPLICA_VERSION}")
+            arrays = tuple((str(name), np.dtype(dtype).str, tuple(int(d) for d in shape), int(value))
+                           for name, dtype, shape, value in data["arrays"])
+            if any(np.dtype(dtype).hasobject for _, dtype, _, _ in arrays):
+                raise SnapshotError("replica header names an object dtype")
+            return cls(int(data["owner_rank"]), int(data["step"]), arrays, dict(data["meta"]),
+                       str(data["algorithm"]), version)
+        except SnapshotError:
+            raise
+        except (ValueError, KeyError, TypeError) as error:
+            raise SnapshotError(f"garbage replica header ({error!r})") from None
+
+
+def _check_frames(header: ReplicaHeader, frames: List[Any]) -> None:
+    if len(frames) != len(header.arrays):
+        raise SnapshotError(f"replica of step {header.step} has {len(frames)} array frames, "
+                            f"its header lists {len(header.arrays)}")
+    for (name, dtype, shape, _), frame in zip(header.arrays, frames):
+        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        if len(frame) != size:
+            raise SnapshotError(f"replica of step {header.step}: {name!r} has {len(frame)} bytes, expected {size}")
+
+
+class ReplicaServer:
+    """Holds the latest replica pushed by each owner rank and serves it back (ROUTER, one thread).
+
+    Frames are kept as received and sent back as they are: no copy in Python.
+    With ``keys``, only clients holding the job key get in (CurveZMQ + ZAP).
+    """
+
+    def __init__(self, ip: str, keys: Optional[CurveKeys]) -> None:
+        self._context = zmq.Context()
+        self._authenticator = start_authenticator(self._context, keys)
+        self._socket = self._context.socket(zmq.ROUTER)
+        self._socket.linger = 0
+        # A replica is one multipart message of many frames: never drop or block on a count limit.
+        self._socket.sndhwm = self._socket.rcvhwm = 0
+        secure_server(self._socket, keys)
+        port = self._socket.bind_to_random_port(f"tcp://{ip}")
+        self.endpoint = f"tcp://{ip}:{port}"
+        self._held: Dict[int, Tuple[ReplicaHeader, List[Any]]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="mindft-replica", daemon=True)
+        self._thread.start()
+        log.info("replica server listening on %s (%s)", self.endpoint, "curve" if keys else "insecure")
+
+    @property
+    def held(self) -> Dict[int, int]:
+        """{owner rank: step of the replica held}."""
+        return {owner: header.step for owner, (header, _) in list(self._held.items())}
+
+    def close(self) -> None:
+        """Stop serving and drop the replicas held."""
+        self._stop.set()
+        self._thread.join()
+        if self._authenticator is not None:
+            self._authenticator.stop()
+        self._held.clear()
+        self._context.term()
+
+    def _serve(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if not self._socket.poll(_POLL_MS):
+                    continue
+                identity, *message = self._socket.recv_multipart(copy=False)
+                try:
+                    reply = self._handle(message)
+                except Exception as error:  # one bad request must not stop the server
+                    log.warning("replica server %s refused a request: %s", self.endpoint, error)
+                    reply = [b"error", str(error).encode()]
+                self._socket.send_multipart([identity, *reply], copy=False)
+        finally:
+            self._socket.close(linger=0)
+
+    def _handle(self, message: List[Any]) -> List[Any]:
+        command = message[0].bytes if message else b""
+        if command == b"push" and len(message) >= 2:
+            header = ReplicaHeader.decode(message[1].bytes)
+            _check_frames(header, message[2:])
+            self._held[header.owner_rank] = (header, message[2:])
+            log.debug("holding the replica of rank %d, step %d", header.owner_rank, header.step)
+            return [b"ok"]
+        if command == b"fetch" and len(message) == 2:
+            try:
+                owner = int(json.loads(message[1].bytes)["owner_rank"])
+            except (ValueError, KeyError, TypeError) as error:
+                raise SnapshotError(f"garbage fetch request ({error!r})") from None
+            if owner not in self._held:
+                raise SnapshotError(f"no replica of rank {owner} held here (holding {sorted(self._held)})")
+            header, frames = self._held[owner]
+            return [b"replica", header.encode(), *frames]
+        raise SnapshotError(f"unknown request {command[:32]!r} with {len(message)} frames")
+
+
+def _request(endpoint: str, keys: Optional[CurveKeys], timeout: float, frames: List[Any]) -> List[Any]:
+    socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket.linger = 0
+    socket.sndhwm = socket.rcvhwm = 0
+    socket.sndtimeo = int(timeout * 1000)
+    secure_client(socket, keys)
+    try:
+        socket.connect(endpoint)
+        socket.send_multipart(frames, copy=False)
+        if not socket.poll(int(timeout * 1000)):
+            raise SnapshotError(f"no answer from the replica server at {endpoint} within {timeout} s "
+                                f"(it is down, or it refused our key)")
+        reply = socket.recv_multipart(copy=False)
+    except zmq.ZMQError as error:
+        raise SnapshotError(f"replica server at {endpoint}: {error}") from error
+    finally:
+        socket.close(linger=0)
+    if reply[0].bytes == b"error":
+        raise SnapshotError(f"replica server at {endpoint} refused: {reply[1].bytes.decode(errors='replace')}")
+    return reply
+
+
+def push_replica(endpoint: str, owner_rank: int, snapshot: Snapshot, keys: Optional[CurveKeys],
+                 timeout: float) -> None:
+    """Send ``snapshot`` of ``owner_rank`` to its buddy's :class:`ReplicaServer`; returns once it is held."""
+    arrays = {name: np.ascontiguousarray(array) for name, array in snapshot.arrays.items()}
+    missing = sorted(set(arrays) - set(snapshot.checksums))
+    if missing:
+        raise SnapshotError(f"snapshot of step {snapshot.step} has no checksum for {missing}")
+    header = ReplicaHeader(owner_rank, snapshot.step, tuple(
+        (name, array.dtype.str, array.shape, int(snapshot.checksums[name])) for name, array in arrays.items()),
+        dict(snapshot.meta), snapshot.algorithm)
+    reply = _request(endpoint, keys, timeout,
+                     [b"push", header.encode(), *(_flat_bytes(array) for array in arrays.values())])
+    if reply[0].bytes != b"ok":
+        raise SnapshotError(f"replica server at {endpoint} answered {reply[0].bytes[:32]!r} to a push")
+
+
+def fetch_replica(endpoint: str, owner_rank: int, keys: Optional[CurveKeys], timeout: float,
+                  min_step: Optional[int] = None) -> Snapshot:
+    """Fetch ``owner_rank``'s replica from its buddy and verify it.
+
+    :class:`SnapshotError` if none is held, it is older than ``min_step`` (stale),
+    belongs to another rank, or fails its checksums (corrupt). The arrays are
+    read-only views of the received frames; :meth:`SnapshotStore.adopt` copies them.
+    """
+    reply = _request(endpoint, keys, timeout, [b"fetch", json.dumps({"owner_rank": owner_rank}).encode()])
+    if reply[0].bytes != b"replica" or len(reply) < 2:
+        raise SnapshotError(f"replica server at {endpoint} answered {reply[0].bytes[:32]!r} to a fetch")
+    header = ReplicaHeader.decode(reply[1].bytes)
+    frames = reply[2:]
+    _check_frames(header, frames)
+    if header.owner_rank != owner_rank:
+        raise SnapshotError(f"asked {endpoint} for rank {owner_rank}'s replica, got rank {header.owner_rank}'s")
+    if min_step is not None and header.step < min_step:
+        raise SnapshotError(f"stale replica of rank {owner_rank}: step {header.step}, need >= {min_step}")
+    if header.algorithm not in _HASHERS:
+        raise SnapshotError(f"replica checksummed with {header.algorithm!r}; install the package "
+                            f"providing it (known: {sorted(_HASHERS)})")
+    arrays, checksums, bad = {}, {}, []
+    for (name, dtype, shape, expected), frame in zip(header.arrays, frames):
+        array = np.frombuffer(frame.buffer, dtype=dtype).reshape(shape)
+        if _fill(array, None, _HASHERS[header.algorithm]) != expected:
+            bad.append(name)
+        arrays[name], checksums[name] = array, expected
+    if bad:
+        raise SnapshotError(f"corrupt replica of rank {owner_rank}, step {header.step}: "
+                            f"checksum mismatch in {', '.join(bad)}")
+    log.info("fetched the replica of rank %d, step %d from %s", owner_rank, header.step, endpoint)
+    return Snapshot(header.step, arrays, header.meta, checksums, header.algorithm)
