@@ -1,16 +1,30 @@
-"""The ``mindft`` command: configuration check, status and fault injection (for people)."""
+"""The ``mindft`` command: configuration check, job status, fault injection, keys (for people).
+
+Exit codes: 0 success; 1 the operation failed or was refused (e.g. the controller
+does not know the rank, the process is gone); 2 usage or configuration error;
+3 the controller did not answer.
+"""
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
+import os
+import signal
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Optional, Sequence
 
 import click
 
 from mindft.config import ConfigError, MindftConfig, load_config
 
+EXIT_OK = 0
+EXIT_FAILED = 1
 EXIT_CONFIG_ERROR = 2
+EXIT_UNREACHABLE = 3
 
 
 @click.group()
@@ -43,6 +57,12 @@ def _jsonable(value: object) -> object:
         return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, Path):
         return str(value)
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(item) for item in value]
+    if isinstance(value, dict):
+        return {str(key): _jsonable(item) for key, item in value.items()}
+    if isinstance(value, enum.Enum):
+        return value.value
     return value
 
 
@@ -62,3 +82,280 @@ def config_check(as_json: bool) -> None:
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         click.echo(f"{name:<{width}}  {value}")
+
+
+@main.command("keygen")
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--force", is_flag=True, help="Overwrite an existing file.")
+def keygen(path: Path, force: bool) -> None:
+    """Write a new CurveZMQ job key pair to PATH (mode 600), e.g. for a job on several nodes."""
+    from mindft.keys import generate_keys
+
+    if path.exists() and not force:
+        click.echo(f"mindft: {path} exists; use --force to replace it (every node of a running job "
+                   f"would lose access)", err=True)
+        sys.exit(EXIT_FAILED)
+    keys = generate_keys(path)
+    click.echo(f"wrote a job key pair to {path} (mode 600); public key {keys.public.decode()}")
+    click.echo(f"use it with: mindft-launch --key-file {path} ...  or  export MINDFT_KEY_FILE={path}")
+
+
+@dataclass(frozen=True)
+class _Target:
+    """Where the job's controller is and how to talk to it."""
+
+    address: str
+    key_file: Optional[Path]
+    insecure: bool
+    reset_file: Path
+
+
+def _target(job: Optional[Path], address: Optional[str], key_file: Optional[Path], insecure: bool) -> _Target:
+    """Resolve the controller from --job (mindft-launch's job.json), explicit options or the environment."""
+    try:
+        config = load_config()
+    except ConfigError as error:
+        click.echo(f"mindft: configuration error: {error}", err=True)
+        sys.exit(EXIT_CONFIG_ERROR)
+    found = _Target(config.controller_address, config.key_file, config.insecure, config.reset_file)
+    if job is not None:
+        try:
+            info = json.loads(job.read_text())
+            found = _Target(info["controller"], Path(info["key_file"]) if info.get("key_file") else None,
+                            bool(info.get("insecure")), Path(info.get("reset_file") or found.reset_file))
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            click.echo(f"mindft: --job {job}: not a job file written by mindft-launch ({error})", err=True)
+            sys.exit(EXIT_CONFIG_ERROR)
+    if address:
+        found = dataclasses.replace(found, address=address)
+    if key_file:
+        found = dataclasses.replace(found, key_file=key_file, insecure=False)
+    if insecure:
+        found = dataclasses.replace(found, key_file=None, insecure=True)
+    return found
+
+
+def _client(target: _Target, timeout: float) -> Any:
+    from mindft.keys import load_keys
+    from mindft.launch import ControllerClient
+
+    if target.insecure:
+        keys = None
+    elif target.key_file is None:
+        click.echo("mindft: no job key: pass --job RUN_DIR/job.json, --key-file PATH or --insecure "
+                   "(or set MINDFT_KEY_FILE)", err=True)
+        sys.exit(EXIT_CONFIG_ERROR)
+    else:
+        try:
+            keys = load_keys(target.key_file)
+        except ConfigError as error:
+            click.echo(f"mindft: {error}", err=True)
+            sys.exit(EXIT_CONFIG_ERROR)
+    return ControllerClient(target.address, keys, timeout=timeout)
+
+
+def _controller_options(function: Any) -> Any:
+    options = [
+        click.option("--job", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+                     envvar="MINDFT_JOB_FILE",
+                     help="job.json in mindft-launch's run directory (address, key, reset file). "
+                          "[env: MINDFT_JOB_FILE]"),
+        click.option("--address", help="Controller endpoint, e.g. tcp://127.0.0.1:29600. "
+                                       "Default: MS_TFT_IP/MS_TFT_PORT."),
+        click.option("--key-file", type=click.Path(dir_okay=False, path_type=Path),
+                     help="Job key file. Default: MINDFT_KEY_FILE."),
+        click.option("--insecure", is_flag=True, help="Talk to a controller started with --insecure."),
+        click.option("--timeout", type=click.FloatRange(0.1), default=5.0, show_default=True,
+                     help="Seconds to wait for the controller."),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+def _status_reply(target: _Target, timeout: float) -> Any:
+    from mindft.launch import ControllerUnreachable
+
+    try:
+        return _client(target, timeout).status()
+    except ControllerUnreachable as error:
+        click.echo(f"mindft: {error}", err=True)
+        sys.exit(EXIT_UNREACHABLE)
+
+
+def _age(seconds: float) -> str:
+    return f"{seconds:.1f}s ago" if seconds < 120 else f"{seconds / 60:.0f}min ago"
+
+
+@main.command("status")
+@_controller_options
+@click.option("--json", "as_json", is_flag=True, help="Print the controller's reply as JSON.")
+def status(job: Optional[Path], address: Optional[str], key_file: Optional[Path], insecure: bool,
+           timeout: float, as_json: bool) -> None:
+    """Show the job: controller state, committed step and a table of ranks.
+
+    Exit code 0 when the controller answered (whatever the job's state), 3 when it did not.
+    """
+    reply = _status_reply(_target(job, address, key_file, insecure), timeout)
+    if as_json:
+        click.echo(json.dumps(_jsonable(reply), indent=2))
+        return
+    click.echo(f"job state: {reply.state}   committed step: {reply.step}   recovery round: {reply.round}")
+    if reply.reason:
+        click.echo(f"reason: {reply.reason}")
+    header = ("RANK", "STATE", "STEP", "LAST HEARTBEAT", "RESTARTS", "PID")
+    rows = [(str(r.rank), r.state, str(r.step), _age(r.last_heartbeat_age), str(r.restarts), str(r.pid))
+            for r in reply.ranks]
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    for row in (header, *rows):
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    if not rows:
+        click.echo("(no rank has registered yet)")
+
+
+FAULTS = ("hot-reset", "uce", "kill", "hang")
+
+
+def _merge_rank(path: Path, rank: int, status: str, error_code: int, policy: str) -> None:
+    """Rewrite the reset file with ``rank`` in ``status``, keeping other ranks, as the plugin does."""
+    from mindft.resetwatch import ResetFileError, ResetState, fault_state, read_reset_file, write_reset_file
+
+    try:
+        current = read_reset_file(path)
+    except (OSError, ResetFileError):
+        current = ResetState()
+    entry = fault_state([rank], status, error_code=error_code, policy=policy).ranks[0]
+    others = tuple(r for r in current.ranks if r.rank != rank)
+    state = dataclasses.replace(current, ranks=tuple(sorted((*others, entry), key=lambda r: r.rank)))
+    write_reset_file(path, state)
+
+
+def _emit(as_json: bool, event: str, **fields: Any) -> None:
+    if as_json:
+        click.echo(json.dumps({"event": event, "time": round(time.time(), 3), **fields}))
+    else:
+        details = ", ".join(f"{key} {value}" for key, value in fields.items() if key != "rank")
+        rank = fields.get("rank")
+        click.echo(f"device plugin: rank {rank} {event}" + (f" ({details})" if details else ""))
+
+
+def _device_script(reset_file: Path, ranks: Sequence[int], delay: float, hold: float, outcome: Optional[str],
+                   error_code: int, policy: str, as_json: bool) -> None:
+    """faulty → wait ``hold`` → ``outcome`` for every rank, written as the device plugin writes it."""
+    from mindft.resetwatch import STATUS_UNRECOVERED
+
+    if delay > 0:
+        time.sleep(delay)
+    for rank in ranks:
+        _merge_rank(reset_file, rank, STATUS_UNRECOVERED, error_code, policy)
+        _emit(as_json, "unrecovered", rank=rank, error=f"0x{error_code:08X}", policy=policy, file=str(reset_file))
+    if outcome is None:
+        return
+    time.sleep(hold)
+    for rank in ranks:
+        _merge_rank(reset_file, rank, outcome, error_code, policy)
+        _emit(as_json, outcome, rank=rank, file=str(reset_file))
+
+
+def _error_code(value: str) -> int:
+    try:
+        return int(value, 0)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a number (e.g. 0x80E01801)") from None
+
+
+@main.command("inject")
+@click.option("--rank", type=click.IntRange(0), required=True, help="The rank to hit.")
+@click.option("--fault", type=click.Choice(FAULTS), required=True,
+              help="hot-reset: write the reset file as the device plugin does (faulty, then recovered); "
+                   "uce: the rank raises an uncorrectable memory error at its next step (via the "
+                   "controller); kill: SIGKILL the rank's process; hang: SIGSTOP it (same node only).")
+@click.option("--reset-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="hot-reset: the reset file. Default: from --job, else MINDFT_RESET_FILE.")
+@click.option("--recover-after", type=click.FloatRange(0), default=3.0, show_default=True,
+              help="hot-reset: seconds between 'unrecovered' and 'recovered'.")
+@click.option("--no-recover", is_flag=True, help="hot-reset: leave the device unrecovered.")
+@click.option("--error-code", default="0x80E01801", show_default=True, help="hot-reset: the fault code.")
+@click.option("--policy", default="restart_request", show_default=True, help="hot-reset: the reset policy.")
+@_controller_options
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def inject(rank: int, fault: str, reset_file: Optional[Path], recover_after: float, no_recover: bool,
+           error_code: str, policy: str, job: Optional[Path], address: Optional[str],
+           key_file: Optional[Path], insecure: bool, timeout: float, as_json: bool) -> None:
+    """Inject a fault into a running job (for demos and drills)."""
+    target = _target(job, address, key_file, insecure)
+    if fault == "hot-reset":
+        path = reset_file or target.reset_file
+        try:
+            _device_script(path, [rank], 0.0, recover_after, None if no_recover else "recovered",
+                           _error_code(error_code), policy, as_json)
+        except OSError as error:
+            click.echo(f"mindft: cannot write the reset file {path}: {error}", err=True)
+            sys.exit(EXIT_FAILED)
+        return
+    from mindft.launch import ControllerUnreachable
+    from mindft.protocol import FaultKind, InjectRequest, Reply
+
+    if fault == "uce":
+        try:
+            reply = _client(target, timeout).request(
+                InjectRequest(rank=rank, fault=FaultKind.UCE, detail="injected by 'mindft inject'"), expect=Reply)
+        except ControllerUnreachable as error:
+            click.echo(f"mindft: {error}", err=True)
+            sys.exit(EXIT_UNREACHABLE)
+        ok = isinstance(reply, Reply) and reply.ok
+        detail = getattr(reply, "detail", type(reply).__name__)
+        click.echo(json.dumps({"ok": ok, "rank": rank, "fault": fault, "detail": detail}) if as_json
+                   else f"{'ok' if ok else 'refused'}: {detail}")
+        sys.exit(EXIT_OK if ok else EXIT_FAILED)
+    reply = _status_reply(target, timeout)
+    row = next((r for r in reply.ranks if r.rank == rank), None)
+    if row is None or row.pid <= 0:
+        click.echo(f"mindft: the controller knows no process for rank {rank}", err=True)
+        sys.exit(EXIT_FAILED)
+    signum = signal.SIGKILL if fault == "kill" else signal.SIGSTOP
+    try:
+        os.kill(row.pid, signum)
+    except ProcessLookupError:
+        click.echo(f"mindft: rank {rank}'s process {row.pid} does not exist here "
+                   f"(kill and hang work on the rank's own node)", err=True)
+        sys.exit(EXIT_FAILED)
+    except PermissionError as error:
+        click.echo(f"mindft: cannot signal pid {row.pid}: {error}", err=True)
+        sys.exit(EXIT_FAILED)
+    name = signal.Signals(signum).name
+    click.echo(json.dumps({"ok": True, "rank": rank, "fault": fault, "pid": row.pid, "signal": name})
+               if as_json else f"sent {name} to rank {rank} (pid {row.pid})")
+
+
+@main.command("simulate-device-plugin")
+@click.option("--rank", "ranks", type=click.IntRange(0), multiple=True, required=True,
+              help="A rank whose chip fails (repeat for several).")
+@click.option("--reset-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Default: from --job, else MINDFT_RESET_FILE (/user/restore/reset/config/reset.json).")
+@click.option("--job", type=click.Path(dir_okay=False, exists=True, path_type=Path), envvar="MINDFT_JOB_FILE",
+              help="Take the reset file from mindft-launch's job.json. [env: MINDFT_JOB_FILE]")
+@click.option("--delay", type=click.FloatRange(0), default=0.0, show_default=True,
+              help="Seconds before the fault.")
+@click.option("--hold", type=click.FloatRange(0), default=3.0, show_default=True,
+              help="Seconds the chip stays 'unrecovered' (the hot reset).")
+@click.option("--outcome", type=click.Choice(["recovered", "failed", "none"]), default="recovered",
+              show_default=True, help="How the hot reset ends ('none': leave it unrecovered).")
+@click.option("--error-code", default="0x80E01801", show_default=True, help="The fault code written.")
+@click.option("--policy", default="restart_request", show_default=True,
+              help="The reset policy written (restart_request, restart, reset, isolate, ...).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line per state written.")
+def simulate_device_plugin(ranks: Sequence[int], reset_file: Optional[Path], job: Optional[Path], delay: float,
+                           hold: float, outcome: str, error_code: str, policy: str, as_json: bool) -> None:
+    """Play the Ascend device plugin's part of a hot reset: write 'unrecovered', wait, write the outcome.
+
+    The file is written atomically in the format of the reset-config-<job name>
+    ConfigMap, so a job's ResetWatcher reacts exactly as on a real device fault.
+    """
+    path = reset_file or _target(job, None, None, False).reset_file
+    try:
+        _device_script(path, sorted(set(ranks)), delay, hold, None if outcome == "none" else outcome,
+                       _error_code(error_code), policy, as_json)
+    except OSError as error:
+        click.echo(f"mindft: cannot write the reset file {path}: {error}", err=True)
+        sys.exit(EXIT_FAILED)

@@ -1,0 +1,415 @@
+"""Latency of one pause → rollback → resume round against the number of ranks.
+
+Protocol only (no model state): a real mindft Controller (on a thread of this process)
+and N ranks that acknowledge PAUSE, ROLLBACK and RESUME. Each round is started from
+NORMAL by a device reset of rank 0 reported together with its recovery (as the reset
+watcher would), so REPAIRING has nothing to wait for. The latency is the controller's
+own measurement: from the fault's arrival to the last RESUME acknowledgement (NORMAL
+again), with the time in each phase.
+
+* real ranks: 2, 4, 8, 16 processes, each a mindft Processor (its own I/O thread);
+* simulated ranks: 64 … 4096 DEALER sockets spread over 2 worker processes, each driving
+  its sockets from one thread with zmq.Poller and the mindft protocol.
+
+    python bench/coordination.py            # full table (a few minutes on 2 cores)
+    python bench/coordination.py --quick    # smaller sizes, fewer rounds
+Writes bench/results/coordination.json.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import zmq
+
+from mindft.config import MindftConfig, Timeouts
+from mindft.controller import Controller, ControllerState
+from mindft.keys import generate_keys, job_keys, secure_client
+from mindft.processor import Processor
+from mindft.protocol import Ack, Action, ActionKind, Done, Heartbeat, Register, decode, encode
+from mindft.resetwatch import DeviceFaulty, DeviceRecovered
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results" / "coordination.json"
+TARGET_REAL_16 = 0.050
+TARGET_SIM_4096 = 1.0
+SIM_WORKERS = 2
+# Generous liveness for the benchmark: a loaded 2-core box must not declare ranks dead.
+REAL_TIMEOUTS = Timeouts(heartbeat_interval=0.5, heartbeat_misses=20, register=120.0, pause=60.0,
+                         repair=60.0, rollback=60.0, resume=60.0)
+SIM_TIMEOUTS = Timeouts(heartbeat_interval=2.0, heartbeat_misses=60, register=300.0, pause=120.0,
+                        repair=120.0, rollback=120.0, resume=120.0)
+TRIGGER_GAP = 0.01  # seconds between a commit and the next fault
+
+
+# ---- the trigger ---------------------------------------------------------------------------
+
+def drive_rounds(controller: Controller, thread: threading.Thread, rounds: int, timeout: float) -> list[float]:
+    """Run ``rounds`` recoveries one after the other; the controller thread's CPU seconds per round.
+
+    The fault is a device reset of rank 0 reported by the reset watcher together with its
+    recovery, so REPAIRING has nothing to wait for: the round is pure protocol.
+    """
+    clock = time.pthread_getcpuclockid(thread.ident)
+    deadline = time.monotonic() + timeout
+    cpu = []
+
+    def wait_for(count: int) -> None:
+        # The ranks finish (DONE) right after the last round.
+        while (controller.state not in (ControllerState.NORMAL, ControllerState.DONE)
+               or len(controller.recovery_times) < count):
+            if controller.join(0) is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"round {count} did not finish: controller {controller.state.value}")
+            time.sleep(0.02)  # coarse: this thread shares the GIL with the controller's
+
+    wait_for(0)
+    for done in range(rounds):
+        time.sleep(TRIGGER_GAP)
+        before = time.clock_gettime(clock)
+        controller.on_device_event(DeviceFaulty(0, "bench", "reset"))
+        controller.on_device_event(DeviceRecovered(0))
+        wait_for(done + 1)
+        try:
+            cpu.append(time.clock_gettime(clock) - before)
+        except OSError:  # the controller thread ended (DONE) right after the last round
+            pass
+    return cpu
+
+
+def start_controller(n: int, secure: bool, tmp: Path, timeouts: Timeouts) -> tuple[Controller, str, threading.Thread]:
+    key_file = None
+    if secure:
+        key_file = tmp / "bench.key"
+        generate_keys(key_file)
+    config = MindftConfig(world_size=n, controller_port=0, insecure=not secure, key_file=key_file,
+                          timeouts=timeouts)
+    controller = Controller(config)
+    thread = controller.start()
+    return controller, str(key_file or ""), thread
+
+
+def finish(controller: Controller, thread: threading.Thread, procs: list[subprocess.Popen], rounds: int,
+           what: str) -> list[float]:
+    try:
+        cpu = drive_rounds(controller, thread, rounds, 900)
+        result = controller.join(300)
+        for proc in procs:
+            proc.wait(120)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        controller.stop()
+    if result is None or result.exit_code != 0:
+        raise RuntimeError(f"{what} failed: {result}")
+    return cpu
+
+
+# ---- real ranks ---------------------------------------------------------------------------
+
+def real_rank_main(rounds: int) -> None:
+    """One rank process: a mindft Processor that follows the controller for ``rounds`` rounds."""
+    from mindft.config import load_config
+    config = load_config()
+    processor = Processor(config, f"bench://{config.rank}")
+    processor.register(held_steps=(0,))
+    resumed = 0
+    while resumed < rounds:
+        action = processor.wait_action(300)
+        if action.kind in (ActionKind.PAUSE, ActionKind.ROLLBACK, ActionKind.RESUME):
+            processor.acknowledge(action, 0, (0,))
+            resumed += action.kind is ActionKind.RESUME
+    processor.done(0)
+    processor.close()
+
+
+def run_real(n: int, rounds: int, secure: bool, tmp: Path) -> dict:
+    controller, key_file, thread = start_controller(n, secure, tmp, REAL_TIMEOUTS)
+    t = REAL_TIMEOUTS
+    base = dict(os.environ, MS_WORKER_NUM=str(n), MS_TFT_PORT=controller.endpoint.rsplit(":", 1)[1],
+                MINDFT_HEARTBEAT_INTERVAL=str(t.heartbeat_interval),
+                MINDFT_HEARTBEAT_MISSES=str(t.heartbeat_misses))
+    if secure:
+        base["MINDFT_KEY_FILE"] = key_file
+        base.pop("MINDFT_INSECURE", None)
+    else:
+        base["MINDFT_INSECURE"] = "1"
+    procs = [subprocess.Popen([sys.executable, __file__, "--real-rank", "--rounds", str(rounds)],
+                              env=dict(base, MS_NODE_ID=str(r)), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL) for r in range(n)]
+    cpu = finish(controller, thread, procs, rounds, f"real run with {n} ranks")
+    return summarize("real", n, controller, secure, cpu)
+
+
+# ---- simulated ranks ----------------------------------------------------------------------
+
+def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: str) -> None:
+    """``count`` ranks (DEALER sockets) starting at ``first``, driven from one thread."""
+    keys = job_keys(MindftConfig(key_file=Path(key_file) if key_file else None, insecure=not key_file))
+    context = zmq.Context()
+    context.setsockopt(zmq.LINGER, 1000)
+    context.set(zmq.MAX_SOCKETS, count + 64)
+    sockets, rank_of = [], {}
+    for rank in range(first, first + count):
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, f"rank{rank}.inc0".encode())
+        secure_client(sock, keys)
+        sock.connect(f"tcp://127.0.0.1:{port}")
+        sock.send(encode(Register(rank, 0, os.getpid(), (0,), "")))
+        sockets.append(sock)
+        rank_of[sock] = rank
+    poller = zmq.Poller()
+    for sock in sockets:
+        poller.register(sock, zmq.POLLIN)
+    resumed = dict.fromkeys(sockets, 0)
+    finished: set[zmq.Socket] = set()
+    decoded: dict[bytes, object] = {}
+    next_beat, interval = time.monotonic(), SIM_TIMEOUTS.heartbeat_interval
+    # Acks from a byte template (checked against encode() once): the simulation stands in
+    # for thousands of processes, so its own per-message cost must stay small.
+    templates = {kind: encode(Ack(-12345, kind, 0, (0,), -6789)).replace(b"-12345", b"%d").replace(b"-6789", b"%d")
+                 for kind in (ActionKind.PAUSE, ActionKind.ROLLBACK, ActionKind.RESUME)}
+
+    def ack_frame(rank: int, kind: ActionKind, round_: int) -> bytes:
+        return templates[kind] % (rank, round_)
+
+    assert ack_frame(first, ActionKind.PAUSE, 7) == encode(Ack(first, ActionKind.PAUSE, 0, (0,), 7))
+    while len(finished) < count:
+        for sock, _ in poller.poll(100):
+            while True:
+                try:
+                    frame = sock.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                # A broadcast is the same frame for every rank; a real rank decodes it in its
+                # own process, so decoding it once here keeps the simulation from serializing
+                # work that is parallel in a real job.
+                message = decoded.get(frame)
+                if message is None:
+                    message = decode(frame)
+                    if len(decoded) > 64:
+                        decoded.clear()
+                    decoded[frame] = message
+                if isinstance(message, Action) and message.kind in (
+                        ActionKind.PAUSE, ActionKind.ROLLBACK, ActionKind.RESUME):
+                    rank = rank_of[sock]
+                    sock.send(ack_frame(rank, message.kind, message.round))
+                    if message.kind is ActionKind.RESUME:
+                        resumed[sock] += 1
+                        if resumed[sock] >= rounds:
+                            sock.send(encode(Done(rank, 0)))
+                            finished.add(sock)
+                            poller.unregister(sock)
+                            break
+        now = time.monotonic()
+        if now >= next_beat:
+            next_beat = now + interval
+            for sock in sockets:
+                if sock not in finished:
+                    sock.send(encode(Heartbeat(rank_of[sock], 0, 0)))
+    for sock in sockets:
+        sock.close()
+    context.term()
+
+
+def run_sim(n: int, rounds: int, secure: bool, tmp: Path) -> dict:
+    controller, key_file, thread = start_controller(n, secure, tmp, SIM_TIMEOUTS)
+    port = controller.endpoint.rsplit(":", 1)[1]
+    share = -(-n // SIM_WORKERS)
+    procs = [subprocess.Popen([sys.executable, __file__, "--sim-worker", str(first),
+                               str(min(share, n - first)), port, str(rounds), key_file],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for first in range(0, n, share)]
+    cpu = finish(controller, thread, procs, rounds, f"simulated run with {n} ranks")
+    return summarize("simulated", n, controller, secure, cpu)
+
+
+# ---- raw ZeroMQ floor ------------------------------------------------------------------------
+
+def floor_worker_main(first: int, count: int, port: int) -> None:
+    """The same sockets as a simulation worker, answering every frame with a fixed frame."""
+    context = zmq.Context()
+    context.set(zmq.MAX_SOCKETS, count + 64)
+    sockets = []
+    for rank in range(first, first + count):
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, f"rank{rank}.inc0".encode())
+        sock.connect(f"tcp://127.0.0.1:{port}")
+        sock.send(b"hello")
+        sockets.append(sock)
+    poller = zmq.Poller()
+    for sock in sockets:
+        poller.register(sock, zmq.POLLIN)
+    while True:
+        for sock, _ in poller.poll(1000):
+            while True:
+                try:
+                    frame = sock.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                if frame == b"stop":
+                    context.destroy(0)
+                    return
+                sock.send(b"ack")
+
+
+def run_floor(n: int, rounds: int) -> dict:
+    """Three broadcast + gather phases with bare frames and no mindft logic: the box's floor."""
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.setsockopt(zmq.SNDHWM, 10_000)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    share = -(-n // SIM_WORKERS)
+    procs = [subprocess.Popen([sys.executable, __file__, "--floor-worker", str(first),
+                               str(min(share, n - first)), str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for first in range(0, n, share)]
+    try:
+        identities = [router.recv_multipart()[0] for _ in range(n)]
+        times = []
+        for _ in range(rounds):
+            time.sleep(TRIGGER_GAP)
+            started = time.perf_counter()
+            for _phase in range(3):
+                for identity in identities:
+                    router.send_multipart([identity, b"go"])
+                for _ in range(n):
+                    router.recv_multipart()
+            times.append(time.perf_counter() - started)
+        for identity in identities:
+            router.send_multipart([identity, b"stop"])
+        for proc in procs:
+            proc.wait(60)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        context.destroy(0)
+    return {"ranks": n, "rounds": rounds, "median_s": statistics.median(times), "all_s": times}
+
+
+# ---- report -------------------------------------------------------------------------------
+
+def summarize(kind: str, n: int, controller: Controller, secure: bool, cpu: list[float]) -> dict:
+    rounds = controller.recovery_times
+    ordered = sorted(rounds)
+    phases = {state: statistics.median(p.get(state, 0.0) for p in controller.recovery_phases)
+              for state in ("PAUSING", "REPAIRING", "ROLLBACK", "RESUMING")}
+    return {"kind": kind, "ranks": n, "secure": secure, "rounds": len(rounds),
+            "median_s": statistics.median(ordered),
+            "p90_s": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))],
+            "min_s": ordered[0], "max_s": ordered[-1], "phase_median_s": phases,
+            "controller_cpu_median_s": statistics.median(cpu) if cpu else float("nan"),
+            "all_s": list(rounds)}
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"{'kind':<10} {'ranks':>6} {'curve':>5} {'rounds':>6} {'median ms':>10} {'p90 ms':>8} "
+          f"{'pause':>7} {'rollbk':>7} {'resume':>7} {'ctl cpu':>8} {'µs/rank':>8} {'growth (latency/ranks)':>22} "
+          f"{'zmq floor ms':>12} {'x floor':>7}")
+    previous = None
+    for row in rows:
+        growth = ""
+        if previous is not None and previous["secure"] == row["secure"]:
+            growth = (f"x{row['median_s'] / previous['median_s']:.2f}/"
+                      f"x{row['ranks'] / previous['ranks']:.0f}")
+        print(f"{row['kind']:<10} {row['ranks']:>6} {'yes' if row['secure'] else 'no':>5} "
+              f"{row['rounds']:>6} {row['median_s'] * 1e3:>10.2f} {row['p90_s'] * 1e3:>8.2f} "
+              f"{row['phase_median_s']['PAUSING'] * 1e3:>7.1f} {row['phase_median_s']['ROLLBACK'] * 1e3:>7.1f} "
+              f"{row['phase_median_s']['RESUMING'] * 1e3:>7.1f} {row['controller_cpu_median_s'] * 1e3:>8.1f} "
+              f"{row['median_s'] * 1e6 / row['ranks']:>8.1f} {growth:>22} "
+              + (f"{row['floor_median_s'] * 1e3:>12.2f} {row['median_s'] / row['floor_median_s']:>7.2f}"
+                 if row.get("floor_median_s") else f"{'':>12} {'':>7}"))
+        previous = row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer rounds")
+    parser.add_argument("--real-rank", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--sim-worker", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--floor-worker", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=20)
+    args = parser.parse_args()
+    if args.real_rank:
+        real_rank_main(args.rounds)
+        return
+    if args.sim_worker:
+        first, count, port, rounds, key_file = args.sim_worker
+        sim_worker_main(int(first), int(count), int(port), int(rounds), key_file)
+        return
+    if args.floor_worker:
+        first, count, port = args.floor_worker
+        floor_worker_main(int(first), int(count), int(port))
+        return
+
+    import logging
+    import tempfile
+    logging.basicConfig(level=logging.ERROR)
+    real_sizes = [2, 4] if args.quick else [2, 4, 8, 16]
+    sim_sizes = [64, 256] if args.quick else [64, 256, 1024, 4096]
+    sim_rounds = {64: 10, 256: 10, 1024: 5, 4096: 3}
+    rows: list[dict] = []
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in real_sizes:
+            rows.append(run_real(n, 5 if args.quick else 20, False, Path(tmp)))
+            print_progress(rows[-1])
+        for n in sim_sizes:
+            rows.append(run_sim(n, 3 if args.quick else sim_rounds[n], False, Path(tmp)))
+            print_progress(rows[-1])
+            floor = run_floor(n, 3 if args.quick else sim_rounds[n])
+            rows[-1]["floor_median_s"] = floor["median_s"]
+            print(f"  raw zmq floor n={n:<5} median {floor['median_s'] * 1e3:8.2f} ms", flush=True)
+        # Side by side: the cost of CurveZMQ at the largest real size and a mid simulated size.
+        rows.append(run_real(real_sizes[-1], 5 if args.quick else 20, True, Path(tmp)))
+        print_progress(rows[-1])
+        rows.append(run_sim(256, 3 if args.quick else 5, True, Path(tmp)))
+        print_progress(rows[-1])
+    print()
+    print_table([r for r in rows if not r["secure"]])
+    print()
+    print("CurveZMQ on vs off (same size):")
+    print_table([r for r in rows if not r["secure"] and r["ranks"] in (real_sizes[-1], 256)
+                 and (r["kind"], r["ranks"]) in {(s["kind"], s["ranks"]) for s in rows if s["secure"]}]
+                + [r for r in rows if r["secure"]])
+    real16 = next((r for r in rows if r["kind"] == "real" and r["ranks"] == 16 and not r["secure"]), None)
+    sim4096 = next((r for r in rows if r["ranks"] == 4096 and not r["secure"]), None)
+    verdicts = {}
+    if real16:
+        verdicts["real_16_under_50ms"] = real16["median_s"] < TARGET_REAL_16
+    if sim4096:
+        verdicts["sim_4096_under_1s"] = sim4096["median_s"] < TARGET_SIM_4096
+    for name, ok in verdicts.items():
+        print(f"target {name}: {'met' if ok else 'MISSED'}")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({
+        "benchmark": "coordination", "metric": "controller-side latency of one pause→rollback→resume "
+        "round (device fault event handled → last RESUME ack); floor = 3 bare broadcast+gather "
+        "phases over the same sockets without mindft", "machine": {
+            "cpus": os.cpu_count(), "python": platform.python_version(), "zmq": zmq.zmq_version(),
+            "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
+        "timeouts": {"real": dataclasses.asdict(REAL_TIMEOUTS), "simulated": dataclasses.asdict(SIM_TIMEOUTS)},
+        "sim_workers": SIM_WORKERS, "rows": rows, "targets": verdicts}, indent=2))
+    print(f"wrote {RESULTS}")
+
+
+def print_progress(row: dict) -> None:
+    print(f"  {row['kind']:<9} n={row['ranks']:<5} curve={'yes' if row['secure'] else 'no '} "
+          f"median {row['median_s'] * 1e3:8.2f} ms  p90 {row['p90_s'] * 1e3:8.2f} ms", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,275 @@
+"""mindft in one command: a hot reset in the middle of training, and weights bit-identical to a run without it.
+
+    pip install -e . && python examples/demo.py
+
+1. trains examples/train_mlp.py on 4 ranks with mindft-launch, no fault (the reference);
+2. trains it again and, mid-run, plays the Ascend device plugin: rank 2's chip is
+   reported faulty in the reset file (reset.json, as with ``-hotReset=1``), then
+   recovered. mindft pauses every rank, waits for the repair, rolls back to the last
+   step every rank holds, and resumes;
+3. compares the final weights of both runs: exit code 0 only if they are bit-identical.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # runnable from a checkout even before `pip install -e .`
+
+from mindft.keys import load_keys  # noqa: E402
+from mindft.launch import ControllerClient, ControllerUnreachable  # noqa: E402
+from mindft.resetwatch import fault_state, write_reset_file  # noqa: E402
+
+TRAIN = ROOT / "examples" / "train_mlp.py"
+RUN_TIMEOUT = 600.0
+# Which lines of a run to show (all with --verbose): the recovery story, not every loss value.
+_SHOW = {
+    "[controller]": ("state ", "fault", "recover", "failed", "finished"),
+    "[mindft-launch]": ("rank(s)", "restart", "killed", "SIG", "exit 1", "exit 3"),
+    "[resetwatch]": ("Device", "ignored", "unreadable"),
+    "[rank": ("paus", "adopted", "restored", "resumed", "dump", "fault", "Error", "Traceback"),
+}
+
+
+def interesting(line: str) -> bool:
+    """True for the lines that tell what mindft did."""
+    for prefix, words in _SHOW.items():
+        if line.startswith(prefix):
+            return any(word in line for word in words)
+    return False
+
+
+def say(text: str) -> None:
+    print(f"[demo] {text}", flush=True)
+
+
+def launcher_command(nproc: int, run_dir: Path, out: Path, steps: int, extra: list[str]) -> list[str]:
+    launcher = shutil.which("mindft-launch")
+    head = [launcher] if launcher else [sys.executable, "-m", "mindft.launch"]
+    return [*head, "--nproc", str(nproc), "--run-dir", str(run_dir), str(TRAIN),
+            "--steps", str(steps), "--out", str(out), *extra]
+
+
+class Run:
+    """One mindft-launch process whose output is streamed (all of it, or only the interesting lines)."""
+
+    def __init__(self, name: str, command: list[str], env: dict[str, str], verbose: bool) -> None:
+        self.name = name
+        self.lines: list[str] = []
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True, errors="replace", start_new_session=True)
+        self._verbose = verbose
+        self._thread = threading.Thread(target=self._pump, daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+            if self._verbose or interesting(line):
+                print(f"  {self.name} | {line}", end="", flush=True)
+
+    def wait(self, timeout: float = RUN_TIMEOUT) -> int:
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise SystemExit(f"[demo] {self.name} run did not finish within {timeout:g}s")
+        self._thread.join(5.0)
+        return code
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()  # mindft-launch forwards it to every rank
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+    @property
+    def seconds(self) -> float:
+        return time.monotonic() - self.started
+
+
+def controller_of(run_dir: Path, timeout: float) -> ControllerClient:
+    """Wait for mindft-launch's job.json and connect to the controller it names."""
+    deadline = time.monotonic() + timeout
+    job = run_dir / "job.json"
+    while time.monotonic() < deadline:
+        try:
+            info = json.loads(job.read_text())
+            keys = None if info.get("insecure") else load_keys(Path(info["key_file"]))
+            return ControllerClient(info["controller"], keys, timeout=2.0)
+        except (OSError, ValueError, KeyError):
+            time.sleep(0.1)
+    raise SystemExit(f"[demo] {job} did not appear within {timeout:g}s")
+
+
+def wait_for(client: ControllerClient, run: Run, predicate, what: str, timeout: float = 300.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if run.process.poll() is not None:
+            raise SystemExit(f"[demo] the job ended (exit {run.process.returncode}) before {what}")
+        try:
+            status = client.status()
+            if predicate(status):
+                return status
+        except ControllerUnreachable:
+            pass
+        time.sleep(0.05)
+    raise SystemExit(f"[demo] timed out waiting for {what}")
+
+
+def hot_reset(client: ControllerClient, run: Run, reset_file: Path, rank: int, seconds: float) -> None:
+    """Play the device plugin: the chip of ``rank`` is faulty, then recovered after ``seconds``."""
+    write_reset_file(reset_file, fault_state([rank], "unrecovered", policy="reset"))
+    say(f"device plugin: rank {rank} Status=unrecovered ErrorCodeHex=0x80E01801 Policy=reset "
+        f"— hot-resetting the chip for {seconds:g}s")
+    wait_for(client, run, lambda s: s.state in ("REPAIRING", "FAILED"), "the job to pause", 120.0)
+    time.sleep(seconds)
+    write_reset_file(reset_file, fault_state([rank], "recovered", policy="reset"))
+    say(f"device plugin: rank {rank} Status=recovered")
+
+
+def load_weights(directory: Path) -> dict[str, dict[str, np.ndarray]]:
+    """Every array train_mlp.py wrote under ``directory``: file → name → array."""
+    found: dict[str, dict[str, np.ndarray]] = {}
+    for path in sorted(directory.rglob("*")):
+        relative = str(path.relative_to(directory))
+        if path.suffix == ".npz":
+            with np.load(path) as data:
+                found[relative] = {name: data[name] for name in data.files}
+        elif path.suffix == ".npy":
+            found[relative] = {"array": np.load(path)}
+        elif path.suffix == ".ckpt":
+            import mindspore as ms  # only for MindSpore's checkpoint format
+
+            found[relative] = {name: param.asnumpy() for name, param in ms.load_checkpoint(str(path)).items()}
+    return found
+
+
+def compare(reference: Path, faulted: Path) -> bool:
+    """Print a per-file comparison; True if every array is bit-identical."""
+    ref, got = load_weights(reference), load_weights(faulted)
+    if not ref:
+        say(f"no weights found in {reference} (expected .npz, .npy or .ckpt files)")
+        return False
+    identical = True
+    print(f"  {'file':<28} {'arrays':>6} {'values':>9} {'max |diff|':>11}  bit-identical")
+    for name, arrays in ref.items():
+        other = got.get(name, {})
+        same = set(arrays) == set(other)
+        values, diff = 0, 0.0
+        for key, array in arrays.items():
+            values += array.size
+            if key not in other or other[key].shape != array.shape or other[key].dtype != array.dtype:
+                same = False
+                continue
+            if array.tobytes() != other[key].tobytes():
+                same = False
+                diff = max(diff, float(np.max(np.abs(array.astype(np.float64) - other[key].astype(np.float64)))))
+        identical &= same
+        print(f"  {name:<28} {len(arrays):>6} {values:>9} {diff:>11.3g}  {'yes' if same else 'NO'}")
+    missing = sorted(set(got) ^ set(ref))
+    if missing:
+        say(f"files present in only one run: {missing}")
+        identical = False
+    return identical
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nproc", type=int, default=4, help="ranks (default 4)")
+    parser.add_argument("--steps", type=int, default=60, help="training steps (default 60)")
+    parser.add_argument("--fault", choices=("hot-reset", "kill"), default="hot-reset",
+                        help="hot-reset: the device plugin resets the chip (default); kill: SIGKILL the "
+                             "rank's process, mindft-launch restarts it from its peer replica")
+    parser.add_argument("--fault-rank", type=int, default=2, help="rank that is hit (default 2)")
+    parser.add_argument("--fault-step", type=int, default=20,
+                        help="inject the fault once this step is committed (default 20)")
+    parser.add_argument("--reset-seconds", type=float, default=1.5,
+                        help="how long the chip stays 'unrecovered' (default 1.5)")
+    parser.add_argument("--workdir", type=Path, help="keep outputs here (default: a temporary directory)")
+    parser.add_argument("--verbose", action="store_true", help="show every line of both runs")
+    parser.add_argument("train_args", nargs="*", help="extra arguments for train_mlp.py (after --)")
+    args = parser.parse_args(argv)
+    if not TRAIN.exists():
+        say(f"{TRAIN} is missing")
+        return 2
+    if not 0 <= args.fault_rank < args.nproc or not 0 < args.fault_step < args.steps:
+        parser.error("need 0 <= --fault-rank < --nproc and 0 < --fault-step < --steps")
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="mindft-demo-"))
+    work.mkdir(parents=True, exist_ok=True)
+    base_env = dict(os.environ, MS_ENABLE_TFT=os.environ.get("MS_ENABLE_TFT", "{RSC:1}"),
+                    MINDFT_HEARTBEAT_INTERVAL="0.2", MINDFT_RESET_POLL_INTERVAL="0.1")
+    base_env.pop("MINDFT_KEY_FILE", None)
+
+    say(f"1/3 reference: {args.nproc} ranks, {args.steps} steps, no fault")
+    ref_env = dict(base_env, MINDFT_RESET_FILE=str(work / "ref-reset" / "reset.json"),
+                   MINDFT_DUMP_DIR=str(work / "ref-dump"))
+    reference = Run("reference", launcher_command(args.nproc, work / "ref-run", work / "ref", args.steps,
+                                                  args.train_args), ref_env, args.verbose)
+    code = reference.wait()
+    say(f"reference run finished: exit {code} in {reference.seconds:.1f}s")
+    if code != 0:
+        print("".join(reference.lines[-40:]), end="")
+        return 1
+
+    reset_file = work / "reset" / "reset.json"
+    if args.fault == "hot-reset":
+        say(f"2/3 the same training; at step {args.fault_step} the device plugin hot-resets rank "
+            f"{args.fault_rank}'s chip (writing {reset_file})")
+    else:
+        say(f"2/3 the same training; at step {args.fault_step} rank {args.fault_rank}'s process is killed")
+    fault_env = dict(base_env, MINDFT_RESET_FILE=str(reset_file), MINDFT_DUMP_DIR=str(work / "fault-dump"))
+    faulted = Run("faulted", launcher_command(args.nproc, work / "fault-run", work / "fault", args.steps,
+                                              args.train_args), fault_env, args.verbose)
+    try:
+        client = controller_of(work / "fault-run", 60.0)
+        status = wait_for(client, faulted, lambda s: s.step >= args.fault_step, f"step {args.fault_step}")
+        if args.fault == "kill":
+            pid = next(r.pid for r in status.ranks if r.rank == args.fault_rank)
+            os.kill(pid, signal.SIGKILL)
+            say(f"sent SIGKILL to rank {args.fault_rank} (pid {pid})")
+        else:
+            hot_reset(client, faulted, reset_file, args.fault_rank, args.reset_seconds)
+    except BaseException:
+        faulted.stop()
+        raise
+    code = faulted.wait()
+    say(f"faulted run finished: exit {code} in {faulted.seconds:.1f}s")
+    recoveries = [line.strip() for line in faulted.lines if "recovery" in line and "done in" in line]
+    for line in recoveries:
+        say(line.split("] ", 1)[-1])
+    if code != 0 or not recoveries:
+        say("the faulted run did not recover; last lines:")
+        print("".join(faulted.lines[-40:]), end="")
+        return 1
+
+    say("3/3 final weights, reference vs faulted run:")
+    identical = compare(work / "ref", work / "fault")
+    if identical:
+        what = "hot reset of" if args.fault == "hot-reset" else "killed process of"
+        say(f"bit-identical: the {what} rank {args.fault_rank} cost a pause, not a single bit "
+            f"(outputs in {work})")
+        return 0
+    say(f"weights DIFFER (outputs in {work})")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

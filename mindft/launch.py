@@ -1,0 +1,719 @@
+"""``mindft-launch``: start, watch and restart the ranks of one node, plus the controller on node 0.
+
+It plays the role msrun hands to MindCluster's external agent when ``MS_ENABLE_TFT``
+asks for fault tolerance: the :class:`Agent` can kill a worker, start all workers,
+start a list of workers and monitor them; :class:`Launcher` adds the policy
+(restart a crashed rank up to ``--max-restarts`` times, forward signals, run the
+controller and the reset watcher, decide the exit code).
+
+Exit codes: the controller's result on node 0 (0 when every rank finished, 3 when
+the ranks wrote their dying-gasp checkpoint and exited, another non-zero code
+naming a failure), otherwise the ranks' own: 0 when all finished, 3 when any
+dumped, the crash code of a rank that ran out of restarts, 128+N after signal N.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Iterable, Mapping, Optional, Sequence
+
+import click
+import zmq
+
+from mindft.config import ConfigError, MindftConfig, load_config
+from mindft.keys import CurveKeys, generate_keys, load_keys, secure_client
+from mindft.protocol import (DeviceEvent, DeviceStatus, Message, ProcessExit, ProtocolError, StatusReply,
+                             StatusRequest, decode, encode)
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_DUMPED = 3  # a rank wrote its dying-gasp checkpoint and left on the controller's order
+JOB_FILE = "job.json"
+
+# How long the launcher waits for things it does not control; named here, documented in the README.
+DEFAULT_GRACE_PERIOD = 10.0     # after forwarding SIGINT/SIGTERM, before SIGKILL
+DUMP_GRACE_PERIOD = 60.0        # after the controller finished, for ranks to dump and exit
+CONTROLLER_FINISH_TIMEOUT = 15.0  # after the last rank exited, for the controller's verdict
+CLIENT_TIMEOUT = 5.0            # one request/reply with the controller
+MONITOR_INTERVAL = 0.1
+HANG_CHECK_INTERVAL = 1.0       # how often the launcher asks the controller about hung ranks
+HUNG_STATES = ("hung", "dead", "hang")
+
+
+class ControllerUnreachable(RuntimeError):
+    """The controller did not answer within the timeout."""
+
+
+class ControllerClient:
+    """A short-lived DEALER for one-off requests to the controller (launcher and CLI).
+
+    Every request gets a fresh socket so a lost reply can never be mistaken for
+    the answer to the next request (the Lazy Pirate pattern of the ZeroMQ guide).
+    """
+
+    def __init__(self, address: str, keys: Optional[CurveKeys], timeout: float = CLIENT_TIMEOUT,
+                 context: Optional[zmq.Context] = None) -> None:
+        self.address = address
+        self.keys = keys
+        self.timeout = timeout
+        self._context = context or zmq.Context.instance()
+
+    def request(self, message: Message, expect: Optional[type] = None) -> Message:
+        """Send ``message`` and return the decoded reply; :class:`ControllerUnreachable` on timeout."""
+        sock = self._context.socket(zmq.DEALER)
+        try:
+            sock.linger = 0
+            sock.sndtimeo = int(self.timeout * 1000)
+            secure_client(sock, self.keys)
+            sock.connect(self.address)
+            try:
+                sock.send(encode(message))
+            except zmq.Again:
+                raise ControllerUnreachable(f"no controller at {self.address} (send timed out)") from None
+            deadline = time.monotonic() + self.timeout
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not sock.poll(int(remaining * 1000)):
+                    raise ControllerUnreachable(f"no answer from the controller at {self.address} "
+                                                f"within {self.timeout:g}s")
+                frames = sock.recv_multipart()
+                try:
+                    reply = decode(frames[-1])
+                except ProtocolError as error:
+                    log.debug("ignoring a bad frame from the controller: %s", error)
+                    continue
+                # The controller may push heartbeats to any DEALER it knows; skip them.
+                if expect is not None and not isinstance(reply, expect):
+                    if type(reply).__name__ in ("Heartbeat", "Action"):
+                        continue
+                return reply
+        finally:
+            sock.close(0)
+
+    def status(self) -> StatusReply:
+        """The controller's current view of the job."""
+        reply = self.request(StatusRequest(), expect=StatusReply)
+        if not isinstance(reply, StatusReply):
+            raise ControllerUnreachable(f"unexpected answer to a status request: {type(reply).__name__}")
+        return reply
+
+
+def resolve_ip(address: str) -> str:
+    """The IP address of ``address`` (a host name such as a Volcano pod name, or an IP)."""
+    try:
+        return socket.getaddrinfo(address, None, proto=socket.IPPROTO_TCP)[0][4][0]
+    except socket.gaierror as error:
+        raise ConfigError(f"--master-addr: cannot resolve {address!r} ({error})") from None
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything the launcher was asked to do, validated."""
+
+    command: tuple[str, ...]
+    nproc: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_ip: str = "127.0.0.1"
+    master_port: int = 29600
+    max_restarts: int = 3
+    run_dir: Path = Path(".")
+    log_dir: Path = Path(".")
+    key_file: Optional[Path] = None
+    insecure: bool = False
+    grace_period: float = DEFAULT_GRACE_PERIOD
+    env: Mapping[str, str] = field(default_factory=dict)
+    prefix_output: bool = True
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the job, over every node."""
+        return self.nproc * self.nnodes
+
+    @property
+    def local_ranks(self) -> range:
+        """Global ranks started on this node."""
+        return range(self.node_rank * self.nproc, (self.node_rank + 1) * self.nproc)
+
+    @property
+    def controller_address(self) -> str:
+        """Where the controller listens."""
+        host = f"[{self.master_ip}]" if ":" in self.master_ip else self.master_ip
+        return f"tcp://{host}:{self.master_port}"
+
+
+def rank_environment(spec: LaunchSpec, rank: int, restart_count: int) -> dict[str, str]:
+    """The environment of one rank: what msrun sets, plus mindft's variables."""
+    env = dict(spec.env)
+    local_rank = rank - spec.node_rank * spec.nproc
+    env.update({
+        "MS_WORKER_NUM": str(spec.world_size), "RANK_SIZE": str(spec.world_size),
+        "MS_NODE_ID": str(rank), "RANK_ID": str(rank),
+        "DEVICE_ID": str(local_rank), "LOCAL_RANK": str(local_rank),
+        "MS_TFT_IP": spec.master_ip, "MS_TFT_PORT": str(spec.master_port),
+        "MINDFT_RESTART_COUNT": str(restart_count),
+        "PYTHONUNBUFFERED": "1",  # so prefixed console output is live
+    })
+    if spec.insecure:
+        env["MINDFT_INSECURE"] = "1"
+        env.pop("MINDFT_KEY_FILE", None)
+    else:
+        env["MINDFT_KEY_FILE"] = str(spec.key_file)
+        env.pop("MINDFT_INSECURE", None)
+    return env
+
+
+class Console:
+    """Serialized, prefixed output of every rank and of the launcher."""
+
+    def __init__(self, stream: Optional[IO[str]] = None, prefix: bool = True) -> None:
+        self._stream = stream
+        self._prefix = prefix
+        self._lock = threading.Lock()
+
+    def line(self, source: str, text: str) -> None:
+        """Write one line, prefixed with ``[source]``."""
+        stream = self._stream or sys.stdout
+        if not text.endswith("\n"):
+            text += "\n"
+        with self._lock:
+            try:
+                stream.write(f"[{source}] {text}" if self._prefix else text)
+                stream.flush()
+            except (OSError, ValueError):
+                pass  # a closed console must not kill the launcher
+
+
+@dataclass
+class Worker:
+    """One local rank and its current process."""
+
+    rank: int
+    log_path: Path
+    restarts: int = 0
+    process: Optional[subprocess.Popen] = None
+    pump: Optional[threading.Thread] = None
+    returncode: Optional[int] = None
+    final: bool = False  # exited for good (done, dumped, out of restarts or stopped)
+
+    @property
+    def pid(self) -> Optional[int]:
+        """The pid of the running process, if any."""
+        return self.process.pid if self.process is not None and self.returncode is None else None
+
+
+class Agent:
+    """msrun's external agent on one node: kill worker, start all, start a list, monitor."""
+
+    def __init__(self, spec: LaunchSpec, console: Console) -> None:
+        self.spec = spec
+        self.console = console
+        spec.log_dir.mkdir(parents=True, exist_ok=True)
+        self.workers: dict[int, Worker] = {
+            rank: Worker(rank, spec.log_dir / f"rank_{rank}.log") for rank in spec.local_ranks}
+
+    def start_all_workers(self) -> None:
+        """Start every local rank (the first incarnation)."""
+        self.start_worker_list(self.workers)
+
+    def start_worker_list(self, ranks: Iterable[int]) -> None:
+        """(Re)start the given local ranks; each gets its restart count in MINDFT_RESTART_COUNT."""
+        for rank in ranks:
+            worker = self.workers[rank]
+            if worker.pid is not None:
+                raise RuntimeError(f"rank {rank} is still running (pid {worker.pid})")
+            env = rank_environment(self.spec, rank, worker.restarts)
+            log_file = open(worker.log_path, "ab")
+            log_file.write(f"--- mindft-launch: rank {rank}, incarnation {worker.restarts}, "
+                           f"{time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
+            log_file.flush()
+            # A new session: the terminal's Ctrl-C reaches the launcher only, which forwards it,
+            # and killpg reaches whatever the rank spawned.
+            worker.process = subprocess.Popen(
+                list(self.spec.command), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+            worker.returncode = None
+            worker.pump = threading.Thread(target=self._pump, args=(worker.process, rank, log_file),
+                                           name=f"mindft-pump-{rank}", daemon=True)
+            worker.pump.start()
+            log.info("started rank %d (pid %d, restart %d), log %s", rank, worker.process.pid,
+                     worker.restarts, worker.log_path)
+
+    def _pump(self, process: subprocess.Popen, rank: int, log_file: IO[bytes]) -> None:
+        assert process.stdout is not None
+        try:
+            for raw in iter(process.stdout.readline, b""):
+                log_file.write(raw)
+                log_file.flush()
+                self.console.line(f"rank {rank}", raw.decode("utf-8", "replace").rstrip("\n"))
+        except (OSError, ValueError):
+            pass
+        finally:
+            log_file.close()
+            process.stdout.close()
+
+    def monitor(self) -> dict[int, Optional[int]]:
+        """Poll every local rank: rank → exit code, or None while it runs.
+
+        A rank whose process exited since the last call gets its ``returncode`` set.
+        """
+        result: dict[int, Optional[int]] = {}
+        for rank, worker in self.workers.items():
+            if worker.process is not None and worker.returncode is None:
+                worker.returncode = worker.process.poll()
+            result[rank] = worker.returncode
+        return result
+
+    def signal_workers(self, ranks: Iterable[int], signum: int) -> None:
+        """Send ``signum`` to the process group of each running rank."""
+        for rank in ranks:
+            worker = self.workers[rank]
+            if worker.process is None or worker.process.poll() is not None:
+                continue
+            try:
+                os.killpg(worker.process.pid, signum)
+            except ProcessLookupError:
+                pass
+            except PermissionError as error:
+                log.warning("cannot signal rank %d (pid %d): %s", rank, worker.process.pid, error)
+
+    def kill_worker(self, ranks: Iterable[int], signum: int = signal.SIGTERM,
+                    grace: float = DEFAULT_GRACE_PERIOD) -> None:
+        """Stop the given ranks: ``signum``, up to ``grace`` seconds, then SIGKILL; waits for them."""
+        ranks = [r for r in ranks if self.workers[r].process is not None]
+        self.signal_workers(ranks, signum)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(self.workers[r].process.poll() is None for r in ranks):
+            time.sleep(0.05)
+        stubborn = [r for r in ranks if self.workers[r].process.poll() is None]
+        if stubborn:
+            log.warning("rank(s) %s did not stop within %.3gs; sending SIGKILL", stubborn, grace)
+            self.signal_workers(stubborn, signal.SIGKILL)
+            # A SIGSTOPped process still dies of SIGKILL; wait so no child outlives the launcher.
+            for rank in stubborn:
+                try:
+                    self.workers[rank].process.wait(timeout=10.0)
+                except subprocess.TimeoutExpired:
+                    log.error("rank %d (pid %d) survived SIGKILL", rank, self.workers[rank].process.pid)
+        self.monitor()
+
+    def running(self) -> list[int]:
+        """Local ranks whose process is alive."""
+        return [r for r, code in self.monitor().items()
+                if code is None and self.workers[r].process is not None]
+
+    def pids(self) -> dict[int, int]:
+        """rank → pid of each running local rank."""
+        return {r: w.pid for r, w in self.workers.items() if w.pid is not None}
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    if code == EXIT_DUMPED:
+        return "exit 3 (dying-gasp checkpoint written)"
+    return f"exit {code}"
+
+
+def job_exit_code(controller_code: Optional[int], final_codes: Iterable[Optional[int]]) -> int:
+    """Combine the controller's verdict and the ranks' final exit codes into the launcher's."""
+    codes = [c for c in final_codes if c is not None]
+    crashed = [c for c in codes if c not in (EXIT_OK, EXIT_DUMPED)]
+    if controller_code not in (None, EXIT_OK):
+        return controller_code
+    if crashed:
+        code = crashed[0]
+        return 128 - code if code < 0 else code
+    if EXIT_DUMPED in codes:
+        return EXIT_DUMPED
+    return EXIT_OK
+
+
+class _ControllerRunner:
+    """The controller and the reset watcher, in threads of the launcher (node 0 only)."""
+
+    def __init__(self, config: MindftConfig) -> None:
+        from mindft.controller import Controller  # imported late: only node 0 needs it
+        from mindft.resetwatch import ResetWatcher
+
+        self.config = config
+        self.controller = Controller(config)  # binds now: port 0 becomes a real port
+        self.port = int(self.controller.endpoint.rsplit(":", 1)[1])
+        self.result: Optional[Any] = None
+        self._thread = threading.Thread(target=self._serve, name="mindft-controller", daemon=True)
+        self.watcher = ResetWatcher(config.reset_file, config.timeouts.reset_poll_interval)
+        self.watching = False
+
+    def _serve(self) -> None:
+        try:
+            self.result = self.controller.serve()
+        except Exception as error:  # a crashed controller must still end the job cleanly
+            log.exception("controller crashed")
+            self.result = _Result(EXIT_FAILED, f"controller crashed: {error}")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def start_watcher_when_training(self) -> None:
+        """Start the reset watcher once every rank registered.
+
+        The controller ignores device events for ranks it does not know yet, so a fault
+        already in the file at start is read only when it can be acted on.
+        """
+        if self.watching or self.finished or self.controller.state.value == "STARTING":
+            return
+        self.watching = True
+        self.watcher.start(self.controller.on_device_event)
+        log.info("watching the device plugin's reset file %s every %gs", self.config.reset_file,
+                 self.config.timeouts.reset_poll_interval)
+
+    @property
+    def finished(self) -> bool:
+        return self.result is not None
+
+    def stop(self) -> None:
+        self.watcher.stop()
+        if not self.finished:
+            try:
+                self.controller.stop()
+            except Exception:
+                log.exception("stopping the controller failed")
+        self._thread.join(10.0)
+
+
+@dataclass(frozen=True)
+class _Result:
+    exit_code: int
+    reason: str
+
+
+class Launcher:
+    """Run one node of a job to completion and return its exit code."""
+
+    def __init__(self, spec: LaunchSpec, console: Optional[Console] = None) -> None:
+        self.spec = spec
+        self.console = console or Console(prefix=spec.prefix_output)
+        self.agent = Agent(spec, self.console)
+        self.keys = None if spec.insecure else load_keys(spec.key_file)
+        self._connect()
+        self.runner: Optional[_ControllerRunner] = None
+        self._signal: Optional[int] = None
+        self._signals_seen = 0
+        self._last_hang_check = 0.0
+
+    def _connect(self) -> None:
+        self.client = ControllerClient(self.spec.controller_address, self.keys)
+        # Polled from the monitor loop: a slow answer must not delay restarts or signals.
+        self._status_client = ControllerClient(self.spec.controller_address, self.keys,
+                                               timeout=HANG_CHECK_INTERVAL)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._signals_seen += 1
+        if self._signal is None:
+            self._signal = signum
+        if self._signals_seen > 1:
+            # A second Ctrl-C: do not wait for the grace period.
+            self.agent.signal_workers(self.agent.workers, signal.SIGKILL)
+
+    def controller_config(self) -> MindftConfig:
+        """The controller's configuration: the environment, with the launcher's address and keys."""
+        env = rank_environment(self.spec, self.spec.local_ranks[0], 0)
+        env.update({"MS_NODE_ID": "0", "RANK_ID": "0", "MS_TFT_PORT": str(self.spec.master_port or 29600)})
+        config = load_config(env)
+        # Port 0 (not a valid MS_TFT_PORT) lets the controller bind a free port itself.
+        return dataclasses.replace(config, controller_port=self.spec.master_port)
+
+    def write_job_file(self) -> None:
+        """``run_dir/job.json``: what ``mindft status --job`` and the demo need to find the job."""
+        info = {"controller": self.spec.controller_address,
+                "key_file": None if self.spec.insecure else str(self.spec.key_file),
+                "insecure": self.spec.insecure,
+                "reset_file": self.spec.env.get("MINDFT_RESET_FILE", ""),
+                "world_size": self.spec.world_size, "node_rank": self.spec.node_rank,
+                "launcher_pid": os.getpid(), "log_dir": str(self.spec.log_dir),
+                "ranks": {str(r): pid for r, pid in self.agent.pids().items()}}
+        path = self.spec.run_dir / JOB_FILE
+        temporary = path.with_name(f".{JOB_FILE}.{os.getpid()}")
+        temporary.write_text(json.dumps(info, indent=2))
+        os.replace(temporary, path)
+
+    def _notify(self, message: Message, what: str) -> None:
+        """Send ``message`` to the controller from a helper thread: the monitor loop never blocks on it."""
+        def send() -> None:
+            try:
+                self.client.request(message)
+            except ControllerUnreachable as error:
+                log.warning("could not tell the controller that %s: %s", what, error)
+
+        threading.Thread(target=send, name="mindft-notify", daemon=True).start()
+
+    def _job_over(self) -> bool:
+        """True on node 0 once the controller reached DONE or FAILED (other nodes cannot know)."""
+        return self.runner is not None and (
+            self.runner.finished or self.runner.controller.state.value in ("DONE", "FAILED"))
+
+    def _report_lost(self, rank: int, reason: str) -> None:
+        # No protocol message says "this rank will not come back"; a failed device has the
+        # same consequence (the controller fails the job and the healthy ranks dump).
+        self._notify(DeviceEvent(rank=rank, status=DeviceStatus.FAILED, reason=reason), f"rank {rank} is lost")
+
+    def _check_hung(self) -> None:
+        # The controller sees a silent rank; only the launcher can kill it so it can restart.
+        now = time.monotonic()
+        if now - self._last_hang_check < HANG_CHECK_INTERVAL:
+            return
+        self._last_hang_check = now
+        try:
+            status = self._status_client.status()
+        except ControllerUnreachable:
+            return
+        pids = self.agent.pids()
+        for row in status.ranks:
+            if row.rank in pids and row.pid == pids[row.rank] and row.state.lower() in HUNG_STATES:
+                log.warning("controller reports rank %d (pid %d) %s; killing it so it can restart",
+                            row.rank, row.pid, row.state)
+                self.agent.signal_workers([row.rank], signal.SIGKILL)
+
+    def _handle_exits(self) -> None:
+        for rank, code in self.agent.monitor().items():
+            worker = self.agent.workers[rank]
+            if code is None or worker.final:
+                continue
+            pid = worker.process.pid
+            self.console.line("mindft-launch", f"rank {rank} (pid {pid}) {_describe_exit(code)}")
+            if code == EXIT_OK or self._signal is not None:
+                worker.final = True
+                continue
+            if code == EXIT_DUMPED:
+                worker.final = True
+                if self.runner is not None and not self._job_over():
+                    # It gave up on its own (not on the controller's order): fail now, not after
+                    # timeouts.repair, so the other ranks dump while their state is fresh.
+                    self._report_lost(rank, f"rank {rank} wrote its dying-gasp checkpoint and exited")
+                continue
+            job_over = self._job_over()
+            if not job_over:
+                self._notify(ProcessExit(rank=rank, returncode=code, pid=pid), f"rank {rank} exited")
+            if worker.restarts >= self.spec.max_restarts or job_over:
+                worker.final = True
+                why = "the job is over" if job_over else f"it used all {self.spec.max_restarts} restarts"
+                self.console.line("mindft-launch", f"not restarting rank {rank}: {why}")
+                if not job_over:
+                    # Fail the job now instead of after timeouts.repair: the healthy ranks dump.
+                    self._report_lost(rank, f"rank {rank} {_describe_exit(code)} and used all "
+                                            f"{self.spec.max_restarts} restarts")
+                continue
+            worker.restarts += 1
+            self.console.line("mindft-launch", f"restarting rank {rank} "
+                              f"(restart {worker.restarts}/{self.spec.max_restarts}); "
+                              f"it recovers from its peer replica")
+            self.agent.start_worker_list([rank])
+            self.write_job_file()
+
+    def run(self) -> int:
+        """Start everything, supervise until the job ends, stop everything; the exit code."""
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return self._run()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _run(self) -> int:
+        spec = self.spec
+        if spec.node_rank == 0:
+            self.runner = _ControllerRunner(self.controller_config())
+            if spec.master_port == 0:
+                # The controller picked a free port; every rank and client must use it.
+                spec = self.spec = dataclasses.replace(spec, master_port=self.runner.port)
+                self.agent.spec = spec
+                self._connect()
+            self.runner.start()
+        self.console.line("mindft-launch", f"{spec.world_size} rank(s), {spec.nproc} on this node "
+                          f"(node {spec.node_rank}/{spec.nnodes}); controller {spec.controller_address}"
+                          f"{' (INSECURE)' if spec.insecure else ''}; logs in {spec.log_dir}")
+        try:
+            self.agent.start_all_workers()
+            self.write_job_file()
+            code = self._supervise()
+        finally:
+            running = self.agent.running()
+            if running:
+                self.agent.kill_worker(running, signal.SIGTERM, spec.grace_period)
+            if self.runner is not None:
+                self.runner.stop()
+            for worker in self.agent.workers.values():
+                if worker.pump is not None:
+                    worker.pump.join(2.0)
+        return code
+
+    def _supervise(self) -> int:
+        spec = self.spec
+        controller_done_at: Optional[float] = None
+        all_exited_at: Optional[float] = None
+        while True:
+            if self._signal is not None:
+                name = signal.Signals(self._signal).name
+                self.console.line("mindft-launch", f"{name}: stopping every rank "
+                                  f"(grace period {spec.grace_period:g}s, then SIGKILL)")
+                self.agent.kill_worker(self.agent.running(), self._signal, spec.grace_period)
+                return 128 + self._signal
+            self._handle_exits()
+            running = self.agent.running()
+            if self.runner is not None:
+                self.runner.start_watcher_when_training()
+                if self.runner.finished and controller_done_at is None:
+                    controller_done_at = time.monotonic()
+                if controller_done_at is not None:
+                    if not running:
+                        return job_exit_code(self.runner.result.exit_code, self._final_codes())
+                    if time.monotonic() - controller_done_at > DUMP_GRACE_PERIOD:
+                        log.warning("rank(s) %s still running %gs after the controller finished; "
+                                    "stopping them", running, DUMP_GRACE_PERIOD)
+                        self.agent.kill_worker(running, signal.SIGTERM, spec.grace_period)
+                        return job_exit_code(self.runner.result.exit_code, self._final_codes())
+                elif not running and all(w.final for w in self.agent.workers.values()):
+                    # Every rank is gone: the controller's verdict should follow at once.
+                    all_exited_at = all_exited_at or time.monotonic()
+                    if time.monotonic() - all_exited_at > CONTROLLER_FINISH_TIMEOUT:
+                        log.warning("every rank exited but the controller has no result after %gs",
+                                    CONTROLLER_FINISH_TIMEOUT)
+                        return job_exit_code(None, self._final_codes()) or EXIT_FAILED
+                if running:
+                    self._check_hung()
+            elif not running and all(w.final for w in self.agent.workers.values()):
+                return job_exit_code(None, self._final_codes())
+            elif running:
+                self._check_hung()
+            time.sleep(MONITOR_INTERVAL)
+
+    def _final_codes(self) -> list[Optional[int]]:
+        return [w.returncode for w in self.agent.workers.values()]
+
+
+def _setup_logging(verbose: bool) -> None:
+    class _Tagged(logging.Formatter):
+        def format(self, record: logging.LogRecord) -> str:
+            tag = record.name.rsplit(".", 1)[-1]
+            tag = "mindft-launch" if tag == "launch" else tag
+            level = "" if record.levelno == logging.INFO else f"{record.levelname}: "
+            return f"[{tag}] {level}{record.getMessage()}" + (
+                "\n" + self.formatException(record.exc_info) if record.exc_info else "")
+
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(_Tagged())
+    root = logging.getLogger("mindft")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    root.propagate = False
+
+
+def _fail(message: str) -> None:
+    click.echo(f"mindft-launch: {message}", err=True)
+    sys.exit(EXIT_USAGE)
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False,
+                                 "help_option_names": ["-h", "--help"]})
+@click.option("--nproc", type=click.IntRange(1, 4096), default=1, show_default=True,
+              envvar="MINDFT_NPROC", help="Ranks to start on this node.")
+@click.option("--nnodes", type=click.IntRange(1, 100000), default=1, show_default=True,
+              envvar="MINDFT_NNODES", help="Nodes in the job.")
+@click.option("--node-rank", type=click.IntRange(0), default=0, show_default=True,
+              envvar=["MINDFT_NODE_RANK", "VC_TASK_INDEX"],
+              help="This node's index; node 0 runs the controller. [env: MINDFT_NODE_RANK, VC_TASK_INDEX]")
+@click.option("--master-addr", default="127.0.0.1", show_default=True, envvar="MINDFT_MASTER_ADDR",
+              help="Address of node 0 (IP or host name); the controller listens there.")
+@click.option("--master-port", type=click.IntRange(0, 65535), default=None, envvar="MINDFT_MASTER_PORT",
+              help="Controller port. Default: a free port on one node, 29600 on several.")
+@click.option("--max-restarts", type=click.IntRange(0, 1000), default=3, show_default=True,
+              help="Times each rank may be restarted after it crashed.")
+@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Private directory for the key file, logs and job.json. Default: a new temporary one.")
+@click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Per-rank log files (rank_N.log). Default: RUN_DIR/logs.")
+@click.option("--key-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              envvar="MINDFT_KEY_FILE",
+              help="Use this job key (from 'mindft keygen'), shared by every node. Default: a new one.")
+@click.option("--insecure", is_flag=True, help="Run the control channel without CurveZMQ (debugging only).")
+@click.option("--grace-period", type=click.FloatRange(0), default=DEFAULT_GRACE_PERIOD, show_default=True,
+              help="Seconds between forwarding SIGINT/SIGTERM and SIGKILL.")
+@click.option("--no-prefix", is_flag=True, help="Do not prefix rank output with [rank N].")
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging of mindft itself.")
+@click.argument("script")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+def main(nproc: int, nnodes: int, node_rank: int, master_addr: str, master_port: Optional[int],
+         max_restarts: int, run_dir: Optional[Path], log_dir: Optional[Path], key_file: Optional[Path],
+         insecure: bool, grace_period: float, no_prefix: bool, verbose: bool, script: str,
+         script_args: Sequence[str]) -> None:
+    """Run SCRIPT [ARGS] as NPROC ranks with mindft fault tolerance.
+
+    Starts the controller on node 0 (and its watcher of the device plugin's reset
+    file), sets the environment msrun would (MS_WORKER_NUM, MS_NODE_ID, RANK_ID,
+    RANK_SIZE, DEVICE_ID) plus MS_TFT_IP/MS_TFT_PORT and MINDFT_KEY_FILE, prints
+    each rank's output prefixed with [rank N], restarts a crashed rank up to
+    --max-restarts times and exits with the job's result (0 done, 3 dumped).
+    """
+    _setup_logging(verbose)
+    if node_rank >= nnodes:
+        _fail(f"--node-rank {node_rank} must be below --nnodes {nnodes}")
+    try:
+        master_ip = resolve_ip(master_addr)
+        base = load_config()  # validates the user's MS_ENABLE_TFT and MINDFT_* before starting anything
+    except ConfigError as error:
+        _fail(f"configuration error: {error}")
+    insecure = insecure or base.insecure  # MINDFT_INSECURE=1 means the same as --insecure
+    if master_port is None or master_port == 0:
+        master_port = 29600 if nnodes > 1 else 0  # 0: the controller binds a free port
+    if 0 < master_port < 1024:
+        _fail(f"--master-port {master_port} must be in 1024..65535")
+    if nnodes > 1 and key_file is None and not insecure:
+        _fail("a job on several nodes needs one key on every node: create it with "
+              "'mindft keygen keys.json', distribute it and pass --key-file keys.json (or --insecure)")
+    if run_dir is None:
+        run_dir = Path(tempfile.mkdtemp(prefix="mindft-run-"))
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(run_dir, 0o700)
+    if not insecure and key_file is None:
+        key_file = run_dir / "keys.json"
+        generate_keys(key_file)
+    elif not insecure:
+        try:
+            load_keys(key_file)
+        except ConfigError as error:
+            _fail(str(error))
+    env = dict(os.environ)
+    env.setdefault("MINDFT_RESET_FILE", str(base.reset_file))
+    command = (sys.executable, script, *script_args) if script.endswith(".py") else (script, *script_args)
+    spec = LaunchSpec(command=command, nproc=nproc, nnodes=nnodes, node_rank=node_rank,
+                      master_ip=master_ip, master_port=master_port, max_restarts=max_restarts,
+                      run_dir=run_dir, log_dir=log_dir or run_dir / "logs",
+                      key_file=None if insecure else key_file, insecure=insecure,
+                      grace_period=grace_period, env=env, prefix_output=not no_prefix)
+    try:
+        code = Launcher(spec).run()
+    except ConfigError as error:
+        _fail(f"configuration error: {error}")
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,18 @@
+"""mindft's MindSpore adapter — the only part of mindft that imports mindspore.
+
+Two ways in:
+
+* ``Model.train``: ``mindft.mindspore.train(model, epochs, dataset)`` (or pass
+  :class:`FaultTolerance` to ``Model.train`` yourself).
+* hand-written loops: :class:`FaultTolerantLoop`.
+
+Both do nothing but count steps unless ``MS_ENABLE_TFT`` enables an option.
+"""
+from __future__ import annotations
+
+from mindft.faults import DeviceFault
+from mindft.mindspore._session import EXIT_DUMPED, RewindRequired
+from mindft.mindspore.callback import FaultTolerance, train
+from mindft.mindspore.loop import FaultTolerantLoop
+
+__all__ = ["DeviceFault", "EXIT_DUMPED", "FaultTolerance", "FaultTolerantLoop", "RewindRequired", "train"]

@@ -1,0 +1,435 @@
+"""The per-rank engine shared by the ``Model.train`` callback and the custom-loop guard.
+
+A :class:`Session` owns one rank's :class:`~mindft.snapshot.SnapshotStore`, replica server
+and :class:`~mindft.processor.Processor`. The two front ends only tell it where step
+boundaries are; it captures, votes, and obeys the controller.
+
+Steps are counted from 1 (``step`` = number of optimizer updates done); the snapshot of
+step 0 is the state training starts from, so a fault in the very first step can be
+rolled back too.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional
+
+import mindspore as ms
+import numpy as np
+from mindspore import nn, ops
+
+from mindft.config import MindftConfig, load_config
+from mindft.controller import ControllerState
+from mindft.faults import DeviceFault, classify, describe
+from mindft.keys import job_keys
+from mindft.processor import Processor, ProcessorError
+from mindft.protocol import Action, ActionKind, FaultKind
+from mindft.snapshot import ReplicaServer, SnapshotError, SnapshotStore, fetch_replica, push_replica
+
+log = logging.getLogger(__name__)
+
+EXIT_DUMPED = 3  # same meaning as mindft.launch.EXIT_DUMPED: dying gasp written, left on order
+# A step that faults this many times in a row is not a transient device fault: stop replaying it.
+MAX_FAULTS_PER_STEP = 3
+# Controller states in which a restarted rank that holds nothing may simply start training.
+_RUNNING_STATES = (ControllerState.STARTING.value, ControllerState.NORMAL.value)
+
+
+class RewindRequired(RuntimeError):
+    """Training must continue from an earlier step than the one the data pipeline is at.
+
+    Raised out of ``Model.train`` by the callback; :func:`mindft.mindspore.train` catches it
+    and re-enters ``Model.train`` at batch ``step + 1``.
+    """
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"rolled back to step {step}: re-enter training at batch {step + 1} "
+                         f"(use mindft.mindspore.train(...) instead of Model.train to do this for you)")
+        self.step = step
+
+
+class TrainingState:
+    """Every Parameter that defines where training is: the network's and the optimizer's.
+
+    On CPU ``Parameter.asnumpy()`` returns a view of the parameter's memory, so capture
+    reads and restore writes those views directly; elsewhere restore falls back to
+    ``ops.assign``.
+    """
+
+    def __init__(self, cell: nn.Cell, optimizer: Optional[nn.Cell] = None) -> None:
+        params: Dict[str, ms.Parameter] = {}
+        for owner in (cell, optimizer):
+            if owner is None:
+                continue
+            for param in owner.get_parameters():
+                params.setdefault(param.name, param)
+        if not params:
+            raise ValueError(f"{type(cell).__name__} has no parameters to protect")
+        self.params = params
+        probe = next(iter(params.values()))
+        self.aliased = bool(np.shares_memory(probe.asnumpy(), probe.asnumpy()))
+        if not self.aliased:
+            log.warning("Parameter.asnumpy() copies on this device: restores use ops.assign")
+
+    def arrays(self) -> Dict[str, np.ndarray]:
+        """The current values (views on CPU: do not let the optimizer run while they are read)."""
+        return {name: param.asnumpy() for name, param in self.params.items()}
+
+    def load(self, store: SnapshotStore, step: int) -> Mapping[str, Any]:
+        """Restore the snapshot of exactly ``step`` into the parameters; returns its meta."""
+        if self.aliased:
+            views = self.arrays()
+            try:
+                snapshot = store.restore(step, into=views)
+            except SnapshotError as error:
+                if "must be an array of shape" not in str(error):
+                    raise
+                # A replica that went over the wire holds scalars as shape (1,)
+                # (np.ascontiguousarray in push_replica): restore into 1-element views.
+                snapshot = store.restore(step, into={name: view.reshape(-1) if view.ndim == 0 else view
+                                                     for name, view in views.items()})
+        else:
+            snapshot = store.restore(step)
+            for name, array in snapshot.arrays.items():
+                ops.assign(self.params[name], ms.Tensor(np.array(array)))
+        if snapshot.step != step:
+            raise SnapshotError(f"asked to restore step {step}, the newest verified snapshot is "
+                                f"step {snapshot.step}")
+        return snapshot.meta
+
+
+def rng_meta() -> Dict[str, Any]:
+    """MindSpore's global generator state, JSON-able (ops that draw from it replay exactly)."""
+    try:
+        return {"rng_state": [int(v) for v in ms.get_rng_state().asnumpy().tolist()]}
+    except Exception:  # older MindSpore: nothing to record
+        return {}
+
+
+def set_rng(meta: Mapping[str, Any]) -> None:
+    """Put back the generator state recorded by :func:`rng_meta`."""
+    state = meta.get("rng_state")
+    if state is not None:
+        ms.set_rng_state(ms.Tensor(np.asarray(state, dtype=np.uint8)))
+
+
+class Session:
+    """One rank's part in the recovery flow (see the module docstring).
+
+    ``state`` names the parameters to protect; ``optimizer`` is the Cell whose call must
+    not start while a capture reads the parameters. With ``overlap`` (default: in PyNative
+    mode) a forward pre-hook on it waits there, so the copy of step ``s`` overlaps the
+    forward and backward passes of step ``s + 1``; otherwise each capture completes at
+    the end of its step. If the hook turns out not to run (the optimizer is called
+    inside ``ms.jit``), the session notices after one step and stops overlapping.
+
+    ``snapshot_every=N`` captures (and replicates) only every N-th step: every rank of
+    a job must use the same N; a fault then replays up to N steps (CheckFreq's trade).
+    """
+
+    def __init__(self, state: TrainingState, optimizer: Optional[nn.Cell],
+                 config: Optional[MindftConfig] = None, overlap: Optional[bool] = None,
+                 snapshot_every: int = 1) -> None:
+        if snapshot_every < 1:
+            raise ValueError(f"snapshot_every must be >= 1, got {snapshot_every}")
+        self.config = config if config is not None else load_config()
+        self.state = state
+        self.enabled = self.config.tft.enabled
+        self.snapshot_every = snapshot_every
+        self.step = 0
+        self.meta: Dict[str, Any] = {}
+        self.resumed_from: Optional[int] = None
+        self.processor: Optional[Processor] = None
+        self.store: Optional[SnapshotStore] = None
+        self._server: Optional[ReplicaServer] = None
+        self._keys = None
+        self._inject: Optional[Action] = None
+        self._faults_at: Dict[int, int] = {}
+        self._hook_seen = False
+        if overlap is None:
+            # Graph mode compiles Cell hooks into the graph (where they break it): PyNative only.
+            overlap = ms.get_context("mode") == ms.PYNATIVE_MODE
+        self._overlap = bool(overlap) and optimizer is not None
+        self._hook = None
+        self.last_recovery: Dict[str, float] = {}
+        if not self.enabled:
+            log.info("rank=%d mindft off (MS_ENABLE_TFT=%r enables nothing): training runs unprotected",
+                     self.config.rank, os.environ.get("MS_ENABLE_TFT", ""))
+            return
+        if self._overlap:
+            self._hook = optimizer.register_forward_pre_hook(self._before_update)
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    def start(self, meta: Optional[Mapping[str, Any]] = None) -> int:
+        """Join the job; restore this rank if it is a restarted one. Returns the step to continue after."""
+        if not self.enabled:
+            return self.step
+        config = self.config
+        self._keys = job_keys(config)
+        self.store = SnapshotStore()
+        if config.world_size > 1:
+            self._server = ReplicaServer(config.controller_ip, self._keys)
+        adopted = self._adopt_replica() if config.restart_count > 0 else False
+        self.processor = Processor(config, self._server.endpoint if self._server else "", keys=self._keys)
+        ack = self.processor.register(held_steps=self.store.steps)
+        self._remember_endpoints()
+        if config.restart_count > 0 and (adopted or ack.state.upper() not in _RUNNING_STATES):
+            log.warning("rank=%d restarted (incarnation %d) holding %s; waiting for ROLLBACK",
+                        config.rank, config.restart_count, list(self.store.steps))
+            self._obey(None)
+        else:
+            self.meta = dict(meta or {})
+            self._capture(self.step)
+            self.store.wait()
+        return self.step
+
+    def close(self) -> None:
+        """Leave the job: stop the processor and free the snapshots (idempotent)."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        if self.processor is not None:
+            self.processor.close()
+            self.processor = None
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    def finish(self) -> None:
+        """Report Done at the current step and leave."""
+        if self.processor is not None:
+            self.store.wait()
+            self.processor.done(self.step)
+            log.info("rank=%d done at step %d", self.config.rank, self.step)
+        self.close()
+
+    # ---- step boundaries -----------------------------------------------------------------
+
+    def begin_step(self) -> None:
+        """Called before the step ``self.step + 1`` runs; raises an injected fault there."""
+        if self.processor is None:
+            return
+        if self._inject is not None:
+            action, self._inject = self._inject, None
+            raise DeviceFault(action.fault or FaultKind.UCE, action.reason or "injected by the controller")
+        self._hook_seen = False
+        self.processor.step_begin(self.step + 1)
+
+    def end_step(self, meta: Optional[Mapping[str, Any]] = None) -> Optional[int]:
+        """Called after step ``self.step + 1`` finished: snapshot, vote, obey.
+
+        Returns None to go on, or the step training was rolled back to (the caller
+        must continue with the batch after it).
+        """
+        self.step += 1
+        if self.processor is None:
+            return None
+        if self._overlap and not self._hook_seen:
+            # The optimizer ran without calling our hook (graph mode, or inside ms.jit): a
+            # background copy could race with its next update, so copy synchronously.
+            log.info("rank=%d optimizer hook not reached (graph mode?): snapshots copy synchronously",
+                     self.config.rank)
+            self._overlap = False
+        self.meta = dict(meta or {})
+        if self.step % self.snapshot_every == 0:
+            self._capture(self.step)
+        before = self.step
+        while True:
+            try:
+                action = self.processor.step_end(self.step)
+            except ProcessorError as error:
+                self._dump_and_exit(f"lost the controller: {error}")
+            if action is None:
+                return None
+            self._obey(action)
+            if action.kind is not ActionKind.INJECT_FAULT:
+                return self.step if self.step != before else None
+            # Armed for the next step; the vote for this one still needs its COMMIT.
+
+    def fault(self, error: BaseException) -> int:
+        """An exception escaped step ``self.step + 1``: report it, wait, and return the step rolled back to.
+
+        Re-raises ``error`` when mindft is off, or when the same step keeps failing.
+        """
+        if self.processor is None:
+            raise error
+        step = self.step + 1
+        kind = classify(error)
+        count = self._faults_at.get(step, 0) + 1
+        self._faults_at = {step: count}
+        if count > MAX_FAULTS_PER_STEP:
+            log.error("rank=%d step %d failed %d times in a row; giving up", self.config.rank, step, count - 1)
+            self._dump_quietly(f"step {step} keeps failing: {describe(error)}")
+            raise error
+        log.warning("rank=%d fault %s inside step %d: %s", self.config.rank, kind.name, step, describe(error))
+        try:
+            self.processor.report_fault(kind, describe(error), step)
+        except ProcessorError as lost:
+            self._dump_and_exit(f"lost the controller while reporting {kind.name}: {lost}")
+        self._obey(None)
+        return self.step
+
+    # ---- the recovery flow ---------------------------------------------------------------
+
+    def _obey(self, action: Optional[Action]) -> None:
+        """Follow the controller until it says RESUME (or ends the job)."""
+        processor = self.processor
+        received = time.perf_counter()
+        while True:
+            if action is None:
+                try:
+                    action = processor.wait_action()
+                except ProcessorError as error:
+                    self._dump_and_exit(f"lost the controller: {error}")
+            kind = action.kind
+            if kind is ActionKind.INJECT_FAULT:
+                self._inject = action
+                return
+            if kind is ActionKind.PAUSE:
+                self._settle()
+                processor.acknowledge(action, self.step, self.store.steps)
+            elif kind is ActionKind.ROLLBACK:
+                received = time.perf_counter()
+                self._settle()
+                self._rollback(action.step)
+                processor.acknowledge(action, action.step, self.store.steps)
+            elif kind is ActionKind.RESUME:
+                if action.step != self.step:
+                    self._settle()
+                    self._rollback(action.step)
+                processor.acknowledge(action, action.step, self.store.steps)
+                self._remember_endpoints()
+                self.last_recovery = {"rollback_to_resume_s": time.perf_counter() - received}
+                log.warning("rank=%d resumed after step %d", self.config.rank, self.step)
+                return
+            elif kind is ActionKind.DUMP_AND_EXIT:
+                self._dump_and_exit(action.reason)
+            action = None
+
+    def _rollback(self, step: int) -> None:
+        try:
+            meta = self.state.load(self.store, step)
+        except SnapshotError as error:
+            self._dump_and_exit(f"cannot restore step {step}: {error}")
+        set_rng(meta)
+        self.meta = dict(meta)
+        self.step = step
+        self.resumed_from = step
+        log.warning("rank=%d restored step %d", self.config.rank, step)
+
+    def _settle(self) -> None:
+        """Let the capture in flight finish; a failed one is logged and simply not held."""
+        try:
+            self.store.wait()
+        except SnapshotError as error:
+            log.error("rank=%d %s", self.config.rank, error)
+
+    def _capture(self, step: int) -> None:
+        meta = {"step": step, **self.meta, **rng_meta()}
+        self.store.capture(step, self.state.arrays(), meta)
+        if self.config.world_size > 1:
+            # COMMIT(step) promises the buddy holds this step: push before voting.
+            self.store.wait()
+            self._push(step)
+        elif not self._overlap:
+            self.store.wait()
+
+    def _push(self, step: int) -> None:
+        buddy = (self.config.rank + 1) % self.config.world_size
+        endpoint = self.processor.endpoints.get(buddy)
+        if not endpoint:
+            log.error("rank=%d no replica endpoint for buddy rank %d", self.config.rank, buddy)
+            return
+        snapshot = self.store.restore(step)
+        try:
+            push_replica(endpoint, self.config.rank, snapshot, self._keys, self.config.timeouts.dead_after)
+        except SnapshotError as error:
+            # The buddy may be the rank that just died; the recovery flow will sort it out.
+            log.warning("rank=%d replica push of step %d to rank %d failed: %s", self.config.rank, step,
+                        buddy, error)
+
+    def _before_update(self, cell: Any, inputs: Any) -> None:
+        """Optimizer forward pre-hook: the parameters must not change while they are copied."""
+        self._hook_seen = True
+        if self.store is not None:
+            self.store.wait()
+        return None
+
+    def _adopt_replica(self) -> bool:
+        """A restarted rank takes its state back from its buddy's replica server."""
+        config = self.config
+        endpoints = self._cached_endpoints()
+        buddy = (config.rank + 1) % config.world_size
+        endpoint = endpoints.get(buddy)
+        if config.world_size == 1 or not endpoint:
+            log.error("rank=%d restarted but knows no replica endpoint of buddy rank %d", config.rank, buddy)
+            return False
+        try:
+            snapshot = fetch_replica(endpoint, config.rank, self._keys, config.timeouts.dead_after * 2)
+        except SnapshotError as error:
+            log.error("rank=%d could not fetch its replica from rank %d: %s", config.rank, buddy, error)
+            return False
+        self.store.adopt(snapshot)
+        log.warning("rank=%d adopted its replica of step %d from rank %d", config.rank, snapshot.step, buddy)
+        return True
+
+    def _endpoint_file(self) -> Path:
+        return Path(self.config.dump_dir) / f".mindft-endpoints-rank{self.config.rank}.json"
+
+    def _remember_endpoints(self) -> None:
+        """Keep the replica endpoint map on disk: a restarted process needs it before it registers."""
+        if self.config.world_size == 1:
+            return
+        path = self._endpoint_file()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temp = path.with_suffix(".tmp")
+            temp.write_text(json.dumps({str(k): v for k, v in self.processor.endpoints.items()}))
+            os.replace(temp, path)
+        except OSError as error:
+            log.warning("rank=%d cannot cache replica endpoints in %s: %s", self.config.rank, path, error)
+
+    def _cached_endpoints(self) -> Dict[int, str]:
+        try:
+            return {int(k): str(v) for k, v in json.loads(self._endpoint_file().read_text()).items()}
+        except (OSError, ValueError, AttributeError):
+            return {}
+
+    def _dump_quietly(self, reason: str) -> Optional[Path]:
+        if self.store is None:
+            return None
+        try:
+            path = self.store.dump(self.config.dump_dir, self.config.rank, self.config.world_size)
+        except SnapshotError as error:
+            log.error("rank=%d dying-gasp dump failed: %s", self.config.rank, error)
+            return None
+        log.error("rank=%d wrote its dying-gasp checkpoint %s (%s)", self.config.rank, path, reason)
+        return path
+
+    def _dump_and_exit(self, reason: str) -> None:
+        path = self._dump_quietly(reason)
+        sys.stderr.write(f"mindft: rank {self.config.rank} stops: {reason}; dying-gasp checkpoint: "
+                         f"{path or 'none'}\n")
+        self.close()
+        raise SystemExit(EXIT_DUMPED)
+
+
+def optimizer_of(network: nn.Cell) -> Optional[nn.Cell]:
+    """The optimizer Cell inside a train network (``TrainOneStepCell.optimizer`` or a search)."""
+    found = getattr(network, "optimizer", None)
+    if isinstance(found, nn.Optimizer):
+        return found
+    for _, cell in network.cells_and_names():
+        if isinstance(cell, nn.Optimizer):
+            return cell
+    return None
+
+

@@ -1,0 +1,117 @@
+"""``Model.train`` integration: the :class:`FaultTolerance` callback and the re-entrant :func:`train`."""
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable, List, Optional
+
+from mindspore.train import Callback, Model
+
+from mindft.config import MindftConfig
+from mindft.mindspore._session import RewindRequired, Session, TrainingState, optimizer_of
+
+log = logging.getLogger(__name__)
+
+
+class FaultTolerance(Callback):
+    """Snapshot every step, vote with the other ranks, and obey PAUSE / ROLLBACK / RESUME / EXIT.
+
+    Pass it to :func:`train` (which also replays from a rolled-back step), or to
+    ``Model.train`` directly: pauses and rollbacks to the current step then work as
+    well, but a rollback to an earlier step raises :class:`RewindRequired` out of
+    ``Model.train``. With ``MS_ENABLE_TFT`` unset it logs one line and does nothing.
+    ``config`` defaults to :func:`mindft.config.load_config`; ``snapshot_every=N`` snapshots
+    every N-th step only (the same N on every rank; a fault replays up to N steps).
+    """
+
+    def __init__(self, config: Optional[MindftConfig] = None, snapshot_every: int = 1) -> None:
+        super().__init__()
+        self._config = config
+        self._snapshot_every = snapshot_every
+        self.session: Optional[Session] = None
+        self.steps_per_epoch = 0
+        self._driven = False  # True when train() owns the session's start and finish
+
+    def attach(self, train_network: Any, optimizer: Any = None, steps_per_epoch: int = 0) -> int:
+        """Start protecting ``train_network`` (idempotent); returns the step training continues after."""
+        if self.session is None:
+            optimizer = optimizer if optimizer is not None else optimizer_of(train_network)
+            self.session = Session(TrainingState(train_network, optimizer), optimizer, self._config,
+                                   snapshot_every=self._snapshot_every)
+            self.steps_per_epoch = steps_per_epoch
+            self.session.start(self._position(0))
+        return self.session.step
+
+    def on_train_begin(self, run_context: Any) -> None:
+        """Register with the controller (first call only); a restarted rank restores its state here."""
+        args = run_context.original_args()
+        if self.session is None:
+            self.attach(args.train_network, getattr(args, "optimizer", None), int(args.batch_num))
+            if self.session.step:
+                raise RewindRequired(self.session.step)
+
+    def on_train_step_begin(self, run_context: Any) -> None:
+        """Raise an injected fault, report the step as started."""
+        self.session.begin_step()
+
+    def on_train_step_end(self, run_context: Any) -> None:
+        """Snapshot, vote FINISHED, wait for COMMIT or obey another action."""
+        rewound = self.session.end_step(self._position(self.session.step + 1))
+        if rewound is not None:
+            raise RewindRequired(rewound)
+
+    def on_train_end(self, run_context: Any) -> None:
+        """Report Done (unless :func:`train` is driving and may re-enter)."""
+        if not self._driven and self.session is not None:
+            self.session.finish()
+
+    def _position(self, step: int) -> dict:
+        if not self.steps_per_epoch:
+            return {"step": step}
+        epoch, batch = divmod(step, self.steps_per_epoch)
+        return {"step": step, "epoch": epoch, "batch_in_epoch": batch}
+
+
+def train(model: Model, epochs: int, dataset: Any, callbacks: Optional[Iterable[Callback]] = None,
+          config: Optional[MindftConfig] = None, snapshot_every: int = 1) -> int:
+    """``model.train(epochs, dataset, callbacks)`` that survives faults; returns the final step.
+
+    Runs with ``dataset_sink_mode=False``. After a rollback to step ``k`` it re-enters
+    ``Model.train`` at epoch ``k // steps_per_epoch`` with the first
+    ``k % steps_per_epoch`` batches of that epoch skipped, so the next batch is batch
+    ``k + 1``. The dataset must yield the same batches in the same order every epoch
+    (deterministic order, e.g. ``shuffle=False`` or a seeded per-epoch shuffle).
+    ``config`` and ``snapshot_every`` go to the :class:`FaultTolerance` callback this adds
+    (unless ``callbacks`` already holds one).
+    """
+    cbs: List[Callback] = list(callbacks or [])
+    ft = next((cb for cb in cbs if isinstance(cb, FaultTolerance)), None)
+    if ft is None:
+        ft = FaultTolerance(config, snapshot_every)
+        cbs.insert(0, ft)
+    per_epoch = dataset.get_dataset_size()
+    total = epochs * per_epoch
+    ft._driven = True
+    ft.attach(model.train_network, getattr(model, "_optimizer", None), per_epoch)
+    session = ft.session
+    try:
+        while session.step < total:
+            epoch, offset = divmod(session.step, per_epoch)
+            try:
+                if offset:
+                    # Finish the interrupted epoch from batch offset + 1, then go on normally.
+                    model.train(epoch + 1, dataset.skip(offset), callbacks=cbs, dataset_sink_mode=False,
+                                initial_epoch=epoch)
+                    if session.step < (epoch + 1) * per_epoch:
+                        break  # a callback asked Model.train to stop
+                else:
+                    model.train(epochs, dataset, callbacks=cbs, dataset_sink_mode=False, initial_epoch=epoch)
+                    break  # finished, or stopped on request: either way not to be re-entered
+            except RewindRequired as rewind:
+                log.info("re-entering Model.train after step %d", rewind.step)
+            except Exception as error:  # noqa: BLE001 - classified and reported, or re-raised
+                session.fault(error)
+        session.finish()
+    except BaseException:
+        session.close()
+        raise
+    return session.step

@@ -1,0 +1,65 @@
+"""Fault tolerance for hand-written training loops: :class:`FaultTolerantLoop`."""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Optional, Tuple
+
+from mindspore import nn
+
+from mindft.config import MindftConfig
+from mindft.mindspore._session import Session, TrainingState
+
+
+class FaultTolerantLoop:
+    """Guard a custom loop: snapshot every step, vote, and replay after a rollback.
+
+    ::
+
+        with FaultTolerantLoop(net, optimizer) as loop:
+            for step, batch in loop.batches(make_batch, total_steps):
+                loop.step(train_step, *batch)
+
+    ``make_batch(step)`` must return the batch of ``step`` (1-based) deterministically:
+    after a rollback to step ``k``, :meth:`batches` continues with ``make_batch(k + 1)``.
+    An exception inside :meth:`step` is classified and reported, and the loop waits for
+    the controller instead of crashing. With ``MS_ENABLE_TFT`` unset the guard only counts steps.
+    ``config`` defaults to :func:`mindft.config.load_config`; ``overlap`` and
+    ``snapshot_every`` are described in :class:`mindft.mindspore._session.Session` (pass
+    ``overlap=False`` if the whole step, optimizer included, is one compiled graph Cell).
+    """
+
+    def __init__(self, network: nn.Cell, optimizer: nn.Cell, config: Optional[MindftConfig] = None,
+                 overlap: Optional[bool] = None, snapshot_every: int = 1) -> None:
+        self.session = Session(TrainingState(network, optimizer), optimizer, config, overlap, snapshot_every)
+
+    @property
+    def position(self) -> int:
+        """Steps completed so far; the next step is ``position + 1``."""
+        return self.session.step
+
+    def __enter__(self) -> FaultTolerantLoop:
+        self.session.start()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.session.finish()
+        else:
+            self.session.close()
+
+    def batches(self, make_batch: Callable[[int], Any], steps: int) -> Iterator[Tuple[int, Any]]:
+        """Yield ``(step, make_batch(step))`` until ``steps`` steps are done, following rollbacks."""
+        while self.session.step < steps:
+            step = self.session.step + 1
+            yield step, make_batch(step)
+
+    def step(self, train_step: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``train_step(*args, **kwargs)`` as the next step; its result, or None if it faulted."""
+        session = self.session
+        try:
+            session.begin_step()
+            result = train_step(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - classified and reported, or re-raised
+            session.fault(error)
+            return None
+        session.end_step()
+        return result

@@ -1,0 +1,408 @@
+"""Wire messages between the controller, the per-rank processors, the launcher and the CLI.
+
+Every message is a frozen dataclass with a ``KIND`` class constant (the message type;
+``Action.kind`` and ``FaultReport.kind`` are the action and fault kinds). A frame is one
+UTF-8 JSON object ``{"v": PROTOCOL_VERSION, "msg": KIND, <fields>}``; :func:`encode`
+and :func:`decode` are the only way in and out. :func:`decode` validates the version,
+the kind, the size and every field's type, and raises :class:`ProtocolError` (never
+anything else) so a receiver can log the reason and drop the frame.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping, Optional, Union
+
+PROTOCOL_VERSION = 1
+# Large enough for an endpoint map of ~20k ranks; bigger frames are refused unread.
+MAX_FRAME = 4 * 1024 * 1024
+
+
+class ProtocolError(ValueError):
+    """A frame is not a valid mindft message; the message says why."""
+
+
+class FaultKind(str, enum.Enum):
+    """Why a rank cannot continue."""
+
+    DEVICE_RESET = "device_reset"     # device plugin hot-resets the chip
+    UCE = "uce"                       # uncorrectable on-chip memory error
+    COMMUNICATION = "communication"   # collective / link failure
+    PROCESS_DIED = "process_died"     # the process exited (launcher report or re-register)
+    HANG = "hang"                     # no heartbeat for timeouts.dead_after
+    UNKNOWN = "unknown"
+
+
+class ActionKind(str, enum.Enum):
+    """What the controller tells a rank to do."""
+
+    PAUSE = "pause"
+    ROLLBACK = "rollback"
+    RESUME = "resume"
+    COMMIT = "commit"
+    DUMP_AND_EXIT = "dump_and_exit"
+    INJECT_FAULT = "inject_fault"
+
+
+class StepPhase(str, enum.Enum):
+    """Where a rank is inside a step (around the optimizer update)."""
+
+    STARTED = "started"
+    FINISHED = "finished"
+
+
+class DeviceStatus(str, enum.Enum):
+    """Device events the launcher can forward over the wire (see ``mindft.resetwatch``)."""
+
+    FAULTY = "faulty"
+    RECOVERED = "recovered"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Register:
+    """A rank joins (or re-joins after a restart with a higher incarnation)."""
+
+    KIND: ClassVar[str] = "register"
+    rank: int
+    incarnation: int
+    pid: int
+    held_steps: tuple[int, ...] = ()
+    replica_endpoint: str = ""
+
+
+@dataclass(frozen=True)
+class RegisterAck:
+    """Answer to Register: sent when every rank registered (start barrier) or at once on re-join."""
+
+    KIND: ClassVar[str] = "register_ack"
+    world_size: int
+    endpoints: dict[int, str]
+    state: str
+    step: int = -1  # the last committed step (-1 before the first commit)
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """Liveness, both ways (the controller sends rank=-1)."""
+
+    KIND: ClassVar[str] = "heartbeat"
+    rank: int
+    incarnation: int
+    step: int
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """Optimizer update started / finished for ``step``; FINISHED is the commit vote."""
+
+    KIND: ClassVar[str] = "step_report"
+    rank: int
+    step: int
+    phase: StepPhase
+
+
+@dataclass(frozen=True)
+class FaultReport:
+    """A rank hit a fault inside ``step`` and is waiting for instructions."""
+
+    KIND: ClassVar[str] = "fault_report"
+    rank: int
+    step: int
+    kind: FaultKind
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Action:
+    """An instruction from the controller.
+
+    ``endpoints`` holds the replica endpoints that changed since the start barrier
+    (a restarted rank has a new one); the processor merges them into its map.
+    ``round`` numbers recoveries so late acknowledgements of an abandoned round are ignored.
+    """
+
+    KIND: ClassVar[str] = "action"
+    kind: ActionKind
+    step: int = -1
+    reason: str = ""
+    endpoints: dict[int, str] = field(default_factory=dict)
+    fault: Optional[FaultKind] = None
+    round: int = 0
+
+
+@dataclass(frozen=True)
+class Ack:
+    """A rank finished an action (PAUSED / RESTORED / RESUMED) and holds ``held_steps``."""
+
+    KIND: ClassVar[str] = "ack"
+    rank: int
+    action: ActionKind
+    step: int
+    held_steps: tuple[int, ...] = ()
+    round: int = 0
+
+
+@dataclass(frozen=True)
+class Done:
+    """A rank finished training at ``step``."""
+
+    KIND: ClassVar[str] = "done"
+    rank: int
+    step: int
+
+
+@dataclass(frozen=True)
+class StatusRequest:
+    """Ask the controller for a :class:`StatusReply` (``mindft status``)."""
+
+    KIND: ClassVar[str] = "status_request"
+
+
+@dataclass(frozen=True)
+class RankStatus:
+    """One row of a status reply (not a message on its own)."""
+
+    rank: int
+    state: str
+    step: int
+    last_heartbeat_age: float
+    restarts: int
+    pid: int
+    incarnation: int = 0
+
+
+@dataclass(frozen=True)
+class StatusReply:
+    """The controller's view: state, last committed step, and every rank."""
+
+    KIND: ClassVar[str] = "status_reply"
+    state: str
+    step: int
+    ranks: tuple[RankStatus, ...] = ()
+    reason: str = ""
+    round: int = 0
+
+
+@dataclass(frozen=True)
+class DeviceEvent:
+    """A device event forwarded by the launcher (same meaning as ``mindft.resetwatch`` events)."""
+
+    KIND: ClassVar[str] = "device_event"
+    rank: int
+    status: DeviceStatus
+    error_code: str = ""
+    policy: str = ""
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class InjectRequest:
+    """Ask the controller to make ``rank`` raise ``fault`` at its next step boundary."""
+
+    KIND: ClassVar[str] = "inject_request"
+    rank: int
+    fault: FaultKind
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ProcessExit:
+    """The launcher saw rank ``rank``'s process exit with ``returncode``."""
+
+    KIND: ClassVar[str] = "process_exit"
+    rank: int
+    returncode: int
+    pid: int = 0
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The controller's answer to InjectRequest, ProcessExit and DeviceEvent."""
+
+    KIND: ClassVar[str] = "reply"
+    ok: bool
+    detail: str = ""
+
+
+Message = Union[Register, RegisterAck, Heartbeat, StepReport, FaultReport, Action, Ack, Done,
+                StatusRequest, StatusReply, DeviceEvent, InjectRequest, ProcessExit, Reply]
+
+MESSAGE_TYPES: tuple[type, ...] = typing.get_args(Message)
+_BY_KIND: dict[str, type] = {cls.KIND: cls for cls in MESSAGE_TYPES}
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+_DECODER = json.JSONDecoder()
+
+
+def encode(message: Message) -> bytes:
+    """Serialize one message into one frame."""
+    cls = type(message)
+    fields = _FIELDS.get(cls)
+    if fields is None or cls is RankStatus:
+        raise ProtocolError(f"cannot encode {cls.__name__}: not a mindft message")
+    body: dict[str, Any] = {"v": PROTOCOL_VERSION, "msg": message.KIND}
+    for name, _, _ in fields:
+        body[name] = _plain(getattr(message, name))
+    frame = _ENCODER.encode(body).encode()
+    if len(frame) > MAX_FRAME:
+        raise ProtocolError(f"{message.KIND} frame of {len(frame)} bytes exceeds MAX_FRAME={MAX_FRAME}")
+    return frame
+
+
+def decode(frame: bytes) -> Message:
+    """Parse and validate one frame; raise :class:`ProtocolError` with the reason if it is bad."""
+    if not isinstance(frame, (bytes, bytearray, memoryview)):
+        raise ProtocolError(f"frame must be bytes, got {type(frame).__name__}")
+    if len(frame) > MAX_FRAME:
+        raise ProtocolError(f"frame of {len(frame)} bytes exceeds MAX_FRAME={MAX_FRAME}")
+    try:
+        body = _DECODER.decode(bytes(frame).decode())
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
+        raise ProtocolError(f"frame is not JSON ({_short(error)}): {_preview(frame)}") from None
+    if type(body) is not dict:
+        raise ProtocolError(f"frame is not a JSON object: {_preview(frame)}")
+    version = body.pop("v", None)
+    if version != PROTOCOL_VERSION or type(version) is not int:
+        raise ProtocolError(f"unsupported protocol version {version!r}; this side speaks "
+                            f"{PROTOCOL_VERSION} (are all processes running the same mindft?)")
+    kind = body.pop("msg", None)
+    cls = _BY_KIND.get(kind) if type(kind) is str else None
+    if cls is None:
+        raise ProtocolError(f"unknown message kind {kind!r}; known: {', '.join(sorted(_BY_KIND))}")
+    return _build(cls, body, kind)
+
+
+def _build(cls: type, body: dict[str, Any], where: str) -> Any:
+    fields = _FIELDS[cls]
+    if len(body) > len(fields) or not body.keys() <= _NAMES[cls]:
+        unknown = set(body) - _NAMES[cls]
+        raise ProtocolError(f"{where}: unknown field(s) {', '.join(sorted(map(str, unknown)))}")
+    values = {}
+    for name, convert, required in fields:
+        if name in body:
+            values[name] = convert(body[name], where, name)
+        elif required:
+            raise ProtocolError(f"{where}: missing field {name!r}")
+    return cls(**values)
+
+
+def _bad(where: str, name: str, expected: str, value: Any) -> ProtocolError:
+    return ProtocolError(f"{where}.{name}: expected {expected}, got {_preview(value)}")
+
+
+def _int(value: Any, where: str, name: str) -> int:
+    if type(value) is not int:
+        raise _bad(where, name, "an integer", value)
+    return value
+
+
+def _str(value: Any, where: str, name: str) -> str:
+    if type(value) is not str:
+        raise _bad(where, name, "a string", value)
+    return value
+
+
+def _bool(value: Any, where: str, name: str) -> bool:
+    if type(value) is not bool:
+        raise _bad(where, name, "a boolean", value)
+    return value
+
+
+def _float(value: Any, where: str, name: str) -> float:
+    if type(value) not in (int, float):
+        raise _bad(where, name, "a number", value)
+    return float(value)
+
+
+def _int_tuple(value: Any, where: str, name: str) -> tuple[int, ...]:
+    if type(value) is not list or any(type(v) is not int for v in value):
+        raise _bad(where, name, "a list of integers", value)
+    return tuple(value)
+
+
+def _endpoint_map(value: Any, where: str, name: str) -> dict[int, str]:
+    if type(value) is not dict:
+        raise _bad(where, name, "an object of rank → endpoint", value)
+    try:
+        result = {int(k): v for k, v in value.items()}
+    except ValueError:
+        raise _bad(where, name, "integer rank keys", value) from None
+    if any(type(v) is not str for v in result.values()):
+        raise _bad(where, name, "string endpoints", value)
+    return result
+
+
+def _status_rows(value: Any, where: str, name: str) -> tuple[RankStatus, ...]:
+    if type(value) is not list or any(type(v) is not dict for v in value):
+        raise _bad(where, name, "a list of rank objects", value)
+    return tuple(_build(RankStatus, dict(v), f"{where}.{name}[{i}]") for i, v in enumerate(value))
+
+
+def _enum(cls: type[enum.Enum]) -> Any:
+    members = {m.value: m for m in cls}
+    names = ", ".join(members)
+
+    def convert(value: Any, where: str, name: str) -> Any:
+        member = members.get(value) if type(value) is str else None
+        if member is None:
+            raise ProtocolError(f"{where}.{name}: {_preview(value)} is not one of {names}")
+        return member
+    return convert
+
+
+def _optional(inner: Any) -> Any:
+    def convert(value: Any, where: str, name: str) -> Any:
+        return None if value is None else inner(value, where, name)
+    return convert
+
+
+def _converter(hint: Any) -> Any:
+    if typing.get_origin(hint) is Union:
+        inner = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _optional(_converter(inner[0]))
+    simple = {int: _int, str: _str, bool: _bool, float: _float, tuple[int, ...]: _int_tuple,
+              dict[int, str]: _endpoint_map, tuple[RankStatus, ...]: _status_rows}
+    if hint in simple:
+        return simple[hint]
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return _enum(hint)
+    raise TypeError(f"no wire converter for {hint!r}")  # a programming error in this module
+
+
+def _field_table(cls: type) -> tuple[tuple[str, Any, bool], ...]:
+    hints = typing.get_type_hints(cls)
+    return tuple((f.name, _converter(hints[f.name]),
+                  f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+                 for f in dataclasses.fields(cls))
+
+
+_FIELDS: dict[type, tuple[tuple[str, Any, bool], ...]] = {
+    cls: _field_table(cls) for cls in (*MESSAGE_TYPES, RankStatus)}
+_NAMES: dict[type, frozenset[str]] = {cls: frozenset(f[0] for f in fields) for cls, fields in _FIELDS.items()}
+
+
+def _plain(value: Any) -> Any:
+    kind = type(value)
+    if kind in (int, str, bool, float) or value is None:
+        return value
+    if isinstance(value, enum.Enum):
+        return value.value
+    if kind in (tuple, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if kind is RankStatus:
+        return {name: _plain(getattr(value, name)) for name, _, _ in _FIELDS[RankStatus]}
+    raise ProtocolError(f"cannot encode a {kind.__name__} value")
+
+
+def _preview(value: Any, limit: int = 60) -> str:
+    text = repr(bytes(value[:limit]) if isinstance(value, (bytes, bytearray, memoryview)) else value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _short(error: Exception) -> str:
+    return str(error).split("\n")[0][:80]

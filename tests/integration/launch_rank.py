@@ -1,0 +1,149 @@
+"""A small training rank for the launcher tests: the real Processor and recovery flow, no MindSpore.
+
+Started by ``mindft-launch`` (it reads the environment the launcher sets). Extra variables:
+  LAUNCH_DIR        shared directory: buddy replicas, final weights, markers
+  LAUNCH_STEPS      steps to train (default 30)
+  LAUNCH_STEP_TIME  seconds per step (default 0.02)
+  LAUNCH_CRASH      "RANK:STEP": that rank SIGKILLs itself inside STEP, once per job
+  LAUNCH_CRASH_ALWAYS  "RANK": that rank exits with code 7 at step 2 in every incarnation
+  LAUNCH_IGNORE_TERM   "1": ignore SIGTERM (the launcher must escalate to SIGKILL)
+  LAUNCH_GIVE_UP    "RANK:STEP": that rank exits 3 (as after its own dying gasp) inside STEP
+
+The "weights" are a float64 vector updated by a non-linear, step-dependent rule, so
+the final bytes equal :func:`reference` only if every rollback restored exactly the
+right step. After each step the rank writes its snapshot to its buddy's replica file
+(whole or absent) before voting FINISHED; a restarted incarnation adopts that replica.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from mindft.config import load_config
+from mindft.processor import Processor
+from mindft.protocol import ActionKind, FaultKind
+
+EXIT_DUMPED = 3
+ACTION_WAIT = 60.0
+SIZE = 64
+
+
+def initial(rank: int) -> np.ndarray:
+    return np.linspace(-1.0, 1.0, SIZE) * (rank + 1)
+
+
+def update(weights: np.ndarray, step: int, rank: int) -> np.ndarray:
+    return np.tanh(weights * 1.0001 + np.sin(step * 0.37 + rank)) * 0.999
+
+
+def reference(rank: int, steps: int) -> np.ndarray:
+    """The fault-free result."""
+    weights = initial(rank)
+    for step in range(1, steps + 1):
+        weights = update(weights, step, rank)
+    return weights
+
+
+class Rank:
+    def __init__(self) -> None:
+        self.config = load_config()
+        self.rank, self.world = self.config.rank, self.config.world_size
+        self.dir = Path(os.environ["LAUNCH_DIR"])
+        self.steps = int(os.environ.get("LAUNCH_STEPS", "30"))
+        self.step_time = float(os.environ.get("LAUNCH_STEP_TIME", "0.02"))
+        crash = os.environ.get("LAUNCH_CRASH", "")
+        self.crash_step = int(crash.split(":")[1]) if crash and int(crash.split(":")[0]) == self.rank else None
+        always = os.environ.get("LAUNCH_CRASH_ALWAYS", "")
+        self.crash_always = bool(always) and int(always) == self.rank
+        give_up = os.environ.get("LAUNCH_GIVE_UP", "")
+        self.give_up_step = (int(give_up.split(":")[1])
+                             if give_up and int(give_up.split(":")[0]) == self.rank else None)
+        self.step = 0
+        self.weights = initial(self.rank)
+        self.snapshots: dict[int, np.ndarray] = {0: self.weights.copy()}
+        if self.config.restart_count:
+            # The buddy's copy of this rank's last pushed snapshot.
+            replica = self.dir / f"replica-of-{self.rank}.npz"
+            with np.load(replica) as data:
+                self.snapshots = {int(data["step"]): data["weights"].copy()}
+        self.processor = Processor(self.config, f"file://{self.dir}/replica-of-{self.rank}.npz")
+        print(f"rank {self.rank} incarnation {self.config.restart_count} pid {os.getpid()} "
+              f"holds {self.held}", flush=True)
+
+    @property
+    def held(self) -> list[int]:
+        return sorted(self.snapshots)
+
+    def capture(self, step: int) -> None:
+        self.snapshots[step] = self.weights.copy()
+        for old in sorted(self.snapshots)[:-2]:
+            del self.snapshots[old]
+        target = self.dir / f"replica-of-{self.rank}.npz"
+        temporary = self.dir / f".replica-of-{self.rank}.{os.getpid()}.npz"
+        np.savez(temporary, step=step, weights=self.weights)
+        os.replace(temporary, target)
+
+    def handle(self, action) -> None:
+        while action is not None:
+            print(f"rank {self.rank} {action.kind.name} step {action.step}", flush=True)
+            if action.kind is ActionKind.PAUSE:
+                self.processor.acknowledge(action, self.step, self.held)
+            elif action.kind is ActionKind.ROLLBACK:
+                self.step, self.weights = action.step, self.snapshots[action.step].copy()
+                self.snapshots = {s: w for s, w in self.snapshots.items() if s <= action.step}
+                self.processor.acknowledge(action, self.step, self.held)
+            elif action.kind is ActionKind.RESUME:
+                self.processor.acknowledge(action, self.step, self.held)
+                return
+            elif action.kind is ActionKind.DUMP_AND_EXIT:
+                dump = self.config.dump_dir
+                dump.mkdir(parents=True, exist_ok=True)
+                np.save(dump / f"rank{self.rank}-step{self.held[-1]}.npy", self.snapshots[self.held[-1]])
+                print(f"rank {self.rank} dumped step {self.held[-1]}: {action.reason}", flush=True)
+                self.processor.close()
+                sys.exit(EXIT_DUMPED)
+            elif action.kind is ActionKind.INJECT_FAULT:
+                self.processor.report_fault(action.fault or FaultKind.UNKNOWN, "injected", self.step + 1)
+            action = self.processor.wait_action(ACTION_WAIT)
+
+    def run(self) -> None:
+        self.processor.register(self.held)
+        if self.config.restart_count:
+            self.handle(self.processor.wait_action(ACTION_WAIT))
+        while True:
+            self.handle(self.processor.poll_action())
+            if self.step >= self.steps:
+                break
+            step = self.step + 1
+            self.processor.step_begin(step)
+            time.sleep(self.step_time)
+            if step == self.give_up_step:
+                print(f"rank {self.rank} gives up at step {step}", flush=True)
+                os._exit(EXIT_DUMPED)
+            if self.crash_always and step == 2:
+                os._exit(7)
+            if step == self.crash_step:
+                marker = self.dir / f"crashed-{self.rank}"
+                if not marker.exists():
+                    marker.write_text(str(os.getpid()))
+                    os.kill(os.getpid(), signal.SIGKILL)
+            self.weights = update(self.weights, step, self.rank)
+            self.capture(step)
+            action = self.processor.step_end(step)
+            self.step = step
+            self.handle(action)
+        np.save(self.dir / f"final-{self.rank}.npy", self.weights)
+        print(f"rank {self.rank} done at step {self.step}", flush=True)
+        self.processor.done(self.step)
+        self.processor.close()
+
+
+if __name__ == "__main__":
+    if os.environ.get("LAUNCH_IGNORE_TERM") == "1":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    Rank().run()

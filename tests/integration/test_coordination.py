@@ -1,0 +1,475 @@
+"""The pause → repair → rollback → resume flow between real processes on 127.0.0.1.
+
+The controller runs on a thread of the test process; every rank is a subprocess running
+tests/integration/coord_rank.py (a real Processor and a fake training loop whose final
+state is only right if every rollback restored the right step).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import pytest
+import zmq
+
+from mindft.config import MindftConfig, Timeouts
+from mindft.controller import EXIT_FAILED, EXIT_OK, Controller, ControllerState
+from mindft.keys import generate_keys, secure_client
+from mindft.processor import Processor, ProcessorError, request
+from mindft.protocol import (ActionKind, FaultKind, InjectRequest, ProcessExit, StatusReply,
+                             StatusRequest, encode)
+from mindft.resetwatch import DeviceFailed, DeviceFaulty, DeviceRecovered
+
+pytestmark = pytest.mark.timeout(120)
+
+RANK_SCRIPT = Path(__file__).with_name("coord_rank.py")
+EXIT_DUMPED = 3
+# Short but not twitchy on 2 busy cores: a rank is declared dead after 2 s of silence.
+FAST = Timeouts(heartbeat_interval=0.05, heartbeat_misses=40, register=30.0, pause=10.0,
+                repair=15.0, rollback=10.0, resume=10.0, connect_retries=5)
+
+
+def expected_state(steps: int) -> int:
+    return steps * (steps + 1) // 2
+
+
+class Job:
+    """A controller thread plus rank subprocesses; :meth:`cleanup` kills whatever is left."""
+
+    def __init__(self, tmp: Path, world_size: int, timeouts: Timeouts = FAST, secure: bool = False,
+                 steps: int = 20, step_time: float = 0.02) -> None:
+        self.tmp, self.world_size, self.timeouts = tmp, world_size, timeouts
+        self.steps, self.step_time = steps, step_time
+        self.key_file = None
+        if secure:
+            self.key_file = tmp / "job.key"
+            generate_keys(self.key_file)
+        self.config = MindftConfig(world_size=world_size, controller_port=0, insecure=not secure,
+                                   key_file=self.key_file, timeouts=timeouts)
+        self.controller = Controller(self.config)
+        self.port = int(self.controller.endpoint.rsplit(":", 1)[1])
+        self.config = dataclasses.replace(self.config, controller_port=self.port)  # for clients
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.all_procs: list[subprocess.Popen] = []
+        self.controller.start()
+
+    def spawn(self, rank: int, restart_count: int = 0, **extra: str) -> subprocess.Popen:
+        t = self.timeouts
+        env = dict(os.environ, MS_WORKER_NUM=str(self.world_size), MS_NODE_ID=str(rank),
+                   MS_TFT_PORT=str(self.port), MINDFT_RESTART_COUNT=str(restart_count),
+                   MINDFT_HEARTBEAT_INTERVAL=str(t.heartbeat_interval),
+                   MINDFT_HEARTBEAT_MISSES=str(t.heartbeat_misses),
+                   MINDFT_REGISTER_TIMEOUT=str(t.register),
+                   MINDFT_CONNECT_RETRIES=str(t.connect_retries),
+                   COORD_DIR=str(self.tmp), COORD_STEPS=str(self.steps),
+                   COORD_STEP_TIME=str(self.step_time), **extra)
+        if self.key_file is not None:
+            env["MINDFT_KEY_FILE"] = str(self.key_file)
+            env.pop("MINDFT_INSECURE", None)
+        else:
+            env["MINDFT_INSECURE"] = "1"
+        proc = subprocess.Popen([sys.executable, str(RANK_SCRIPT)], env=env, cwd=self.tmp,
+                                stdout=subprocess.DEVNULL, stderr=open(self.tmp / f"stderr-{rank}.txt", "ab"))
+        self.procs[rank] = proc
+        self.all_procs.append(proc)
+        return proc
+
+    def spawn_all(self, **per_rank: dict[str, str]) -> None:
+        for rank in range(self.world_size):
+            self.spawn(rank, **per_rank.get(f"r{rank}", {}))
+
+    def status(self) -> StatusReply:
+        reply = request(self.config, StatusRequest(), timeout=5.0)
+        assert isinstance(reply, StatusReply)
+        return reply
+
+    def wait_for(self, predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}; stderr: {self.stderr()}")
+            time.sleep(0.02)
+
+    def rank_step(self, rank: int) -> int:
+        replica = self.tmp / f"replica-{rank}.json"
+        try:
+            return json.loads(replica.read_text())["step"]
+        except (FileNotFoundError, ValueError):
+            return -1
+
+    def events(self, rank: int) -> list[dict]:
+        path = self.tmp / f"events-{rank}.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def stderr(self) -> str:
+        return " | ".join(f"{p.name}: {p.read_text()[-2000:]}" for p in sorted(self.tmp.glob("stderr-*.txt")))
+
+    def result(self, timeout: float = 60.0):
+        result = self.controller.join(timeout)
+        assert result is not None, f"controller still running in {self.controller.state}; {self.stderr()}"
+        return result
+
+    def wait_ranks(self, timeout: float = 30.0) -> dict[int, int]:
+        codes = {}
+        for rank, proc in self.procs.items():
+            codes[rank] = proc.wait(timeout)
+        return codes
+
+    def cleanup(self) -> None:
+        for proc in self.all_procs:
+            if proc.poll() is None:
+                try:
+                    os.kill(proc.pid, signal.SIGCONT)  # a stopped process cannot die otherwise
+                except ProcessLookupError:
+                    pass
+                proc.kill()
+            proc.wait(10)
+        self.controller.stop()
+
+
+@pytest.fixture
+def make_job(tmp_path: Path):
+    jobs: list[Job] = []
+
+    def make(world_size: int, **kwargs) -> Job:
+        job = Job(tmp_path, world_size, **kwargs)
+        jobs.append(job)
+        return job
+
+    yield make
+    for job in jobs:
+        job.cleanup()
+
+
+def assert_all_done(job: Job, steps: Optional[int] = None) -> None:
+    steps = job.steps if steps is None else steps
+    for rank in range(job.world_size):
+        done = [e for e in job.events(rank) if e["event"] == "done"]
+        assert done, f"rank {rank} never finished: {job.events(rank)[-3:]}"
+        assert done[-1]["step"] == steps
+        assert done[-1]["state"] == expected_state(steps), f"rank {rank} replayed wrongly"
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_fault_report_runs_full_recovery(make_job, world_size: int) -> None:
+    job = make_job(world_size, steps=12)
+    job.spawn_all(r1={"COORD_FAULT_AT": "6:uce"})
+    result = job.result()
+    assert result.exit_code == EXIT_OK, result.reason
+    assert set(job.wait_ranks().values()) == {0}
+    assert_all_done(job)
+    assert len(job.controller.recovery_times) == 1
+    for rank in range(world_size):
+        kinds = [e["action"] for e in job.events(rank) if e["event"] == "action"]
+        assert kinds == ["pause", "rollback", "resume"], (rank, kinds)
+        restored = [e["step"] for e in job.events(rank) if e["event"] == "restored"]
+        assert restored == [5], (rank, restored)  # rank 1 failed inside step 6: 5 is held everywhere
+
+
+def test_killed_rank_is_detected_restarted_and_caught_up(make_job) -> None:
+    job = make_job(3, steps=40, step_time=0.03)
+    job.spawn_all()
+    job.wait_for(lambda: job.rank_step(1) >= 5, "rank 1 to reach step 5")
+    victim = job.procs[1]
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    job.wait_for(lambda: job.status().state == ControllerState.REPAIRING.value, "the job to pause")
+    status = job.status()
+    assert status.ranks[1].state == "dead"
+    assert "HANG" in status.reason  # silent: the controller cannot know it was killed
+    paused_at = {r: job.rank_step(r) for r in (0, 2)}
+    time.sleep(0.2)
+    assert {r: job.rank_step(r) for r in (0, 2)} == paused_at  # the others really stopped
+    job.spawn(1, restart_count=1)
+    result = job.result()
+    assert result.exit_code == EXIT_OK, result.reason
+    assert set(job.wait_ranks().values()) == {0}
+    assert_all_done(job)
+    assert job.controller.status().ranks[1].restarts == 1
+    assert job.controller.status().ranks[1].incarnation == 1
+    registered = [e for e in job.events(1) if e["event"] == "registered"]
+    assert [e["incarnation"] for e in registered] == [0, 1]
+    # The restarted rank's new replica endpoint reached its peers with ROLLBACK.
+    for rank in (0, 2):
+        restored = [e for e in job.events(rank) if e["event"] == "restored"]
+        assert restored and restored[-1]["endpoints"]["1"] == "fake://1/1"
+
+
+def test_launcher_exit_report_marks_rank_dead_at_once(make_job) -> None:
+    job = make_job(2, steps=40, step_time=0.03,
+                   timeouts=Timeouts(heartbeat_interval=0.05, heartbeat_misses=200, register=30.0,
+                                     pause=10.0, repair=15.0, rollback=10.0, resume=10.0))
+    job.spawn_all()
+    job.wait_for(lambda: job.rank_step(1) >= 3, "rank 1 to reach step 3")
+    victim = job.procs[1]
+    victim.kill()
+    victim.wait(10)
+    # dead_after is 10 s here, so only the launcher's report can make this quick.
+    reply = request(job.config, ProcessExit(1, -9, victim.pid))
+    assert reply.ok
+    status = job.status()
+    assert status.state in (ControllerState.PAUSING.value, ControllerState.REPAIRING.value)
+    assert "PROCESS_DIED" in status.reason
+    job.spawn(1, restart_count=1)
+    assert job.result().exit_code == EXIT_OK
+    assert_all_done(job)
+
+
+def test_stopped_rank_is_detected_as_hung(make_job) -> None:
+    job = make_job(2, steps=40, step_time=0.03)
+    job.spawn_all()
+    job.wait_for(lambda: job.rank_step(1) >= 3, "rank 1 to reach step 3")
+    hung = job.procs[1]
+    hung.send_signal(signal.SIGSTOP)
+    job.wait_for(lambda: job.status().state == ControllerState.REPAIRING.value, "the hang to be detected")
+    status = job.status()
+    assert status.ranks[1].state == "dead"
+    assert "rank 1 HANG" in status.reason
+    hung.kill()  # cleanup also SIGCONTs; a stopped process still dies on SIGKILL
+    hung.wait(10)
+    job.spawn(1, restart_count=1)
+    assert job.result().exit_code == EXIT_OK
+    assert_all_done(job)
+
+
+def test_garbage_and_wrong_key_peers_are_refused(make_job) -> None:
+    job = make_job(2, secure=True, steps=15)
+    # Raw bytes that are not even ZMTP.
+    for junk in (b"\x00" * 64, b"GET / HTTP/1.1\r\n\r\n", os.urandom(512)):
+        with socket.create_connection(("127.0.0.1", job.port), timeout=2) as raw:
+            raw.sendall(junk)
+    context = zmq.Context()
+    try:
+        intruders = []
+        wrong = generate_keys(job.tmp / "other.key")
+        for keys in (wrong, None):
+            sock = context.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            if keys is not None:
+                secure_client(sock, keys)
+            sock.connect(job.controller.endpoint)
+            sock.send(encode(StatusRequest()))
+            intruders.append(sock)
+        for sock in intruders:
+            assert sock.poll(1000) == 0, "a peer without the job key got an answer"
+    finally:
+        context.destroy(0)
+    job.spawn_all(r0={"COORD_FAULT_AT": "4:communication"})
+    result = job.result()
+    assert result.exit_code == EXIT_OK, result.reason
+    assert_all_done(job)
+
+
+def test_garbage_frames_from_a_connected_peer_are_dropped(make_job) -> None:
+    job = make_job(2, steps=10)
+    context = zmq.Context()
+    try:
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(job.controller.endpoint)
+        sock.send(b"\xff\xfe not json")
+        sock.send(b'{"v":99,"msg":"status_request"}')
+        sock.send(b'{"v":1,"msg":"launch_missiles"}')
+        sock.send(b'{"v":1,"msg":"heartbeat","rank":0,"incarnation":0,"step":"x"}')
+        sock.send_multipart([b"two", b"frames"])
+        sock.send(b"x" * (8 * 1024 * 1024))  # over MAX_FRAME: libzmq drops the connection
+        sock.close(0)
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(job.controller.endpoint)
+        sock.send(encode(StatusRequest()))
+        assert sock.poll(5000), "controller stopped answering after garbage"
+    finally:
+        context.destroy(0)
+    assert job.controller.dropped_frames >= 5
+    job.spawn_all(r1={"COORD_FAULT_AT": "3:uce"})
+    assert job.result().exit_code == EXIT_OK
+    assert_all_done(job)
+
+
+@pytest.mark.parametrize("phase", ["pause", "rollback", "resume"])
+def test_phase_timeout_escalates_to_dump_and_exit(make_job, phase: str) -> None:
+    timeouts = Timeouts(heartbeat_interval=0.05, heartbeat_misses=40, register=30.0, pause=1.5,
+                        repair=10.0, rollback=1.5, resume=1.5)
+    job = make_job(2, steps=30, timeouts=timeouts)
+    job.spawn_all(r0={"COORD_FAULT_AT": "4:uce"}, r1={"COORD_IGNORE": phase})
+    result = job.result()
+    state = {"pause": "PAUSING", "rollback": "ROLLBACK", "resume": "RESUMING"}[phase]
+    assert result.exit_code == EXIT_FAILED
+    assert f"{state} timed out after 1.5 s (timeouts.{phase})" in result.reason
+    assert "waiting for rank 1" in result.reason  # who
+    assert "rank 0 UCE at step 4" in result.reason  # what failed, where
+    assert job.controller.state is ControllerState.FAILED
+    assert job.wait_ranks() == {0: EXIT_DUMPED, 1: EXIT_DUMPED}
+    for rank in (0, 1):
+        assert [e for e in job.events(rank) if e["event"] == "dump"]
+
+
+def test_repair_timeout_when_a_dead_rank_never_returns(make_job) -> None:
+    timeouts = Timeouts(heartbeat_interval=0.05, heartbeat_misses=30, register=30.0, pause=5.0,
+                        repair=1.0, rollback=5.0, resume=5.0)
+    job = make_job(2, steps=40, step_time=0.03, timeouts=timeouts)
+    job.spawn_all()
+    job.wait_for(lambda: job.rank_step(1) >= 3, "rank 1 to reach step 3")
+    job.procs[1].kill()
+    result = job.result()
+    assert result.exit_code == EXIT_FAILED
+    assert "REPAIRING timed out" in result.reason and "rank 1 (not re-registered)" in result.reason
+    assert job.procs[0].wait(30) == EXIT_DUMPED
+
+
+def test_second_fault_during_recovery_restarts_it(make_job) -> None:
+    job = make_job(3, steps=12)
+    job.spawn_all(r2={"COORD_FAULT_AT": "5:uce"}, r0={"COORD_ROLLBACK_FAULT": "1"})
+    result = job.result()
+    assert result.exit_code == EXIT_OK, result.reason
+    assert_all_done(job)
+    assert job.controller.status().round == 2
+    assert len(job.controller.recovery_times) == 1  # one recovery, restarted once
+    rounds = {e["round"] for e in job.events(1) if e["event"] == "action" and e["action"] == "pause"}
+    assert rounds == {1, 2}
+
+
+def test_device_reset_waits_for_recovery_event(make_job) -> None:
+    job = make_job(2, steps=40, step_time=0.03)
+    job.spawn_all()
+    job.wait_for(lambda: job.rank_step(1) >= 3, "rank 1 to reach step 3")
+    job.controller.on_device_event(DeviceFaulty(1, "0x80E01801", "reset"))
+    job.wait_for(lambda: job.status().state == ControllerState.REPAIRING.value, "the job to pause")
+    time.sleep(0.3)
+    assert job.status().state == ControllerState.REPAIRING.value  # still waiting for the device
+    refused = request(job.config, InjectRequest(0, FaultKind.UCE, "mid-recovery"))
+    assert not refused.ok and "REPAIRING, not NORMAL" in refused.detail
+    job.controller.on_device_event(DeviceRecovered(1))
+    assert job.result().exit_code == EXIT_OK
+    assert_all_done(job)
+
+
+def test_failed_device_dumps_and_exits(make_job) -> None:
+    job = make_job(2, steps=40, step_time=0.03)
+    job.spawn_all()
+    job.wait_for(lambda: job.rank_step(0) >= 3, "rank 0 to reach step 3")
+    job.controller.on_device_event(DeviceFaulty(0, "0x80E01801", "reset"))
+    job.wait_for(lambda: job.status().state == ControllerState.REPAIRING.value, "the job to pause")
+    job.controller.on_device_event(DeviceFailed(0, "hot reset failed"))
+    result = job.result()
+    assert result.exit_code == EXIT_FAILED
+    assert "rank 0" in result.reason and "hot reset failed" in result.reason
+    assert job.wait_ranks() == {0: EXIT_DUMPED, 1: EXIT_DUMPED}
+
+
+def test_injected_fault_is_relayed_to_the_rank(make_job) -> None:
+    job = make_job(2, steps=40, step_time=0.03)
+    job.spawn_all()
+    job.wait_for(lambda: job.rank_step(0) >= 3, "rank 0 to reach step 3")
+    reply = request(job.config, InjectRequest(0, FaultKind.UCE, "from the test"))
+    assert reply.ok
+    assert job.result().exit_code == EXIT_OK
+    assert_all_done(job)
+    actions = [e["action"] for e in job.events(0) if e["event"] == "action"]
+    assert actions[:4] == ["inject_fault", "pause", "rollback", "resume"]
+
+
+def test_start_barrier_times_out_naming_missing_ranks(tmp_path: Path) -> None:
+    config = MindftConfig(world_size=3, controller_port=0, insecure=True,
+                          timeouts=Timeouts(heartbeat_interval=0.05, register=1.0))
+    controller = Controller(config)
+    port = int(controller.endpoint.rsplit(":", 1)[1])
+    controller.start()
+    processor = Processor(MindftConfig(rank=0, world_size=3, controller_port=port, insecure=True,
+                                       timeouts=config.timeouts))
+    try:
+        with pytest.raises(ProcessorError, match="ended the job before registration completed"):
+            processor.register()
+        result = controller.join(10)
+        assert result is not None and result.exit_code == EXIT_FAILED
+        assert "[1, 2] never registered" in result.reason
+        action = processor.wait_action(5)
+        assert action.kind is ActionKind.DUMP_AND_EXIT
+    finally:
+        processor.close()
+        controller.stop()
+
+
+def test_processor_gives_up_after_bounded_retries() -> None:
+    with socket.socket() as probe:  # a port where nothing listens
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    timeouts = Timeouts(heartbeat_interval=0.05, heartbeat_misses=3, connect_retries=3, register=30.0)
+    processor = Processor(MindftConfig(rank=0, world_size=1, controller_port=port, insecure=True,
+                                       timeouts=timeouts))
+    try:
+        started = time.monotonic()
+        with pytest.raises(ProcessorError, match="connect_retries"):
+            processor.register()
+        assert time.monotonic() - started < 10  # bounded long before timeouts.register
+    finally:
+        processor.close()
+
+
+def test_processor_waits_for_a_late_controller(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    timeouts = Timeouts(heartbeat_interval=0.05, heartbeat_misses=20, connect_retries=10, register=10.0)
+    processor = Processor(MindftConfig(rank=0, world_size=1, controller_port=port, insecure=True,
+                                       timeouts=timeouts))
+    controller = None
+    try:
+        import threading
+        registered = {}
+        thread = threading.Thread(target=lambda: registered.update(ack=processor.register()))
+        thread.start()
+        time.sleep(0.5)  # a few reconnect attempts happen meanwhile
+        controller = Controller(MindftConfig(world_size=1, controller_port=port, insecure=True,
+                                             timeouts=timeouts))
+        controller.start()
+        thread.join(10)
+        assert registered["ack"].world_size == 1
+        processor.step_begin(1)
+        assert processor.step_end(1, timeout=5) is None  # COMMIT(1)
+        processor.done(1)
+        assert controller.join(5).exit_code == EXIT_OK
+    finally:
+        processor.close()
+        if controller is not None:
+            controller.stop()
+
+
+def test_process_exit_of_a_stale_pid_is_ignored_and_of_the_current_one_pauses(tmp_path: Path) -> None:
+    timeouts = Timeouts(heartbeat_interval=0.05, heartbeat_misses=40, register=10.0, pause=10.0)
+    config = MindftConfig(world_size=2, controller_port=0, insecure=True, timeouts=timeouts)
+    controller = Controller(config)
+    port = int(controller.endpoint.rsplit(":", 1)[1])
+    controller.start()
+    client = dataclasses.replace(config, controller_port=port)
+    processors = [Processor(dataclasses.replace(client, rank=r)) for r in range(2)]
+    try:
+        import threading
+        threads = [threading.Thread(target=p.register) for p in processors]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        assert controller.state is ControllerState.NORMAL
+        reply = request(client, ProcessExit(1, -9, pid=os.getpid() + 100_000))
+        assert reply.ok and "not rank 1's current process" in reply.detail
+        assert request(client, StatusRequest()).state == ControllerState.NORMAL.value
+        reply = request(client, ProcessExit(1, -9, pid=os.getpid()))
+        assert reply.ok and "marked dead" in reply.detail
+        action = processors[0].wait_action(5)
+        assert action.kind is ActionKind.PAUSE and "PROCESS_DIED" in action.reason
+        status = request(client, StatusRequest())
+        assert status.ranks[1].state == "dead"
+    finally:
+        for processor in processors:
+            processor.close()
+        controller.stop()

@@ -1,0 +1,313 @@
+"""mindft-launch with real processes: restarts, the reset file, signals, exit codes.
+
+The ranks run tests/integration/launch_rank.py (the real Processor and recovery flow
+with a numpy "model"), so a test checks the final weights bit for bit against the
+fault-free result.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import pytest
+
+from mindft.keys import load_keys
+from mindft.launch import ControllerClient, ControllerUnreachable
+from mindft.resetwatch import fault_state, write_reset_file
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import launch_rank  # noqa: E402  (the rank script doubles as the reference implementation)
+
+RANK_SCRIPT = HERE / "launch_rank.py"
+DEADLINE = 90.0
+
+
+class Job:
+    """One mindft-launch process and everything it was given."""
+
+    def __init__(self, tmp: Path, nproc: int, steps: int, step_time: float, extra_args: tuple[str, ...],
+                 env: dict[str, str]) -> None:
+        self.tmp, self.steps, self.nproc = tmp, steps, nproc
+        self.run_dir = tmp / "run"
+        self.reset_file = tmp / "reset" / "reset.json"
+        self.output = tmp / "launcher.out"
+        full_env = dict(os.environ)
+        full_env.update({
+            "LAUNCH_DIR": str(tmp), "LAUNCH_STEPS": str(steps), "LAUNCH_STEP_TIME": str(step_time),
+            "MINDFT_HEARTBEAT_INTERVAL": "0.1", "MINDFT_HEARTBEAT_MISSES": "10",
+            "MINDFT_RESET_POLL_INTERVAL": "0.05", "MINDFT_RESET_FILE": str(self.reset_file),
+            "MINDFT_DUMP_DIR": str(tmp / "dump"), "MINDFT_REGISTER_TIMEOUT": "60",
+            "MINDFT_REPAIR_TIMEOUT": "30",
+        })
+        full_env.pop("MINDFT_KEY_FILE", None)
+        full_env.update(env)
+        with open(self.output, "wb") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "mindft.launch", "--nproc", str(nproc), "--run-dir", str(self.run_dir),
+                 *extra_args, str(RANK_SCRIPT)],
+                env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def text(self) -> str:
+        return self.output.read_text(errors="replace")
+
+    def wait(self, timeout: float = DEADLINE) -> int:
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"mindft-launch did not finish in {timeout}s; output:\n{self.text()[-4000:]}")
+
+    def job_info(self) -> dict:
+        return json.loads((self.run_dir / "job.json").read_text())
+
+    def client(self) -> ControllerClient:
+        info = self.job_info()
+        return ControllerClient(info["controller"], load_keys(Path(info["key_file"])), timeout=2.0)
+
+    def wait_until(self, condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(f"launcher exited ({self.process.returncode}) while waiting for {what}:\n"
+                            f"{self.text()[-4000:]}")
+            try:
+                if condition():
+                    return
+            except (OSError, ValueError, KeyError, ControllerUnreachable):
+                pass
+            time.sleep(0.05)
+        pytest.fail(f"timed out waiting for {what}; output:\n{self.text()[-4000:]}")
+
+    def committed(self) -> int:
+        return self.client().status().step
+
+    def rank_pids(self) -> list[int]:
+        try:
+            return [int(pid) for pid in self.job_info()["ranks"].values()]
+        except (OSError, ValueError):
+            return []
+
+    def assert_bit_identical(self) -> None:
+        for rank in range(self.nproc):
+            final = np.load(self.tmp / f"final-{rank}.npy")
+            assert final.tobytes() == launch_rank.reference(rank, self.steps).tobytes(), f"rank {rank} differs"
+
+    def kill(self) -> None:
+        pids = self.rank_pids()
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        for pid in pids:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator[Callable[..., Job]]:
+    jobs: list[Job] = []
+
+    def start(nproc: int = 2, steps: int = 30, step_time: float = 0.02, args: tuple[str, ...] = (),
+              **env: str) -> Job:
+        job = Job(tmp_path, nproc, steps, step_time, args, env)
+        jobs.append(job)
+        return job
+
+    yield start
+    for job in jobs:
+        job.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_killed_rank_is_restarted_and_training_is_bit_identical(launch: Callable[..., Job]) -> None:
+    job = launch(nproc=2, steps=30, LAUNCH_CRASH="1:10")
+    assert job.wait() == 0, job.text()
+    out = job.text()
+    assert "rank 1 (pid" in out and "killed by SIGKILL" in out
+    assert "restarting rank 1 (restart 1/3)" in out
+    assert "[rank 1] rank 1 incarnation 1" in out          # prefixed console output of the new process
+    assert "ROLLBACK" in out and "DONE" in out
+    job.assert_bit_identical()
+    log_1 = (job.run_dir / "logs" / "rank_1.log").read_text()
+    assert log_1.count("--- mindft-launch: rank 1, incarnation") == 2
+    assert "rank 1 incarnation 1" in log_1 and "[rank" not in log_1  # log files hold the raw output
+    assert (job.run_dir / "keys.json").stat().st_mode & 0o077 == 0
+
+
+def test_corrupted_reset_file_then_hot_reset(launch: Callable[..., Job], tmp_path: Path) -> None:
+    reset = tmp_path / "reset" / "reset.json"
+    reset.parent.mkdir()
+    reset.write_text("\x00garbage{")                           # there before the job starts
+    job = launch(nproc=2, steps=60, step_time=0.03)
+    job.wait_until(lambda: job.committed() >= 5, "step 5")
+    half = reset.with_name("half")
+    half.write_text('{"RankList": [{"RankId": 1, "Status": "unrec')  # the plugin caught mid-write
+    os.replace(half, reset)
+    time.sleep(0.3)
+    write_reset_file(reset, fault_state([1], policy="reset"))
+    job.wait_until(lambda: "REPAIRING" in job.text(), "the controller to wait for the device")
+    write_reset_file(reset, fault_state([1], "recovered", policy="reset"))
+    assert job.wait() == 0, job.text()
+    out = job.text()
+    assert out.count("not valid JSON") == 2                  # each bad content logged once, not every poll
+    assert "DEVICE_RESET" in out and "RESUMING → NORMAL" in out
+    job.assert_bit_identical()
+
+
+def test_sigterm_stops_every_rank(launch: Callable[..., Job]) -> None:
+    # The ranks ignore SIGTERM, so the launcher must escalate to SIGKILL after the grace period.
+    job = launch(nproc=2, steps=100000, step_time=0.05, args=("--grace-period", "1"), LAUNCH_IGNORE_TERM="1")
+    job.wait_until(lambda: len(job.rank_pids()) == 2 and job.committed() >= 1, "training to start")
+    pids = job.rank_pids()
+    job.process.send_signal(signal.SIGTERM)
+    assert job.wait(30) == 128 + signal.SIGTERM
+    assert "SIGTERM: stopping every rank" in job.text()
+    assert "did not stop within 1s; sending SIGKILL" in job.text()
+    survivors = [pid for pid in pids if _alive(pid)]
+    assert survivors == [], f"ranks still alive after the launcher exited: {survivors}"
+
+
+def test_rank_out_of_restarts_fails_the_job_quickly(launch: Callable[..., Job], tmp_path: Path) -> None:
+    job = launch(nproc=2, steps=1000, step_time=0.02, args=("--max-restarts", "1"), LAUNCH_CRASH_ALWAYS="1")
+    code = job.wait(60)
+    out = job.text()
+    assert code == 1, out
+    assert "not restarting rank 1: it used all 1 restarts" in out
+    assert "rank 0 dumped step" in out                     # the healthy rank wrote its dying gasp
+    assert any((tmp_path / "dump").glob("rank0-step*.npy"))
+    assert "exit 3 (dying-gasp checkpoint written)" in out
+
+
+def test_rank_that_gives_up_fails_the_job_without_waiting_for_the_repair_timeout(
+        launch: Callable[..., Job], tmp_path: Path) -> None:
+    # MINDFT_REPAIR_TIMEOUT is 300 s here: only the launcher's report can end the job in time.
+    job = launch(nproc=2, steps=1000, step_time=0.02, LAUNCH_GIVE_UP="1:5", MINDFT_REPAIR_TIMEOUT="300")
+    code = job.wait(60)
+    out = job.text()
+    assert code == 1, out
+    assert "rank 1 wrote its dying-gasp checkpoint and exited" in out
+    assert "restarting rank 1" not in out                # exit 3 is final
+    assert "rank 0 dumped step" in out
+
+
+def test_hung_rank_is_killed_and_restarted(launch: Callable[..., Job]) -> None:
+    job = launch(nproc=2, steps=80, step_time=0.03)
+    job.wait_until(lambda: job.committed() >= 5, "step 5")
+    info = job.job_info()
+    result = subprocess.run([sys.executable, "-c", "from mindft.cli import main; main()", "inject", "--rank",
+                             "0", "--fault", "hang", "--job", str(job.run_dir / "job.json")],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert f"sent SIGSTOP to rank 0 (pid {info['ranks']['0']})" in result.stdout
+    assert job.wait() == 0, job.text()
+    out = job.text()
+    assert "HANG" in out and "killing it so it can restart" in out
+    assert "restarting rank 0 (restart 1/3)" in out
+    job.assert_bit_identical()
+
+
+def test_injected_uce_is_recovered(launch: Callable[..., Job]) -> None:
+    job = launch(nproc=2, steps=60, step_time=0.03)
+    job.wait_until(lambda: job.committed() >= 5, "step 5")
+    result = subprocess.run([sys.executable, "-c", "from mindft.cli import main; main()", "inject", "--rank",
+                             "1", "--fault", "uce", "--job", str(job.run_dir / "job.json"), "--json"],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads(result.stdout)["ok"] is True
+    assert job.wait() == 0, job.text()
+    assert "rank=1 fault UCE" in job.text() and "recovery 1 done" in job.text()
+    job.assert_bit_identical()
+
+
+def test_bad_arguments_exit_2(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "mindft.launch", "--nnodes", "2", "--node-rank", "0",
+                             str(RANK_SCRIPT)], capture_output=True, text=True, timeout=30,
+                            env={**os.environ, "MINDFT_KEY_FILE": ""})
+    assert result.returncode == 2
+    assert "needs one key on every node" in result.stderr
+    bad_tft = subprocess.run([sys.executable, "-m", "mindft.launch", str(RANK_SCRIPT)], capture_output=True,
+                             text=True, timeout=30, env={**os.environ, "MS_ENABLE_TFT": "{RSC:1,UCE:1}"})
+    assert bad_tft.returncode == 2 and "RSC" in bad_tft.stderr and "UCE" in bad_tft.stderr
+
+
+def test_demo_hot_reset_with_mindspore_is_bit_identical(tmp_path: Path) -> None:
+    """The README's first command, smaller: real MindSpore training, a hot reset, identical weights."""
+    pytest.importorskip("mindspore")
+    demo = HERE.parents[1] / "examples" / "demo.py"
+    result = subprocess.run([sys.executable, str(demo), "--nproc", "2", "--steps", "24", "--fault-step", "8",
+                             "--fault-rank", "1", "--reset-seconds", "0.5", "--workdir", str(tmp_path)],
+                            capture_output=True, text=True, timeout=400)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-4000:]
+    for phase in ("NORMAL → PAUSING", "PAUSING → REPAIRING", "REPAIRING → ROLLBACK", "ROLLBACK → RESUMING",
+                  "RESUMING → NORMAL"):
+        assert phase in out
+    assert "DEVICE_RESET" in out
+    assert out.count(" yes") == 2 and "bit-identical:" in out
+
+
+def test_two_nodes_share_one_controller_and_key(tmp_path: Path) -> None:
+    """Two launchers on loopback as nodes 0 and 1; a crash on node 1 is reported over the wire."""
+    import zmq
+
+    with zmq.Context.instance().socket(zmq.ROUTER) as probe:  # a free port for the controller
+        port = probe.bind_to_random_port("tcp://127.0.0.1")
+    keys = tmp_path / "keys.json"
+    assert subprocess.run([sys.executable, "-c", "from mindft.cli import main; main()", "keygen", str(keys)],
+                          capture_output=True, timeout=30).returncode == 0
+    env = {**os.environ, "LAUNCH_DIR": str(tmp_path), "LAUNCH_STEPS": "30", "LAUNCH_CRASH": "3:10",
+           "MINDFT_HEARTBEAT_INTERVAL": "0.1", "MINDFT_RESET_FILE": str(tmp_path / "reset.json"),
+           "MINDFT_REPAIR_TIMEOUT": "30"}
+    env.pop("MINDFT_KEY_FILE", None)
+    nodes = []
+    try:
+        for node in (1, 0):
+            out = open(tmp_path / f"node{node}.out", "wb")
+            nodes.append(subprocess.Popen(
+                [sys.executable, "-m", "mindft.launch", "--nproc", "2", "--nnodes", "2", "--node-rank", str(node),
+                 "--master-port", str(port), "--key-file", str(keys), "--run-dir", str(tmp_path / f"run{node}"),
+                 str(RANK_SCRIPT)], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+            out.close()
+        codes = [process.wait(DEADLINE) for process in nodes]
+    finally:
+        for process in nodes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    node0, node1 = (tmp_path / "node0.out").read_text(), (tmp_path / "node1.out").read_text()
+    assert codes == [0, 0], node0 + node1
+    assert "restarting rank 3" in node1 and "[rank 3] rank 3 incarnation 1" in node1
+    assert "rank=3 fault PROCESS_DIED" in node0 and "exited with code -9" in node0  # ProcessExit from node 1
+    assert "[controller]" not in node1                                            # node 1 runs no controller
+    for rank in range(4):
+        final = np.load(tmp_path / f"final-{rank}.npy")
+        assert final.tobytes() == launch_rank.reference(rank, 30).tobytes()
+
+
+def test_demo_killed_mindspore_rank_is_restarted_bit_identical(tmp_path: Path) -> None:
+    """mindft-launch restarts a SIGKILLed MindSpore rank; it recovers from its peer replica."""
+    pytest.importorskip("mindspore")
+    demo = HERE.parents[1] / "examples" / "demo.py"
+    result = subprocess.run([sys.executable, str(demo), "--fault", "kill", "--nproc", "2", "--steps", "24",
+                             "--fault-step", "8", "--fault-rank", "1", "--workdir", str(tmp_path)],
+                            capture_output=True, text=True, timeout=400)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-4000:]
+    assert "killed by SIGKILL" in out and "restarting rank 1 (restart 1/3)" in out
+    assert "adopted its replica" in out and "PROCESS_DIED" in out
+    assert out.count(" yes") == 2 and "bit-identical:" in out

@@ -1,0 +1,218 @@
+"""The headline property: a recovered fault leaves the weights bit-identical to a fault-free run.
+
+Real MindSpore training on CPU (examples/train_mlp.py and examples/train_model.py),
+every rank a subprocess, the controller on a thread of the test process, ZeroMQ on
+127.0.0.1. Reference weights come from the same examples run with mindft off.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import pytest
+
+from mindft.config import MindftConfig, Timeouts
+from mindft.controller import EXIT_OK, Controller
+from mindft.keys import generate_keys
+
+pytestmark = pytest.mark.timeout(300)
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+EXIT_DUMPED = 3
+# A silent rank is declared dead after 2 s; generous phase limits for 2 busy cores.
+TIMEOUTS = Timeouts(heartbeat_interval=0.1, heartbeat_misses=20, register=60.0, pause=30.0,
+                    repair=30.0, rollback=30.0, resume=30.0, connect_retries=10)
+LOOP_ARGS = ["--steps", "14"]          # train_mlp.py: 8 batches per epoch, so 14 steps cross an epoch
+MODEL_ARGS = ["--epochs", "2"]         # train_model.py: 2 epochs of 8 batches = 16 steps
+EXAMPLE_ARGS = {"train_mlp": LOOP_ARGS, "train_model": MODEL_ARGS}
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "MINDFT_", "RANK_"))}
+    env.update(GLOG_v="3", PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Fault-free weights of every (example, world size, rank) used below, mindft off, one process."""
+    out = tmp_path_factory.mktemp("reference")
+    code = f"""
+import os, sys
+sys.path.insert(0, {str(EXAMPLES)!r})
+import train_mlp, train_model
+for module in (train_mlp, train_model):
+    for world in (1, 2, 4):
+        for rank in range(world):
+            os.environ.update(MS_WORKER_NUM=str(world), MS_NODE_ID=str(rank))
+            module.main({EXAMPLE_ARGS!r}[module.__name__] +
+                        ["--out", os.path.join({str(out)!r}, module.__name__, str(world))])
+"""
+    subprocess.run([sys.executable, "-c", code], env=_env(), check=True, timeout=240,
+                   stdout=subprocess.DEVNULL)
+    return out
+
+
+class Job:
+    """A controller thread and one subprocess per rank running an example; kills what is left."""
+
+    def __init__(self, tmp: Path, example: str, world_size: int, secure: bool = False,
+                 timeouts: Timeouts = TIMEOUTS) -> None:
+        self.tmp, self.example, self.world_size = tmp, example, world_size
+        tmp.mkdir(parents=True, exist_ok=True)
+        key_file: Optional[Path] = None
+        if secure:
+            key_file = tmp / "job.key"
+            generate_keys(key_file)
+        config = MindftConfig(world_size=world_size, controller_port=0, insecure=not secure,
+                              key_file=key_file, timeouts=timeouts)
+        self.controller = Controller(config)
+        self.controller.start()
+        port = self.controller.endpoint.rsplit(":", 1)[1]
+        self.env = _env(MS_ENABLE_TFT="{UCE:1}", MS_TFT_IP="127.0.0.1", MS_TFT_PORT=port,
+                        MS_WORKER_NUM=str(world_size), MINDFT_DUMP_DIR=str(tmp / "dump"),
+                        MINDFT_HEARTBEAT_INTERVAL=str(timeouts.heartbeat_interval),
+                        MINDFT_HEARTBEAT_MISSES=str(timeouts.heartbeat_misses),
+                        MINDFT_REPAIR_TIMEOUT=str(timeouts.repair))
+        self.env.update({"MINDFT_KEY_FILE": str(key_file)} if secure else {"MINDFT_INSECURE": "1"})
+        self.procs: list[subprocess.Popen] = []
+        self.logs: list[Path] = []
+
+    def spawn(self, rank: int, *args: str, restart_count: int = 0) -> subprocess.Popen:
+        log = self.tmp / f"rank{rank}.inc{restart_count}.log"
+        env = dict(self.env, MS_NODE_ID=str(rank), MINDFT_RESTART_COUNT=str(restart_count))
+        with open(log, "wb") as handle:
+            proc = subprocess.Popen([sys.executable, str(EXAMPLES / f"{self.example}.py"),
+                                     *EXAMPLE_ARGS[self.example], "--out", str(self.tmp / "out"), *args],
+                                    env=env, stdout=handle, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        self.logs.append(log)
+        return proc
+
+    def spawn_all(self, *args: str) -> list[subprocess.Popen]:
+        return [self.spawn(rank, *args) for rank in range(self.world_size)]
+
+    def wait(self, procs: list[subprocess.Popen], timeout: float = 150.0) -> list[int]:
+        deadline = time.monotonic() + timeout
+        codes = []
+        for proc in procs:
+            try:
+                codes.append(proc.wait(max(0.1, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"rank still running after {timeout} s; logs:\n{self.tail()}")
+        return codes
+
+    def tail(self) -> str:
+        return "\n".join(f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+                         for log in self.logs if log.exists())
+
+    def weights(self, rank: int) -> dict[str, np.ndarray]:
+        with np.load(self.tmp / "out" / f"rank{rank}.npz") as data:
+            return dict(data)
+
+    def cleanup(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        self.controller.stop()
+
+
+@pytest.fixture
+def make_job(tmp_path: Path):
+    jobs: list[Job] = []
+
+    def make(example: str, world_size: int, **kwargs: object) -> Job:
+        job = Job(tmp_path / f"job{len(jobs)}", example, world_size, **kwargs)
+        jobs.append(job)
+        return job
+
+    yield make
+    for job in jobs:
+        job.cleanup()
+
+
+def assert_identical(job: Job, reference: Path) -> None:
+    for rank in range(job.world_size):
+        got = job.weights(rank)
+        with np.load(reference / job.example / str(job.world_size) / f"rank{rank}.npz") as data:
+            want = dict(data)
+        assert sorted(got) == sorted(want)
+        assert any(name.startswith("moment1.") for name in want)  # optimizer state is compared too
+        different = [name for name in want if got[name].tobytes() != want[name].tobytes()]
+        assert not different, f"rank {rank}: {different} differ from the fault-free run"
+
+
+def assert_recovered(job: Job, recoveries: int = 1) -> None:
+    result = job.controller.join(30)
+    assert result is not None and result.exit_code == EXIT_OK, result
+    assert len(job.controller.recovery_times) == recoveries
+
+
+@pytest.mark.parametrize("example", ["train_mlp", "train_model"])
+@pytest.mark.parametrize("world_size, fault_rank, fault_step", [(1, 0, 5), (2, 1, 11), (4, 2, 6)])
+def test_uce_inside_a_step_is_recovered_bit_identically(make_job, reference: Path, example: str,
+                                                        world_size: int, fault_rank: int,
+                                                        fault_step: int) -> None:
+    job = make_job(example, world_size)
+    procs = job.spawn_all("--fault-step", str(fault_step), "--fault-rank", str(fault_rank), "--fault-kind", "uce")
+    assert job.wait(procs) == [0] * world_size, job.tail()
+    assert_recovered(job)
+    faulty_log = job.logs[fault_rank].read_text()
+    assert f"fault UCE inside step {fault_step}" in faulty_log
+    assert f"restored step {fault_step - 1}" in faulty_log  # the half-done update was undone
+    assert_identical(job, reference)
+
+
+@pytest.mark.parametrize("example, fault_rank, fault_step", [("train_mlp", 1, 7), ("train_model", 0, 11)])
+def test_killed_rank_restarts_from_its_peer_replica_bit_identically(make_job, reference: Path, example: str,
+                                                                     fault_rank: int, fault_step: int) -> None:
+    job = make_job(example, 2, secure=True)
+    args = ("--fault-step", str(fault_step), "--fault-rank", str(fault_rank), "--fault-kind", "exit")
+    procs = job.spawn_all(*args)
+    victim = procs[fault_rank]
+    assert job.wait([victim]) == [137], job.tail()  # died like kill -9, inside the step
+    restarted = job.spawn(fault_rank, *args, restart_count=1)
+    survivors = [p for p in procs if p is not victim]
+    assert job.wait([restarted, *survivors]) == [0, 0], job.tail()
+    assert_recovered(job)
+    log = job.logs[-1].read_text()
+    assert f"adopted its replica of step {fault_step - 1} from rank {(fault_rank + 1) % 2}" in log
+    assert f"restored step {fault_step - 1}" in log
+    assert_identical(job, reference)
+
+
+def test_unrecoverable_job_ends_in_dying_gasp_checkpoints(make_job) -> None:
+    """Rank 1 dies in step 5 and never comes back: rank 0 dumps its newest step (5) and exits 3."""
+    import mindspore as ms
+
+    fast = dataclasses.replace(TIMEOUTS, repair=3.0)
+    job = make_job("train_mlp", 2, timeouts=fast)
+    procs = job.spawn_all("--fault-step", "5", "--fault-rank", "1", "--fault-kind", "exit")
+    assert job.wait(procs) == [EXIT_DUMPED, 137], job.tail()
+    result = job.controller.join(30)
+    assert result is not None and result.exit_code != EXIT_OK
+    assert "rank 1" in result.reason and "repair" in result.reason
+    dumps = list((job.tmp / "dump").glob("mindft-rank0-step*.ckpt"))
+    assert [d.name for d in dumps] == ["mindft-rank0-step5.ckpt"], job.tail()
+    params = ms.load_checkpoint(str(dumps[0]))
+    assert {"0.weight", "moment1.0.weight", "global_step"} <= set(params)
+    assert int(params["global_step"].asnumpy().reshape(-1)[0]) == 5
+
+
+def test_sparse_snapshots_roll_back_further_and_replay_bit_identically(make_job, reference: Path) -> None:
+    """--snapshot-every 3: a fault in step 8 rolls both ranks back to step 6 and replays 7 and 8."""
+    job = make_job("train_mlp", 2)
+    procs = job.spawn_all("--fault-step", "8", "--fault-rank", "0", "--snapshot-every", "3")
+    assert job.wait(procs) == [0, 0], job.tail()
+    assert_recovered(job)
+    for log in job.logs:
+        assert "restored step 6" in log.read_text()
+    assert_identical(job, reference)

@@ -1,0 +1,232 @@
+"""The ``mindft`` command: keygen, inject, simulate-device-plugin, status; output and exit codes."""
+from __future__ import annotations
+
+import json
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import zmq
+from click.testing import CliRunner
+
+from mindft.cli import EXIT_CONFIG_ERROR, EXIT_FAILED, EXIT_UNREACHABLE, main
+from mindft.config import MindftConfig, Timeouts
+from mindft.controller import Controller
+from mindft.keys import generate_keys, load_keys, secure_client
+from mindft.protocol import Register, encode
+from mindft.resetwatch import (DeviceFaulty, DeviceRecovered, ResetWatcher, fault_state, read_reset_file,
+                               write_reset_file)
+
+
+@pytest.fixture
+def runner(monkeypatch: pytest.MonkeyPatch) -> CliRunner:
+    for name in ("MINDFT_JOB_FILE", "MINDFT_KEY_FILE", "MINDFT_INSECURE", "MS_TFT_PORT", "MINDFT_RESET_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    return CliRunner()
+
+
+def test_keygen_writes_a_private_loadable_key(runner: CliRunner, tmp_path: Path) -> None:
+    path = tmp_path / "keys.json"
+    result = runner.invoke(main, ["keygen", str(path)])
+    assert result.exit_code == 0, result.output
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    keys = load_keys(path)
+    assert keys.public.decode() in result.output
+    again = runner.invoke(main, ["keygen", str(path)])
+    assert again.exit_code == EXIT_FAILED and "exists" in again.output
+    assert load_keys(path) == keys  # refused: untouched
+    forced = runner.invoke(main, ["keygen", "--force", str(path)])
+    assert forced.exit_code == 0 and load_keys(path) != keys
+
+
+def test_inject_hot_reset_writes_the_plugin_format(runner: CliRunner, tmp_path: Path) -> None:
+    reset = tmp_path / "config" / "reset.json"
+    write_reset_file(reset, fault_state([0], "recovered"))  # another rank's entry must survive
+    result = runner.invoke(main, ["inject", "--rank", "2", "--fault", "hot-reset", "--reset-file", str(reset),
+                                  "--no-recover", "--policy", "reset", "--error-code", "0x80E18402"])
+    assert result.exit_code == 0, result.output
+    assert "rank 2 unrecovered" in result.output
+    document = json.loads(reset.read_text())
+    entries = {entry["RankId"]: entry for entry in document["RankList"]}
+    assert entries[0]["Status"] == "recovered"
+    assert entries[2]["Status"] == "unrecovered"
+    assert entries[2]["Policy"] == "reset" and entries[2]["ErrorCodeHex"] == "0x80E18402"
+    assert entries[2]["ErrorCode"] == [0x80E18402]
+    assert document["GracefulExit"] == 0 and "RetryTime" in document
+    # What a job's watcher makes of it:
+    assert ResetWatcher(reset, 0.01).poll() == [DeviceFaulty(2, "0x80E18402", "reset")]
+
+
+def test_inject_hot_reset_recovers(runner: CliRunner, tmp_path: Path) -> None:
+    reset = tmp_path / "reset.json"
+    result = runner.invoke(main, ["inject", "--rank", "1", "--fault", "hot-reset", "--reset-file", str(reset),
+                                  "--recover-after", "0", "--json"])
+    assert result.exit_code == 0, result.output
+    events = [json.loads(line) for line in result.output.splitlines()]
+    assert [(e["event"], e["rank"]) for e in events] == [("unrecovered", 1), ("recovered", 1)]
+    assert read_reset_file(reset).rank(1).status == "recovered"
+
+
+def test_simulate_device_plugin_sequence_drives_a_watcher(runner: CliRunner, tmp_path: Path) -> None:
+    reset = tmp_path / "reset.json"
+    watcher = ResetWatcher(reset, 0.01)
+    seen: list[object] = []
+    watcher.start(seen.append)
+    try:
+        result = runner.invoke(main, ["simulate-device-plugin", "--rank", "3", "--rank", "1",
+                                      "--reset-file", str(reset), "--hold", "0.5"])
+        assert result.exit_code == 0, result.output
+        deadline = time.monotonic() + 5
+        while len(seen) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        watcher.stop()
+    assert seen == [DeviceFaulty(1, "0x80E01801", "restart_request"),
+                    DeviceFaulty(3, "0x80E01801", "restart_request"),
+                    DeviceRecovered(1), DeviceRecovered(3)]
+    assert result.output.splitlines()[0].startswith("device plugin: rank 1 unrecovered")
+
+
+def test_simulate_failed_outcome(runner: CliRunner, tmp_path: Path) -> None:
+    reset = tmp_path / "reset.json"
+    result = runner.invoke(main, ["simulate-device-plugin", "--rank", "0", "--reset-file", str(reset),
+                                  "--hold", "0", "--outcome", "failed"])
+    assert result.exit_code == 0
+    assert read_reset_file(reset).rank(0).status == "failed"
+
+
+def test_bad_error_code_is_a_usage_error(runner: CliRunner, tmp_path: Path) -> None:
+    result = runner.invoke(main, ["simulate-device-plugin", "--rank", "0",
+                                  "--reset-file", str(tmp_path / "r.json"),
+                                  "--error-code", "oops"])
+    assert result.exit_code == 2 and "oops" in result.output
+
+
+def test_unwritable_reset_file_fails_cleanly(runner: CliRunner, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = runner.invoke(main, ["inject", "--rank", "0", "--fault", "hot-reset",
+                                  "--reset-file", str(blocker / "reset.json"), "--recover-after", "0"])
+    assert result.exit_code == EXIT_FAILED
+    assert "cannot write the reset file" in result.output
+
+
+@pytest.fixture
+def controller(tmp_path: Path) -> Iterator[tuple[Controller, Path]]:
+    """A real controller for 2 ranks on a free loopback port, with a job key."""
+    key_file = tmp_path / "keys.json"
+    generate_keys(key_file)
+    config = MindftConfig(world_size=2, controller_port=0, key_file=key_file,
+                          timeouts=Timeouts(heartbeat_interval=0.1, heartbeat_misses=1000))
+    ctl = Controller(config)
+    ctl.start()
+    try:
+        yield ctl, key_file
+    finally:
+        ctl.stop()
+
+
+def _job_file(tmp_path: Path, ctl: Controller, key_file: Path) -> Path:
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"controller": ctl.endpoint, "key_file": str(key_file), "insecure": False,
+                               "reset_file": str(tmp_path / "reset.json")}))
+    return job
+
+
+def test_status_before_registration(runner: CliRunner, tmp_path: Path,
+                                    controller: tuple[Controller, Path]) -> None:
+    ctl, key_file = controller
+    job = _job_file(tmp_path, ctl, key_file)
+    result = runner.invoke(main, ["status", "--job", str(job)])
+    assert result.exit_code == 0, result.output
+    assert "job state: STARTING" in result.output and "no rank has registered" in result.output
+    as_json = runner.invoke(main, ["status", "--job", str(job), "--json"])
+    assert json.loads(as_json.output)["state"] == "STARTING"
+
+
+def test_status_table_and_inject_kill_a_registered_rank(runner: CliRunner, tmp_path: Path,
+                                                        controller: tuple[Controller, Path]) -> None:
+    ctl, key_file = controller
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    try:
+        sock.linger = 0
+        secure_client(sock, load_keys(key_file))
+        sock.connect(ctl.endpoint)
+        sock.send(encode(Register(rank=1, incarnation=0, pid=victim.pid)))
+        job = _job_file(tmp_path, ctl, key_file)
+        deadline = time.monotonic() + 10
+        while True:
+            result = runner.invoke(main, ["status", "--job", str(job), "--json"])
+            assert result.exit_code == 0, (result.output, result.exception)
+            ranks = json.loads(result.output)["ranks"]
+            if ranks or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert ranks[0]["rank"] == 1 and ranks[0]["pid"] == victim.pid and ranks[0]["restarts"] == 0
+        table = runner.invoke(main, ["status", "--job", str(job)]).output.splitlines()
+        assert table[1].split() == ["RANK", "STATE", "STEP", "LAST", "HEARTBEAT", "RESTARTS", "PID"]
+        assert table[2].split()[0] == "1" and table[2].split()[-1] == str(victim.pid)
+        missing = runner.invoke(main, ["inject", "--rank", "0", "--fault", "kill", "--job", str(job)])
+        assert missing.exit_code == EXIT_FAILED and "no process for rank 0" in missing.output
+        killed = runner.invoke(main, ["inject", "--rank", "1", "--fault", "kill", "--job", str(job)])
+        assert killed.exit_code == 0, killed.output
+        assert victim.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        sock.close(0)
+        if victim.poll() is None:
+            victim.kill()
+            victim.wait()
+
+
+def test_inject_uce_for_unknown_rank_is_refused(runner: CliRunner, tmp_path: Path,
+                                                controller: tuple[Controller, Path]) -> None:
+    ctl, key_file = controller
+    result = runner.invoke(main, ["inject", "--rank", "1", "--fault", "uce", "--job",
+                                  str(_job_file(tmp_path, ctl, key_file))])
+    assert result.exit_code == EXIT_FAILED
+    assert "refused" in result.output and "not registered" in result.output
+
+
+def test_status_with_the_wrong_key_is_unreachable(runner: CliRunner, tmp_path: Path,
+                                                  controller: tuple[Controller, Path]) -> None:
+    ctl, _ = controller
+    other = tmp_path / "other.json"
+    generate_keys(other)
+    result = runner.invoke(main, ["status", "--address", ctl.endpoint, "--key-file", str(other),
+                                  "--timeout", "0.5"])
+    assert result.exit_code == EXIT_UNREACHABLE
+    assert "no answer" in result.output
+
+
+def test_status_without_a_controller(runner: CliRunner) -> None:
+    with zmq.Context.instance().socket(zmq.ROUTER) as probe:
+        port = probe.bind_to_random_port("tcp://127.0.0.1")
+    result = runner.invoke(main, ["status", "--address", f"tcp://127.0.0.1:{port}", "--insecure",
+                                  "--timeout", "0.3"])
+    assert result.exit_code == EXIT_UNREACHABLE
+
+
+def test_status_needs_a_key(runner: CliRunner) -> None:
+    result = runner.invoke(main, ["status", "--address", "tcp://127.0.0.1:1"])
+    assert result.exit_code == EXIT_CONFIG_ERROR and "no job key" in result.output
+
+
+def test_bad_job_file(runner: CliRunner, tmp_path: Path) -> None:
+    job = tmp_path / "job.json"
+    job.write_text("{}")
+    result = runner.invoke(main, ["status", "--job", str(job)])
+    assert result.exit_code == EXIT_CONFIG_ERROR and "not a job file" in result.output
+
+
+def test_config_check_still_works(runner: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MS_ENABLE_TFT", "{RSC:1}")
+    assert runner.invoke(main, ["config", "check"]).exit_code == 0
+    monkeypatch.setenv("MS_ENABLE_TFT", "{RSC:1,ARF:1}")
+    bad = runner.invoke(main, ["config", "check"])
+    assert bad.exit_code == EXIT_CONFIG_ERROR and "ARF" in bad.output

@@ -1,0 +1,143 @@
+"""Wire messages: every message round-trips; every kind of bad frame is a ProtocolError."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from mindft import protocol
+from mindft.protocol import (MAX_FRAME, MESSAGE_TYPES, PROTOCOL_VERSION, Ack, Action, ActionKind,
+                             DeviceEvent, DeviceStatus, Done, FaultKind, FaultReport, Heartbeat,
+                             InjectRequest, ProcessExit, ProtocolError, RankStatus, Register,
+                             RegisterAck, Reply, StatusReply, StatusRequest, StepPhase, StepReport,
+                             decode, encode)
+
+SAMPLES = [
+    Register(rank=3, incarnation=2, pid=4242, held_steps=(7, 8), replica_endpoint="tcp://127.0.0.1:5000"),
+    Register(rank=0, incarnation=0, pid=1),
+    RegisterAck(world_size=2, endpoints={0: "tcp://a:1", 1: "tcp://b:2"}, state="NORMAL", step=5),
+    Heartbeat(rank=-1, incarnation=0, step=-1),
+    StepReport(rank=1, step=9, phase=StepPhase.STARTED),
+    StepReport(rank=1, step=9, phase=StepPhase.FINISHED),
+    FaultReport(rank=2, step=10, kind=FaultKind.UCE, detail="0x80E01801 on device 2"),
+    Action(kind=ActionKind.ROLLBACK, step=8, reason="", endpoints={3: "tcp://c:3"}, round=4),
+    Action(kind=ActionKind.INJECT_FAULT, step=1, fault=FaultKind.DEVICE_RESET),
+    Action(kind=ActionKind.DUMP_AND_EXIT, reason="PAUSING timed out ✗"),
+    Ack(rank=0, action=ActionKind.PAUSE, step=8, held_steps=(7, 8), round=4),
+    Done(rank=1, step=100),
+    StatusRequest(),
+    StatusReply(state="REPAIRING", step=8, ranks=(RankStatus(0, "paused", 8, 0.25, 0, 11),
+                                                  RankStatus(1, "dead", 9, 3.5, 1, 12, incarnation=1)),
+                reason="rank 1 HANG at step 9", round=2),
+    DeviceEvent(rank=1, status=DeviceStatus.FAULTY, error_code="0x80E01801", policy="reset"),
+    InjectRequest(rank=0, fault=FaultKind.COMMUNICATION, detail="test"),
+    ProcessExit(rank=1, returncode=-9, pid=77),
+    Reply(ok=False, detail="no rank 9"),
+]
+
+
+@pytest.mark.parametrize("message", SAMPLES, ids=lambda m: type(m).__name__)
+def test_round_trip(message) -> None:
+    frame = encode(message)
+    assert isinstance(frame, bytes)
+    decoded = decode(frame)
+    assert decoded == message
+    assert type(decoded) is type(message)
+
+
+def test_every_message_type_is_covered_and_has_a_unique_kind() -> None:
+    assert {type(m) for m in SAMPLES} == set(MESSAGE_TYPES)
+    kinds = [cls.KIND for cls in MESSAGE_TYPES]
+    assert len(kinds) == len(set(kinds))
+
+
+def test_frames_carry_version_and_kind() -> None:
+    body = json.loads(encode(Done(rank=1, step=2)))
+    assert body["v"] == PROTOCOL_VERSION and body["msg"] == "done"
+
+
+def test_messages_are_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Done(rank=1, step=2).step = 3
+
+
+def test_decoded_enums_are_enums_and_endpoint_keys_are_ints() -> None:
+    action = decode(encode(Action(kind=ActionKind.RESUME, step=3, endpoints={12: "x"})))
+    assert action.kind is ActionKind.RESUME
+    assert list(action.endpoints) == [12]
+    ack = decode(encode(Ack(rank=0, action=ActionKind.PAUSE, step=1, held_steps=(0, 1))))
+    assert ack.held_steps == (0, 1) and isinstance(ack.held_steps, tuple)
+
+
+def frame(**body) -> bytes:
+    return json.dumps(body).encode()
+
+
+BAD_FRAMES = {
+    "binary garbage": b"\xff\xfe\x00garbage",
+    "empty": b"",
+    "truncated json": b'{"v":1,"msg":"done","rank":1',
+    "json list": b"[1,2,3]",
+    "json string": b'"done"',
+    "no version": frame(msg="done", rank=1, step=2),
+    "future version": frame(v=PROTOCOL_VERSION + 1, msg="done", rank=1, step=2),
+    "version as string": frame(v=str(PROTOCOL_VERSION), msg="done", rank=1, step=2),
+    "unknown kind": frame(v=PROTOCOL_VERSION, msg="launch_missiles"),
+    "kind not a string": frame(v=PROTOCOL_VERSION, msg=7),
+    "no kind": frame(v=PROTOCOL_VERSION, rank=1),
+    "missing field": frame(v=PROTOCOL_VERSION, msg="done", rank=1),
+    "unknown field": frame(v=PROTOCOL_VERSION, msg="done", rank=1, step=2, evil=True),
+    "string for int": frame(v=PROTOCOL_VERSION, msg="done", rank="1", step=2),
+    "bool for int": frame(v=PROTOCOL_VERSION, msg="done", rank=True, step=2),
+    "float for int": frame(v=PROTOCOL_VERSION, msg="done", rank=1.5, step=2),
+    "unknown fault kind": frame(v=PROTOCOL_VERSION, msg="fault_report", rank=1, step=2, kind="meteor"),
+    "unknown action": frame(v=PROTOCOL_VERSION, msg="action", kind="self_destruct"),
+    "held_steps not a list": frame(v=PROTOCOL_VERSION, msg="ack", rank=1, action="pause", step=1,
+                                   held_steps=5),
+    "held_steps with strings": frame(v=PROTOCOL_VERSION, msg="ack", rank=1, action="pause", step=1,
+                                     held_steps=["a"]),
+    "endpoint keys not ranks": frame(v=PROTOCOL_VERSION, msg="register_ack", world_size=1,
+                                     endpoints={"zero": "x"}, state="NORMAL"),
+    "endpoint values not strings": frame(v=PROTOCOL_VERSION, msg="register_ack", world_size=1,
+                                         endpoints={"0": 5}, state="NORMAL"),
+    "bad nested status": frame(v=PROTOCOL_VERSION, msg="status_reply", state="NORMAL", step=1,
+                               ranks=[{"rank": 0}]),
+    "deeply nested": b"[" * 100_000 + b"]" * 100_000,
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_FRAMES))
+def test_bad_frames_are_rejected_with_a_reason(name: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode(BAD_FRAMES[name])
+    assert str(info.value)
+
+
+def test_oversized_frame_is_rejected_without_parsing() -> None:
+    big = frame(v=PROTOCOL_VERSION, msg="reply", ok=True, detail="x" * MAX_FRAME)
+    with pytest.raises(ProtocolError, match="MAX_FRAME"):
+        decode(big)
+    with pytest.raises(ProtocolError, match="MAX_FRAME"):
+        encode(Reply(ok=True, detail="x" * MAX_FRAME))
+
+
+def test_non_bytes_and_non_messages_are_rejected() -> None:
+    with pytest.raises(ProtocolError):
+        decode("a str")  # type: ignore[arg-type]
+    with pytest.raises(ProtocolError):
+        encode(RankStatus(0, "running", 1, 0.0, 0, 1))  # a part, not a message
+
+
+def test_version_error_names_both_versions() -> None:
+    with pytest.raises(ProtocolError, match=f"version 99.*speaks {PROTOCOL_VERSION}"):
+        decode(frame(v=99, msg="done", rank=1, step=2))
+
+
+def test_enum_values_are_stable_wire_names() -> None:
+    # These strings are the wire format: changing one is a protocol version bump.
+    assert [k.value for k in FaultKind] == ["device_reset", "uce", "communication", "process_died",
+                                            "hang", "unknown"]
+    assert [k.value for k in ActionKind] == ["pause", "rollback", "resume", "commit",
+                                             "dump_and_exit", "inject_fault"]
+    assert protocol.PROTOCOL_VERSION == 1
