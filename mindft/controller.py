@@ -882,7 +882,8 @@ class Controller:
         now = time.monotonic()
         ranks = tuple(RankStatus(rank=i.rank, state=i.state.value, step=i.step,
                                  last_heartbeat_age=round(now - i.last_seen, 3), restarts=i.restarts,
-                                 pid=i.pid, incarnation=i.incarnation)
+                                 pid=i.pid, incarnation=i.incarnation,
+                                 replica_endpoint=i.replica_endpoint)
                       for _, i in sorted(self._ranks.items()))
         reason = self._failure or (self._fault_summary() if self.state in _RECOVERY else "")
         return StatusReply(state=self.state.value, step=self._committed, ranks=ranks, reason=reason,

@@ -173,6 +173,7 @@ class RankStatus:
     restarts: int
     pid: int
     incarnation: int = 0
+    replica_endpoint: str = ""  # where a restarted rank's buddy serves its replica
 
 
 @dataclass(frozen=True)

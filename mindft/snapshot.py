@@ -565,7 +565,9 @@ def _request(endpoint: str, keys: Optional[CurveKeys], timeout: float, frames: L
 def push_replica(endpoint: str, owner_rank: int, snapshot: Snapshot, keys: Optional[CurveKeys],
                  timeout: float) -> None:
     """Send ``snapshot`` of ``owner_rank`` to its buddy's :class:`ReplicaServer`; returns once it is held."""
-    arrays = {name: np.ascontiguousarray(array) for name, array in snapshot.arrays.items()}
+    # ascontiguousarray turns a 0-d array into shape (1,): keep the original shape.
+    arrays = {name: np.ascontiguousarray(array).reshape(array.shape)
+              for name, array in snapshot.arrays.items()}
     missing = sorted(set(arrays) - set(snapshot.checksums))
     if missing:
         raise SnapshotError(f"snapshot of step {snapshot.step} has no checksum for {missing}")

@@ -10,10 +10,8 @@ rolled back too.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
@@ -26,8 +24,8 @@ from mindft.config import MindftConfig, load_config
 from mindft.controller import ControllerState
 from mindft.faults import DeviceFault, classify, describe
 from mindft.keys import job_keys
-from mindft.processor import Processor, ProcessorError
-from mindft.protocol import Action, ActionKind, FaultKind
+from mindft.processor import Processor, ProcessorError, request
+from mindft.protocol import Action, ActionKind, FaultKind, StatusRequest
 from mindft.snapshot import ReplicaServer, SnapshotError, SnapshotStore, fetch_replica, push_replica
 
 log = logging.getLogger(__name__)
@@ -82,16 +80,7 @@ class TrainingState:
     def load(self, store: SnapshotStore, step: int) -> Mapping[str, Any]:
         """Restore the snapshot of exactly ``step`` into the parameters; returns its meta."""
         if self.aliased:
-            views = self.arrays()
-            try:
-                snapshot = store.restore(step, into=views)
-            except SnapshotError as error:
-                if "must be an array of shape" not in str(error):
-                    raise
-                # A replica that went over the wire holds scalars as shape (1,)
-                # (np.ascontiguousarray in push_replica): restore into 1-element views.
-                snapshot = store.restore(step, into={name: view.reshape(-1) if view.ndim == 0 else view
-                                                     for name, view in views.items()})
+            snapshot = store.restore(step, into=self.arrays())
         else:
             snapshot = store.restore(step)
             for name, array in snapshot.arrays.items():
@@ -177,7 +166,6 @@ class Session:
         adopted = self._adopt_replica() if config.restart_count > 0 else False
         self.processor = Processor(config, self._server.endpoint if self._server else "", keys=self._keys)
         ack = self.processor.register(held_steps=self.store.steps)
-        self._remember_endpoints()
         if config.restart_count > 0 and (adopted or ack.state.upper() not in _RUNNING_STATES):
             log.warning("rank=%d restarted (incarnation %d) holding %s; waiting for ROLLBACK",
                         config.rank, config.restart_count, list(self.store.steps))
@@ -306,7 +294,6 @@ class Session:
                     self._settle()
                     self._rollback(action.step)
                 processor.acknowledge(action, action.step, self.store.steps)
-                self._remember_endpoints()
                 self.last_recovery = {"rollback_to_resume_s": time.perf_counter() - received}
                 log.warning("rank=%d resumed after step %d", self.config.rank, self.step)
                 return
@@ -364,13 +351,25 @@ class Session:
         return None
 
     def _adopt_replica(self) -> bool:
-        """A restarted rank takes its state back from its buddy's replica server."""
+        """A restarted rank takes its state back from its buddy's replica server.
+
+        It must know its held steps before it registers, so it asks the controller
+        where its buddy serves replicas with a status request first.
+        """
         config = self.config
-        endpoints = self._cached_endpoints()
         buddy = (config.rank + 1) % config.world_size
-        endpoint = endpoints.get(buddy)
-        if config.world_size == 1 or not endpoint:
-            log.error("rank=%d restarted but knows no replica endpoint of buddy rank %d", config.rank, buddy)
+        if config.world_size == 1:
+            return False
+        try:
+            status = request(config, StatusRequest(), config.timeouts.dead_after, keys=self._keys)
+        except ProcessorError as error:
+            log.error("rank=%d restarted but cannot ask the controller for replica endpoints: %s",
+                      config.rank, error)
+            return False
+        endpoint = next((r.replica_endpoint for r in getattr(status, "ranks", ()) if r.rank == buddy), "")
+        if not endpoint:
+            log.error("rank=%d restarted but the controller knows no replica endpoint of buddy rank %d",
+                      config.rank, buddy)
             return False
         try:
             snapshot = fetch_replica(endpoint, config.rank, self._keys, config.timeouts.dead_after * 2)
@@ -380,28 +379,6 @@ class Session:
         self.store.adopt(snapshot)
         log.warning("rank=%d adopted its replica of step %d from rank %d", config.rank, snapshot.step, buddy)
         return True
-
-    def _endpoint_file(self) -> Path:
-        return Path(self.config.dump_dir) / f".mindft-endpoints-rank{self.config.rank}.json"
-
-    def _remember_endpoints(self) -> None:
-        """Keep the replica endpoint map on disk: a restarted process needs it before it registers."""
-        if self.config.world_size == 1:
-            return
-        path = self._endpoint_file()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            temp = path.with_suffix(".tmp")
-            temp.write_text(json.dumps({str(k): v for k, v in self.processor.endpoints.items()}))
-            os.replace(temp, path)
-        except OSError as error:
-            log.warning("rank=%d cannot cache replica endpoints in %s: %s", self.config.rank, path, error)
-
-    def _cached_endpoints(self) -> Dict[int, str]:
-        try:
-            return {int(k): str(v) for k, v in json.loads(self._endpoint_file().read_text()).items()}
-        except (OSError, ValueError, AttributeError):
-            return {}
 
     def _dump_quietly(self, reason: str) -> Optional[Path]:
         if self.store is None:
@@ -416,8 +393,8 @@ class Session:
 
     def _dump_and_exit(self, reason: str) -> None:
         path = self._dump_quietly(reason)
-        sys.stderr.write(f"mindft: rank {self.config.rank} stops: {reason}; dying-gasp checkpoint: "
-                         f"{path or 'none'}\n")
+        log.critical("rank=%d stops: %s; dying-gasp checkpoint: %s", self.config.rank, reason,
+                     path or "none")
         self.close()
         raise SystemExit(EXIT_DUMPED)
 

@@ -94,6 +94,7 @@ def test_round_trip_restores_a_restarted_rank_bytewise(buddy, keys):
     restored = restarted.restore()
     for name, array in training_state(7).items():
         assert restored.arrays[name].dtype == array.dtype and restored.arrays[name].tobytes() == array.tobytes()
+        assert restored.arrays[name].shape == array.shape  # 0-d stays 0-d (restore(into=) needs it)
     push_replica(buddy, 3, captured(8), keys, TIMEOUT)  # the latest push replaces the one held
     assert fetch_replica(buddy, 3, keys, TIMEOUT).step == 8
     restarted.close()
