@@ -44,6 +44,7 @@ _EXCLUSIVE_WITH_RSC = {
     "HCCE": "process-level online recovery",
 }
 _NEEDS_MINDIO = ("TTP", "UCE", "ARF", "TSP", "HCCE")
+_NOT_WITH_ATO = ("TTP", "UCE", "ARF", "TRE", "TSP")
 
 
 class ConfigError(ValueError):
@@ -63,7 +64,7 @@ class TFTOptions:
     tre: int = 0
     ato: bool = False
     ato_path: Optional[str] = None
-    ato_threshold: Optional[float] = None
+    ato_threshold: Optional[int] = None
 
     @property
     def enabled(self) -> bool:
@@ -143,17 +144,25 @@ def _build_options(values: Mapping[str, str], text: str, variable: str) -> TFTOp
                 raise ConfigError(
                     f"{variable}: RSC (graceful fault tolerance) and {key} ({mode}) cannot be "
                     f"enabled at the same time in {text!r}; keep RSC:1 or {key}:1, not both")
-    threshold = values.get("ATO_THRESHOLD")
-    ato_threshold = None
-    if threshold is not None:
-        try:
-            ato_threshold = float(threshold)
-        except ValueError:
-            raise ConfigError(f"{variable}: ATO_THRESHOLD must be a number, got {threshold!r} "
-                              f"in {text!r}") from None
-    if not flags["ato"] and ("ATO_PATH" in values or threshold is not None):
+    if not flags["ato"] and ("ATO_PATH" in values or "ATO_THRESHOLD" in values):
         raise ConfigError(f"{variable}: ATO_PATH and ATO_THRESHOLD only apply with ATO:1, "
                           f"in {text!r}; add ATO:1 or remove them")
+    ato_threshold = None
+    if flags["ato"]:
+        # MindSpore's own rules for adaptive checkpointing (TrainFaultTolerance).
+        others = [key for key in _NOT_WITH_ATO if values.get(key, "0") != "0"]
+        if others:
+            raise ConfigError(f"{variable}: ATO:1 cannot be combined with {', '.join(others)} "
+                              f"in {text!r}; MindSpore runs adaptive checkpointing alone")
+        path = values.get("ATO_PATH")
+        if path is not None and not path.endswith(".json"):
+            raise ConfigError(f"{variable}: ATO_PATH must be a .json file path, got {path!r} in {text!r}")
+        threshold = values.get("ATO_THRESHOLD")
+        if threshold is not None:
+            if not threshold.isdigit() or int(threshold) < 10:
+                raise ConfigError(f"{variable}: ATO_THRESHOLD must be an integer >= 10, got "
+                                  f"{threshold!r} in {text!r}")
+            ato_threshold = int(threshold)
     return TFTOptions(tre=int(values.get("TRE", "0")), ato_path=values.get("ATO_PATH"),
                       ato_threshold=ato_threshold, **flags)
 

@@ -25,8 +25,8 @@ from mindft.config import (DEFAULT_RESET_FILE, ENV_VARS, ConfigError, MindftConf
     ("{TTP:0}", TFTOptions()),
     ("{TRE:2}", TFTOptions(tre=2)),
     ("{HCCE:1,TSP:1}", TFTOptions(hcce=True, tsp=True)),
-    ("{ATO:1,ATO_PATH:/tmp/ato,ATO_THRESHOLD:0.5}",
-     TFTOptions(ato=True, ato_path="/tmp/ato", ato_threshold=0.5)),
+    ("{ATO:1,ATO_PATH:/tmp/ato.json,ATO_THRESHOLD:20}",
+     TFTOptions(ato=True, ato_path="/tmp/ato.json", ato_threshold=20)),
 ])
 def test_parse_tft_accepts_what_mindspore_accepts(text: str, expected: TFTOptions) -> None:
     assert parse_tft(text) == expected
@@ -54,7 +54,10 @@ def test_arf_implies_ttp_with_a_log_line(caplog: pytest.LogCaptureFixture) -> No
     ("{RSC:1,HCCE:1}", ["RSC", "HCCE (process-level online recovery)"]),
     ("{RSC:1", ["unbalanced braces"]),
     ("{ATO_PATH:/x}", ["only apply with ATO:1"]),
-    ("{ATO:1,ATO_THRESHOLD:high}", ["ATO_THRESHOLD must be a number", "'high'"]),
+    ("{ATO:1,ATO_THRESHOLD:high}", ["ATO_THRESHOLD must be an integer >= 10", "'high'"]),
+    ("{ATO:1,ATO_THRESHOLD:5}", ["ATO_THRESHOLD must be an integer >= 10", "'5'"]),
+    ("{ATO:1,ATO_PATH:/tmp/ato.txt}", ["ATO_PATH must be a .json file path"]),
+    ("{ATO:1,TTP:1}", ["ATO:1 cannot be combined with TTP"]),
     ("{TTP:}", ["TTP must be one of 0, 1", "''"]),
     (",", ["empty item #1"]),
 ])
