@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 TFT_VARIABLE = "MS_ENABLE_TFT"
 DEFAULT_RESET_FILE = Path("/user/restore/reset/config/reset.json")
 DEFAULT_CONTROLLER_PORT = 29600
+BACKENDS = ("auto", "mindft", "mindio")
 
 # Option → allowed values, as MindSpore 2.10 and the MindCluster guides document them.
 _FLAG_VALUES = ("0", "1")
@@ -201,6 +202,7 @@ class MindftConfig:
     insecure: bool = False
     dump_dir: Path = Path("mindft_dump")
     restart_count: int = 0
+    backend: str = "auto"
     timeouts: Timeouts = field(default_factory=Timeouts)
 
     @property
@@ -267,6 +269,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("MINDFT_INSECURE", "1 turns authentication and encryption off (debugging only)", "0",
            "0, 1"),
     EnvVar("MINDFT_DUMP_DIR", "where dying-gasp checkpoints are written", "mindft_dump", "a path"),
+    EnvVar("MINDFT_BACKEND", "who runs fault tolerance: mindft's own ZeroMQ flow, or MindSpore's "
+           "TrainFaultTolerance on the mindio-ttp wheel; auto picks mindio only where it is "
+           "installed, the device is Ascend and MS_ENABLE_TFT needs it", "auto", ", ".join(BACKENDS)),
     EnvVar("MINDFT_RESTART_COUNT", "times this rank was restarted (mindft-launch sets it)", "0",
            "0..1000"),
     *(EnvVar(t.variable, t.meaning, str(getattr(Timeouts(), t.attribute)), f"{t.low}..{t.high}")
@@ -321,8 +326,12 @@ def load_config(environ: Mapping[str, str] = os.environ) -> MindftConfig:
     timeouts = Timeouts(**{
         t.attribute: _number(environ, t.variable, t.kind, getattr(defaults, t.attribute), t.low, t.high)
         for t in _TIMEOUT_VARS})
+    backend = environ.get("MINDFT_BACKEND", "").strip() or "auto"
+    if backend not in BACKENDS:
+        raise ConfigError(f"MINDFT_BACKEND: unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
     return MindftConfig(
         tft=tft,
+        backend=backend,
         rank=rank,
         world_size=world_size,
         controller_ip=ip,

@@ -6,7 +6,8 @@ from typing import Any, Iterable, List, Optional
 
 from mindspore.train import Callback, Model
 
-from mindft.config import MindftConfig
+from mindft.config import MindftConfig, load_config
+from mindft.mindspore.backend import MINDIO, mindio_callback, require_mindft_backend, resolve_backend
 from mindft.mindspore._session import RewindRequired, Session, TrainingState, optimizer_of
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,9 @@ class FaultTolerance(Callback):
     def attach(self, train_network: Any, optimizer: Any = None, steps_per_epoch: int = 0) -> int:
         """Start protecting ``train_network`` (idempotent); returns the step training continues after."""
         if self.session is None:
+            self._config = self._config if self._config is not None else load_config()
+            if not self._driven:
+                require_mindft_backend(self._config, "The FaultTolerance callback")
             optimizer = optimizer if optimizer is not None else optimizer_of(train_network)
             self.session = Session(TrainingState(train_network, optimizer), optimizer, self._config,
                                    snapshot_every=self._snapshot_every)
@@ -84,6 +88,11 @@ def train(model: Model, epochs: int, dataset: Any, callbacks: Optional[Iterable[
     (unless ``callbacks`` already holds one).
     """
     cbs: List[Callback] = list(callbacks or [])
+    config = config if config is not None else load_config()
+    if config.tft.enabled and resolve_backend(config) == MINDIO:
+        # MindSpore's Model.train retries in place with mindio-ttp (_handle_tft): no re-entry here.
+        model.train(epochs, dataset, callbacks=[*cbs, mindio_callback(config)], dataset_sink_mode=False)
+        return epochs * dataset.get_dataset_size()
     ft = next((cb for cb in cbs if isinstance(cb, FaultTolerance)), None)
     if ft is None:
         ft = FaultTolerance(config, snapshot_every)

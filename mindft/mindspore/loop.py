@@ -5,8 +5,9 @@ from typing import Any, Callable, Iterator, Optional, Tuple
 
 from mindspore import nn
 
-from mindft.config import MindftConfig
+from mindft.config import MindftConfig, load_config
 from mindft.mindspore._session import Session, TrainingState
+from mindft.mindspore.backend import require_mindft_backend
 
 
 class FaultTolerantLoop:
@@ -29,6 +30,8 @@ class FaultTolerantLoop:
 
     def __init__(self, network: nn.Cell, optimizer: nn.Cell, config: Optional[MindftConfig] = None,
                  overlap: Optional[bool] = None, snapshot_every: int = 1) -> None:
+        config = config if config is not None else load_config()
+        require_mindft_backend(config, "FaultTolerantLoop")
         self.session = Session(TrainingState(network, optimizer), optimizer, config, overlap, snapshot_every)
 
     @property
