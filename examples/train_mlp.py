@@ -54,6 +54,13 @@ def build(seed: int) -> tuple[nn.Cell, nn.Optimizer]:
 _injected = []
 
 
+def save_weights(out: Path, rank: int, net: nn.Cell, optimizer: nn.Optimizer) -> None:
+    """Final parameters and optimizer state, to compare runs bit for bit."""
+    out.mkdir(parents=True, exist_ok=True)
+    state = {p.name: p.asnumpy() for p in (*net.get_parameters(), *optimizer.get_parameters())}
+    np.savez(out / f"rank{rank}.npz", **state)
+
+
 def inject(args: argparse.Namespace, rank: int, step: int) -> None:
     """The test hook: fail once, in the first incarnation of --fault-rank, inside --fault-step."""
     if step != args.fault_step or rank != args.fault_rank or load_config().restart_count or _injected:
@@ -102,9 +109,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"rank {config.rank} step {step} loss {loss:.4f}", flush=True)
 
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        state = {p.name: p.asnumpy() for p in (*net.get_parameters(), *optimizer.get_parameters())}
-        np.savez(args.out / f"rank{config.rank}.npz", **state)
+        save_weights(args.out, config.rank, net, optimizer)
 
 
 if __name__ == "__main__":

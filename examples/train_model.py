@@ -22,7 +22,7 @@ from mindft.config import load_config
 from mindft.faults import DeviceFault
 
 sys.path.insert(0, str(Path(__file__).parent))
-from train_mlp import build, configure_mindspore, synthetic_shard  # noqa: E402  (same data and network)
+from train_mlp import build, configure_mindspore, save_weights, synthetic_shard  # noqa: E402  (same data and network)
 
 
 class Batches:
@@ -77,9 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     mindft.mindspore.train(model, args.epochs, dataset)  # instead of model.train(args.epochs, dataset)
 
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        state = {p.name: p.asnumpy() for p in (*net.get_parameters(), *optimizer.get_parameters())}
-        np.savez(args.out / f"rank{config.rank}.npz", **state)
+        save_weights(args.out, config.rank, net, optimizer)
 
 
 if __name__ == "__main__":
