@@ -81,7 +81,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fault-step", type=int, default=-1)
     parser.add_argument("--fault-rank", type=int, default=0)
     parser.add_argument("--fault-kind", choices=("uce", "exit"), default="uce")
-    parser.add_argument("--snapshot-every", type=int, default=1, help="snapshot every N steps")
     args = parser.parse_args(argv)
 
     configure_mindspore()
@@ -102,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
         inject(args, config.rank, step)  # after the update: the rollback must undo it
         return float(loss.asnumpy())
 
-    with FaultTolerantLoop(net, optimizer, snapshot_every=args.snapshot_every) as loop:  # the mindft line
+    with FaultTolerantLoop(net, optimizer) as loop:  # the mindft line
         for step, (xb, yb) in loop.batches(make_batch, args.steps):
             loss = loop.step(train_step, step, xb, yb)
             if loss is not None and step % 10 == 0:

@@ -203,6 +203,7 @@ class MindftConfig:
     dump_dir: Path = Path("mindft_dump")
     restart_count: int = 0
     backend: str = "auto"
+    snapshot_every: int = 1
     timeouts: Timeouts = field(default_factory=Timeouts)
 
     @property
@@ -272,6 +273,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("MINDFT_BACKEND", "who runs fault tolerance: mindft's own ZeroMQ flow, or MindSpore's "
            "TrainFaultTolerance on the mindio-ttp wheel; auto picks mindio only where it is "
            "installed, the device is Ascend and MS_ENABLE_TFT needs it", "auto", ", ".join(BACKENDS)),
+    EnvVar("MINDFT_SNAPSHOT_EVERY", "snapshot (and replicate) every N-th step; the same on every "
+           "rank, a fault then replays up to N steps", "1", "1..1000000"),
     EnvVar("MINDFT_RESTART_COUNT", "times this rank was restarted (mindft-launch sets it)", "0",
            "0..1000"),
     *(EnvVar(t.variable, t.meaning, str(getattr(Timeouts(), t.attribute)), f"{t.low}..{t.high}")
@@ -341,5 +344,6 @@ def load_config(environ: Mapping[str, str] = os.environ) -> MindftConfig:
         insecure=insecure,
         dump_dir=Path(environ.get("MINDFT_DUMP_DIR", "").strip() or "mindft_dump"),
         restart_count=_number(environ, "MINDFT_RESTART_COUNT", int, 0, 0, 1000),
+        snapshot_every=_number(environ, "MINDFT_SNAPSHOT_EVERY", int, 1, 1, 1_000_000),
         timeouts=timeouts,
     )

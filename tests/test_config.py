@@ -98,8 +98,10 @@ def test_load_config_reads_msrun_variables_and_overrides() -> None:
         "RANK_SIZE": "8", "RANK_ID": "7", "MINDFT_RESET_FILE": "/tmp/reset.json",
         "MINDFT_KEY_FILE": "/run/keys.json", "MINDFT_INSECURE": "1", "MINDFT_DUMP_DIR": "/tmp/d",
         "MINDFT_RESTART_COUNT": "2", "MINDFT_HEARTBEAT_INTERVAL": "0.1",
-        "MINDFT_HEARTBEAT_MISSES": "3", "MINDFT_REPAIR_TIMEOUT": "30",
+        "MINDFT_HEARTBEAT_MISSES": "3", "MINDFT_REPAIR_TIMEOUT": "30", "MINDFT_SNAPSHOT_EVERY": "4",
+        "MINDFT_BACKEND": "mindft",
     })
+    assert config.snapshot_every == 4 and config.backend == "mindft"
     assert config.tft.rsc
     assert (config.rank, config.world_size) == (7, 8)
     assert config.controller_address == "tcp://10.0.0.5:4000"
@@ -122,6 +124,7 @@ def test_load_config_reads_msrun_variables_and_overrides() -> None:
     ({"MINDFT_PAUSE_TIMEOUT": "0"}, ["MINDFT_PAUSE_TIMEOUT", "1..86400"]),
     ({"MINDFT_CONNECT_RETRIES": "1000"}, ["MINDFT_CONNECT_RETRIES", "1..300"]),
     ({"MINDFT_INSECURE": "yes"}, ["MINDFT_INSECURE", "expected an integer"]),
+    ({"MINDFT_SNAPSHOT_EVERY": "0"}, ["MINDFT_SNAPSHOT_EVERY", "1..1000000"]),
     ({"MS_ENABLE_TFT": "{RSC:1,ARF:1}"}, ["MS_ENABLE_TFT", "RSC", "ARF"]),
 ])
 def test_load_config_rejects_bad_environment(environ: dict[str, str], fragments: list[str]) -> None:

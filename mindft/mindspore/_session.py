@@ -122,10 +122,11 @@ class Session:
 
     def __init__(self, state: TrainingState, optimizer: Optional[nn.Cell],
                  config: Optional[MindftConfig] = None, overlap: Optional[bool] = None,
-                 snapshot_every: int = 1) -> None:
-        if snapshot_every < 1:
+                 snapshot_every: Optional[int] = None) -> None:
+        if snapshot_every is not None and snapshot_every < 1:
             raise ValueError(f"snapshot_every must be >= 1, got {snapshot_every}")
         self.config = config if config is not None else load_config()
+        snapshot_every = snapshot_every if snapshot_every is not None else self.config.snapshot_every
         self.state = state
         self.enabled = self.config.tft.enabled
         self.snapshot_every = snapshot_every

@@ -24,7 +24,7 @@ class FaultTolerance(Callback):
     every N-th step only (the same N on every rank; a fault replays up to N steps).
     """
 
-    def __init__(self, config: Optional[MindftConfig] = None, snapshot_every: int = 1) -> None:
+    def __init__(self, config: Optional[MindftConfig] = None, snapshot_every: Optional[int] = None) -> None:
         super().__init__()
         self._config = config
         self._snapshot_every = snapshot_every
@@ -76,7 +76,7 @@ class FaultTolerance(Callback):
 
 
 def train(model: Model, epochs: int, dataset: Any, callbacks: Optional[Iterable[Callback]] = None,
-          config: Optional[MindftConfig] = None, snapshot_every: int = 1) -> int:
+          config: Optional[MindftConfig] = None, snapshot_every: Optional[int] = None) -> int:
     """``model.train(epochs, dataset, callbacks)`` that survives faults; returns the final step.
 
     Runs with ``dataset_sink_mode=False``. After a rollback to step ``k`` it re-enters

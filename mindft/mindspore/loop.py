@@ -29,7 +29,7 @@ class FaultTolerantLoop:
     """
 
     def __init__(self, network: nn.Cell, optimizer: nn.Cell, config: Optional[MindftConfig] = None,
-                 overlap: Optional[bool] = None, snapshot_every: int = 1) -> None:
+                 overlap: Optional[bool] = None, snapshot_every: Optional[int] = None) -> None:
         config = config if config is not None else load_config()
         require_mindft_backend(config, "FaultTolerantLoop")
         self.session = Session(TrainingState(network, optimizer), optimizer, config, overlap, snapshot_every)

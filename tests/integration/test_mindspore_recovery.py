@@ -208,9 +208,10 @@ def test_unrecoverable_job_ends_in_dying_gasp_checkpoints(make_job) -> None:
 
 
 def test_sparse_snapshots_roll_back_further_and_replay_bit_identically(make_job, reference: Path) -> None:
-    """--snapshot-every 3: a fault in step 8 rolls both ranks back to step 6 and replays 7 and 8."""
+    """MINDFT_SNAPSHOT_EVERY=3: a fault in step 8 rolls both ranks back to step 6 and replays 7 and 8."""
     job = make_job("train_mlp", 2)
-    procs = job.spawn_all("--fault-step", "8", "--fault-rank", "0", "--snapshot-every", "3")
+    job.env["MINDFT_SNAPSHOT_EVERY"] = "3"
+    procs = job.spawn_all("--fault-step", "8", "--fault-rank", "0")
     assert job.wait(procs) == [0, 0], job.tail()
     assert_recovered(job)
     for log in job.logs:
