@@ -93,10 +93,7 @@ class TrainingState:
 
 def rng_meta() -> Dict[str, Any]:
     """MindSpore's global generator state, JSON-able (ops that draw from it replay exactly)."""
-    try:
-        return {"rng_state": [int(v) for v in ms.get_rng_state().asnumpy().tolist()]}
-    except Exception:  # older MindSpore: nothing to record
-        return {}
+    return {"rng_state": [int(v) for v in ms.get_rng_state().asnumpy().tolist()]}
 
 
 def set_rng(meta: Mapping[str, Any]) -> None:
