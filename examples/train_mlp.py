@@ -54,6 +54,17 @@ def build(seed: int) -> tuple[nn.Cell, nn.Optimizer]:
 _injected = []
 
 
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """Data, seed, output and fault-injection options shared by both examples."""
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--samples", type=int, default=128, help="samples per rank (one epoch)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", type=Path, help="write final weights to OUT/rank<R>.npz")
+    parser.add_argument("--fault-step", type=int, default=-1)
+    parser.add_argument("--fault-rank", type=int, default=0)
+    parser.add_argument("--fault-kind", choices=("uce", "exit"), default="uce")
+
+
 def save_weights(out: Path, rank: int, net: nn.Cell, optimizer: nn.Optimizer) -> None:
     """Final parameters and optimizer state, to compare runs bit for bit."""
     out.mkdir(parents=True, exist_ok=True)
@@ -74,13 +85,7 @@ def inject(args: argparse.Namespace, rank: int, step: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps to run")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--samples", type=int, default=128, help="samples per rank (one epoch)")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--out", type=Path, help="write final weights to OUT/rank<R>.npz")
-    parser.add_argument("--fault-step", type=int, default=-1)
-    parser.add_argument("--fault-rank", type=int, default=0)
-    parser.add_argument("--fault-kind", choices=("uce", "exit"), default="uce")
+    add_common_arguments(parser)
     args = parser.parse_args(argv)
 
     configure_mindspore()

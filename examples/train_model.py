@@ -22,7 +22,9 @@ from mindft.config import load_config
 from mindft.faults import DeviceFault
 
 sys.path.insert(0, str(Path(__file__).parent))
-from train_mlp import build, configure_mindspore, save_weights, synthetic_shard  # noqa: E402  (same data and network)
+# Same data, network, options and output as the custom-loop example.
+from train_mlp import (add_common_arguments, build, configure_mindspore, save_weights,  # noqa: E402
+                       synthetic_shard)
 
 
 class Batches:
@@ -57,13 +59,7 @@ def fault_hook(args: argparse.Namespace, rank: int, optimizer: nn.Optimizer):
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--samples", type=int, default=128, help="samples per rank (one epoch)")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--out", type=Path, help="write final weights to OUT/rank<R>.npz")
-    parser.add_argument("--fault-step", type=int, default=-1)
-    parser.add_argument("--fault-rank", type=int, default=0)
-    parser.add_argument("--fault-kind", choices=("uce", "exit"), default="uce")
+    add_common_arguments(parser)
     args = parser.parse_args(argv)
 
     configure_mindspore()
