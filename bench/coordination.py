@@ -97,6 +97,14 @@ def start_controller(n: int, secure: bool, tmp: Path, timeouts: Timeouts) -> tup
     return controller, str(key_file or ""), thread
 
 
+def reap(procs: list[subprocess.Popen]) -> None:
+    """Kill and wait for whatever a measurement left running."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def finish(controller: Controller, thread: threading.Thread, procs: list[subprocess.Popen], rounds: int,
            what: str) -> list[float]:
     try:
@@ -105,10 +113,7 @@ def finish(controller: Controller, thread: threading.Thread, procs: list[subproc
         for proc in procs:
             proc.wait(120)
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        reap(procs)
         controller.stop()
     if result is None or result.exit_code != 0:
         raise RuntimeError(f"{what} failed: {result}")
@@ -292,10 +297,7 @@ def run_floor(n: int, rounds: int) -> dict:
         for proc in procs:
             proc.wait(60)
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        reap(procs)
         context.destroy(0)
     return {"ranks": n, "rounds": rounds, "median_s": statistics.median(times), "all_s": times}
 
