@@ -16,7 +16,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Optional, Union
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 # Large enough for an endpoint map of ~20k ranks; bigger frames are refused unread.
 MAX_FRAME = 4 * 1024 * 1024
 
@@ -39,19 +39,12 @@ class FaultKind(str, enum.Enum):
 class ActionKind(str, enum.Enum):
     """What the controller tells a rank to do."""
 
-    PAUSE = "pause"
-    ROLLBACK = "rollback"
-    RESUME = "resume"
-    COMMIT = "commit"
-    DUMP_AND_EXIT = "dump_and_exit"
-    INJECT_FAULT = "inject_fault"
-
-
-class StepPhase(str, enum.Enum):
-    """Where a rank is inside a step (around the optimizer update)."""
-
-    STARTED = "started"
-    FINISHED = "finished"
+    PAUSE = "pause"                  # stop at the next step boundary, settle snapshots, ack
+    ROLLBACK = "rollback"            # restore snapshot ``step`` in place, ack
+    RESUME = "resume"                # continue training after ``step``
+    DUMP_AND_EXIT = "dump_and_exit"  # write the dying-gasp checkpoint of ``step`` and exit
+    INJECT_FAULT = "inject_fault"    # raise ``fault`` at the next step boundary
+    FINISH = "finish"                # every rank finished: leave
 
 
 class DeviceStatus(str, enum.Enum):
@@ -82,7 +75,7 @@ class RegisterAck:
     world_size: int
     endpoints: dict[int, str]
     state: str
-    step: int = -1  # the last committed step (-1 before the first commit)
+    step: int = 0  # the step every rank has finished (the job's progress)
 
 
 @dataclass(frozen=True)
@@ -97,12 +90,19 @@ class Heartbeat:
 
 @dataclass(frozen=True)
 class StepReport:
-    """Optimizer update started / finished for ``step``; FINISHED is the commit vote."""
+    """A rank finished ``step`` and started its snapshot (fire and forget: nobody answers)."""
 
     KIND: ClassVar[str] = "step_report"
     rank: int
     step: int
-    phase: StepPhase
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Every rank has finished ``step``: a rank may now overwrite snapshots older than it."""
+
+    KIND: ClassVar[str] = "progress"
+    step: int
 
 
 @dataclass(frozen=True)
@@ -160,6 +160,7 @@ class StatusRequest:
     """Ask the controller for a :class:`StatusReply` (``mindft status``)."""
 
     KIND: ClassVar[str] = "status_request"
+    request_id: int = 0
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,7 @@ class RankStatus:
 
 @dataclass(frozen=True)
 class StatusReply:
-    """The controller's view: state, last committed step, and every rank."""
+    """The controller's view: state, the step every rank finished, and every rank."""
 
     KIND: ClassVar[str] = "status_reply"
     state: str
@@ -186,6 +187,8 @@ class StatusReply:
     ranks: tuple[RankStatus, ...] = ()
     reason: str = ""
     round: int = 0
+    recoveries: int = 0
+    request_id: int = 0
 
 
 @dataclass(frozen=True)
@@ -198,6 +201,7 @@ class DeviceEvent:
     error_code: str = ""
     policy: str = ""
     reason: str = ""
+    request_id: int = 0
 
 
 @dataclass(frozen=True)
@@ -208,6 +212,7 @@ class InjectRequest:
     rank: int
     fault: FaultKind
     detail: str = ""
+    request_id: int = 0
 
 
 @dataclass(frozen=True)
@@ -218,6 +223,8 @@ class ProcessExit:
     rank: int
     returncode: int
     pid: int = 0
+    will_restart: bool = True  # False: no new incarnation will come, fail the job now
+    request_id: int = 0
 
 
 @dataclass(frozen=True)
@@ -227,9 +234,10 @@ class Reply:
     KIND: ClassVar[str] = "reply"
     ok: bool
     detail: str = ""
+    request_id: int = 0
 
 
-Message = Union[Register, RegisterAck, Heartbeat, StepReport, FaultReport, Action, Ack, Done,
+Message = Union[Register, RegisterAck, Heartbeat, StepReport, Progress, FaultReport, Action, Ack, Done,
                 StatusRequest, StatusReply, DeviceEvent, InjectRequest, ProcessExit, Reply]
 
 MESSAGE_TYPES: tuple[type, ...] = typing.get_args(Message)

@@ -264,17 +264,26 @@ class SnapshotStore:
         with self._cond:
             return sum(buffer.nbytes for slot in self._slots for buffer in slot.buffers.values())
 
-    def dump(self, directory: Path, rank: int, world_size: int) -> Path:
-        """Write the newest verified snapshot as a MindSpore ``.ckpt`` plus a JSON manifest.
+    def dump(self, directory: Path, rank: int, world_size: int, step: Optional[int] = None) -> Path:
+        """Write the snapshot of ``step`` (default or not held: the newest verified one) as a
+        MindSpore ``.ckpt`` plus a JSON manifest.
 
         Both files appear atomically under their final names (the manifest last),
         so a dump cut short leaves only a hidden temporary file. Returns the
-        checkpoint's path.
+        checkpoint's path; every failure is a :class:`SnapshotError`.
         """
         self._join()
-        snapshot = self.restore()
+        held = self.steps
+        if step is not None and step >= 0 and step not in held:
+            log.error("rank %d asked to dump step %d but holds %s: dumping the newest", rank, step, list(held))
+            step = None
+        snapshot = self.restore(step if step is not None and step >= 0 else None)
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise SnapshotError(f"dump of step {snapshot.step}: cannot create directory {directory}: "
+                                f"{error.strerror or error}") from error
         path = directory / f"mindft-rank{rank}-step{snapshot.step}.ckpt"
         manifest = {
             "format": "mindspore-ckpt", "file": path.name, "step": snapshot.step, "rank": rank,

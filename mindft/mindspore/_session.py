@@ -14,27 +14,28 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, NoReturn, Optional, Tuple
 
 import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from mindft.config import MindftConfig, load_config
-from mindft.controller import ControllerState
+from mindft.channel import ControllerUnreachable, request
+from mindft.config import ConfigError, MindftConfig, load_config
+from mindft.exitcodes import ExitCode
 from mindft.faults import DeviceFault, classify, describe
 from mindft.keys import job_keys
-from mindft.processor import Processor, ProcessorError, request
-from mindft.protocol import Action, ActionKind, FaultKind, StatusRequest
+from mindft.processor import Processor, ProcessorError
+from mindft.protocol import FaultKind, StatusRequest
 from mindft.snapshot import ReplicaServer, SnapshotError, SnapshotStore, fetch_replica, push_replica
 
 log = logging.getLogger(__name__)
 
-EXIT_DUMPED = 3  # same meaning as mindft.launch.EXIT_DUMPED: dying gasp written, left on order
+EXIT_DUMPED = int(ExitCode.DUMPED)
 # A step that faults this many times in a row is not a transient device fault: stop replaying it.
 MAX_FAULTS_PER_STEP = 3
 # Controller states in which a restarted rank that holds nothing may simply start training.
-_RUNNING_STATES = (ControllerState.STARTING.value, ControllerState.NORMAL.value)
+_RUNNING_STATES = ("STARTING", "NORMAL")
 
 
 class RewindRequired(RuntimeError):
@@ -104,7 +105,7 @@ def set_rng(meta: Mapping[str, Any]) -> None:
 
 
 class Session:
-    """One rank's part in the recovery flow (see the module docstring).
+    """One rank's part in the recovery flow (see the module docstring); the rank's RankHooks.
 
     ``state`` names the parameters to protect; ``optimizer`` is the Cell whose call must
     not start while a capture reads the parameters. With ``overlap`` (default: in PyNative
@@ -123,10 +124,9 @@ class Session:
         if snapshot_every is not None and snapshot_every < 1:
             raise ValueError(f"snapshot_every must be >= 1, got {snapshot_every}")
         self.config = config if config is not None else load_config()
-        snapshot_every = snapshot_every if snapshot_every is not None else self.config.snapshot_every
+        self.snapshot_every = snapshot_every if snapshot_every is not None else self.config.snapshot_every
         self.state = state
         self.enabled = self.config.tft.enabled
-        self.snapshot_every = snapshot_every
         self.step = 0
         self.meta: Dict[str, Any] = {}
         self.resumed_from: Optional[int] = None
@@ -134,7 +134,7 @@ class Session:
         self.store: Optional[SnapshotStore] = None
         self._server: Optional[ReplicaServer] = None
         self._keys = None
-        self._inject: Optional[Action] = None
+        self._armed: Optional[DeviceFault] = None
         self._faults_at: Dict[int, int] = {}
         self._hook_seen = False
         if overlap is None:
@@ -142,6 +142,7 @@ class Session:
             overlap = ms.get_context("mode") == ms.PYNATIVE_MODE
         self._overlap = bool(overlap) and optimizer is not None
         self._hook = None
+        self._rollback_started = 0.0
         self.last_recovery: Dict[str, float] = {}
         if not self.enabled:
             log.info("rank=%d mindft off (MS_ENABLE_TFT=%r enables nothing): training runs unprotected",
@@ -157,17 +158,27 @@ class Session:
         if not self.enabled:
             return self.step
         config = self.config
-        self._keys = job_keys(config)
+        try:
+            self._keys = job_keys(config)
+        except ConfigError as error:
+            log.critical("rank=%d cannot join the job: %s", config.rank, error)
+            raise SystemExit(ExitCode.USAGE) from None
         self.store = SnapshotStore()
         if config.world_size > 1:
             self._server = ReplicaServer(config.controller_ip, self._keys)
         adopted = self._adopt_replica() if config.restart_count > 0 else False
-        self.processor = Processor(config, self._server.endpoint if self._server else "", keys=self._keys)
-        ack = self.processor.register(held_steps=self.store.steps)
+        self.processor = Processor(config, self._server.endpoint if self._server else "", keys=self._keys,
+                                   snapshot_every=self.snapshot_every)
+        try:
+            ack = self.processor.register(held_steps=self.store.steps)
+        except ProcessorError as error:
+            log.critical("rank=%d %s", config.rank, error)
+            self.close()
+            raise SystemExit(ExitCode.FAILED) from None
         if config.restart_count > 0 and (adopted or ack.state.upper() not in _RUNNING_STATES):
             log.warning("rank=%d restarted (incarnation %d) holding %s; waiting for ROLLBACK",
                         config.rank, config.restart_count, list(self.store.steps))
-            self._obey(None)
+            self.processor.follow(self)
         else:
             self.meta = dict(meta or {})
             self._capture(self.step)
@@ -189,34 +200,40 @@ class Session:
             self._server.close()
             self._server = None
 
-    def finish(self) -> None:
-        """Report Done at the current step and leave."""
-        if self.processor is not None:
-            self.store.wait()
-            self.processor.done(self.step)
-            log.info("rank=%d done at step %d", self.config.rank, self.step)
-        self.close()
+    def finish(self) -> Optional[int]:
+        """Report Done at the current step and wait for every rank.
+
+        Returns None when the job finished (the session is closed), or the step training was
+        rolled back to when a rank faulted before every rank was done (train on from there).
+        """
+        if self.processor is None:
+            self.close()
+            return None
+        self.store.wait()
+        log.info("rank=%d done at step %d; waiting for the other ranks", self.config.rank, self.step)
+        rolled_back = self.processor.finish(self.step, self)
+        if rolled_back is None:
+            self.close()
+        return rolled_back
 
     # ---- step boundaries -----------------------------------------------------------------
 
     def begin_step(self) -> None:
         """Called before the step ``self.step + 1`` runs; raises an injected fault there."""
-        if self.processor is None:
-            return
-        if self._inject is not None:
-            action, self._inject = self._inject, None
-            raise DeviceFault(action.fault or FaultKind.UCE, action.reason or "injected by the controller")
+        if self._armed is not None:
+            fault, self._armed = self._armed, None
+            raise fault
         self._hook_seen = False
-        self.processor.step_begin(self.step + 1)
 
     def end_step(self, meta: Optional[Mapping[str, Any]] = None) -> Optional[int]:
-        """Called after step ``self.step + 1`` finished: snapshot, vote, obey.
+        """Called after step ``self.step + 1`` finished: snapshot, report, obey.
 
         Returns None to go on, or the step training was rolled back to (the caller
         must continue with the batch after it).
         """
         self.step += 1
-        if self.processor is None:
+        processor = self.processor
+        if processor is None:
             return None
         if self._overlap and not self._hook_seen:
             # The optimizer ran without calling our hook (graph mode, or inside ms.jit): a
@@ -225,20 +242,22 @@ class Session:
                      self.config.rank)
             self._overlap = False
         self.meta = dict(meta or {})
-        if self.step % self.snapshot_every == 0:
-            self._capture(self.step)
         before = self.step
-        while True:
-            try:
-                action = self.processor.step_end(self.step)
-            except ProcessorError as error:
-                self._dump_and_exit(f"lost the controller: {error}")
-            if action is None:
-                return None
-            self._obey(action)
-            if action.kind is not ActionKind.INJECT_FAULT:
-                return self.step if self.step != before else None
-            # Armed for the next step; the vote for this one still needs its COMMIT.
+        try:
+            if self.step % self.snapshot_every == 0:
+                while (action := processor.wait_window(self.step)) is not None:
+                    resumed = processor.follow(self, action)
+                    if resumed is not None:
+                        return self._after(resumed, before)
+                self._capture(self.step)
+            processor.finished(self.step)
+            action = processor.poll_action()
+            return None if action is None else self._after(processor.follow(self, action), before)
+        except ProcessorError as error:
+            self.dump_and_exit(-1, f"lost the controller: {error}")
+
+    def _after(self, resumed: Optional[int], before: int) -> Optional[int]:
+        return resumed if resumed is not None and resumed != before else None
 
     def fault(self, error: BaseException) -> int:
         """An exception escaped step ``self.step + 1``: report it, wait, and return the step rolled back to.
@@ -253,75 +272,65 @@ class Session:
         self._faults_at = {step: count}
         if count > MAX_FAULTS_PER_STEP:
             log.error("rank=%d step %d failed %d times in a row; giving up", self.config.rank, step, count - 1)
-            self._dump_quietly(f"step {step} keeps failing: {describe(error)}")
+            self._dump_quietly(-1, f"step {step} keeps failing: {describe(error)}")
             raise error
         log.warning("rank=%d fault %s inside step %d: %s", self.config.rank, kind.name, step, describe(error))
         try:
             self.processor.report_fault(kind, describe(error), step)
+            resumed = self.processor.follow(self)
         except ProcessorError as lost:
-            self._dump_and_exit(f"lost the controller while reporting {kind.name}: {lost}")
-        self._obey(None)
-        return self.step
+            self.dump_and_exit(-1, f"lost the controller while reporting {kind.name}: {lost}")
+        return self.step if resumed is None else resumed
 
-    # ---- the recovery flow ---------------------------------------------------------------
+    # ---- RankHooks: what the flow asks of this rank ----------------------------------------
 
-    def _obey(self, action: Optional[Action]) -> None:
-        """Follow the controller until it says RESUME (or ends the job)."""
-        processor = self.processor
-        received = time.perf_counter()
-        while True:
-            if action is None:
-                try:
-                    action = processor.wait_action()
-                except ProcessorError as error:
-                    self._dump_and_exit(f"lost the controller: {error}")
-            kind = action.kind
-            if kind is ActionKind.INJECT_FAULT:
-                self._inject = action
-                return
-            if kind is ActionKind.PAUSE:
-                self._settle()
-                processor.acknowledge(action, self.step, self.store.steps)
-            elif kind is ActionKind.ROLLBACK:
-                received = time.perf_counter()
-                self._settle()
-                self._rollback(action.step)
-                processor.acknowledge(action, action.step, self.store.steps)
-            elif kind is ActionKind.RESUME:
-                if action.step != self.step:
-                    self._settle()
-                    self._rollback(action.step)
-                processor.acknowledge(action, action.step, self.store.steps)
-                self.last_recovery = {"rollback_to_resume_s": time.perf_counter() - received}
-                log.warning("rank=%d resumed after step %d", self.config.rank, self.step)
-                return
-            elif kind is ActionKind.DUMP_AND_EXIT:
-                self._dump_and_exit(action.reason)
-            action = None
-
-    def _rollback(self, step: int) -> None:
-        try:
-            meta = self.state.load(self.store, step)
-        except SnapshotError as error:
-            self._dump_and_exit(f"cannot restore step {step}: {error}")
-        set_rng(meta)
-        self.meta = dict(meta)
-        self.step = step
-        self.resumed_from = step
-        log.warning("rank=%d restored step %d", self.config.rank, step)
-
-    def _settle(self) -> None:
+    def settle(self) -> Tuple[int, ...]:
         """Let the capture in flight finish; a failed one is logged and simply not held."""
         try:
             self.store.wait()
         except SnapshotError as error:
             log.error("rank=%d %s", self.config.rank, error)
+        return self.store.steps
+
+    def restore(self, step: int) -> Tuple[int, ...]:
+        """Put the snapshot of ``step`` back into the parameters, RNG and data position."""
+        self._rollback_started = time.perf_counter()
+        self.settle()
+        try:
+            meta = self.state.load(self.store, step)
+        except SnapshotError as error:
+            self.dump_and_exit(-1, f"cannot restore step {step}: {error}")
+        set_rng(meta)
+        self.meta = dict(meta)
+        self.step = self.resumed_from = step
+        self.last_recovery = {"restore_s": time.perf_counter() - self._rollback_started}
+        log.warning("rank=%d restored step %d", self.config.rank, step)
+        return self.store.steps
+
+    def resume(self, step: int) -> None:
+        """Training goes on after ``step``."""
+        self.last_recovery["rollback_to_resume_s"] = time.perf_counter() - self._rollback_started
+        log.warning("rank=%d resumed after step %d", self.config.rank, step)
+
+    def arm(self, fault: FaultKind, detail: str) -> None:
+        """Raise ``fault`` when the next step begins."""
+        self._armed = DeviceFault(fault, detail)
+
+    def dump_and_exit(self, step: int, reason: str) -> NoReturn:
+        """Write the dying-gasp checkpoint of ``step`` (-1: newest) and exit: 3 if written, 4 if not."""
+        path = self._dump_quietly(step, reason)
+        log.critical("rank=%d stops: %s; dying-gasp checkpoint: %s", self.config.rank, reason,
+                     path or "NOT written")
+        self.close()
+        raise SystemExit(ExitCode.DUMPED if path is not None else ExitCode.DUMP_FAILED)
+
+    # ---- snapshots -----------------------------------------------------------------------
 
     def _capture(self, step: int) -> None:
         meta = {"step": step, **self.meta, **rng_meta()}
         self.store.capture(step, self.state.arrays(), meta)
         if self.config.world_size > 1:
-            # COMMIT(step) promises the buddy holds this step: push before voting.
+            # A restarted rank adopts its buddy's copy of its newest step: push it now.
             self.store.wait()
             self._push(step)
         elif not self._overlap:
@@ -359,8 +368,8 @@ class Session:
         if config.world_size == 1:
             return False
         try:
-            status = request(config, StatusRequest(), config.timeouts.dead_after, keys=self._keys)
-        except ProcessorError as error:
+            status = request(config.controller_address, self._keys, StatusRequest(), config.timeouts.dead_after)
+        except ControllerUnreachable as error:
             log.error("rank=%d restarted but cannot ask the controller for replica endpoints: %s",
                       config.rank, error)
             return False
@@ -378,23 +387,16 @@ class Session:
         log.warning("rank=%d adopted its replica of step %d from rank %d", config.rank, snapshot.step, buddy)
         return True
 
-    def _dump_quietly(self, reason: str) -> Optional[Path]:
+    def _dump_quietly(self, step: int, reason: str) -> Optional[Path]:
         if self.store is None:
             return None
         try:
-            path = self.store.dump(self.config.dump_dir, self.config.rank, self.config.world_size)
+            path = self.store.dump(self.config.dump_dir, self.config.rank, self.config.world_size, step)
         except SnapshotError as error:
             log.error("rank=%d dying-gasp dump failed: %s", self.config.rank, error)
             return None
         log.error("rank=%d wrote its dying-gasp checkpoint %s (%s)", self.config.rank, path, reason)
         return path
-
-    def _dump_and_exit(self, reason: str) -> None:
-        path = self._dump_quietly(reason)
-        log.critical("rank=%d stops: %s; dying-gasp checkpoint: %s", self.config.rank, reason,
-                     path or "none")
-        self.close()
-        raise SystemExit(EXIT_DUMPED)
 
 
 def optimizer_of(network: nn.Cell) -> Optional[nn.Cell]:

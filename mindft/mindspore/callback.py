@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 
 
 class FaultTolerance(Callback):
-    """Snapshot every step, vote with the other ranks, and obey PAUSE / ROLLBACK / RESUME / EXIT.
+    """Snapshot every step, report progress, and obey PAUSE / ROLLBACK / RESUME / DUMP_AND_EXIT.
 
     Pass it to :func:`train` (which also replays from a rolled-back step), or to
     ``Model.train`` directly: pauses and rollbacks to the current step then work as
@@ -54,19 +54,21 @@ class FaultTolerance(Callback):
                 raise RewindRequired(self.session.step)
 
     def on_train_step_begin(self, run_context: Any) -> None:
-        """Raise an injected fault, report the step as started."""
+        """Raise an injected fault armed by the controller."""
         self.session.begin_step()
 
     def on_train_step_end(self, run_context: Any) -> None:
-        """Snapshot, vote FINISHED, wait for COMMIT or obey another action."""
+        """Snapshot, report the step, obey a pending action."""
         rewound = self.session.end_step(self._position(self.session.step + 1))
         if rewound is not None:
             raise RewindRequired(rewound)
 
     def on_train_end(self, run_context: Any) -> None:
-        """Report Done (unless :func:`train` is driving and may re-enter)."""
+        """Report Done and wait for every rank (unless :func:`train` is driving and may re-enter)."""
         if not self._driven and self.session is not None:
-            self.session.finish()
+            rewound = self.session.finish()
+            if rewound is not None:
+                raise RewindRequired(rewound)
 
     def _position(self, step: int) -> dict:
         if not self.steps_per_epoch:
@@ -103,24 +105,32 @@ def train(model: Model, epochs: int, dataset: Any, callbacks: Optional[Iterable[
     ft.attach(model.train_network, getattr(model, "_optimizer", None), per_epoch)
     session = ft.session
     try:
-        while session.step < total:
-            epoch, offset = divmod(session.step, per_epoch)
-            try:
-                if offset:
-                    # Finish the interrupted epoch from batch offset + 1, then go on normally.
-                    model.train(epoch + 1, dataset.skip(offset), callbacks=cbs, dataset_sink_mode=False,
-                                initial_epoch=epoch)
-                    if session.step < (epoch + 1) * per_epoch:
-                        break  # a callback asked Model.train to stop
-                else:
-                    model.train(epochs, dataset, callbacks=cbs, dataset_sink_mode=False, initial_epoch=epoch)
-                    break  # finished, or stopped on request: either way not to be re-entered
-            except RewindRequired as rewind:
-                log.info("re-entering Model.train after step %d", rewind.step)
-            except Exception as error:  # noqa: BLE001 - classified and reported, or re-raised
-                session.fault(error)
-        session.finish()
+        while True:
+            _train_to(model, epochs, dataset, cbs, session, per_epoch, total)
+            if session.finish() is None:  # None: every rank is done; else a late fault rolled back
+                break
     except BaseException:
         session.close()
         raise
     return session.step
+
+
+def _train_to(model: Model, epochs: int, dataset: Any, cbs: List[Callback], session: Session, per_epoch: int,
+              total: int) -> None:
+    """Run Model.train until ``total`` steps, re-entering it after every rollback."""
+    while session.step < total:
+        epoch, offset = divmod(session.step, per_epoch)
+        try:
+            if offset:
+                # Finish the interrupted epoch from batch offset + 1, then go on normally.
+                model.train(epoch + 1, dataset.skip(offset), callbacks=cbs, dataset_sink_mode=False,
+                            initial_epoch=epoch)
+                if session.step < (epoch + 1) * per_epoch:
+                    break  # a callback asked Model.train to stop
+            else:
+                model.train(epochs, dataset, callbacks=cbs, dataset_sink_mode=False, initial_epoch=epoch)
+                break  # finished, or stopped on request: either way not to be re-entered
+        except RewindRequired as rewind:
+            log.info("re-entering Model.train after step %d", rewind.step)
+        except Exception as error:  # noqa: BLE001 - classified and reported, or re-raised
+            session.fault(error)

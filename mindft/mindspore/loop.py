@@ -11,7 +11,7 @@ from mindft.mindspore.backend import require_mindft_backend
 
 
 class FaultTolerantLoop:
-    """Guard a custom loop: snapshot every step, vote, and replay after a rollback.
+    """Guard a custom loop: snapshot every step, report progress, and replay after a rollback.
 
     ::
 
@@ -33,6 +33,7 @@ class FaultTolerantLoop:
         config = config if config is not None else load_config()
         require_mindft_backend(config, "FaultTolerantLoop")
         self.session = Session(TrainingState(network, optimizer), optimizer, config, overlap, snapshot_every)
+        self._finished = False
 
     @property
     def position(self) -> int:
@@ -44,16 +45,22 @@ class FaultTolerantLoop:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
-            self.session.finish()
-        else:
-            self.session.close()
+        if exc_type is None and not self._finished:
+            # The loop was left without batches(): wait for the other ranks here.
+            if self.session.finish() is not None:
+                raise RuntimeError("a rank faulted after this one left its loop: iterate with batches() "
+                                   "so the loop can replay the steps rolled back")
+        self.session.close()
 
     def batches(self, make_batch: Callable[[int], Any], steps: int) -> Iterator[Tuple[int, Any]]:
-        """Yield ``(step, make_batch(step))`` until ``steps`` steps are done, following rollbacks."""
-        while self.session.step < steps:
-            step = self.session.step + 1
-            yield step, make_batch(step)
+        """Yield ``(step, make_batch(step))`` until ``steps`` steps are done on every rank, following rollbacks."""
+        while True:
+            while self.session.step < steps:
+                step = self.session.step + 1
+                yield step, make_batch(step)
+            if self.session.finish() is None:  # None: every rank is done; else a late fault rolled back
+                self._finished = True
+                return
 
     def step(self, train_step: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``train_step(*args, **kwargs)`` as the next step; its result, or None if it faulted."""

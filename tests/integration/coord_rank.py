@@ -1,16 +1,16 @@
-"""A fake training rank for the coordination tests: real Processor, no MindSpore.
+"""A fake training rank for the coordination tests: the real Processor and its follow loop, no MindSpore.
 
 Configured from the environment (load_config plus COORD_* variables):
   COORD_DIR        directory for replica files and event logs
   COORD_STEPS      steps to train (default 20)
   COORD_STEP_TIME  seconds per step (default 0.02)
   COORD_FAULT_AT   "STEP:KIND": report a fault of KIND inside STEP (once per job)
-  COORD_ROLLBACK_FAULT  "1": report a fault instead of acknowledging the first ROLLBACK
-  COORD_IGNORE     "pause", "rollback" or "resume": never acknowledge that action (to make
-                   its phase time out); the rank keeps waiting for the next action
+  COORD_ROLLBACK_FAULT  "1": report a fault instead of restoring on the first ROLLBACK
+  COORD_IGNORE     "pause", "rollback" or "resume": stall COORD_STALL seconds (default 4) in that
+                   phase instead of answering, so the phase times out
 
 The "model" is the running sum of step numbers, so the final state is n(n+1)/2 iff every
-rollback restored the right step. After each step the rank writes (step, state) to its
+rollback restored the right step. After each snapshot the rank writes (step, state) to its
 "replica" file, which a restarted incarnation adopts, like a replica fetched from its buddy.
 Every event goes to COORD_DIR/events-<rank>.jsonl.
 """
@@ -21,16 +21,17 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from mindft.config import load_config
+from mindft.exitcodes import ExitCode
 from mindft.processor import Processor
-from mindft.protocol import ActionKind, FaultKind
-
-EXIT_DUMPED = 3
-ACTION_WAIT = 60.0
+from mindft.protocol import FaultKind
 
 
 class Rank:
+    """The rank's state and its RankHooks."""
+
     def __init__(self) -> None:
         self.config = load_config()
         self.dir = Path(os.environ["COORD_DIR"])
@@ -40,11 +41,13 @@ class Rank:
         self.fault_at = (int(fault.split(":")[0]), FaultKind(fault.split(":")[1])) if fault else None
         self.rollback_fault = os.environ.get("COORD_ROLLBACK_FAULT") == "1"
         self.ignore = os.environ.get("COORD_IGNORE", "")
+        self.stall = float(os.environ.get("COORD_STALL", "4"))
         self.rank = self.config.rank
         self.replica = self.dir / f"replica-{self.rank}.json"
-        self.snapshots: dict[int, int] = {}
+        self.snapshots: dict[int, int] = {0: 0}
         self.step = 0
         self.state = 0
+        self.armed: FaultKind | None = None
         if self.config.restart_count and self.replica.exists():
             held = json.loads(self.replica.read_text())
             self.snapshots = {held["step"]: held["state"]}
@@ -75,56 +78,77 @@ class Rank:
         marker.write_text("")
         return True
 
-    def handle(self, action) -> None:
-        """Follow the controller until it says RESUME."""
-        while action is not None:
-            self.event("action", action=action.kind.value, action_step=action.step, round=action.round)
-            if action.kind.value == self.ignore:
-                pass
-            elif action.kind is ActionKind.PAUSE:
-                self.processor.acknowledge(action, self.step, self.held)
-            elif action.kind is ActionKind.ROLLBACK:
-                if self.rollback_fault and self.once("rollback-fault"):
-                    self.processor.report_fault(FaultKind.UNKNOWN, "fault while restoring", self.step)
-                else:
-                    self.step, self.state = action.step, self.snapshots[action.step]
-                    self.snapshots = {s: v for s, v in self.snapshots.items() if s <= action.step}
-                    self.event("restored", endpoints={str(k): v for k, v in self.processor.endpoints.items()})
-                    self.processor.acknowledge(action, self.step, self.held)
-            elif action.kind is ActionKind.RESUME:
-                self.processor.acknowledge(action, self.step, self.held)
-                return
-            elif action.kind is ActionKind.DUMP_AND_EXIT:
-                self.event("dump", reason=action.reason)
-                self.processor.close()
-                sys.exit(EXIT_DUMPED)
-            elif action.kind is ActionKind.INJECT_FAULT:
-                self.processor.report_fault(action.fault or FaultKind.UNKNOWN, "injected", self.step + 1)
-            action = self.processor.wait_action(ACTION_WAIT)
+    # ---- RankHooks ----
+
+    def settle(self) -> list[int]:
+        self.event("action", action="pause", round=self.processor.follower.round)
+        self._stall("pause")
+        return self.held
+
+    def restore(self, step: int) -> list[int]:
+        self.event("action", action="rollback", action_step=step, round=self.processor.follower.round)
+        self._stall("rollback")
+        if self.rollback_fault and self.once("rollback-fault"):
+            self.processor.report_fault(FaultKind.UNKNOWN, "fault while restoring", self.step)
+            return self.held
+        self.step, self.state = step, self.snapshots[step]
+        self.snapshots = {s: v for s, v in self.snapshots.items() if s <= step}
+        self.event("restored", endpoints={str(k): v for k, v in self.processor.endpoints.items()})
+        return self.held
+
+    def resume(self, step: int) -> None:
+        self.event("action", action="resume", action_step=step, round=self.processor.follower.round)
+        self._stall("resume")
+
+    def arm(self, fault: FaultKind, detail: str) -> None:
+        self.event("action", action="inject_fault", round=self.processor.follower.round)
+        self.armed = fault
+
+    def dump_and_exit(self, step: int, reason: str) -> NoReturn:
+        self.event("dump", reason=reason, dump_step=step)
+        self.processor.close()
+        sys.exit(ExitCode.DUMPED)
+
+    def _stall(self, phase: str) -> None:
+        if self.ignore == phase:
+            self.event("stall", phase=phase)
+            time.sleep(self.stall)
+
+    # ---- training ----
+
+    def follow(self, action=None) -> None:
+        self.processor.follow(self, action)
 
     def run(self) -> None:
         ack = self.processor.register(self.held)
         self.event("registered", endpoints=len(ack.endpoints), held=self.held, state=ack.state)
         if self.config.restart_count:
-            self.handle(self.processor.wait_action(ACTION_WAIT))
+            self.follow()
         while True:
-            self.handle(self.processor.poll_action())
-            if self.step >= self.steps:
+            while self.step < self.steps:
+                step = self.step + 1
+                time.sleep(self.step_time)
+                planned = self.fault_at and self.fault_at[0] == step and self.once("fault")
+                if self.armed is not None or planned:
+                    kind = self.armed or self.fault_at[1]
+                    self.armed = None
+                    self.event("fault", kind=kind.value)
+                    self.processor.report_fault(kind, "test fault", step)
+                    self.follow()
+                    continue
+                self.state += step
+                self.step = step
+                while self.step == step and (action := self.processor.wait_window(step)) is not None:
+                    self.follow(action)
+                if self.step != step:
+                    continue  # rolled back while waiting
+                self.capture(step)
+                self.processor.finished(step)
+                action = self.processor.poll_action()
+                if action is not None:
+                    self.follow(action)
+            if self.processor.finish(self.step, self) is None:
                 break
-            step = self.step + 1
-            self.processor.step_begin(step)
-            time.sleep(self.step_time)
-            if self.fault_at and self.fault_at[0] == step and self.once("fault"):
-                self.event("fault", kind=self.fault_at[1].value)
-                self.processor.report_fault(self.fault_at[1], "test fault", step)
-                self.handle(self.processor.wait_action(ACTION_WAIT))
-                continue
-            self.state += step
-            self.capture(step)
-            action = self.processor.step_end(step)
-            self.step = step
-            self.handle(action)
-        self.processor.done(self.step)
         self.event("done", state=self.state)
         self.processor.close()
 

@@ -20,18 +20,26 @@ from typing import Callable, Optional
 import pytest
 import zmq
 
+from mindft import channel
 from mindft.config import MindftConfig, Timeouts
-from mindft.controller import EXIT_FAILED, EXIT_OK, Controller, ControllerState
+from mindft.controller import Controller
+from mindft.exitcodes import ExitCode
+from mindft.flow import DeviceFailed, DeviceFaulty, DeviceRecovered, JobState
 from mindft.keys import generate_keys, secure_client
-from mindft.processor import Processor, ProcessorError, request
+from mindft.processor import Processor, ProcessorError
 from mindft.protocol import (ActionKind, FaultKind, InjectRequest, ProcessExit, StatusReply,
                              StatusRequest, encode)
-from mindft.resetwatch import DeviceFailed, DeviceFaulty, DeviceRecovered
 
 pytestmark = pytest.mark.timeout(120)
 
 RANK_SCRIPT = Path(__file__).with_name("coord_rank.py")
-EXIT_DUMPED = 3
+EXIT_DUMPED = ExitCode.DUMPED
+EXIT_OK, EXIT_FAILED = ExitCode.OK, ExitCode.FAILED
+ControllerState = JobState
+
+
+def request(config: MindftConfig, message, timeout: float = 5.0):
+    return channel.request(config.controller_address, None, message, timeout)
 # Short but not twitchy on 2 busy cores: a rank is declared dead after 2 s of silence.
 FAST = Timeouts(heartbeat_interval=0.05, heartbeat_misses=40, register=30.0, pause=10.0,
                 repair=15.0, rollback=10.0, resume=10.0, connect_retries=5)
@@ -193,8 +201,8 @@ def test_killed_rank_is_detected_restarted_and_caught_up(make_job) -> None:
     assert result.exit_code == EXIT_OK, result.reason
     assert set(job.wait_ranks().values()) == {0}
     assert_all_done(job)
-    assert job.controller.status().ranks[1].restarts == 1
-    assert job.controller.status().ranks[1].incarnation == 1
+    assert job.controller.latest_status().ranks[1].restarts == 1
+    assert job.controller.latest_status().ranks[1].incarnation == 1
     registered = [e for e in job.events(1) if e["event"] == "registered"]
     assert [e["incarnation"] for e in registered] == [0, 1]
     # The restarted rank's new replica endpoint reached its peers with ROLLBACK.
@@ -306,7 +314,7 @@ def test_phase_timeout_escalates_to_dump_and_exit(make_job, phase: str) -> None:
     assert result.exit_code == EXIT_FAILED
     assert f"{state} timed out after 1.5 s (timeouts.{phase})" in result.reason
     assert "waiting for rank 1" in result.reason  # who
-    assert "rank 0 UCE at step 4" in result.reason  # what failed, where
+    assert "rank 0 UCE in step 4" in result.reason  # what failed, where
     assert job.controller.state is ControllerState.FAILED
     assert job.wait_ranks() == {0: EXIT_DUMPED, 1: EXIT_DUMPED}
     for rank in (0, 1):
@@ -332,7 +340,7 @@ def test_second_fault_during_recovery_restarts_it(make_job) -> None:
     result = job.result()
     assert result.exit_code == EXIT_OK, result.reason
     assert_all_done(job)
-    assert job.controller.status().round == 2
+    assert job.controller.latest_status().round == 2
     assert len(job.controller.recovery_times) == 1  # one recovery, restarted once
     rounds = {e["round"] for e in job.events(1) if e["event"] == "action" and e["action"] == "pause"}
     assert rounds == {1, 2}
@@ -434,9 +442,8 @@ def test_processor_waits_for_a_late_controller(tmp_path: Path) -> None:
         controller.start()
         thread.join(10)
         assert registered["ack"].world_size == 1
-        processor.step_begin(1)
-        assert processor.step_end(1, timeout=5) is None  # COMMIT(1)
-        processor.done(1)
+        processor.finished(1)
+        assert processor.finish(1, hooks=None) is None  # FINISH: nothing to obey
         assert controller.join(5).exit_code == EXIT_OK
     finally:
         processor.close()

@@ -1,0 +1,21 @@
+"""The recovery rules, with no I/O: states and table, the rank table, the job, the rank follower.
+
+Nothing in this package imports zmq, threading, socket or time (a test enforces it): every
+input carries the time it happened, every decision comes back as a value.
+"""
+from __future__ import annotations
+
+from mindft.flow.effects import (Broadcast, DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, Effect,
+                                 Finish, KillRank, Peer, ProcessExited, Send, StopJob, Transition)
+from mindft.flow.follower import (ArmFault, Command, DumpAndExit, Follower, Ignore, Leave, Restore, Resume,
+                                  Settle)
+from mindft.flow.job import Job, held_after, phase_times
+from mindft.flow.ranks import RankRecord, RankState, RankTable
+from mindft.flow.states import (RECOVERY_STATES, TERMINAL_STATES, TRANSITIONS, Event, IllegalTransition, JobState,
+                                next_state)
+
+__all__ = ["ArmFault", "Broadcast", "Command", "DeviceFailed", "DeviceFaulty", "DeviceInput", "DeviceRecovered",
+           "DumpAndExit", "Effect", "Event", "Finish", "Follower", "Ignore", "IllegalTransition", "Job", "JobState",
+           "KillRank", "Leave", "Peer", "ProcessExited", "RECOVERY_STATES", "RankRecord", "RankState", "RankTable",
+           "Restore", "Resume", "Send", "Settle", "StopJob", "TERMINAL_STATES", "TRANSITIONS", "Transition",
+           "held_after", "next_state", "phase_times"]

@@ -1,0 +1,105 @@
+"""What the flow asks its shell to do, and the inputs it accepts besides wire messages.
+
+The core never performs I/O: every decision comes back as a list of these values, each with
+the reason as data, and the shell (``mindft.controller``) carries them out in order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from mindft.exitcodes import ExitCode
+from mindft.flow.states import JobState
+from mindft.protocol import Message
+
+Peer = bytes  # the shell's opaque address of a rank (a ZeroMQ identity)
+
+
+@dataclass(frozen=True)
+class Send:
+    """Send ``message`` to one peer."""
+
+    peer: Peer
+    message: Message
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """Send ``message`` to every peer in ``peers`` (the live ranks when it was decided)."""
+
+    peers: tuple[Peer, ...]
+    message: Message
+
+
+@dataclass(frozen=True)
+class KillRank:
+    """The process of ``rank`` (``pid``) is hung: kill it so it can be restarted."""
+
+    rank: int
+    pid: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Transition:
+    """The job moved from ``source`` to ``target`` (for logs and timelines)."""
+
+    source: JobState
+    target: JobState
+    reason: str
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The job is over: the controller exits with ``exit_code``."""
+
+    exit_code: ExitCode
+    reason: str
+
+
+Effect = Union[Send, Broadcast, KillRank, Transition, Finish]
+
+
+# ---- inputs that do not arrive as rank messages ------------------------------------------
+
+@dataclass(frozen=True)
+class DeviceFaulty:
+    """The device plugin took ``rank``'s chip into a reset episode: pause, wait for recovery."""
+
+    rank: int
+    error_code: str = ""
+    policy: str = ""
+
+
+@dataclass(frozen=True)
+class DeviceRecovered:
+    """``rank``'s chip is back (``recovered`` written, or its episode closed)."""
+
+    rank: int
+
+
+@dataclass(frozen=True)
+class DeviceFailed:
+    """``rank``'s chip cannot be recovered in place: the job fails with dying-gasp checkpoints."""
+
+    rank: int
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class StopJob:
+    """Stop every rank with dying-gasp checkpoints (Volcano's graceful exit, an operator)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class ProcessExited:
+    """The launcher saw ``rank``'s process (``pid``) exit with ``returncode``."""
+
+    rank: int
+    returncode: int
+    pid: int = 0
+
+
+DeviceInput = Union[DeviceFaulty, DeviceRecovered, DeviceFailed, StopJob]

@@ -1,0 +1,131 @@
+"""The rank side of the flow as a plain object: an action in, a command out.
+
+The processor's loop (``mindft.processor.Processor.follow``) is the only place that carries
+the commands out; the MindSpore session, the test ranks and the benchmarks all go through it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence, Union
+
+from mindft.protocol import Ack, Action, ActionKind, FaultKind, StepReport
+
+
+@dataclass(frozen=True)
+class Settle:
+    """Let the snapshot in flight finish, then acknowledge PAUSE with the steps held."""
+
+
+@dataclass(frozen=True)
+class Restore:
+    """Restore the snapshot of ``step`` in place, then acknowledge."""
+
+    step: int
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Acknowledge and continue training after ``step`` (restore it first if not there yet)."""
+
+    step: int
+
+
+@dataclass(frozen=True)
+class DumpAndExit:
+    """Write the dying-gasp checkpoint of ``step`` (-1: the newest held) and exit."""
+
+    step: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class ArmFault:
+    """Raise ``fault`` at the next step boundary (fault injection)."""
+
+    fault: FaultKind
+    detail: str
+
+
+@dataclass(frozen=True)
+class Leave:
+    """Every rank finished: close and return normally."""
+
+    step: int
+
+
+@dataclass(frozen=True)
+class Ignore:
+    """Nothing to do (an action of an abandoned round)."""
+
+    reason: str
+
+
+Command = Union[Settle, Restore, Resume, DumpAndExit, ArmFault, Leave, Ignore]
+
+
+class Follower:
+    """One rank's view of the flow: its progress, the recovery round, the slowest rank.
+
+    ``snapshot_every`` and ``keep`` (snapshots held) define the window: a rank may overwrite
+    its oldest snapshot by capturing ``step`` only once every rank has finished
+    ``step - (keep - 1) * snapshot_every``, so some step is always held by every rank.
+    """
+
+    def __init__(self, rank: int, snapshot_every: int = 1, keep: int = 2) -> None:
+        if snapshot_every < 1 or keep < 2:
+            raise ValueError(f"need snapshot_every >= 1 and keep >= 2, got {snapshot_every}, {keep}")
+        self.rank = rank
+        self.snapshot_every = snapshot_every
+        self.keep = keep
+        self.position = 0    # steps this rank has finished
+        self.slowest = 0     # the step every rank has finished, as last heard
+        self.round = 0
+        self.recovering = False
+
+    def is_capture_step(self, step: int) -> bool:
+        return step % self.snapshot_every == 0
+
+    def may_capture(self, step: int) -> bool:
+        """True when capturing ``step`` keeps a step that every rank holds."""
+        return self.slowest >= step - (self.keep - 1) * self.snapshot_every
+
+    def finished(self, step: int) -> StepReport:
+        """This rank finished ``step``: the fire-and-forget report to send."""
+        self.position = step
+        return StepReport(self.rank, step)
+
+    def on_progress(self, step: int) -> None:
+        if step > self.slowest:
+            self.slowest = step
+
+    def on_action(self, action: Action) -> Command:
+        """What ``action`` asks of this rank."""
+        kind = action.kind
+        if kind is ActionKind.INJECT_FAULT:
+            return ArmFault(action.fault or FaultKind.UCE, action.reason or "injected by the controller")
+        if kind is ActionKind.DUMP_AND_EXIT:
+            return DumpAndExit(action.step, action.reason)
+        if kind is ActionKind.FINISH:
+            return Leave(action.step)
+        if action.round < self.round:
+            return Ignore(f"{kind.name} of round {action.round}; the current round is {self.round}")
+        self.round = action.round
+        if kind is ActionKind.PAUSE:
+            self.recovering = True
+            return Settle()
+        if kind is ActionKind.ROLLBACK:
+            return Restore(action.step)
+        if kind is ActionKind.RESUME:
+            self.recovering = False
+            self.position = self.slowest = action.step
+            return Resume(action.step)
+        return Ignore(f"unexpected action {kind.name}")
+
+    def restored(self, step: int) -> None:
+        """The rank now stands at ``step`` (after a restore)."""
+        self.position = step
+
+    def ack(self, kind: ActionKind, step: int, held: Sequence[int]) -> Ack:
+        """The acknowledgement of ``kind`` for the current round."""
+        return Ack(self.rank, kind, step, tuple(sorted(held)), self.round)
+

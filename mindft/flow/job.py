@@ -1,0 +1,559 @@
+"""The controller's rules as a plain object: ``Job.handle/device/process_exit/tick`` → effects.
+
+    STARTING → NORMAL → PAUSING → REPAIRING → ROLLBACK → RESUMING → NORMAL
+    any recovery state → PAUSING on a further fault (a new round, the union of faults)
+    any non-terminal state → FAILED;  NORMAL → DONE
+
+There is no per-step barrier: ranks report each finished step without waiting, and the
+job broadcasts the slowest rank's progress when it rises. The step every rank rolls back
+to is decided only when a fault happens, from the snapshots the ranks say they hold once
+they have paused and settled (cf. MindIO's prelock, torchft's commit).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+from mindft.config import Timeouts
+from mindft.exitcodes import ExitCode
+from mindft.flow.effects import (Broadcast, DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered,
+                                 Effect, Finish, KillRank, Peer, ProcessExited, Send, StopJob, Transition)
+from mindft.flow.ranks import RankRecord, RankState, RankTable
+from mindft.flow.states import RECOVERY_STATES, TERMINAL_STATES, Event, JobState, next_state
+from mindft.protocol import (Ack, Action, ActionKind, DeviceEvent, DeviceStatus, Done, FaultKind, FaultReport,
+                             Heartbeat, InjectRequest, Message, Progress, ProcessExit, RankStatus, Register,
+                             RegisterAck, Reply, StatusReply, StatusRequest, StepReport)
+
+log = logging.getLogger(__name__)
+
+_S = JobState
+_ACK_FOR = {_S.PAUSING: ActionKind.PAUSE, _S.ROLLBACK: ActionKind.ROLLBACK, _S.RESUMING: ActionKind.RESUME}
+_TIMEOUT_NAME = {_S.STARTING: "register", _S.PAUSING: "pause", _S.REPAIRING: "repair",
+                 _S.ROLLBACK: "rollback", _S.RESUMING: "resume"}
+
+
+def held_after(progress: int, snapshot_every: int, keep: int = 2) -> frozenset[int]:
+    """The snapshot steps a rank that finished ``progress`` steps holds once settled."""
+    newest = progress - progress % snapshot_every
+    return frozenset(s for s in range(newest, newest - keep * snapshot_every, -snapshot_every) if s >= 0)
+
+
+@dataclass
+class Fault:
+    """Why one rank is part of the current recovery, and what it still waits for."""
+
+    kind: FaultKind
+    step: int
+    detail: str
+    device_pending: bool = False   # until the device plugin reports the chip recovered
+    process_pending: bool = False  # until a new incarnation registers
+
+    def describe(self, rank: int) -> str:
+        return f"rank {rank} {self.kind.name} in step {self.step}" + (f" ({self.detail})" if self.detail else "")
+
+
+@dataclass
+class Recovery:
+    """The recovery in progress (or the last one)."""
+
+    round: int = 0
+    started: float = 0.0
+    faults: dict[int, Fault] = field(default_factory=dict)
+    acked: set[int] = field(default_factory=set)
+    repair_step: int = -1
+
+
+class Job:
+    """The whole flow for one job of ``world_size`` ranks; every method takes ``now`` (seconds)."""
+
+    def __init__(self, world_size: int, timeouts: Timeouts, now: float, snapshot_every: int = 1) -> None:
+        if snapshot_every < 1:
+            raise ValueError(f"snapshot_every must be >= 1, got {snapshot_every}")
+        self.timeouts = timeouts
+        self.snapshot_every = snapshot_every
+        self.ranks = RankTable(world_size)
+        self.state = JobState.STARTING
+        self.recovery = Recovery()
+        self.recoveries: list[float] = []
+        self.history: list[tuple[JobState, float]] = [(self.state, now)]
+        self.result: Optional[Finish] = None
+        self.deadline = now + timeouts.register
+        self._next_beat = now
+        self._barrier_endpoints: dict[int, str] = {}
+        self._out: list[Effect] = []
+
+    # ---- inputs -----------------------------------------------------------------------------
+
+    def handle(self, peer: Peer, message: Message, now: float) -> list[Effect]:
+        """A message from a rank or a client."""
+        kind = type(message)
+        if kind is StepReport:
+            self._on_step(peer, message, now)
+        elif kind is Heartbeat:
+            self._sender(peer, message.rank, now, "heartbeat")
+        elif kind is Ack:
+            self._on_ack(peer, message, now)
+        elif kind is FaultReport:
+            record = self._sender(peer, message.rank, now, "fault report")
+            if record is not None:
+                self._add_fault(record, message.kind, message.step, message.detail, now)
+        elif kind is Register:
+            self._on_register(peer, message, now)
+        elif kind is Done:
+            self._on_done(peer, message, now)
+        elif kind is StatusRequest:
+            self._emit(Send(peer, self.status(now, message.request_id)))
+        elif kind is InjectRequest:
+            self._emit(Send(peer, self._inject(message)))
+        elif kind is ProcessExit:
+            ok, detail = self._process_exit(ProcessExited(message.rank, message.returncode, message.pid),
+                                            now, will_restart=message.will_restart)
+            self._emit(Send(peer, Reply(ok, detail, message.request_id)))
+        elif kind is DeviceEvent:
+            self._on_wire_device_event(peer, message, now)
+        else:
+            log.warning("dropped %s from peer %r: not addressed to the controller", kind.__name__, peer[:32])
+        return self._flush()
+
+    def device(self, event: DeviceInput, now: float) -> list[Effect]:
+        """A device event (from the reset-file watcher)."""
+        if self.state in TERMINAL_STATES:
+            return self._flush()
+        if isinstance(event, StopJob):
+            self._fail(f"stop requested: {event.reason}", now)
+            return self._flush()
+        record = self.ranks.get(event.rank)
+        if record is None:
+            log.warning("device event %s for rank %d, which has not registered: ignored",
+                        type(event).__name__, event.rank)
+        elif isinstance(event, DeviceFaulty):
+            self._add_fault(record, FaultKind.DEVICE_RESET, record.progress + 1,
+                            f"device plugin: error {event.error_code or '?'} policy {event.policy or '?'}",
+                            now, device=True)
+        elif isinstance(event, DeviceRecovered):
+            fault = self.recovery.faults.get(event.rank)
+            if fault is not None and fault.device_pending:
+                fault.device_pending = False
+                log.info("rank=%d device recovered", event.rank)
+                self._advance(now)
+        elif isinstance(event, DeviceFailed):
+            self._fail(f"device of rank {event.rank} could not be recovered "
+                       f"({event.reason or 'no reason given'})", now)
+        return self._flush()
+
+    def process_exit(self, event: ProcessExited, now: float, will_restart: bool = True) -> list[Effect]:
+        """The launcher saw a rank's process exit; ``will_restart`` says whether a new one follows."""
+        self._process_exit(event, now, will_restart)
+        return self._flush()
+
+    def tick(self, now: float) -> list[Effect]:
+        """Heartbeats, hang detection and phase deadlines due at ``now``."""
+        if self.state in TERMINAL_STATES:
+            return self._flush()
+        if now >= self._next_beat:
+            self._next_beat = now + self.timeouts.heartbeat_interval
+            self._emit(Broadcast(self.ranks.peers(), Heartbeat(-1, 0, self.ranks.slowest)))
+            if self.state is not _S.STARTING:
+                dead_after = self.timeouts.dead_after
+                for record in self.ranks.silent(now, dead_after):
+                    if self.state in TERMINAL_STATES:
+                        break
+                    self._emit(KillRank(record.rank, record.pid, f"no message for {now - record.last_seen:.2f} s "
+                                                                  f"(timeouts.dead_after={dead_after:g} s)"))
+                    self._add_fault(record, FaultKind.HANG, record.progress + 1,
+                                    f"silent for {now - record.last_seen:.2f} s", now, dead=True)
+        if self.state not in TERMINAL_STATES and now >= self.deadline:
+            self._phase_timeout(now)
+        return self._flush()
+
+    def next_wakeup(self) -> float:
+        """When :meth:`tick` must be called next (inf once the job ended)."""
+        if self.state in TERMINAL_STATES:
+            return math.inf
+        return min(self._next_beat, self.deadline)
+
+    def status(self, now: float, request_id: int = 0) -> StatusReply:
+        """The job as ``mindft status`` shows it."""
+        rows = tuple(RankStatus(rank=r.rank, state=r.state.value, step=r.progress,
+                                last_heartbeat_age=round(max(0.0, now - r.last_seen), 3), restarts=r.restarts,
+                                pid=r.pid, incarnation=r.incarnation, replica_endpoint=r.replica_endpoint)
+                     for r in sorted(self.ranks, key=lambda r: r.rank))
+        if self.result is not None:
+            reason = self.result.reason
+        else:
+            reason = self._fault_summary() if self.state in RECOVERY_STATES else ""
+        return StatusReply(state=self.state.value, step=self.ranks.slowest, ranks=rows, reason=reason,
+                           round=self.recovery.round, recoveries=len(self.recoveries), request_id=request_id)
+
+    # ---- rank messages ----------------------------------------------------------------------
+
+    def _sender(self, peer: Peer, rank: int, now: float, what: str) -> Optional[RankRecord]:
+        record = self.ranks.get(rank)
+        if record is None or record.peer != peer:
+            log.warning("dropped %s for rank %d from peer %r: not its registered incarnation", what, rank, peer[:32])
+            return None
+        if not record.alive:
+            return None
+        record.last_seen = now
+        return record
+
+    def _on_step(self, peer: Peer, message: StepReport, now: float) -> None:
+        record = self._sender(peer, message.rank, now, "step report")
+        if record is not None and self.ranks.advance(record, message.step) and self.state is _S.NORMAL:
+            self._emit(Broadcast(self.ranks.peers(), Progress(self.ranks.slowest)))
+
+    def _on_register(self, peer: Peer, message: Register, now: float) -> None:
+        rank, world = message.rank, self.ranks.world_size
+        if not 0 <= rank < world:
+            log.warning("dropped register from rank %d: outside 0..%d", rank, world - 1)
+            return
+        old = self.ranks.get(rank)
+        if old is not None and message.incarnation < old.incarnation:
+            log.warning("dropped register from rank %d incarnation %d: older than %d", rank,
+                        message.incarnation, old.incarnation)
+            return
+        if old is not None and message.incarnation == old.incarnation and old.alive:
+            # The same process reconnected (Paranoid Pirate retry): refresh and answer, no fault.
+            self.ranks.rebind(old, peer)
+            old.last_seen, old.pid = now, message.pid
+            if self.state is not _S.STARTING:
+                self._emit(Send(peer, self._register_ack()))
+            return
+        restarts = message.incarnation if old is None else old.restarts + (message.incarnation > old.incarnation)
+        record = RankRecord(rank=rank, peer=peer, incarnation=message.incarnation, pid=message.pid,
+                            replica_endpoint=message.replica_endpoint, held=tuple(message.held_steps),
+                            last_seen=now, restarts=restarts,
+                            progress=max(message.held_steps, default=0))
+        self.ranks.add(record)
+        log.info("rank=%d registered incarnation=%d pid=%d held=%s state=%s", rank, message.incarnation,
+                 message.pid, list(message.held_steps), self.state.value)
+        if self.state is _S.STARTING:
+            if self.ranks.complete:
+                self._start_training(now)
+            return
+        if self.state is _S.FAILED:
+            self._emit(Send(peer, Action(ActionKind.DUMP_AND_EXIT, -1, reason=self.result.reason,
+                                         round=self.recovery.round)))
+            return
+        if self.state is _S.DONE:
+            self._emit(Send(peer, Action(ActionKind.FINISH, self.ranks.slowest, round=self.recovery.round)))
+            return
+        record.state = RankState.PAUSED  # a fresh process waits for ROLLBACK
+        self._emit(Send(peer, self._register_ack()))
+        fault = self.recovery.faults.get(rank) if self.state in RECOVERY_STATES else None
+        if fault is None:
+            # The launcher restarted a rank before we noticed it died: a fault too,
+            # already repaired by this registration.
+            self._add_fault(record, FaultKind.PROCESS_DIED, old.progress + 1 if old else 0,
+                            f"re-registered as incarnation {message.incarnation}", now)
+        else:
+            fault.process_pending = False
+            if fault.kind is FaultKind.HANG:
+                fault.kind = FaultKind.PROCESS_DIED
+            log.info("rank=%d restarted (incarnation %d): %s repaired", rank, message.incarnation, fault.kind.name)
+            if self.state in (_S.ROLLBACK, _S.RESUMING):
+                # The new process missed this round's ROLLBACK: run the round again.
+                self._enter_pausing(f"rank {rank} restarted during {self.state.value}", now)
+        # Register carries the new process's held steps: it counts as its PAUSE acknowledgement.
+        record.held_round = self.recovery.round
+        self.recovery.acked.add(rank)
+        self._advance(now)
+
+    def _register_ack(self) -> RegisterAck:
+        endpoints = {r.rank: r.replica_endpoint for r in sorted(self.ranks, key=lambda r: r.rank)}
+        return RegisterAck(world_size=self.ranks.world_size, endpoints=endpoints, state=self.state.value,
+                           step=self.ranks.slowest)
+
+    def _start_training(self, now: float) -> None:
+        self._move(Event.ALL_REGISTERED, f"all {self.ranks.world_size} ranks registered", now)
+        self._barrier_endpoints = {r.rank: r.replica_endpoint for r in self.ranks}
+        self.deadline = math.inf
+        for record in self.ranks:
+            record.state, record.last_seen = RankState.RUNNING, now
+        self._emit(Broadcast(self.ranks.peers(), self._register_ack()))
+
+    def _on_done(self, peer: Peer, message: Done, now: float) -> None:
+        record = self._sender(peer, message.rank, now, "done")
+        if record is None or record.state is RankState.DONE:
+            return
+        self.ranks.advance(record, message.step)
+        if self.state in RECOVERY_STATES:
+            # Finishing in the middle of a recovery means it did not see PAUSE yet: it will.
+            return
+        record.state = RankState.DONE
+        log.info("rank=%d done at step %d", record.rank, message.step)
+        self._check_done(now)
+
+    def _check_done(self, now: float) -> None:
+        if self.state is not _S.NORMAL or any(r.state is not RankState.DONE for r in self.ranks):
+            return
+        reason = (f"all {self.ranks.world_size} ranks finished at step {self.ranks.slowest}; "
+                  f"{len(self.recoveries)} recoveries")
+        self._emit(Broadcast(self.ranks.peers(), Action(ActionKind.FINISH, self.ranks.slowest,
+                                                        round=self.recovery.round)))
+        self._move(Event.ALL_DONE, reason, now)
+        self._finish(ExitCode.OK, reason)
+
+    def _on_ack(self, peer: Peer, message: Ack, now: float) -> None:
+        record = self._sender(peer, message.rank, now, f"{message.action.name} ack")
+        if record is None:
+            return
+        rec = self.recovery
+        if message.round != rec.round or message.action is not _ACK_FOR.get(self.state):
+            log.info("rank=%d %s ack of round %d ignored in %s round %d", record.rank, message.action.name,
+                     message.round, self.state.value, rec.round)
+            return
+        if self.state is _S.ROLLBACK and message.step != rec.repair_step:
+            log.warning("rank=%d restored step %d, expected %d; ignored", record.rank, message.step,
+                        rec.repair_step)
+            return
+        if message.action is ActionKind.PAUSE:
+            record.held = tuple(message.held_steps)
+            record.held_round = rec.round
+            if record.state is not RankState.FAULTY:
+                record.state = RankState.PAUSED
+        elif message.action is ActionKind.ROLLBACK:
+            record.state = RankState.RESTORED
+        else:
+            record.state = RankState.RESUMED
+        rec.acked.add(record.rank)
+        self._advance(now)
+
+    def _inject(self, message: InjectRequest) -> Reply:
+        record = self.ranks.get(message.rank)
+        rid = message.request_id
+        if record is None or not record.alive:
+            return Reply(False, f"rank {message.rank} is not registered and running", rid)
+        if self.state is not _S.NORMAL:
+            return Reply(False, f"the job is {self.state.value}, not NORMAL; inject when it trains", rid)
+        self._emit(Send(record.peer, Action(ActionKind.INJECT_FAULT, record.progress, reason=message.detail,
+                                            fault=message.fault, round=self.recovery.round)))
+        return Reply(True, f"rank {message.rank} will raise {message.fault.name} at its next step boundary", rid)
+
+    def _process_exit(self, event: ProcessExited, now: float, will_restart: bool) -> tuple[bool, str]:
+        record = self.ranks.get(event.rank)
+        if record is None:
+            return False, f"rank {event.rank} never registered"
+        if event.pid and record.pid and event.pid != record.pid:
+            return True, f"pid {event.pid} is not rank {event.rank}'s current process"
+        if self.state in TERMINAL_STATES:
+            return True, "job already ended"
+        if event.returncode in (ExitCode.DUMPED, ExitCode.DUMP_FAILED) or not will_restart:
+            record.state = RankState.DEAD
+            self._fail(f"rank {event.rank} (pid {event.pid}) exited with code {event.returncode} "
+                       f"and will not be restarted", now)
+            return True, f"rank {event.rank} lost: job failed"
+        self._add_fault(record, FaultKind.PROCESS_DIED, record.progress + 1,
+                        f"process {event.pid} exited with code {event.returncode}", now, dead=True)
+        return True, f"rank {event.rank} marked dead"
+
+    def _on_wire_device_event(self, peer: Peer, message: DeviceEvent, now: float) -> None:
+        if not 0 <= message.rank < self.ranks.world_size:
+            self._emit(Send(peer, Reply(False, f"no rank {message.rank}", message.request_id)))
+            return
+        event: DeviceInput
+        if message.status is DeviceStatus.FAULTY:
+            event = DeviceFaulty(message.rank, message.error_code, message.policy)
+        elif message.status is DeviceStatus.RECOVERED:
+            event = DeviceRecovered(message.rank)
+        else:
+            event = DeviceFailed(message.rank, message.reason)
+        effects = self.device(event, now)  # flushes: keep them in order before the reply
+        self._out.extend(effects)
+        self._emit(Send(peer, Reply(True, f"{message.status.value} event for rank {message.rank}",
+                                    message.request_id)))
+
+    # ---- the recovery -----------------------------------------------------------------------
+
+    def _add_fault(self, record: RankRecord, kind: FaultKind, step: int, detail: str, now: float, *,
+                   dead: bool = False, device: bool = False) -> None:
+        state, rank = self.state, record.rank
+        if state in TERMINAL_STATES:
+            return
+        if dead:
+            record.state = RankState.DEAD
+        elif record.alive:
+            record.state = RankState.FAULTY
+        if state is _S.STARTING:
+            self._fail(f"rank {rank} {kind.name} before every rank registered: {detail}", now, Event.FAULT)
+            return
+        rec = self.recovery
+        if state is _S.NORMAL:
+            rec.faults.clear()
+            rec.started = now
+        log.warning("rank=%d fault %s in step %d in state %s: %s", rank, kind.name, step, state.value, detail)
+        fault = rec.faults.get(rank)
+        if fault is None:
+            rec.faults[rank] = fault = Fault(kind, step, detail, device_pending=device, process_pending=dead)
+            restart = True  # a new fault always (re)starts the recovery with the union of faults
+        else:
+            # Already part of this recovery: record what else it needs; start a new round only
+            # if the flow was already past the point where that need is waited for.
+            restart = not dead and not device and state in (_S.ROLLBACK, _S.RESUMING)
+            if dead:
+                restart = restart or not fault.process_pending
+                fault.process_pending = True
+                if kind is FaultKind.PROCESS_DIED or fault.kind is not FaultKind.DEVICE_RESET:
+                    fault.kind = kind
+            if device and not fault.device_pending:
+                fault.device_pending = True
+                fault.kind = FaultKind.DEVICE_RESET
+                restart = restart or state not in (_S.PAUSING, _S.REPAIRING)
+        if restart:
+            self._enter_pausing(fault.describe(rank), now)
+        else:
+            self._advance(now)
+
+    def _enter_pausing(self, why: str, now: float) -> None:
+        rec = self.recovery
+        self._move(Event.FAULT, why, now)
+        rec.round += 1
+        rec.acked = set()
+        rec.repair_step = -1
+        self.deadline = now + self.timeouts.pause
+        self._emit(Broadcast(self.ranks.peers(), Action(ActionKind.PAUSE, self.ranks.slowest, reason=why,
+                                                        round=rec.round)))
+        self._advance(now)
+
+    def _expected(self) -> set[int]:
+        """Ranks whose acknowledgement the current phase waits for."""
+        if self.state is _S.PAUSING:
+            return {r.rank for r in self.ranks if r.alive}
+        return {r.rank for r in self.ranks}
+
+    def _advance(self, now: float) -> None:
+        """Move forward through the recovery states as far as the rank table allows."""
+        rec = self.recovery
+        while self.state in RECOVERY_STATES:
+            state = self.state
+            if state in _ACK_FOR and not self._expected() <= rec.acked:
+                return
+            if state is _S.PAUSING:
+                self._move(Event.ALL_PAUSED, "every live rank paused", now)
+                self.deadline = now + self.timeouts.repair
+            elif state is _S.REPAIRING:
+                # A live rank whose fault needs nothing external (UCE, COMMUNICATION, UNKNOWN)
+                # is repaired as soon as it waits; devices and lost processes are waited for.
+                if any(f.device_pending or f.process_pending for f in rec.faults.values()):
+                    return
+                if any(not r.alive for r in self.ranks):
+                    return
+                step = self._common_step(exact=True)
+                if step < 0:
+                    self._fail("no step is held by every rank, cannot roll back ("
+                               + "; ".join(f"rank {r.rank} holds {list(r.held)}" for r in self.ranks) + ")", now)
+                    return
+                rec.repair_step = step
+                self._move(Event.REPAIRED, f"every rank holds step {step}", now)
+                rec.acked = set()
+                self.deadline = now + self.timeouts.rollback
+                self._emit(Broadcast(self.ranks.peers(), Action(ActionKind.ROLLBACK, step,
+                                                                endpoints=self._changed_endpoints(),
+                                                                round=rec.round)))
+            elif state is _S.ROLLBACK:
+                self._move(Event.ALL_RESTORED, f"every rank restored step {rec.repair_step}", now)
+                rec.acked = set()
+                self.ranks.reset_progress(rec.repair_step)
+                self.deadline = now + self.timeouts.resume
+                self._emit(Broadcast(self.ranks.peers(), Action(ActionKind.RESUME, rec.repair_step,
+                                                                endpoints=self._changed_endpoints(),
+                                                                round=rec.round)))
+            else:  # RESUMING, every rank acknowledged
+                self._finish_recovery(now)
+
+    def _finish_recovery(self, now: float) -> None:
+        rec = self.recovery
+        summary = self._fault_summary()
+        self._move(Event.ALL_RESUMED, f"every rank resumed after step {rec.repair_step}", now)
+        self.deadline = math.inf
+        for record in self.ranks:
+            record.state, record.last_seen = RankState.RUNNING, now
+        self.recoveries.append(now - rec.started)
+        log.info("recovery %d done in %.3f s: %s; resumed after step %d", len(self.recoveries),
+                 now - rec.started, summary, rec.repair_step)
+        rec.faults.clear()
+
+    def _common_step(self, exact: bool) -> int:
+        """The newest step every rank holds (-1: none).
+
+        ``exact`` uses only what the ranks reported this round; otherwise a rank that did not
+        report is assumed to hold what its progress implies.
+        """
+        common: Optional[frozenset[int]] = None
+        for record in self.ranks:
+            if exact or record.held_round == self.recovery.round:
+                held = frozenset(record.held)
+            else:
+                held = held_after(record.progress, self.snapshot_every)
+            common = held if common is None else common & held
+        return max(common) if common else -1
+
+    def _changed_endpoints(self) -> dict[int, str]:
+        """Replica endpoints that differ from the start barrier's map (restarted ranks)."""
+        return {r.rank: r.replica_endpoint for r in self.ranks
+                if self._barrier_endpoints.get(r.rank) != r.replica_endpoint}
+
+    def _fault_summary(self) -> str:
+        return "; ".join(f.describe(r) for r, f in sorted(self.recovery.faults.items())) or "none"
+
+    def _phase_timeout(self, now: float) -> None:
+        state, rec = self.state, self.recovery
+        name = _TIMEOUT_NAME.get(state)
+        if name is None:
+            self.deadline = math.inf
+            return
+        limit = getattr(self.timeouts, name)
+        if state is _S.STARTING:
+            waiting = f"rank(s) {self.ranks.missing()} never registered"
+        elif state is _S.REPAIRING:
+            waiting = ", ".join(f"rank {r} ({'device not recovered' if f.device_pending else 'not re-registered'})"
+                                for r, f in sorted(rec.faults.items()) if f.device_pending or f.process_pending)
+        else:
+            waiting = ", ".join(f"rank {r}" for r in sorted(self._expected() - rec.acked))
+        self._fail(f"{state.value} timed out after {limit:g} s (timeouts.{name}): waiting for "
+                   f"{waiting or 'nothing'}", now, Event.TIMEOUT)
+
+    def _fail(self, reason: str, now: float, event: Event = Event.UNRECOVERABLE) -> None:
+        if self.state in TERMINAL_STATES:
+            return
+        step = self._common_step(exact=False)
+        faults = self._fault_summary() if self.recovery.faults else ""
+        reason = (f"{reason}; every rank dumps " + (f"step {step}" if step >= 0 else "its newest snapshot")
+                  + (f"; faults: {faults}" if faults else ""))
+        self._move(event, reason, now)
+        self._emit(Broadcast(self.ranks.peers(), Action(ActionKind.DUMP_AND_EXIT, step, reason=reason,
+                                                        round=self.recovery.round)))
+        self._finish(ExitCode.FAILED, reason)
+
+    def _finish(self, code: ExitCode, reason: str) -> None:
+        self.deadline = math.inf
+        self.result = Finish(code, reason)
+        self._emit(self.result)
+
+    # ---- bookkeeping ------------------------------------------------------------------------
+
+    def _move(self, event: Event, reason: str, now: float) -> None:
+        source = self.state
+        self.state = next_state(source, event)
+        self.history.append((self.state, now))
+        del self.history[:-256]
+        self._emit(Transition(source, self.state, reason))
+
+    def _emit(self, effect: Effect) -> None:
+        self._out.append(effect)
+
+    def _flush(self) -> list[Effect]:
+        out, self._out = self._out, []
+        return out
+
+
+def phase_times(history: list[tuple[JobState, float]], since: float) -> dict[str, float]:
+    """Seconds spent in each state from ``since`` on (for logs and benchmarks)."""
+    marks = [(state, at) for state, at in history if at >= since]
+    phases: dict[str, float] = {}
+    for (state, at), (_, until) in zip(marks, marks[1:]):
+        phases[state.value] = phases.get(state.value, 0.0) + (until - at)
+    return phases
+

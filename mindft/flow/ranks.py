@@ -1,0 +1,133 @@
+"""The rank table: who registered with which incarnation, who is alive, how far each got.
+
+Liveness is judged from the ``now`` the caller passes; nothing here reads a clock.
+"""
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+from mindft.flow.effects import Peer
+
+
+class RankState(str, enum.Enum):
+    """The controller's view of one rank."""
+
+    REGISTERED = "registered"  # waiting at the start barrier
+    RUNNING = "running"
+    FAULTY = "faulty"          # alive, reported or caused a fault, waiting
+    DEAD = "dead"              # hung or exited; needs a new incarnation
+    PAUSED = "paused"
+    RESTORED = "restored"
+    RESUMED = "resumed"
+    DONE = "done"              # finished training, waiting for the others
+
+
+@dataclass
+class RankRecord:
+    """One rank's current incarnation."""
+
+    rank: int
+    peer: Peer
+    incarnation: int
+    pid: int
+    replica_endpoint: str
+    held: tuple[int, ...]
+    last_seen: float
+    state: RankState = RankState.REGISTERED
+    progress: int = 0   # the last step it reported finished
+    restarts: int = 0
+    held_round: int = -1  # the recovery round in which ``held`` was reported
+
+    @property
+    def alive(self) -> bool:
+        return self.state is not RankState.DEAD
+
+
+class RankTable:
+    """Every rank's record, plus the slowest rank's progress kept in O(1) per report."""
+
+    def __init__(self, world_size: int) -> None:
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        self.world_size = world_size
+        self._records: dict[int, RankRecord] = {}
+        self._by_peer: dict[Peer, int] = {}
+        self._at: Counter[int] = Counter()  # progress -> number of ranks there
+        self.slowest = 0
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __iter__(self) -> Iterator[RankRecord]:
+        return iter(self._records.values())
+
+    def get(self, rank: int) -> Optional[RankRecord]:
+        return self._records.get(rank)
+
+    def by_peer(self, peer: Peer) -> Optional[RankRecord]:
+        rank = self._by_peer.get(peer)
+        return None if rank is None else self._records[rank]
+
+    @property
+    def complete(self) -> bool:
+        return len(self._records) == self.world_size
+
+    def missing(self) -> list[int]:
+        return [r for r in range(self.world_size) if r not in self._records]
+
+    def peers(self) -> tuple[Peer, ...]:
+        """Peers of the live ranks (broadcast targets)."""
+        return tuple(r.peer for r in self._records.values() if r.alive)
+
+    def add(self, record: RankRecord) -> Optional[RankRecord]:
+        """Insert or replace ``record.rank``'s record; returns the one it replaced."""
+        old = self._records.get(record.rank)
+        if old is not None:
+            self._by_peer.pop(old.peer, None)
+            self._count(old.progress, -1)
+        self._records[record.rank] = record
+        self._by_peer[record.peer] = record.rank
+        self._count(record.progress, +1)
+        return old
+
+    def rebind(self, record: RankRecord, peer: Peer) -> None:
+        """The same incarnation reconnected under a new peer address."""
+        self._by_peer.pop(record.peer, None)
+        record.peer = peer
+        self._by_peer[peer] = record.rank
+
+    def advance(self, record: RankRecord, step: int) -> bool:
+        """Record that ``record`` finished ``step``; True when the slowest rank's progress rose."""
+        if step <= record.progress:
+            return False
+        self._count(record.progress, -1)
+        record.progress = step
+        self._count(step, +1)
+        return self._settle_slowest()
+
+    def reset_progress(self, step: int) -> None:
+        """After a rollback every rank is at ``step``."""
+        self._at = Counter({step: len(self._records)})
+        for record in self._records.values():
+            record.progress = step
+        self.slowest = step
+
+    def silent(self, now: float, dead_after: float) -> list[RankRecord]:
+        """Live ranks not heard from for longer than ``dead_after``."""
+        return [r for r in self._records.values() if r.alive and now - r.last_seen > dead_after]
+
+    def _count(self, step: int, delta: int) -> None:
+        self._at[step] += delta
+        if self._at[step] <= 0:
+            del self._at[step]
+        if delta > 0 and (step < self.slowest or len(self._records) == 0):
+            self.slowest = step
+
+    def _settle_slowest(self) -> bool:
+        if not self.complete or self.slowest in self._at:
+            return False
+        before, self.slowest = self.slowest, min(self._at)
+        return self.slowest > before
