@@ -17,13 +17,13 @@ import logging
 import os
 import threading
 import time
-from typing import NoReturn, Optional, Protocol, Sequence
+from typing import Optional, Sequence
 
 import zmq
 
 from mindft import channel
 from mindft.config import MindftConfig
-from mindft.flow import ArmFault, DumpAndExit, Follower, Ignore, Leave, Restore, Resume, Settle
+from mindft.flow import Finished, Follower, RankHooks, Resumed
 from mindft.keys import CurveKeys, job_keys
 from mindft.protocol import (Action, ActionKind, Done, FaultKind, FaultReport, Heartbeat, Message, Progress,
                              ProtocolError, Register, RegisterAck, decode, encode)
@@ -37,25 +37,6 @@ _pipe_ids = itertools.count()
 
 class ProcessorError(RuntimeError):
     """The controller is unreachable, or the processor was used after close()."""
-
-
-class RankHooks(Protocol):
-    """What a rank does when the flow asks (the session's snapshots, or a test rank's)."""
-
-    def settle(self) -> Sequence[int]:
-        """Finish the snapshot in flight; return the steps held."""
-
-    def restore(self, step: int) -> Sequence[int]:
-        """Put the state of ``step`` back in place; return the steps held."""
-
-    def resume(self, step: int) -> None:
-        """Training goes on after ``step`` once this returns."""
-
-    def arm(self, fault: FaultKind, detail: str) -> None:
-        """Raise ``fault`` at the next step boundary."""
-
-    def dump_and_exit(self, step: int, reason: str) -> NoReturn:
-        """Write the dying-gasp checkpoint of ``step`` (-1: newest) and exit the process."""
 
 
 class Processor:
@@ -186,40 +167,23 @@ class Processor:
         was armed outside a recovery or the job finished (:attr:`finished_job` tells which).
         ``hooks.dump_and_exit`` ends the process on DUMP_AND_EXIT.
         """
-        follower = self.follower
         while True:
             if action is None:
                 try:
                     action = self.wait_action()
                 except ProcessorError as error:
                     hooks.dump_and_exit(-1, f"lost the controller: {error}")
-            command = follower.on_action(action)
             log.info("rank=%d %s step=%d round=%d", self.rank, action.kind.name, action.step, action.round)
-            kind = type(command)
-            if kind is Settle:
-                self._send(follower.ack(ActionKind.PAUSE, follower.position, hooks.settle()))
-            elif kind is Restore:
-                held = hooks.restore(command.step)
-                follower.restored(command.step)
-                self._send(follower.ack(ActionKind.ROLLBACK, command.step, held))
-            elif kind is Resume:
-                if follower.position != command.step:  # joined after this round's ROLLBACK
-                    hooks.restore(command.step)
-                hooks.resume(command.step)
-                follower.restored(command.step)
-                self._send(follower.ack(ActionKind.RESUME, command.step, ()))
-                return command.step
-            elif kind is DumpAndExit:
-                hooks.dump_and_exit(command.step, command.reason)
-            elif kind is ArmFault:
-                hooks.arm(command.fault, command.detail)
-                if not follower.recovering:
-                    return None
-            elif kind is Leave:
+            ack, outcome = self.follower.obey(action, hooks)
+            if ack is not None:
+                self._send(ack)
+            if isinstance(outcome, Resumed):
+                return outcome.step
+            if isinstance(outcome, Finished):
                 self.finished_job = True
                 return None
-            elif kind is Ignore:
-                log.info("rank=%d %s", self.rank, command.reason)
+            if outcome is not None:
+                return None
             action = None
 
     def finish(self, step: int, hooks: RankHooks) -> Optional[int]:

@@ -10,7 +10,7 @@ from mindft import protocol
 from mindft.protocol import (MAX_FRAME, MESSAGE_TYPES, PROTOCOL_VERSION, Ack, Action, ActionKind,
                              DeviceEvent, DeviceStatus, Done, FaultKind, FaultReport, Heartbeat,
                              InjectRequest, ProcessExit, ProtocolError, RankStatus, Register,
-                             RegisterAck, Reply, StatusReply, StatusRequest, StepPhase, StepReport,
+                             Progress, RegisterAck, Reply, StatusReply, StatusRequest, StepReport,
                              decode, encode)
 
 SAMPLES = [
@@ -18,21 +18,23 @@ SAMPLES = [
     Register(rank=0, incarnation=0, pid=1),
     RegisterAck(world_size=2, endpoints={0: "tcp://a:1", 1: "tcp://b:2"}, state="NORMAL", step=5),
     Heartbeat(rank=-1, incarnation=0, step=-1),
-    StepReport(rank=1, step=9, phase=StepPhase.STARTED),
-    StepReport(rank=1, step=9, phase=StepPhase.FINISHED),
+    StepReport(rank=1, step=9),
+    Progress(step=8),
     FaultReport(rank=2, step=10, kind=FaultKind.UCE, detail="0x80E01801 on device 2"),
     Action(kind=ActionKind.ROLLBACK, step=8, reason="", endpoints={3: "tcp://c:3"}, round=4),
     Action(kind=ActionKind.INJECT_FAULT, step=1, fault=FaultKind.DEVICE_RESET),
     Action(kind=ActionKind.DUMP_AND_EXIT, reason="PAUSING timed out ✗"),
+    Action(kind=ActionKind.FINISH, step=100, round=1),
     Ack(rank=0, action=ActionKind.PAUSE, step=8, held_steps=(7, 8), round=4),
     Done(rank=1, step=100),
     StatusRequest(),
+    StatusRequest(request_id=12345),
     StatusReply(state="REPAIRING", step=8, ranks=(RankStatus(0, "paused", 8, 0.25, 0, 11),
                                                   RankStatus(1, "dead", 9, 3.5, 1, 12, incarnation=1)),
-                reason="rank 1 HANG at step 9", round=2),
+                reason="rank 1 HANG at step 9", round=2, recoveries=1, request_id=12345),
     DeviceEvent(rank=1, status=DeviceStatus.FAULTY, error_code="0x80E01801", policy="reset"),
     InjectRequest(rank=0, fault=FaultKind.COMMUNICATION, detail="test"),
-    ProcessExit(rank=1, returncode=-9, pid=77),
+    ProcessExit(rank=1, returncode=-9, pid=77, will_restart=False, request_id=3),
     Reply(ok=False, detail="no rank 9"),
 ]
 
@@ -138,6 +140,6 @@ def test_enum_values_are_stable_wire_names() -> None:
     # These strings are the wire format: changing one is a protocol version bump.
     assert [k.value for k in FaultKind] == ["device_reset", "uce", "communication", "process_died",
                                             "hang", "unknown"]
-    assert [k.value for k in ActionKind] == ["pause", "rollback", "resume", "commit",
-                                             "dump_and_exit", "inject_fault"]
-    assert protocol.PROTOCOL_VERSION == 1
+    assert [k.value for k in ActionKind] == ["pause", "rollback", "resume", "dump_and_exit",
+                                             "inject_fault", "finish"]
+    assert protocol.PROTOCOL_VERSION == 2

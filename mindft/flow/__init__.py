@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from mindft.flow.effects import (Broadcast, DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, Effect,
                                  Finish, KillRank, Peer, ProcessExited, Send, StopJob, Transition)
-from mindft.flow.follower import (ArmFault, Command, DumpAndExit, Follower, Ignore, Leave, Restore, Resume,
-                                  Settle)
+from mindft.flow.follower import (ArmFault, Armed, Command, DumpAndExit, Finished, Follower, Ignore, Leave,
+                                  Outcome, RankHooks, Restore, Resume, Resumed, Settle)
 from mindft.flow.job import Job, held_after, phase_times
 from mindft.flow.ranks import RankRecord, RankState, RankTable
 from mindft.flow.states import (RECOVERY_STATES, TERMINAL_STATES, TRANSITIONS, Event, IllegalTransition, JobState,
                                 next_state)
 
-__all__ = ["ArmFault", "Broadcast", "Command", "DeviceFailed", "DeviceFaulty", "DeviceInput", "DeviceRecovered",
+__all__ = ["Armed", "Finished", "Outcome", "RankHooks", "Resumed", "ArmFault", "Broadcast", "Command", "DeviceFailed", "DeviceFaulty", "DeviceInput", "DeviceRecovered",
            "DumpAndExit", "Effect", "Event", "Finish", "Follower", "Ignore", "IllegalTransition", "Job", "JobState",
            "KillRank", "Leave", "Peer", "ProcessExited", "RECOVERY_STATES", "RankRecord", "RankState", "RankTable",
            "Restore", "Resume", "Send", "Settle", "StopJob", "TERMINAL_STATES", "TRANSITIONS", "Transition",

@@ -1,12 +1,14 @@
 """The rank side of the flow as a plain object: an action in, a command out.
 
-The processor's loop (``mindft.processor.Processor.follow``) is the only place that carries
-the commands out; the MindSpore session, the test ranks and the benchmarks all go through it.
+:meth:`Follower.obey` carries a command out through the rank's :class:`RankHooks` and says
+whether training may go on. The processor (``mindft.processor.Processor.follow``) feeds it
+actions from the socket; the simulated jobs of the tests feed it from queues. The MindSpore
+session, the test ranks and the benchmarks are all RankHooks.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence, Union
+from typing import NoReturn, Optional, Protocol, Sequence, Union
 
 from mindft.protocol import Ack, Action, ActionKind, FaultKind, StepReport
 
@@ -61,6 +63,45 @@ class Ignore:
 
 
 Command = Union[Settle, Restore, Resume, DumpAndExit, ArmFault, Leave, Ignore]
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """Outcome: the recovery is over; train on after ``step``."""
+
+    step: int
+
+
+@dataclass(frozen=True)
+class Armed:
+    """Outcome: an injected fault is armed; train on (it fires at the next step boundary)."""
+
+
+@dataclass(frozen=True)
+class Finished:
+    """Outcome: every rank finished; leave."""
+
+
+Outcome = Union[Resumed, Armed, Finished]
+
+
+class RankHooks(Protocol):
+    """What a rank does when the flow asks (the session's snapshots, or a test rank's)."""
+
+    def settle(self) -> Sequence[int]:
+        """Finish the snapshot in flight; return the steps held."""
+
+    def restore(self, step: int) -> Sequence[int]:
+        """Put the state of ``step`` back in place; return the steps held."""
+
+    def resume(self, step: int) -> None:
+        """Training goes on after ``step`` once this returns."""
+
+    def arm(self, fault: FaultKind, detail: str) -> None:
+        """Raise ``fault`` at the next step boundary."""
+
+    def dump_and_exit(self, step: int, reason: str) -> NoReturn:
+        """Write the dying-gasp checkpoint of ``step`` (-1: newest) and end the process."""
 
 
 class Follower:
@@ -121,11 +162,32 @@ class Follower:
             return Resume(action.step)
         return Ignore(f"unexpected action {kind.name}")
 
-    def restored(self, step: int) -> None:
-        """The rank now stands at ``step`` (after a restore)."""
-        self.position = step
+    def obey(self, action: Action, hooks: RankHooks) -> tuple[Optional[Ack], Optional[Outcome]]:
+        """Carry ``action`` out through ``hooks``: the acknowledgement to send (if any), and the
+        outcome (None: keep waiting for the next action)."""
+        command = self.on_action(action)
+        kind = type(command)
+        if kind is Settle:
+            return self._ack(ActionKind.PAUSE, self.position, hooks.settle()), None
+        if kind is Restore:
+            held = hooks.restore(command.step)
+            self.position = command.step
+            return self._ack(ActionKind.ROLLBACK, command.step, held), None
+        if kind is Resume:
+            if self.position != command.step:  # joined after this round's ROLLBACK
+                hooks.restore(command.step)
+            hooks.resume(command.step)
+            self.position = command.step
+            return self._ack(ActionKind.RESUME, command.step, ()), Resumed(command.step)
+        if kind is DumpAndExit:
+            hooks.dump_and_exit(command.step, command.reason)
+        if kind is ArmFault:
+            hooks.arm(command.fault, command.detail)
+            return None, None if self.recovering else Armed()
+        if kind is Leave:
+            return None, Finished()
+        return None, None
 
-    def ack(self, kind: ActionKind, step: int, held: Sequence[int]) -> Ack:
-        """The acknowledgement of ``kind`` for the current round."""
+    def _ack(self, kind: ActionKind, step: int, held: Sequence[int]) -> Ack:
         return Ack(self.rank, kind, step, tuple(sorted(held)), self.round)
 

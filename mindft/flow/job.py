@@ -279,9 +279,8 @@ class Job:
         if record is None or record.state is RankState.DONE:
             return
         self.ranks.advance(record, message.step)
-        if self.state in RECOVERY_STATES:
-            # Finishing in the middle of a recovery means it did not see PAUSE yet: it will.
-            return
+        if self.state in RECOVERY_STATES and not (self.state is _S.RESUMING and record.state is RankState.RESUMED):
+            return  # it finished before it saw this round's PAUSE: it will see it
         record.state = RankState.DONE
         log.info("rank=%d done at step %d", record.rank, message.step)
         self._check_done(now)
@@ -469,11 +468,16 @@ class Job:
         self._move(Event.ALL_RESUMED, f"every rank resumed after step {rec.repair_step}", now)
         self.deadline = math.inf
         for record in self.ranks:
-            record.state, record.last_seen = RankState.RUNNING, now
+            record.last_seen = now
+            if record.state is not RankState.DONE:  # resumed ranks may have finished already
+                record.state = RankState.RUNNING
         self.recoveries.append(now - rec.started)
         log.info("recovery %d done in %.3f s: %s; resumed after step %d", len(self.recoveries),
                  now - rec.started, summary, rec.repair_step)
         rec.faults.clear()
+        # Resumed ranks reported steps meanwhile; one waiting at its window must hear of them.
+        self._emit(Broadcast(self.ranks.peers(), Progress(self.ranks.slowest)))
+        self._check_done(now)
 
     def _common_step(self, exact: bool) -> int:
         """The newest step every rank holds (-1: none).

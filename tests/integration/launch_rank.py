@@ -12,7 +12,7 @@ Started by ``mindft-launch`` (it reads the environment the launcher sets). Extra
 The "weights" are a float64 vector updated by a non-linear, step-dependent rule, so
 the final bytes equal :func:`reference` only if every rollback restored exactly the
 right step. After each step the rank writes its snapshot to its buddy's replica file
-(whole or absent) before voting FINISHED; a restarted incarnation adopts that replica.
+(whole or absent) before reporting the step; a restarted incarnation adopts that replica.
 """
 from __future__ import annotations
 
@@ -21,15 +21,15 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 
 from mindft.config import load_config
+from mindft.exitcodes import ExitCode
 from mindft.processor import Processor
-from mindft.protocol import ActionKind, FaultKind
+from mindft.protocol import FaultKind
 
-EXIT_DUMPED = 3
-ACTION_WAIT = 60.0
 SIZE = 64
 
 
@@ -64,6 +64,7 @@ class Rank:
         self.give_up_step = (int(give_up.split(":")[1])
                              if give_up and int(give_up.split(":")[0]) == self.rank else None)
         self.step = 0
+        self.armed: FaultKind | None = None
         self.weights = initial(self.rank)
         self.snapshots: dict[int, np.ndarray] = {0: self.weights.copy()}
         if self.config.restart_count:
@@ -88,59 +89,79 @@ class Rank:
         np.savez(temporary, step=step, weights=self.weights)
         os.replace(temporary, target)
 
-    def handle(self, action) -> None:
-        while action is not None:
-            print(f"rank {self.rank} {action.kind.name} step {action.step}", flush=True)
-            if action.kind is ActionKind.PAUSE:
-                self.processor.acknowledge(action, self.step, self.held)
-            elif action.kind is ActionKind.ROLLBACK:
-                self.step, self.weights = action.step, self.snapshots[action.step].copy()
-                self.snapshots = {s: w for s, w in self.snapshots.items() if s <= action.step}
-                self.processor.acknowledge(action, self.step, self.held)
-            elif action.kind is ActionKind.RESUME:
-                self.processor.acknowledge(action, self.step, self.held)
-                return
-            elif action.kind is ActionKind.DUMP_AND_EXIT:
-                dump = self.config.dump_dir
-                dump.mkdir(parents=True, exist_ok=True)
-                np.save(dump / f"rank{self.rank}-step{self.held[-1]}.npy", self.snapshots[self.held[-1]])
-                print(f"rank {self.rank} dumped step {self.held[-1]}: {action.reason}", flush=True)
-                self.processor.close()
-                sys.exit(EXIT_DUMPED)
-            elif action.kind is ActionKind.INJECT_FAULT:
-                self.processor.report_fault(action.fault or FaultKind.UNKNOWN, "injected", self.step + 1)
-            action = self.processor.wait_action(ACTION_WAIT)
+    # ---- RankHooks ----
+
+    def settle(self) -> list[int]:
+        return self.held
+
+    def restore(self, step: int) -> list[int]:
+        print(f"rank {self.rank} ROLLBACK step {step}", flush=True)
+        self.step, self.weights = step, self.snapshots[step].copy()
+        self.snapshots = {s: w for s, w in self.snapshots.items() if s <= step}
+        return self.held
+
+    def resume(self, step: int) -> None:
+        print(f"rank {self.rank} RESUME step {step}", flush=True)
+
+    def arm(self, fault: FaultKind, detail: str) -> None:
+        self.armed = fault
+
+    def dump_and_exit(self, step: int, reason: str) -> NoReturn:
+        step = step if step in self.snapshots else self.held[-1]
+        dump = self.config.dump_dir
+        dump.mkdir(parents=True, exist_ok=True)
+        np.save(dump / f"rank{self.rank}-step{step}.npy", self.snapshots[step])
+        print(f"rank {self.rank} dumped step {step}: {reason}", flush=True)
+        self.processor.close()
+        sys.exit(ExitCode.DUMPED)
+
+    # ---- training ----
+
+    def train_step(self, step: int) -> None:
+        time.sleep(self.step_time)
+        if step == self.give_up_step:
+            print(f"rank {self.rank} gives up at step {step}", flush=True)
+            os._exit(ExitCode.DUMPED)
+        if self.crash_always and step == 2:
+            os._exit(7)
+        if step == self.crash_step:
+            marker = self.dir / f"crashed-{self.rank}"
+            if not marker.exists():
+                marker.write_text(str(os.getpid()))
+                os.kill(os.getpid(), signal.SIGKILL)
+        if self.armed is not None:
+            fault, self.armed = self.armed, None
+            raise RuntimeError(f"injected {fault.value}")
+        self.weights = update(self.weights, step, self.rank)
 
     def run(self) -> None:
-        self.processor.register(self.held)
+        processor = self.processor
+        processor.register(self.held)
         if self.config.restart_count:
-            self.handle(self.processor.wait_action(ACTION_WAIT))
+            processor.follow(self)
         while True:
-            self.handle(self.processor.poll_action())
-            if self.step >= self.steps:
+            while self.step < self.steps:
+                step = self.step + 1
+                try:
+                    self.train_step(step)
+                except RuntimeError as error:
+                    processor.report_fault(FaultKind.UCE, str(error), step)
+                    processor.follow(self)
+                    continue
+                self.step = step
+                while self.step == step and (action := processor.wait_window(step)) is not None:
+                    processor.follow(self, action)
+                if self.step != step:
+                    continue
+                self.capture(step)
+                processor.finished(step)
+                if (action := processor.poll_action()) is not None:
+                    processor.follow(self, action)
+            if processor.finish(self.step, self) is None:
                 break
-            step = self.step + 1
-            self.processor.step_begin(step)
-            time.sleep(self.step_time)
-            if step == self.give_up_step:
-                print(f"rank {self.rank} gives up at step {step}", flush=True)
-                os._exit(EXIT_DUMPED)
-            if self.crash_always and step == 2:
-                os._exit(7)
-            if step == self.crash_step:
-                marker = self.dir / f"crashed-{self.rank}"
-                if not marker.exists():
-                    marker.write_text(str(os.getpid()))
-                    os.kill(os.getpid(), signal.SIGKILL)
-            self.weights = update(self.weights, step, self.rank)
-            self.capture(step)
-            action = self.processor.step_end(step)
-            self.step = step
-            self.handle(action)
         np.save(self.dir / f"final-{self.rank}.npy", self.weights)
         print(f"rank {self.rank} done at step {self.step}", flush=True)
-        self.processor.done(self.step)
-        self.processor.close()
+        processor.close()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,341 @@
+"""A whole job without sockets: one :class:`~mindft.flow.Job`, N ranks driven by
+:class:`~mindft.flow.Follower`, joined by in-memory FIFO links, on a simulated clock.
+
+A seeded random scheduler picks the next thing to happen (a message delivered, a rank's
+step, time passing), so one seed is one interleaving. Faults are scheduled with
+:meth:`SimJob.fail_at` (a rank reports a fault inside a step), :meth:`SimJob.kill_at` (its
+process dies there and the launcher restarts it, its snapshots kept by the node agent) and
+:meth:`SimJob.device_reset_at` (the device plugin resets its chip). :meth:`SimJob.run` checks
+the flow's invariants as it goes and raises :class:`Violation` on the first broken one.
+"""
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import NoReturn, Optional
+
+from mindft.config import Timeouts
+from mindft.exitcodes import ExitCode
+from mindft.flow import (TRANSITIONS, Armed, Broadcast, DeviceFailed, DeviceFaulty, DeviceRecovered, Finish,
+                         Finished, Follower, Job, JobState, KillRank, ProcessExited, Resumed, Send, Transition)
+from mindft.protocol import Action, ActionKind, Done, FaultKind, FaultReport, Heartbeat, Progress, Register
+
+TIMEOUTS = Timeouts(heartbeat_interval=0.5, heartbeat_misses=6, register=30.0, pause=10.0, repair=20.0,
+                    rollback=10.0, resume=10.0)
+_ALLOWED = {(source, target) for (source, _), target in TRANSITIONS.items()}
+
+
+class Violation(AssertionError):
+    """An invariant of the flow did not hold."""
+
+
+class RankExit(Exception):
+    """A simulated rank process ended (dump_and_exit)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def expected_state(steps: int) -> int:
+    """The model is the running sum of step numbers: right only if every rollback was exact."""
+    return steps * (steps + 1) // 2
+
+
+class SimRank:
+    """One rank process: its snapshots and model, and the RankHooks the follower calls."""
+
+    def __init__(self, job: SimJob, rank: int, incarnation: int, snapshots: dict[int, int]) -> None:
+        self.sim, self.rank, self.incarnation = job, rank, incarnation
+        self.peer = f"rank{rank}.inc{incarnation}".encode()
+        self.follower = Follower(rank, job.snapshot_every)
+        self.snapshots = dict(snapshots)
+        self.position = 0 if not snapshots else max(snapshots)
+        self.model = self.snapshots.get(self.position, 0)
+        self.mode = "start"
+        self.window_step = 0
+        self.actions: deque[Action] = deque()
+        self.armed: Optional[FaultKind] = None
+        self.exit_code: Optional[int] = None
+        self.next_beat = 0.0
+
+    # ---- RankHooks ----
+    def settle(self) -> list[int]:
+        return sorted(self.snapshots)
+
+    def restore(self, step: int) -> list[int]:
+        if step not in self.snapshots:
+            raise Violation(f"rank {self.rank} told to restore step {step} but holds {sorted(self.snapshots)}")
+        self.model, self.position = self.snapshots[step], step
+        self.snapshots = {s: v for s, v in self.snapshots.items() if s <= step}
+        return sorted(self.snapshots)
+
+    def resume(self, step: int) -> None:
+        if self.position != step:
+            raise Violation(f"rank {self.rank} resumes after {step} but stands at {self.position}")
+
+    def arm(self, fault: FaultKind, detail: str) -> None:
+        self.armed = fault
+
+    def dump_and_exit(self, step: int, reason: str) -> NoReturn:
+        if step >= 0 and step not in self.snapshots:
+            raise Violation(f"rank {self.rank} told to dump step {step} but holds {sorted(self.snapshots)}")
+        raise RankExit(ExitCode.DUMPED)
+
+    # ---- the rank's own loop, one event at a time ----
+    @property
+    def alive(self) -> bool:
+        return self.mode not in ("exited", "dead")
+
+    def enabled(self) -> bool:
+        if self.mode == "start" or (self.actions and self.mode in ("barrier", "train", "follow", "window", "finish")):
+            return True
+        if self.mode == "train":
+            return True
+        return self.mode == "window" and self.follower.may_capture(self.window_step)
+
+    def act(self) -> None:
+        try:
+            if self.mode == "start":
+                self.sim.to_job(self, Register(self.rank, self.incarnation, 1000 + self.rank, tuple(self.snapshots)))
+                self.mode = "follow" if self.incarnation else "barrier"
+            elif self.actions:
+                self._obey(self.actions.popleft())
+            elif self.mode == "train":
+                self._step()
+            elif self.mode == "window":
+                self._capture(self.window_step)
+        except RankExit as end:
+            self.mode, self.exit_code = "exited", end.code
+
+    def _obey(self, action: Action) -> None:
+        before = self.mode
+        ack, outcome = self.follower.obey(action, self)
+        if ack is not None:
+            self.sim.to_job(self, ack)
+        if isinstance(outcome, Resumed):
+            self.mode = "train"
+        elif isinstance(outcome, Finished):
+            self.mode, self.exit_code = "exited", ExitCode.OK
+        elif isinstance(outcome, Armed):
+            self.mode = before if before in ("train", "window") else "train"
+        elif before in ("train", "window"):
+            self.mode = "follow"
+
+    def _step(self) -> None:
+        sim, step = self.sim, self.position + 1
+        if step > sim.steps:
+            self.sim.to_job(self, Done(self.rank, self.position))
+            self.mode = "finish"
+            return
+        if (self.rank, step, self.incarnation) in sim.kills:
+            sim.kill(self, f"killed in step {step}")
+            return
+        fault = self.armed or sim.faults.pop((self.rank, step), None)
+        if fault is not None:
+            self.armed = None
+            self.sim.to_job(self, FaultReport(self.rank, step, fault, "simulated"))
+            self.mode = "follow"
+            return
+        self.model += step
+        self.position = step
+        if self.follower.is_capture_step(step):
+            self.window_step, self.mode = step, "window"
+            if self.follower.may_capture(step):
+                self._capture(step)
+        else:
+            self.sim.to_job(self, self.follower.finished(step))
+
+    def _capture(self, step: int) -> None:
+        self.snapshots[step] = self.model
+        for old in sorted(self.snapshots)[:-self.follower.keep]:
+            del self.snapshots[old]
+        self.mode = "train"
+        self.sim.to_job(self, self.follower.finished(step))
+
+
+@dataclass
+class SimJob:
+    """The job, its ranks, the links between them and the schedule of faults."""
+
+    world_size: int
+    steps: int
+    seed: int = 0
+    snapshot_every: int = 1
+    timeouts: Timeouts = TIMEOUTS
+    faults: dict[tuple[int, int], FaultKind] = field(default_factory=dict)
+    kills: set[tuple[int, int, int]] = field(default_factory=set)
+    device_resets: dict[tuple[int, int], float] = field(default_factory=dict)  # (rank, step) -> reset seconds
+    device_failures: set[tuple[int, int]] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.random = random.Random(self.seed)
+        self.now = 0.0
+        self.job = Job(self.world_size, self.timeouts, self.now, self.snapshot_every)
+        self.ranks = {r: SimRank(self, r, 0, {0: 0}) for r in range(self.world_size)}
+        self.up: deque[tuple[bytes, object]] = deque()     # rank -> job, one FIFO (ZeroMQ fair-queues)
+        self.timers: list[tuple[float, str, object]] = []  # (when, kind, payload)
+        self.transitions: list[tuple[JobState, JobState, float]] = []
+        self.recovery_started: Optional[float] = None
+        self.last_round = 0
+        self.finished_at: Optional[float] = None
+        self.failing = False  # True once an unrecoverable fault is scheduled
+
+    # ---- schedule ----
+    def fail_at(self, rank: int, step: int, kind: FaultKind = FaultKind.UCE) -> SimJob:
+        self.faults[(rank, step)] = kind
+        return self
+
+    def kill_at(self, rank: int, step: int, incarnation: int = 0) -> SimJob:
+        self.kills.add((rank, step, incarnation))
+        return self
+
+    def device_reset_at(self, rank: int, step: int, seconds: float = 1.0, fails: bool = False) -> SimJob:
+        self.device_resets[(rank, step)] = seconds
+        if fails:
+            self.device_failures.add((rank, step))
+            self.failing = True
+        return self
+
+    # ---- plumbing ----
+    def to_job(self, rank: SimRank, message: object) -> None:
+        self.up.append((rank.peer, message))
+
+    def kill(self, rank: SimRank, why: str) -> None:
+        rank.mode = "dead"
+        # The node agent keeps the snapshots; the launcher notices, then restarts the worker.
+        self.timers.append((self.now + 0.1, "exited", rank))
+        self.timers.append((self.now + 0.3, "restart", rank))
+
+    def _deliver(self, peers: tuple[bytes, ...], message: object) -> None:
+        for rank in self.ranks.values():
+            if rank.peer in peers and rank.alive:
+                if isinstance(message, Progress):
+                    rank.follower.on_progress(message.step)
+                elif isinstance(message, Action):
+                    rank.actions.append(message)
+                elif not isinstance(message, Heartbeat) and rank.mode == "barrier":
+                    rank.mode = "train"  # RegisterAck after the start barrier
+
+    def _apply(self, effects: list) -> None:
+        if self.finished_at is not None and any(isinstance(e, (Send, Broadcast)) for e in effects):
+            raise Violation(f"message after the job ended: {effects}")
+        for effect in effects:
+            if isinstance(effect, Send):
+                self._deliver((effect.peer,), effect.message)
+            elif isinstance(effect, Broadcast):
+                self._deliver(effect.peers, effect.message)
+            elif isinstance(effect, Transition):
+                self._on_transition(effect)
+            elif isinstance(effect, KillRank):
+                rank = self.ranks[effect.rank]
+                if rank.alive:
+                    self.kill(rank, effect.reason)
+            elif isinstance(effect, Finish):
+                self.finished_at = self.now
+
+    def _on_transition(self, effect: Transition) -> None:
+        if (effect.source, effect.target) not in _ALLOWED:
+            raise Violation(f"transition {effect.source.value} → {effect.target.value} is not in the table")
+        round_ = self.job.recovery.round
+        if round_ < self.last_round:
+            raise Violation(f"round went back from {self.last_round} to {round_}")
+        self.last_round = round_
+        if effect.target is JobState.PAUSING and self.recovery_started is None:
+            self.recovery_started = self.now
+        if effect.target in (JobState.NORMAL, JobState.FAILED) and self.recovery_started is not None:
+            t = self.timeouts
+            bound = (t.pause + t.repair + t.rollback + t.resume) * (1 + round_)
+            if self.now - self.recovery_started > bound + 1e-9:
+                raise Violation(f"recovery took {self.now - self.recovery_started:.2f} s, over its deadlines")
+            self.recovery_started = None
+        self.transitions.append((effect.source, effect.target, self.now))
+
+    def _timers_due(self) -> None:
+        due = [t for t in self.timers if t[0] <= self.now]
+        self.timers = [t for t in self.timers if t[0] > self.now]
+        for _, kind, payload in sorted(due, key=lambda t: t[0]):
+            if kind == "exited":
+                self._apply(self.job.process_exit(ProcessExited(payload.rank, -9, 1000 + payload.rank), self.now))
+            elif kind == "restart" and self.job.result is None:
+                old = payload
+                self.ranks[old.rank] = SimRank(self, old.rank, old.incarnation + 1, old.snapshots)
+            elif kind == "device":
+                self._apply(self.job.device(payload, self.now))
+
+    def _device_faults(self) -> None:
+        for rank in self.ranks.values():
+            key = (rank.rank, rank.position + 1)
+            seconds = self.device_resets.pop(key, None)
+            if seconds is None or rank.mode not in ("train", "window"):
+                continue
+            self._apply(self.job.device(DeviceFaulty(rank.rank, "8C03A000", "reset"), self.now))
+            outcome = DeviceFailed(rank.rank, "reset failed") if key in self.device_failures \
+                else DeviceRecovered(rank.rank)
+            self.timers.append((self.now + seconds, "device", outcome))
+
+    # ---- the scheduler ----
+    def run(self, max_events: int = 200_000, max_seconds: float = 600.0) -> SimJob:
+        """Run until the job ends; raise :class:`Violation` on a broken invariant."""
+        pick = self.random.random
+        for _ in range(max_events):
+            if self.finished_at is not None and not any(r.enabled() for r in self.ranks.values()):
+                break
+            choices: list = [rank for rank in self.ranks.values() if rank.alive and rank.enabled()]
+            if self.up:
+                choices.append("up")
+            if not choices or pick() < 0.15:
+                self._advance_clock()
+                continue
+            choice = choices[int(pick() * len(choices))]
+            if choice == "up":
+                peer, message = self.up.popleft()
+                self._apply(self.job.handle(peer, message, self.now))
+            else:
+                choice.act()
+            self._device_faults()
+            if self.now > max_seconds:
+                raise Violation(f"the job did not end within {max_seconds} simulated seconds "
+                                f"(state {self.job.state.value})")
+        else:
+            raise Violation(f"the job did not end within {max_events} events (state {self.job.state.value})")
+        return self
+
+    def _advance_clock(self) -> None:
+        job = self.job
+        step = 0.001 + self.random.random() * 0.05
+        targets = [self.now + step, job.next_wakeup(), *(t[0] for t in self.timers)]
+        self.now = max(self.now, min(targets))
+        for rank in self.ranks.values():  # each rank's I/O thread heartbeats
+            if rank.alive and rank.mode != "start" and self.now >= rank.next_beat:
+                rank.next_beat = self.now + self.timeouts.heartbeat_interval
+                self.to_job(rank, Heartbeat(rank.rank, rank.incarnation, rank.position))
+        self._timers_due()
+        self._apply(job.tick(self.now))
+        if self.finished_at is None and math.isinf(job.next_wakeup()):
+            raise Violation("the job stopped waking up before it ended")
+
+    # ---- results ----
+    @property
+    def outcome(self) -> Optional[Finish]:
+        return self.job.result
+
+    def check_end(self) -> None:
+        """The end state: DONE with every model exact, or FAILED with every live rank dumped."""
+        result = self.job.result
+        if result is None:
+            raise Violation("the job has no result")
+        ranks = self.ranks.values()
+        if result.exit_code == ExitCode.OK:
+            for rank in ranks:
+                if rank.exit_code != ExitCode.OK or rank.model != expected_state(self.steps):
+                    raise Violation(f"job DONE but rank {rank.rank} exited {rank.exit_code} with model "
+                                    f"{rank.model} (expected {expected_state(self.steps)})")
+        else:
+            if not self.failing:
+                raise Violation(f"job FAILED though every fault was recoverable: {result.reason}")
+            for rank in ranks:
+                if rank.mode not in ("exited", "dead"):
+                    raise Violation(f"job FAILED but rank {rank.rank} is still {rank.mode}")

@@ -1,0 +1,98 @@
+"""The simulated job: named fault schedules, then thousands of seeded random ones.
+
+Every run checks, as it goes: only table transitions; recovery rounds never go back; every
+rank restores (and dumps) only a step it holds; every recovery ends in NORMAL or FAILED
+before its deadlines; no message after the job ended; at the end, DONE with every model
+exact, or FAILED only when an unrecoverable fault was scheduled, with every rank gone.
+"""
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from mindft.exitcodes import ExitCode
+from mindft.flow import Follower, JobState
+from mindft.protocol import FaultKind
+from tests.flow.explore import explore, random_job
+from tests.flow.sim import SimJob, Violation
+
+SEEDS = 10_000
+
+
+@pytest.fixture(autouse=True)
+def quiet_flow_logs():
+    logging.disable(logging.WARNING)
+    yield
+    logging.disable(logging.NOTSET)
+
+
+def finished(job: SimJob) -> SimJob:
+    job.run()
+    job.check_end()
+    return job
+
+
+def test_fault_free_job_finishes() -> None:
+    job = finished(SimJob(3, 8, seed=1))
+    assert job.outcome.exit_code == ExitCode.OK and job.job.recoveries == []
+
+
+@pytest.mark.parametrize("every", [1, 2, 3])
+def test_a_reported_fault_rolls_every_rank_back_once(every: int) -> None:
+    job = finished(SimJob(4, 9, seed=2, snapshot_every=every).fail_at(2, 5))
+    assert len(job.job.recoveries) == 1
+    assert job.job.recovery.repair_step % every == 0 and job.job.recovery.repair_step <= 4
+
+
+def test_a_killed_rank_restarts_from_agent_held_snapshots() -> None:
+    job = finished(SimJob(3, 8, seed=3).kill_at(1, 4))
+    assert job.ranks[1].incarnation == 1 and len(job.job.recoveries) == 1
+
+
+def test_a_rank_killed_again_after_its_restart_is_restarted_again() -> None:
+    job = finished(SimJob(2, 8, seed=4).kill_at(0, 3).kill_at(0, 5, incarnation=1))
+    assert job.ranks[0].incarnation == 2
+
+
+def test_a_device_reset_waits_for_the_chip() -> None:
+    job = finished(SimJob(2, 8, seed=5).device_reset_at(1, 4, seconds=2.0))
+    assert job.job.recoveries[0] >= 2.0
+    assert (JobState.REPAIRING, JobState.ROLLBACK) in {(a, b) for a, b, _ in job.transitions}
+
+
+def test_a_failed_device_ends_the_job_with_every_rank_dumping_one_step() -> None:
+    job = finished(SimJob(3, 8, seed=6).device_reset_at(0, 4, fails=True))
+    assert job.outcome.exit_code == ExitCode.FAILED
+    assert "could not be recovered" in job.outcome.reason and "every rank dumps step" in job.outcome.reason
+    assert {r.exit_code for r in job.ranks.values()} == {ExitCode.DUMPED}
+
+
+def test_two_faults_in_one_run() -> None:
+    job = finished(SimJob(3, 9, seed=7).fail_at(0, 3).fail_at(2, 7, FaultKind.COMMUNICATION))
+    assert len(job.job.recoveries) == 2
+
+
+def test_the_explorer_catches_a_broken_window(monkeypatch) -> None:
+    # Without the window a fast rank overwrites the step a slow one still needs.
+    monkeypatch.setattr(Follower, "may_capture", lambda self, step: True)
+    with pytest.raises(AssertionError, match="FAILED though every fault was recoverable"):
+        explore(range(200))
+
+
+def test_the_simulator_flags_a_restore_of_a_step_not_held() -> None:
+    job = SimJob(2, 4, seed=8)
+    with pytest.raises(Violation, match="holds"):
+        job.ranks[0].restore(3)
+
+
+def test_seeded_schedules() -> None:
+    ends = explore(range(SEEDS))
+    assert sum(ends.values()) == SEEDS
+    assert ends["done"] > SEEDS * 0.8  # most schedules are recoverable ones
+    assert ends["failed"] > 0          # and the failing ones are explored too
+
+
+def test_a_seed_replays_the_same_schedule() -> None:
+    first, second = finished(random_job(1234)), finished(random_job(1234))
+    assert first.transitions == second.transitions
