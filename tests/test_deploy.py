@@ -235,6 +235,9 @@ def test_dockerfile_installs_libgomp_before_mindspore_and_imports_it() -> None:
     mindspore = _run_line('pip3 install "${MINDSPORE_PKG}"')
     assert lines.index(gomp) < lines.index(mindspore)
     assert mindspore.endswith('&& python3 -c "import mindspore"')  # a missing library fails the build
+    # A new MINDIO_TTP_PKG must not repeat the MindSpore download: a build argument takes part
+    # in the cache key of every RUN after its declaration.
+    assert lines.index(mindspore) < lines.index('ARG MINDIO_TTP_PKG=""') < lines.index(_run_line("MINDIO_TTP_PKG"))
 
 
 def _stub(directory: Path, name: str, log: Path) -> None:
@@ -469,6 +472,7 @@ def test_check_image_passes_arguments_after_double_dash_to_the_demo(check_image:
     assert (args.base_image, args.tag, args.demo_args) == ("local/python:3.11-bookworm", "t:1",
                                                            ["--steps", "30", "--verbose"])
     assert check_image.parse_args(["img"]).demo_args == []
+    assert check_image.parse_args(["img", "--no-cache"]).no_cache and not check_image.parse_args(["img"]).no_cache
 
 
 def test_stream_shows_progress_while_a_step_is_silent(capsys: pytest.CaptureFixture[str], check_image: Any) -> None:
