@@ -203,18 +203,14 @@ class Session:
     def finish(self) -> Optional[int]:
         """Report Done at the current step and wait for every rank.
 
-        Returns None when the job finished (the session is closed), or the step training was
+        Returns None when the job finished (then :meth:`close`), or the step training was
         rolled back to when a rank faulted before every rank was done (train on from there).
         """
         if self.processor is None:
-            self.close()
             return None
         self.store.wait()
         log.info("rank=%d done at step %d; waiting for the other ranks", self.config.rank, self.step)
-        rolled_back = self.processor.finish(self.step, self)
-        if rolled_back is None:
-            self.close()
-        return rolled_back
+        return self.processor.finish(self.step, self)
 
     # ---- step boundaries -----------------------------------------------------------------
 

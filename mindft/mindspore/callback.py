@@ -69,6 +69,7 @@ class FaultTolerance(Callback):
             rewound = self.session.finish()
             if rewound is not None:
                 raise RewindRequired(rewound)
+            self.session.close()
 
     def _position(self, step: int) -> dict:
         if not self.steps_per_epoch:
@@ -109,9 +110,8 @@ def train(model: Model, epochs: int, dataset: Any, callbacks: Optional[Iterable[
             _train_to(model, epochs, dataset, cbs, session, per_epoch, total)
             if session.finish() is None:  # None: every rank is done; else a late fault rolled back
                 break
-    except BaseException:
+    finally:
         session.close()
-        raise
     return session.step
 
 

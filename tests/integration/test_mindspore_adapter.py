@@ -18,10 +18,11 @@ from mindspore import nn  # noqa: E402
 from mindspore.train import Model  # noqa: E402
 
 from mindft.config import MindftConfig, TFTOptions, Timeouts  # noqa: E402
-from mindft.controller import EXIT_OK, Controller  # noqa: E402
+from mindft.controller import Controller  # noqa: E402
+from mindft.exitcodes import ExitCode  # noqa: E402
 from mindft.mindspore import FaultTolerance, FaultTolerantLoop  # noqa: E402
 from mindft.mindspore._session import TrainingState  # noqa: E402
-from mindft.processor import request  # noqa: E402
+from mindft import channel  # noqa: E402
 from mindft.protocol import FaultKind, InjectRequest, Reply  # noqa: E402
 from mindft.snapshot import SnapshotStore  # noqa: E402
 
@@ -128,7 +129,7 @@ def test_capture_overlaps_in_pynative_and_falls_back_to_synchronous_under_jit(co
         loop.session.store.wait()  # in PyNative the last capture may still be in flight
         assert loop.session.store.steps == (9, 10)
     assert_same(trainer.state(), reference)
-    assert ctl.join(10).exit_code == EXIT_OK
+    assert ctl.join(10).exit_code == ExitCode.OK
 
 
 def test_fault_injected_by_the_controller_is_recovered(controller, reference) -> None:
@@ -138,7 +139,7 @@ def test_fault_injected_by_the_controller_is_recovered(controller, reference) ->
 
     def batch(step: int) -> tuple[ms.Tensor, ms.Tensor]:
         if step == 4 and not replies:
-            replies.append(request(config, InjectRequest(0, FaultKind.DEVICE_RESET, "test")))
+            replies.append(channel.request(config.controller_address, None, InjectRequest(0, FaultKind.DEVICE_RESET, "test")))
         return trainer.batch(step)
 
     with FaultTolerantLoop(trainer.net, trainer.optimizer, config) as loop:
@@ -147,11 +148,11 @@ def test_fault_injected_by_the_controller_is_recovered(controller, reference) ->
     assert results.count(None) == 1  # exactly one step raised (the injected DeviceFault) and was replayed
     assert_same(trainer.state(), reference)
     result = ctl.join(10)
-    assert result.exit_code == EXIT_OK and len(ctl.recovery_times) == 1
+    assert result.exit_code == ExitCode.OK and len(ctl.recovery_times) == 1
 
 
 def test_callback_alone_protects_model_train(controller) -> None:
-    """FaultTolerance passed to Model.train itself: registers, votes every step, reports Done."""
+    """FaultTolerance passed to Model.train itself: registers, reports every step, reports Done."""
     import mindspore.dataset as ds
 
     ctl, config = controller
@@ -169,8 +170,8 @@ def test_callback_alone_protects_model_train(controller) -> None:
     model.train(2, ds.GeneratorDataset(Source(), ["x", "y"], shuffle=False), callbacks=[ft],
                 dataset_sink_mode=False)
     result = ctl.join(10)
-    assert result is not None and result.exit_code == EXIT_OK, result
-    assert ctl.committed_step == 8
+    assert result is not None and result.exit_code == ExitCode.OK, result
+    assert ctl.latest_status().step == 8
     assert_same(trainer.state(), Trainer().plain(8))  # 2 epochs of 4 batches == 8 plain steps
 
 
@@ -203,7 +204,7 @@ def run(cfg):
 
 protected = run(config)
 result = controller.join(20)
-assert result is not None and result.exit_code == 0 and controller.committed_step == 8, result
+assert result is not None and result.exit_code == 0 and controller.latest_status().step == 8, result
 assert protected == run(MindftConfig()), "graph-mode weights differ from the unprotected run"
 print("GRAPH MODE OK")
 """

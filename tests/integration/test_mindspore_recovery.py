@@ -7,6 +7,7 @@ every rank a subprocess, the controller on a thread of the test process, ZeroMQ 
 from __future__ import annotations
 
 import dataclasses
+import re
 import os
 import subprocess
 import sys
@@ -18,14 +19,15 @@ import numpy as np
 import pytest
 
 from mindft.config import MindftConfig, Timeouts
-from mindft.controller import EXIT_OK, Controller
+from mindft.controller import Controller
+from mindft.exitcodes import ExitCode
 from mindft.keys import generate_keys
 
 pytestmark = pytest.mark.timeout(300)
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
-EXIT_DUMPED = 3
+EXIT_DUMPED = ExitCode.DUMPED
 # A silent rank is declared dead after 2 s; generous phase limits for 2 busy cores.
 TIMEOUTS = Timeouts(heartbeat_interval=0.1, heartbeat_misses=20, register=60.0, pause=30.0,
                     repair=30.0, rollback=30.0, resume=30.0, connect_retries=10)
@@ -152,7 +154,7 @@ def assert_identical(job: Job, reference: Path) -> None:
 
 def assert_recovered(job: Job, recoveries: int = 1) -> None:
     result = job.controller.join(30)
-    assert result is not None and result.exit_code == EXIT_OK, result
+    assert result is not None and result.exit_code == ExitCode.OK, result
     assert len(job.controller.recovery_times) == recoveries
 
 
@@ -167,7 +169,10 @@ def test_uce_inside_a_step_is_recovered_bit_identically(make_job, reference: Pat
     assert_recovered(job)
     faulty_log = job.logs[fault_rank].read_text()
     assert f"fault UCE inside step {fault_step}" in faulty_log
-    assert f"restored step {fault_step - 1}" in faulty_log  # the half-done update was undone
+    # The half-done update was undone: back to the newest step every rank held (ranks that keep
+    # step with each other only through mindft may be one step apart: the window).
+    restored = int(re.search(r"restored step (\d+)", faulty_log).group(1))
+    assert fault_step - 2 <= restored <= fault_step - 1
     assert_identical(job, reference)
 
 
@@ -190,7 +195,8 @@ def test_killed_rank_restarts_from_its_peer_replica_bit_identically(make_job, re
 
 
 def test_unrecoverable_job_ends_in_dying_gasp_checkpoints(make_job) -> None:
-    """Rank 1 dies in step 5 and never comes back: rank 0 dumps its newest step (5) and exits 3."""
+    """Rank 1 dies in step 5 and never comes back: rank 0 dumps step 4, the newest step both
+    ranks held (rank 1's last finished step), and exits 3."""
     import mindspore as ms
 
     fast = dataclasses.replace(TIMEOUTS, repair=3.0)
@@ -198,13 +204,13 @@ def test_unrecoverable_job_ends_in_dying_gasp_checkpoints(make_job) -> None:
     procs = job.spawn_all("--fault-step", "5", "--fault-rank", "1", "--fault-kind", "exit")
     assert job.wait(procs) == [EXIT_DUMPED, 137], job.tail()
     result = job.controller.join(30)
-    assert result is not None and result.exit_code != EXIT_OK
-    assert "rank 1" in result.reason and "repair" in result.reason
+    assert result is not None and result.exit_code != ExitCode.OK
+    assert "rank 1" in result.reason and "repair" in result.reason and "every rank dumps step 4" in result.reason
     dumps = list((job.tmp / "dump").glob("mindft-rank0-step*.ckpt"))
-    assert [d.name for d in dumps] == ["mindft-rank0-step5.ckpt"], job.tail()
+    assert [d.name for d in dumps] == ["mindft-rank0-step4.ckpt"], job.tail()
     params = ms.load_checkpoint(str(dumps[0]))
     assert {"0.weight", "moment1.0.weight", "global_step"} <= set(params)
-    assert int(params["global_step"].asnumpy().reshape(-1)[0]) == 5
+    assert int(params["global_step"].asnumpy().reshape(-1)[0]) == 4
 
 
 def test_sparse_snapshots_roll_back_further_and_replay_bit_identically(make_job, reference: Path) -> None:
