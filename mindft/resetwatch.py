@@ -655,9 +655,6 @@ def _diff_states(previous: Optional[_Seen], state: ResetState) -> tuple[_Seen, l
     for entry in state.ranks:
         now = _health_of(entry)
         if now is None:
-            if entry.status not in STATUSES:
-                log.warning("reset file: rank %d has unknown Status %r (known: %s); ignored",
-                            entry.rank, entry.status, ", ".join(STATUSES))
             continue
         if now is health.get(entry.rank, _Health.HEALTHY):
             continue
@@ -713,6 +710,7 @@ class ResetWatcher:
         self._good: Optional[_Read] = None
         self._bad: Optional[_Read] = None
         self._reported: set[str] = set()
+        self._unknown_statuses: set[str] = set()
         self._restart_type: Optional[str] = None
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -764,6 +762,15 @@ class ResetWatcher:
             log.log(level, "reset file %s: %s; keeping the last good state, reading again every %.2gs",
                     self.path, detail, self.poll_interval)
             self._reported.add(kind)
+
+    def _warn_unknown_statuses(self, state: ResetState) -> None:
+        for entry in state.ranks:
+            # Each unknown value once, and at most 64 of them: a hostile file could invent many.
+            if entry.status not in STATUSES and entry.status not in self._unknown_statuses \
+                    and len(self._unknown_statuses) < 64:
+                log.warning("reset file %s: rank %d has unknown Status %r (known: %s); such entries are ignored",
+                            self.path, entry.rank, entry.status, ", ".join(STATUSES))
+                self._unknown_statuses.add(entry.status)
 
     def _readable_again(self) -> None:
         if self._reported - {"not present"}:
@@ -833,6 +840,7 @@ class ResetWatcher:
         try:
             state = self._read_state()
             if state is not None:
+                self._warn_unknown_statuses(state)
                 self._seen, events = _diff_states(self._seen, state)
                 self._readable_again()
                 if state.restart_type != self._restart_type:
