@@ -762,6 +762,8 @@ class ResetWatcher:
             log.log(level, "reset file %s: %s; keeping the last good state, reading again every %.2gs",
                     self.path, detail, self.poll_interval)
             self._reported.add(kind)
+        else:
+            log.debug("reset file %s: %s", self.path, detail)
 
     def _warn_unknown_statuses(self, state: ResetState) -> None:
         for entry in state.ranks:
