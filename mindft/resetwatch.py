@@ -683,7 +683,7 @@ def _diff_states(previous: Optional[_Seen], state: ResetState) -> tuple[_Seen, l
     if state.graceful_exit and not before.graceful_exit:
         events.append(GracefulExit(tuple(entry.rank for entry in state.ranks), state.retry_time))
     if not first and state.retry_time < before.retry_time:
-        log.warning("reset file: RetryTime went back from %d to %d (ConfigMap recreated?)",
+        log.info("reset file: RetryTime went back from %d to %d (ConfigMap recreated?)",
                     before.retry_time, state.retry_time)
     health = {rank: value for rank, value in health.items() if value is not _Health.HEALTHY}
     return _Seen(health, state.retry_time, state.fault_flushing, state.graceful_exit), events

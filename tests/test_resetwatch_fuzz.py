@@ -182,8 +182,10 @@ def test_watcher_thread_survives_bursts_of_garbage(tmp_path: Path, caplog: pytes
             mine = [event for event in seen[start:] if getattr(event, "rank", None) == check_rank]
             assert mine == [DeviceFaulty(check_rank, "0x80E01801", "reset"), DeviceRecovered(check_rank)]
             assert watcher.last_error is None
-            # Bad reads are logged once per kind of problem, not once per file or per poll.
-            assert len(caplog.records) - warnings_before <= 20, [r.getMessage()[:80] for r in caplog.records]
+            # Not once per file or per poll: once per kind of problem until a good read (and the
+            # garbage holds valid files too, each of which ends a bad streak).
+            warnings = len(caplog.records) - warnings_before
+            assert warnings <= 50, warnings
         assert watcher.bad_reads > 100
     finally:
         watcher.stop()
