@@ -216,18 +216,26 @@ def status(job: Optional[Path], address: Optional[str], key_file: Optional[Path]
 FAULTS = ("hot-reset", "uce", "kill", "hang")
 
 
-def _merge_rank(path: Path, rank: int, status: str, error_code: int, policy: str) -> None:
-    """Rewrite the reset file with ``rank`` in ``status``, keeping other ranks, as the plugin does."""
-    from mindft.resetwatch import ResetFileError, ResetState, fault_state, read_reset_file, write_reset_file
+def _write_plugin_episode(path: Path, ranks: Sequence[int], status: str, error_code: int, policy: str) -> None:
+    """Write the reset file as the device plugin does for ``ranks`` of one node.
+
+    The list holds only this node's ranks (it replaces whatever another node wrote); an
+    ``unrecovered`` write opens a new episode (``RetryTime`` + 1), the outcome keeps it.
+    A failed reset is written with policy ``isolate``, as the plugin does.
+    """
+    from mindft.resetwatch import (POLICY_ISOLATE, STATUS_FAILED, STATUS_UNRECOVERED, ResetFileError,
+                                   fault_state, read_reset_file, write_reset_file)
 
     try:
-        current = read_reset_file(path)
+        retry_time = read_reset_file(path).retry_time
     except (OSError, ResetFileError):
-        current = ResetState()
-    entry = fault_state([rank], status, error_code=error_code, policy=policy).ranks[0]
-    others = tuple(r for r in current.ranks if r.rank != rank)
-    state = dataclasses.replace(current, ranks=tuple(sorted((*others, entry), key=lambda r: r.rank)))
-    write_reset_file(path, state)
+        retry_time = 0
+    if status == STATUS_UNRECOVERED:
+        retry_time += 1
+    written_policy = POLICY_ISOLATE if status == STATUS_FAILED else policy
+    state = fault_state(ranks, status, error_code=error_code, policy=written_policy, retry_time=retry_time,
+                        initial_policy=policy)
+    write_reset_file(path, state, restart_type="hotReset")
 
 
 def _emit(as_json: bool, event: str, **fields: Any) -> None:
@@ -246,14 +254,14 @@ def _device_script(reset_file: Path, ranks: Sequence[int], delay: float, hold: f
 
     if delay > 0:
         time.sleep(delay)
+    _write_plugin_episode(reset_file, ranks, STATUS_UNRECOVERED, error_code, policy)
     for rank in ranks:
-        _merge_rank(reset_file, rank, STATUS_UNRECOVERED, error_code, policy)
         _emit(as_json, "unrecovered", rank=rank, error=f"0x{error_code:08X}", policy=policy, file=str(reset_file))
     if outcome is None:
         return
     time.sleep(hold)
+    _write_plugin_episode(reset_file, ranks, outcome, error_code, policy)
     for rank in ranks:
-        _merge_rank(reset_file, rank, outcome, error_code, policy)
         _emit(as_json, outcome, rank=rank, file=str(reset_file))
 
 
@@ -349,8 +357,11 @@ def simulate_device_plugin(ranks: Sequence[int], reset_file: Optional[Path], job
                            hold: float, outcome: str, error_code: str, policy: str, as_json: bool) -> None:
     """Play the Ascend device plugin's part of a hot reset: write 'unrecovered', wait, write the outcome.
 
-    The file is written atomically in the format of the reset-config-<job name>
-    ConfigMap, so a job's ResetWatcher reacts exactly as on a real device fault.
+    The file is written as the plugin writes the reset-config-<job name> ConfigMap:
+    compact Go JSON listing only these ranks, RetryTime + 1 per fault, restartType
+    beside it; truncated then rewritten in place (the hostPath mirror), or published
+    with kubelet's atomic ..data swap and a checkCode when the file is a configMap
+    volume's symlink. A job's ResetWatcher reacts exactly as on a real device fault.
     """
     path = reset_file or _target(job, None, None, False).reset_file
     try:

@@ -46,18 +46,18 @@ def test_keygen_writes_a_private_loadable_key(runner: CliRunner, tmp_path: Path)
 
 def test_inject_hot_reset_writes_the_plugin_format(runner: CliRunner, tmp_path: Path) -> None:
     reset = tmp_path / "config" / "reset.json"
-    write_reset_file(reset, fault_state([0], "recovered"))  # another rank's entry must survive
+    write_reset_file(reset, fault_state([0], "recovered", retry_time=4))  # another node's record
     result = runner.invoke(main, ["inject", "--rank", "2", "--fault", "hot-reset", "--reset-file", str(reset),
                                   "--no-recover", "--policy", "reset", "--error-code", "0x80E18402"])
     assert result.exit_code == 0, result.output
     assert "rank 2 unrecovered" in result.output
     document = json.loads(reset.read_text())
     entries = {entry["RankId"]: entry for entry in document["RankList"]}
-    assert entries[0]["Status"] == "recovered"
+    assert list(entries) == [2]                      # the writing node's ranks only: last writer wins
     assert entries[2]["Status"] == "unrecovered"
-    assert entries[2]["Policy"] == "reset" and entries[2]["ErrorCodeHex"] == "0x80E18402"
-    assert entries[2]["ErrorCode"] == [0x80E18402]
-    assert document["GracefulExit"] == 0 and "RetryTime" in document
+    assert entries[2]["Policy"] == "reset" and entries[2]["ErrorCodeHex"] == "80E18402"
+    assert entries[2]["ErrorCode"] == []
+    assert document["GracefulExit"] == 0 and document["RetryTime"] == 5  # a new episode
     # What a job's watcher makes of it:
     assert ResetWatcher(reset, 0.01).poll() == [DeviceFaulty(2, "0x80E18402", "reset")]
 
