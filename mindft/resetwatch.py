@@ -44,6 +44,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 
+from mindft import flow
 from mindft.config import DEFAULT_RESET_FILE
 
 log = logging.getLogger(__name__)
@@ -914,3 +915,28 @@ def fault_state(ranks: Iterable[int], status: str = STATUS_UNRECOVERED, *,
                     for rank in sorted(set(ranks)))
     return ResetState(ranks=entries, retry_time=retry_time, graceful_exit=graceful_exit,
                       list_cleared=not entries)
+
+
+def flow_inputs(event: DeviceEvent) -> list[flow.DeviceInput]:
+    """What a reset-file event means to the recovery flow (:mod:`mindft.flow`).
+
+    A clusterd process fault and a restart-all become a rollback of every rank to a step
+    they all hold: the cheapest rung that gives what a process restart would (the processes'
+    state is restored from memory). A Volcano graceful exit stops the job with dying-gasp
+    checkpoints.
+    """
+    if isinstance(event, DeviceFaulty):
+        return [flow.DeviceFaulty(event.rank, event.error_code, event.policy)]
+    if isinstance(event, DeviceRecovered):
+        return [flow.DeviceRecovered(event.rank)]
+    if isinstance(event, DeviceFailed):
+        return [flow.DeviceFailed(event.rank, event.reason)]
+    if isinstance(event, ProcessFault):
+        return [flow.RollbackAll(f"clusterd reported a fault of rank {event.rank}", event.rank)]
+    if isinstance(event, RestartAll):
+        return [flow.RollbackAll(f"clusterd restarts every process (RetryTime {event.retry_time})")]
+    if isinstance(event, FaultFlushing):
+        return [flow.HoldRepairs(event.active)]
+    if isinstance(event, GracefulExit):
+        return [flow.StopJob("Volcano asked every training process to exit (GracefulExit)")]
+    raise TypeError(f"not a reset-file event: {event!r}")

@@ -6,7 +6,8 @@ input carries the time it happened, every decision comes back as a value.
 from __future__ import annotations
 
 from mindft.flow.effects import (Broadcast, DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, Effect,
-                                 Finish, KillRank, Peer, ProcessExited, Send, StopJob, Transition)
+                                 Finish, HoldRepairs, KillRank, Peer, ProcessExited, RollbackAll, Send, StopJob,
+                                 Transition)
 from mindft.flow.follower import (ArmFault, Armed, Command, DumpAndExit, Finished, Follower, Ignore, Leave,
                                   Outcome, RankHooks, Restore, Resume, Resumed, Settle)
 from mindft.flow.job import Job, held_after, phase_times
@@ -15,7 +16,7 @@ from mindft.flow.states import (RECOVERY_STATES, TERMINAL_STATES, TRANSITIONS, E
                                 next_state)
 
 __all__ = ["Armed", "Finished", "Outcome", "RankHooks", "Resumed", "ArmFault", "Broadcast", "Command", "DeviceFailed", "DeviceFaulty", "DeviceInput", "DeviceRecovered",
-           "DumpAndExit", "Effect", "Event", "Finish", "Follower", "Ignore", "IllegalTransition", "Job", "JobState",
+           "DumpAndExit", "Effect", "Event", "Finish", "Follower", "HoldRepairs", "RollbackAll", "Ignore", "IllegalTransition", "Job", "JobState",
            "KillRank", "Leave", "Peer", "ProcessExited", "RECOVERY_STATES", "RankRecord", "RankState", "RankTable",
            "Restore", "Resume", "Send", "Settle", "StopJob", "TERMINAL_STATES", "TRANSITIONS", "Transition",
            "held_after", "next_state", "phase_times"]

@@ -94,6 +94,24 @@ class StopJob:
 
 
 @dataclass(frozen=True)
+class RollbackAll:
+    """Every rank must go back to a consistent step (clusterd's restart, a process fault).
+
+    ``rank`` is the rank the fault is charged to (-1: none in particular).
+    """
+
+    reason: str
+    rank: int = -1
+
+
+@dataclass(frozen=True)
+class HoldRepairs:
+    """While ``active``, faults are still being collected: do not roll back or resume yet."""
+
+    active: bool
+
+
+@dataclass(frozen=True)
 class ProcessExited:
     """The launcher saw ``rank``'s process (``pid``) exit with ``returncode``."""
 
@@ -102,4 +120,4 @@ class ProcessExited:
     pid: int = 0
 
 
-DeviceInput = Union[DeviceFaulty, DeviceRecovered, DeviceFailed, StopJob]
+DeviceInput = Union[DeviceFaulty, DeviceRecovered, DeviceFailed, StopJob, RollbackAll, HoldRepairs]

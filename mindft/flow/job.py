@@ -18,8 +18,9 @@ from typing import Optional
 
 from mindft.config import Timeouts
 from mindft.exitcodes import ExitCode
-from mindft.flow.effects import (Broadcast, DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered,
-                                 Effect, Finish, KillRank, Peer, ProcessExited, Send, StopJob, Transition)
+from mindft.flow.effects import (Broadcast, DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, Effect,
+                                 Finish, HoldRepairs, KillRank, Peer, ProcessExited, RollbackAll, Send, StopJob,
+                                 Transition)
 from mindft.flow.ranks import RankRecord, RankState, RankTable
 from mindft.flow.states import RECOVERY_STATES, TERMINAL_STATES, Event, JobState, next_state
 from mindft.protocol import (Ack, Action, ActionKind, DeviceEvent, DeviceStatus, Done, FaultKind, FaultReport,
@@ -81,6 +82,7 @@ class Job:
         self.result: Optional[Finish] = None
         self.deadline = now + timeouts.register
         self._next_beat = now
+        self.holding = False  # HoldRepairs: the fault manager is still collecting faults
         self._barrier_endpoints: dict[int, str] = {}
         self._out: list[Effect] = []
 
@@ -123,6 +125,18 @@ class Job:
             return self._flush()
         if isinstance(event, StopJob):
             self._fail(f"stop requested: {event.reason}", now)
+            return self._flush()
+        if isinstance(event, HoldRepairs):
+            self.holding = event.active
+            log.info("repairs %s (the fault manager is %s)", "held" if event.active else "released",
+                     "still collecting faults" if event.active else "done collecting faults")
+            if not event.active:
+                self._advance(now)
+            return self._flush()
+        if isinstance(event, RollbackAll):
+            record = self.ranks.get(event.rank) or next(iter(sorted(self.ranks, key=lambda r: r.rank)), None)
+            if record is not None and self.state is not _S.STARTING:
+                self._add_fault(record, FaultKind.UNKNOWN, record.progress + 1, event.reason, now)
             return self._flush()
         record = self.ranks.get(event.rank)
         if record is None:
@@ -435,7 +449,7 @@ class Job:
             elif state is _S.REPAIRING:
                 # A live rank whose fault needs nothing external (UCE, COMMUNICATION, UNKNOWN)
                 # is repaired as soon as it waits; devices and lost processes are waited for.
-                if any(f.device_pending or f.process_pending for f in rec.faults.values()):
+                if self.holding or any(f.device_pending or f.process_pending for f in rec.faults.values()):
                     return
                 if any(not r.alive for r in self.ranks):
                     return
