@@ -118,8 +118,12 @@ def _split_item(item: str, position: int, text: str, variable: str) -> tuple[str
         raise ConfigError(f"{variable}: empty item #{position} in {text!r}; "
                           f"items are KEY:VALUE separated by single commas")
     if ":" not in item:
-        raise ConfigError(f"{variable}: item {item!r} in {text!r} has no value; "
-                          f"write KEY:VALUE, e.g. '{item}:1'")
+        if item.upper() in _TFT_OPTIONS:
+            raise ConfigError(f"{variable}: item {item!r} in {text!r} has no value; "
+                              f"write KEY:VALUE, e.g. '{item.upper()}:1'")
+        # Not an option name at all: suggesting '<item>:1' would only trade one error for another.
+        raise ConfigError(f"{variable}: {item!r} in {text!r} is not an option; write KEY:VALUE "
+                          f"items with keys {', '.join(_KNOWN_KEYS)}, e.g. '{{RSC:1}}'")
     key, value = (part.strip() for part in item.split(":", 1))
     if key not in _KNOWN_KEYS:
         hint = f" (keys are upper case: did you mean {key.upper()!r}?)" if key.upper() in _KNOWN_KEYS else ""

@@ -42,6 +42,8 @@ def test_arf_implies_ttp_with_a_log_line(caplog: pytest.LogCaptureFixture) -> No
 # Each malformed or conflicting input and the words its error must contain.
 @pytest.mark.parametrize("text, fragments", [
     ("{TTP}", ["'TTP'", "has no value", "TTP:1"]),
+    ("{ttp}", ["'ttp'", "has no value", "'TTP:1'"]),
+    ("garbage", ["'garbage'", "is not an option", "KEY:VALUE", "RSC:1"]),
     ("TTP:1,,UCE:1", ["empty item #2", "KEY:VALUE"]),
     ("{TTP:yes}", ["TTP must be one of 0, 1", "'yes'"]),
     ("{ttp:1}", ["unknown option 'ttp'", "did you mean 'TTP'", "known options: ARF"]),
@@ -69,6 +71,7 @@ def test_parse_tft_rejects_with_an_actionable_message(text: str, fragments: list
     assert repr(text) in message or "empty item" in message or "braces" in message
     for fragment in fragments:
         assert fragment in message
+    assert "garbage:1" not in message
     assert isinstance(caught.value, ValueError)
 
 
