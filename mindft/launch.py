@@ -31,7 +31,7 @@ from typing import IO, Any, Iterable, Mapping, Optional, Sequence
 import click
 import zmq
 
-from mindft.config import ConfigError, MindftConfig, load_config
+from mindft.config import TFT_VARIABLE, ConfigError, MindftConfig, load_config
 from mindft.keys import CurveKeys, generate_keys, load_keys, secure_client
 from mindft.protocol import (DeviceEvent, DeviceStatus, Message, ProcessExit, ProtocolError, StatusReply,
                              StatusRequest, decode, encode)
@@ -138,6 +138,9 @@ class LaunchSpec:
     grace_period: float = DEFAULT_GRACE_PERIOD
     env: Mapping[str, str] = field(default_factory=dict)
     prefix_output: bool = True
+    # False when MS_ENABLE_TFT asks for no fault tolerance: the ranks run as under msrun,
+    # with no controller, no keys and no restarts.
+    protected: bool = True
 
     @property
     def world_size(self) -> int:
@@ -168,6 +171,8 @@ def rank_environment(spec: LaunchSpec, rank: int, restart_count: int) -> dict[st
         "MINDFT_RESTART_COUNT": str(restart_count),
         "PYTHONUNBUFFERED": "1",  # so prefixed console output is live
     })
+    if not spec.protected:
+        return env
     if spec.insecure:
         env["MINDFT_INSECURE"] = "1"
         env.pop("MINDFT_KEY_FILE", None)
@@ -321,6 +326,14 @@ class Agent:
         return {r: w.pid for r, w in self.workers.items() if w.pid is not None}
 
 
+def unprotected_notice(tft_value: str) -> str:
+    """The one line that says a job runs without fault tolerance and how to turn it on."""
+    why = (f"{TFT_VARIABLE}={tft_value!r} enables no option" if tft_value.strip()
+           else f"{TFT_VARIABLE} is not set")
+    return (f"fault tolerance is OFF ({why}): the ranks train unprotected, with no controller and no "
+            f"restarts; turn it on with e.g. {TFT_VARIABLE}='{{RSC:1}}'")
+
+
 def _describe_exit(code: int) -> str:
     if code < 0:
         try:
@@ -411,12 +424,13 @@ class Launcher:
         self.spec = spec
         self.console = console or Console(prefix=spec.prefix_output)
         self.agent = Agent(spec, self.console)
-        self.keys = None if spec.insecure else load_keys(spec.key_file)
+        self.keys = None if spec.insecure or not spec.protected else load_keys(spec.key_file)
         self._connect()
         self.runner: Optional[_ControllerRunner] = None
         self._signal: Optional[int] = None
         self._signals_seen = 0
         self._last_hang_check = 0.0
+        self._unprotected_failure: Optional[int] = None  # the first failed rank's exit code
 
     def _connect(self) -> None:
         self.client = ControllerClient(self.spec.controller_address, self.keys)
@@ -476,6 +490,8 @@ class Launcher:
 
     def _check_hung(self) -> None:
         # The controller sees a silent rank; only the launcher can kill it so it can restart.
+        if not self.spec.protected:
+            return
         now = time.monotonic()
         if now - self._last_hang_check < HANG_CHECK_INTERVAL:
             return
@@ -500,6 +516,12 @@ class Launcher:
             self.console.line("mindft-launch", f"rank {rank} (pid {pid}) {_describe_exit(code)}")
             if code == EXIT_OK or self._signal is not None:
                 worker.final = True
+                continue
+            if not self.spec.protected:
+                # Nothing can restore an unprotected rank: stop the job as msrun does.
+                worker.final = True
+                if self._unprotected_failure is None:
+                    self._unprotected_failure = code
                 continue
             if code == EXIT_DUMPED:
                 worker.final = True
@@ -538,7 +560,9 @@ class Launcher:
 
     def _run(self) -> int:
         spec = self.spec
-        if spec.node_rank == 0:
+        if not spec.protected:
+            self.console.line("mindft-launch", unprotected_notice(spec.env.get(TFT_VARIABLE, "")))
+        elif spec.node_rank == 0:
             self.runner = _ControllerRunner(self.controller_config())
             if spec.master_port == 0:
                 # The controller picked a free port; every rank and client must use it.
@@ -546,9 +570,10 @@ class Launcher:
                 self.agent.spec = spec
                 self._connect()
             self.runner.start()
+        controller = (f"controller {spec.controller_address}{' (INSECURE)' if spec.insecure else ''}"
+                      if spec.protected else "no controller")
         self.console.line("mindft-launch", f"{spec.world_size} rank(s), {spec.nproc} on this node "
-                          f"(node {spec.node_rank}/{spec.nnodes}); controller {spec.controller_address}"
-                          f"{' (INSECURE)' if spec.insecure else ''}; logs in {spec.log_dir}")
+                          f"(node {spec.node_rank}/{spec.nnodes}); {controller}; logs in {spec.log_dir}")
         try:
             self.agent.start_all_workers()
             self.write_job_file()
@@ -577,6 +602,11 @@ class Launcher:
                 return 128 + self._signal
             self._handle_exits()
             running = self.agent.running()
+            if self._unprotected_failure is not None and running:
+                self.console.line("mindft-launch", f"stopping rank(s) {running}: a rank failed and fault "
+                                  f"tolerance is off")
+                self.agent.kill_worker(running, signal.SIGTERM, spec.grace_period)
+                running = []
             if self.runner is not None:
                 self.runner.start_watcher_when_training()
                 if self.runner.finished and controller_done_at is None:
@@ -599,6 +629,8 @@ class Launcher:
                 if running:
                     self._check_hung()
             elif not running and all(w.final for w in self.agent.workers.values()):
+                if self._unprotected_failure is not None:
+                    return job_exit_code(None, [self._unprotected_failure])
                 return job_exit_code(None, self._final_codes())
             elif running:
                 self._check_hung()
@@ -679,12 +711,13 @@ def main(nproc: int, nnodes: int, node_rank: int, master_addr: str, master_port:
         base = load_config()  # validates the user's MS_ENABLE_TFT and MINDFT_* before starting anything
     except ConfigError as error:
         _fail(f"configuration error: {error}")
-    insecure = insecure or base.insecure  # MINDFT_INSECURE=1 means the same as --insecure
+    protected = base.tft.enabled
+    insecure = (insecure or base.insecure) and protected  # MINDFT_INSECURE=1 means the same as --insecure
     if master_port is None or master_port == 0:
         master_port = 29600 if nnodes > 1 else 0  # 0: the controller binds a free port
     if 0 < master_port < 1024:
         _fail(f"--master-port {master_port} must be in 1024..65535")
-    if nnodes > 1 and key_file is None and not insecure:
+    if protected and nnodes > 1 and key_file is None and not insecure:
         _fail("a job on several nodes needs one key on every node: create it with "
               "'mindft keygen keys.json', distribute it and pass --key-file keys.json (or --insecure)")
     if run_dir is None:
@@ -692,7 +725,9 @@ def main(nproc: int, nnodes: int, node_rank: int, master_addr: str, master_port:
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(run_dir, 0o700)
-    if not insecure and key_file is None:
+    if not protected:
+        key_file = None
+    elif not insecure and key_file is None:
         key_file = run_dir / "keys.json"
         generate_keys(key_file)
     elif not insecure:
@@ -707,7 +742,7 @@ def main(nproc: int, nnodes: int, node_rank: int, master_addr: str, master_port:
                       master_ip=master_ip, master_port=master_port, max_restarts=max_restarts,
                       run_dir=run_dir, log_dir=log_dir or run_dir / "logs",
                       key_file=None if insecure else key_file, insecure=insecure,
-                      grace_period=grace_period, env=env, prefix_output=not no_prefix)
+                      grace_period=grace_period, env=env, prefix_output=not no_prefix, protected=protected)
     try:
         code = Launcher(spec).run()
     except ConfigError as error:

@@ -27,6 +27,7 @@ sys.path.insert(0, str(HERE))
 import launch_rank  # noqa: E402  (the rank script doubles as the reference implementation)
 
 RANK_SCRIPT = HERE / "launch_rank.py"
+PLAIN_SCRIPT = HERE / "plain_rank.py"
 DEADLINE = 90.0
 
 
@@ -45,7 +46,7 @@ class Job:
             "MINDFT_HEARTBEAT_INTERVAL": "0.1", "MINDFT_HEARTBEAT_MISSES": "10",
             "MINDFT_RESET_POLL_INTERVAL": "0.05", "MINDFT_RESET_FILE": str(self.reset_file),
             "MINDFT_DUMP_DIR": str(tmp / "dump"), "MINDFT_REGISTER_TIMEOUT": "60",
-            "MINDFT_REPAIR_TIMEOUT": "30",
+            "MINDFT_REPAIR_TIMEOUT": "30", "MS_ENABLE_TFT": "{RSC:1}",
         })
         full_env.pop("MINDFT_KEY_FILE", None)
         full_env.update(env)
@@ -237,7 +238,7 @@ def test_injected_uce_is_recovered(launch: Callable[..., Job]) -> None:
 def test_bad_arguments_exit_2(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "mindft.launch", "--nnodes", "2", "--node-rank", "0",
                              str(RANK_SCRIPT)], capture_output=True, text=True, timeout=30,
-                            env={**os.environ, "MINDFT_KEY_FILE": ""})
+                            env={**os.environ, "MINDFT_KEY_FILE": "", "MS_ENABLE_TFT": "{RSC:1}"})
     assert result.returncode == 2
     assert "needs one key on every node" in result.stderr
     bad_tft = subprocess.run([sys.executable, "-m", "mindft.launch", str(RANK_SCRIPT)], capture_output=True,
@@ -272,7 +273,7 @@ def test_two_nodes_share_one_controller_and_key(tmp_path: Path) -> None:
                           capture_output=True, timeout=30).returncode == 0
     env = {**os.environ, "LAUNCH_DIR": str(tmp_path), "LAUNCH_STEPS": "30", "LAUNCH_CRASH": "3:10",
            "MINDFT_HEARTBEAT_INTERVAL": "0.1", "MINDFT_RESET_FILE": str(tmp_path / "reset.json"),
-           "MINDFT_REPAIR_TIMEOUT": "30"}
+           "MINDFT_REPAIR_TIMEOUT": "30", "MS_ENABLE_TFT": "{RSC:1}"}
     env.pop("MINDFT_KEY_FILE", None)
     nodes = []
     try:
@@ -311,3 +312,36 @@ def test_demo_killed_mindspore_rank_is_restarted_bit_identical(tmp_path: Path) -
     assert "killed by SIGKILL" in out and "restarting rank 1 (restart 1/3)" in out
     assert "adopted its replica" in out and "PROCESS_DIED" in out
     assert out.count(" yes") == 2 and "bit-identical:" in out
+
+
+def run_plain(tmp_path: Path, *args: str, timeout: float = 60.0, **env: str) -> subprocess.CompletedProcess:
+    """mindft-launch on plain_rank.py (no mindft inside the ranks), to completion."""
+    full_env = {**os.environ, "MINDFT_RESET_FILE": str(tmp_path / "reset.json"), **env}
+    for name in ("MINDFT_KEY_FILE", "MINDFT_INSECURE"):
+        full_env.pop(name, None)
+    if "MS_ENABLE_TFT" not in env:
+        full_env.pop("MS_ENABLE_TFT", None)
+    return subprocess.run([sys.executable, "-m", "mindft.launch", *args], capture_output=True, text=True,
+                          timeout=timeout, env=full_env)
+
+
+def test_without_ms_enable_tft_the_job_runs_unprotected_and_exits_0(tmp_path: Path) -> None:
+    started = time.monotonic()
+    result = run_plain(tmp_path, "--nproc", "2", "--run-dir", str(tmp_path / "run"), str(PLAIN_SCRIPT))
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert out.count("fault tolerance is OFF (MS_ENABLE_TFT is not set)") == 1
+    assert "MS_ENABLE_TFT='{RSC:1}'" in out
+    assert "plain rank 0 done" in out and "plain rank 1 done" in out
+    assert "[controller]" not in out and "no controller" in out
+    assert not (tmp_path / "run" / "keys.json").exists()
+    assert time.monotonic() - started < 14  # not the 15 s wait for a controller verdict
+
+
+def test_unprotected_rank_failure_stops_the_job_with_its_code(tmp_path: Path) -> None:
+    result = run_plain(tmp_path, "--nproc", "2", str(PLAIN_SCRIPT), PLAIN_EXIT="1:7", PLAIN_SLEEP="0.5",
+                       MS_ENABLE_TFT="{TTP:0}")
+    out = result.stdout + result.stderr
+    assert result.returncode == 7, out
+    assert "MS_ENABLE_TFT='{TTP:0}' enables no option" in out
+    assert "restarting" not in out
