@@ -1,8 +1,8 @@
 """The ``mindft`` command: configuration check, job status, fault injection, keys (for people).
 
-Exit codes: 0 success; 1 the operation failed or was refused (e.g. the controller
-does not know the rank, the process is gone); 2 usage or configuration error;
-3 the controller did not answer.
+Exit codes (mindft.exitcodes): 0 success; 1 the operation failed or was refused (e.g.
+the controller does not know the rank, the process is gone); 2 usage or configuration
+error; 5 the controller did not answer.
 """
 from __future__ import annotations
 
@@ -20,11 +20,12 @@ from typing import Any, Optional, Sequence
 import click
 
 from mindft.config import ConfigError, MindftConfig, load_config
+from mindft.exitcodes import ExitCode
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_CONFIG_ERROR = 2
-EXIT_UNREACHABLE = 3
+EXIT_OK = ExitCode.OK
+EXIT_FAILED = ExitCode.FAILED
+EXIT_CONFIG_ERROR = ExitCode.USAGE
+EXIT_UNREACHABLE = ExitCode.UNREACHABLE
 
 
 @click.group()
@@ -194,7 +195,7 @@ def status(job: Optional[Path], address: Optional[str], key_file: Optional[Path]
            timeout: float, as_json: bool) -> None:
     """Show the job: controller state, committed step and a table of ranks.
 
-    Exit code 0 when the controller answered (whatever the job's state), 3 when it did not.
+    Exit code 0 when the controller answered (whatever the job's state), 5 when it did not.
     """
     reply = _status_reply(_target(job, address, key_file, insecure), timeout)
     if as_json:

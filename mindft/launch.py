@@ -6,10 +6,10 @@ start a list of workers and monitor them; :class:`Launcher` adds the policy
 (restart a crashed rank up to ``--max-restarts`` times, forward signals, run the
 controller and the reset watcher, decide the exit code).
 
-Exit codes: the controller's result on node 0 (0 when every rank finished, 3 when
-the ranks wrote their dying-gasp checkpoint and exited, another non-zero code
-naming a failure), otherwise the ranks' own: 0 when all finished, 3 when any
-dumped, the crash code of a rank that ran out of restarts, 128+N after signal N.
+Exit codes (:mod:`mindft.exitcodes`, combined by :func:`job_exit_code`): 0 every rank
+finished; 3 every rank wrote its dying-gasp checkpoint; 4 a rank had to stop but could
+not write its checkpoint; 1 the job failed otherwise (or the crash code of a rank, 128+N
+after signal N); 2 bad usage or configuration, nothing started; 130/143 interrupted.
 """
 from __future__ import annotations
 
@@ -32,16 +32,13 @@ import click
 import zmq
 
 from mindft.config import TFT_VARIABLE, ConfigError, MindftConfig, load_config
+from mindft.exitcodes import ExitCode, describe
 from mindft.keys import CurveKeys, generate_keys, load_keys, secure_client
 from mindft.protocol import (DeviceEvent, DeviceStatus, Message, ProcessExit, ProtocolError, StatusReply,
                              StatusRequest, decode, encode)
 
 log = logging.getLogger(__name__)
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_DUMPED = 3  # a rank wrote its dying-gasp checkpoint and left on the controller's order
 JOB_FILE = "job.json"
 
 # How long the launcher waits for things it does not control; named here, documented in the README.
@@ -334,29 +331,38 @@ def unprotected_notice(tft_value: str) -> str:
             f"restarts; turn it on with e.g. {TFT_VARIABLE}='{{RSC:1}}'")
 
 
-def _describe_exit(code: int) -> str:
+def describe_exit(code: int) -> str:
+    """A rank's exit status for people, in the words of :func:`mindft.exitcodes.describe`."""
     if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    if code == EXIT_DUMPED:
-        return "exit 3 (dying-gasp checkpoint written)"
-    return f"exit {code}"
+        return describe(code)
+    meaning = describe(code)
+    return f"exit {code}" if meaning == f"exit code {code}" else f"exit {code} ({meaning})"
+
+
+_STOPPED_ON_PURPOSE = (ExitCode.DUMPED, ExitCode.DUMP_FAILED)
 
 
 def job_exit_code(controller_code: Optional[int], final_codes: Iterable[Optional[int]]) -> int:
-    """Combine the controller's verdict and the ranks' final exit codes into the launcher's."""
+    """Combine the controller's verdict and the ranks' final exit codes into the launcher's.
+
+    A checkpoint is claimed (3) only when every rank says it wrote one; a rank that could
+    not write its own makes the job 4; a crashed rank's code (128+N after signal N) wins
+    over a controller that merely agrees the job failed.
+    """
     codes = [c for c in final_codes if c is not None]
-    crashed = [c for c in codes if c not in (EXIT_OK, EXIT_DUMPED)]
-    if controller_code not in (None, EXIT_OK):
+    if ExitCode.DUMP_FAILED in codes:
+        return ExitCode.DUMP_FAILED
+    if codes and all(c == ExitCode.DUMPED for c in codes):
+        return ExitCode.DUMPED
+    if controller_code not in (None, ExitCode.OK):
         return controller_code
+    crashed = [c for c in codes if c != ExitCode.OK and c not in _STOPPED_ON_PURPOSE]
     if crashed:
         code = crashed[0]
         return 128 - code if code < 0 else code
-    if EXIT_DUMPED in codes:
-        return EXIT_DUMPED
-    return EXIT_OK
+    if ExitCode.DUMPED in codes:
+        return ExitCode.DUMPED
+    return ExitCode.OK
 
 
 class _ControllerRunner:
@@ -379,7 +385,7 @@ class _ControllerRunner:
             self.result = self.controller.serve()
         except Exception as error:  # a crashed controller must still end the job cleanly
             log.exception("controller crashed")
-            self.result = _Result(EXIT_FAILED, f"controller crashed: {error}")
+            self.result = _Result(ExitCode.FAILED, f"controller crashed: {error}")
 
     def start(self) -> None:
         self._thread.start()
@@ -513,8 +519,8 @@ class Launcher:
             if code is None or worker.final:
                 continue
             pid = worker.process.pid
-            self.console.line("mindft-launch", f"rank {rank} (pid {pid}) {_describe_exit(code)}")
-            if code == EXIT_OK or self._signal is not None:
+            self.console.line("mindft-launch", f"rank {rank} (pid {pid}) {describe_exit(code)}")
+            if code == ExitCode.OK or self._signal is not None:
                 worker.final = True
                 continue
             if not self.spec.protected:
@@ -523,12 +529,12 @@ class Launcher:
                 if self._unprotected_failure is None:
                     self._unprotected_failure = code
                 continue
-            if code == EXIT_DUMPED:
+            if code in _STOPPED_ON_PURPOSE:
                 worker.final = True
                 if self.runner is not None and not self._job_over():
                     # It gave up on its own (not on the controller's order): fail now, not after
                     # timeouts.repair, so the other ranks dump while their state is fresh.
-                    self._report_lost(rank, f"rank {rank} wrote its dying-gasp checkpoint and exited")
+                    self._report_lost(rank, f"rank {rank} stopped: {describe(code)}")
                 continue
             job_over = self._job_over()
             if not job_over:
@@ -539,7 +545,7 @@ class Launcher:
                 self.console.line("mindft-launch", f"not restarting rank {rank}: {why}")
                 if not job_over:
                     # Fail the job now instead of after timeouts.repair: the healthy ranks dump.
-                    self._report_lost(rank, f"rank {rank} {_describe_exit(code)} and used all "
+                    self._report_lost(rank, f"rank {rank} {describe_exit(code)} and used all "
                                             f"{self.spec.max_restarts} restarts")
                 continue
             worker.restarts += 1
@@ -625,7 +631,7 @@ class Launcher:
                     if time.monotonic() - all_exited_at > CONTROLLER_FINISH_TIMEOUT:
                         log.warning("every rank exited but the controller has no result after %gs",
                                     CONTROLLER_FINISH_TIMEOUT)
-                        return job_exit_code(None, self._final_codes()) or EXIT_FAILED
+                        return job_exit_code(None, self._final_codes()) or ExitCode.FAILED
                 if running:
                     self._check_hung()
             elif not running and all(w.final for w in self.agent.workers.values()):
@@ -659,7 +665,7 @@ def _setup_logging(verbose: bool) -> None:
 
 def _fail(message: str) -> None:
     click.echo(f"mindft-launch: {message}", err=True)
-    sys.exit(EXIT_USAGE)
+    sys.exit(ExitCode.USAGE)
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False,
@@ -701,7 +707,15 @@ def main(nproc: int, nnodes: int, node_rank: int, master_addr: str, master_port:
     file), sets the environment msrun would (MS_WORKER_NUM, MS_NODE_ID, RANK_ID,
     RANK_SIZE, DEVICE_ID) plus MS_TFT_IP/MS_TFT_PORT and MINDFT_KEY_FILE, prints
     each rank's output prefixed with [rank N], restarts a crashed rank up to
-    --max-restarts times and exits with the job's result (0 done, 3 dumped).
+    --max-restarts times and exits with the job's result.
+
+    \b
+    Exit codes: 0  every rank finished
+                1  the job failed (or a rank's own crash code)
+                2  bad usage or configuration; nothing was started
+                3  every rank wrote its dying-gasp checkpoint
+                4  a rank had to stop but could not write its checkpoint
+                130/143  interrupted by SIGINT/SIGTERM
     """
     _setup_logging(verbose)
     if node_rank >= nnodes:

@@ -35,7 +35,7 @@ class Job:
     """One mindft-launch process and everything it was given."""
 
     def __init__(self, tmp: Path, nproc: int, steps: int, step_time: float, extra_args: tuple[str, ...],
-                 env: dict[str, str]) -> None:
+                 env: dict[str, str], script: Path = RANK_SCRIPT) -> None:
         self.tmp, self.steps, self.nproc = tmp, steps, nproc
         self.run_dir = tmp / "run"
         self.reset_file = tmp / "reset" / "reset.json"
@@ -53,7 +53,7 @@ class Job:
         with open(self.output, "wb") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "mindft.launch", "--nproc", str(nproc), "--run-dir", str(self.run_dir),
-                 *extra_args, str(RANK_SCRIPT)],
+                 *extra_args, str(script)],
                 env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def text(self) -> str:
@@ -117,8 +117,8 @@ def launch(tmp_path: Path) -> Iterator[Callable[..., Job]]:
     jobs: list[Job] = []
 
     def start(nproc: int = 2, steps: int = 30, step_time: float = 0.02, args: tuple[str, ...] = (),
-              **env: str) -> Job:
-        job = Job(tmp_path, nproc, steps, step_time, args, env)
+              script: Path = RANK_SCRIPT, **env: str) -> Job:
+        job = Job(tmp_path, nproc, steps, step_time, args, env, script)
         jobs.append(job)
         return job
 
@@ -200,10 +200,38 @@ def test_rank_that_gives_up_fails_the_job_without_waiting_for_the_repair_timeout
     job = launch(nproc=2, steps=1000, step_time=0.02, LAUNCH_GIVE_UP="1:5", MINDFT_REPAIR_TIMEOUT="300")
     code = job.wait(60)
     out = job.text()
-    assert code == 1, out
-    assert "rank 1 wrote its dying-gasp checkpoint and exited" in out
+    assert code == 3, out                                # every rank wrote its dying-gasp checkpoint
+    assert "rank 1 stopped: dying-gasp checkpoint written" in out
     assert "restarting rank 1" not in out                # exit 3 is final
     assert "rank 0 dumped step" in out
+
+
+def test_rank_whose_dump_failed_is_not_reported_as_dumped(launch: Callable[..., Job]) -> None:
+    job = launch(nproc=2, steps=1000, step_time=0.02, script=HERE / "dump_failed_rank.py",
+                 LAUNCH_GIVE_UP="1:5", GIVE_UP_EXIT_CODE_RANK="1", MINDFT_REPAIR_TIMEOUT="300")
+    code = job.wait(60)
+    out = job.text()
+    assert code == 4, out
+    assert "exit 4 (stopped; dying-gasp checkpoint NOT written)" in out
+    assert "rank 1 stopped: stopped; dying-gasp checkpoint NOT written" in out
+    assert "rank 1 (pid" in out and not any("rank 1 (pid" in line and "checkpoint written" in line
+                                            for line in out.splitlines())
+    assert "rank 0 dumped step" in out and "exit 3 (dying-gasp checkpoint written)" in out
+
+
+def test_device_failed_every_rank_dumps_and_the_launcher_exits_3(launch: Callable[..., Job],
+                                                                 tmp_path: Path) -> None:
+    job = launch(nproc=2, steps=1000, step_time=0.02)
+    job.wait_until(lambda: job.committed() >= 5, "step 5")
+    write_reset_file(job.reset_file, fault_state([1], policy="reset"))
+    job.wait_until(lambda: "REPAIRING" in job.text(), "the controller to wait for the device")
+    write_reset_file(job.reset_file, fault_state([1], "failed", policy="reset"))
+    code = job.wait(60)
+    out = job.text()
+    assert code == 3, out
+    assert "rank 0 dumped step" in out and "rank 1 dumped step" in out
+    assert out.count("exit 3 (dying-gasp checkpoint written)") == 2
+    assert len(list((tmp_path / "dump").glob("rank*-step*.npy"))) == 2
 
 
 def test_hung_rank_is_killed_and_restarted(launch: Callable[..., Job]) -> None:
