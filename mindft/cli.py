@@ -128,12 +128,32 @@ def _target(job: Optional[Path], address: Optional[str], key_file: Optional[Path
             click.echo(f"mindft: --job {job}: not a job file written by mindft-launch ({error})", err=True)
             sys.exit(EXIT_CONFIG_ERROR)
     if address:
-        found = dataclasses.replace(found, address=address)
+        try:
+            found = dataclasses.replace(found, address=controller_endpoint(address))
+        except ValueError as error:
+            click.echo(f"mindft: --address: {error}", err=True)
+            sys.exit(EXIT_CONFIG_ERROR)
     if key_file:
         found = dataclasses.replace(found, key_file=key_file, insecure=False)
     if insecure:
         found = dataclasses.replace(found, key_file=None, insecure=True)
     return found
+
+
+def controller_endpoint(address: str) -> str:
+    """The ZeroMQ endpoint for ``address``: ``tcp://HOST:PORT``, or ``HOST:PORT`` / ``[IPv6]:PORT``.
+
+    Raises ValueError, naming the input and the accepted forms, for anything else.
+    """
+    text = address.strip()
+    body = text[len("tcp://"):] if text.startswith("tcp://") else text
+    host, colon, port = body.rpartition(":")
+    usage = f"{address!r} is not a controller address; use HOST:PORT or tcp://HOST:PORT, e.g. 127.0.0.1:29600"
+    if "://" in body or not colon or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(usage)
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        raise ValueError(f"{usage} (write an IPv6 address in brackets: [::1]:29600)")
+    return f"tcp://{host}:{int(port)}"
 
 
 def _client(target: _Target, timeout: float) -> Any:
@@ -161,8 +181,8 @@ def _controller_options(function: Any) -> Any:
                      envvar="MINDFT_JOB_FILE",
                      help="job.json in mindft-launch's run directory (address, key, reset file). "
                           "[env: MINDFT_JOB_FILE]"),
-        click.option("--address", help="Controller endpoint, e.g. tcp://127.0.0.1:29600. "
-                                       "Default: MS_TFT_IP/MS_TFT_PORT."),
+        click.option("--address", help="Controller address, HOST:PORT or tcp://HOST:PORT "
+                                       "(e.g. 127.0.0.1:29600). Default: MS_TFT_IP/MS_TFT_PORT."),
         click.option("--key-file", type=click.Path(dir_okay=False, path_type=Path),
                      help="Job key file. Default: MINDFT_KEY_FILE."),
         click.option("--insecure", is_flag=True, help="Talk to a controller started with --insecure."),
