@@ -17,6 +17,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -437,6 +438,7 @@ class Launcher:
         self._signals_seen = 0
         self._last_hang_check = 0.0
         self._unprotected_failure: Optional[int] = None  # the first failed rank's exit code
+        self._failure: Optional[str] = None  # why the launcher itself fails the job
 
     def _connect(self) -> None:
         self.client = ControllerClient(self.spec.controller_address, self.keys)
@@ -483,6 +485,17 @@ class Launcher:
                 log.warning("could not tell the controller that %s: %s", what, error)
 
         threading.Thread(target=send, name="mindft-notify", daemon=True).start()
+
+    def _before_start(self) -> bool:
+        """True on node 0 while the controller still waits for every rank to register."""
+        return (self.runner is not None and not self.runner.finished
+                and self.runner.controller.state.value == "STARTING")
+
+    def _abort(self, reason: str) -> None:
+        """Fail the job from the launcher: the supervise loop stops every rank and exits 1."""
+        if self._failure is None:
+            self._failure = reason
+            self.console.line("mindft-launch", f"job failed: {reason}")
 
     def _job_over(self) -> bool:
         """True on node 0 once the controller reached DONE or FAILED (other nodes cannot know)."""
@@ -536,6 +549,13 @@ class Launcher:
                     # timeouts.repair, so the other ranks dump while their state is fresh.
                     self._report_lost(rank, f"rank {rank} stopped: {describe(code)}")
                 continue
+            if self._before_start():
+                # A rank that dies before every rank registered fails the same way again
+                # (a bad script, a missing module): restarting it only hides the error.
+                worker.final = True
+                self._abort(f"rank {rank} {describe_exit(code)} before the job started; not restarting "
+                            f"it: see {worker.log_path}")
+                continue
             job_over = self._job_over()
             if not job_over:
                 self._notify(ProcessExit(rank=rank, returncode=code, pid=pid), f"rank {rank} exited")
@@ -549,9 +569,9 @@ class Launcher:
                                             f"{self.spec.max_restarts} restarts")
                 continue
             worker.restarts += 1
+            # Whether the new process finds its state (a peer replica) is the rank's to say.
             self.console.line("mindft-launch", f"restarting rank {rank} "
-                              f"(restart {worker.restarts}/{self.spec.max_restarts}); "
-                              f"it recovers from its peer replica")
+                              f"(restart {worker.restarts}/{self.spec.max_restarts})")
             self.agent.start_worker_list([rank])
             self.write_job_file()
 
@@ -608,6 +628,14 @@ class Launcher:
                 return 128 + self._signal
             self._handle_exits()
             running = self.agent.running()
+            if self._failure is None and not running and self._before_start() and all(
+                    w.final for w in self.agent.workers.values()):
+                self._abort("every rank exited before registering with the controller: does the "
+                            "script use mindft (mindft.mindspore.train, FaultTolerantLoop)?")
+            if self._failure is not None:
+                if running:
+                    self.agent.kill_worker(running, signal.SIGTERM, spec.grace_period)
+                return job_exit_code(ExitCode.FAILED, self._final_codes())
             if self._unprotected_failure is not None and running:
                 self.console.line("mindft-launch", f"stopping rank(s) {running}: a rank failed and fault "
                                   f"tolerance is off")
@@ -661,6 +689,17 @@ def _setup_logging(verbose: bool) -> None:
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
     root.propagate = False
+
+
+def _training_command(script: str, script_args: Sequence[str]) -> tuple[str, ...]:
+    """The rank command line; a script that is not there is a usage error before anything starts."""
+    if script.endswith(".py"):
+        if not Path(script).is_file():
+            _fail(f"training script {script!r} does not exist (looked in {os.getcwd()})")
+        return (sys.executable, script, *script_args)
+    if shutil.which(script) is None:
+        _fail(f"training command {script!r} is not an executable file or on PATH")
+    return (script, *script_args)
 
 
 def _fail(message: str) -> None:
@@ -720,6 +759,7 @@ def main(nproc: int, nnodes: int, node_rank: int, master_addr: str, master_port:
     _setup_logging(verbose)
     if node_rank >= nnodes:
         _fail(f"--node-rank {node_rank} must be below --nnodes {nnodes}")
+    command = _training_command(script, script_args)
     try:
         master_ip = resolve_ip(master_addr)
         base = load_config()  # validates the user's MS_ENABLE_TFT and MINDFT_* before starting anything
@@ -751,7 +791,6 @@ def main(nproc: int, nnodes: int, node_rank: int, master_addr: str, master_port:
             _fail(str(error))
     env = dict(os.environ)
     env.setdefault("MINDFT_RESET_FILE", str(base.reset_file))
-    command = (sys.executable, script, *script_args) if script.endswith(".py") else (script, *script_args)
     spec = LaunchSpec(command=command, nproc=nproc, nnodes=nnodes, node_rank=node_rank,
                       master_ip=master_ip, master_port=master_port, max_restarts=max_restarts,
                       run_dir=run_dir, log_dir=log_dir or run_dir / "logs",

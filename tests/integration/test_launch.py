@@ -373,3 +373,34 @@ def test_unprotected_rank_failure_stops_the_job_with_its_code(tmp_path: Path) ->
     assert result.returncode == 7, out
     assert "MS_ENABLE_TFT='{TTP:0}' enables no option" in out
     assert "restarting" not in out
+
+
+def test_missing_training_script_fails_at_once(tmp_path: Path) -> None:
+    missing = tmp_path / "no_such_train.py"
+    for tft in ("{RSC:1}", ""):
+        result = run_plain(tmp_path, "--nproc", "2", str(missing), timeout=30, MS_ENABLE_TFT=tft)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert f"training script {str(missing)!r} does not exist" in result.stderr
+        assert "restarting rank" not in result.stdout
+    command = run_plain(tmp_path, "no-such-command-mindft", timeout=30, MS_ENABLE_TFT="{RSC:1}")
+    assert command.returncode == 2 and "'no-such-command-mindft' is not an executable" in command.stderr
+
+
+def test_rank_that_dies_before_the_job_starts_is_not_restarted(tmp_path: Path) -> None:
+    started = time.monotonic()
+    result = run_plain(tmp_path, "--nproc", "2", "--run-dir", str(tmp_path / "run"), str(PLAIN_SCRIPT),
+                       MS_ENABLE_TFT="{RSC:1}", PLAIN_EXIT="1:1", PLAIN_SLEEP="0.3")
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    assert "job failed: rank 1 exit 1 (failed) before the job started; not restarting it" in out
+    assert str(tmp_path / "run" / "logs" / "rank_1.log") in out
+    assert "restarting rank" not in out and "recovers from its peer replica" not in out
+    assert time.monotonic() - started < 12, out  # neither restarts nor the 15 s wait for a verdict
+
+
+def test_ranks_that_never_register_fail_the_job_at_once(tmp_path: Path) -> None:
+    result = run_plain(tmp_path, "--nproc", "2", str(PLAIN_SCRIPT), MS_ENABLE_TFT="{RSC:1}")
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    assert "every rank exited before registering with the controller" in out
+    assert "controller has no result" not in out
