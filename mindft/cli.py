@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence
 
 import click
 
-from mindft.config import ConfigError, MindftConfig, load_config
+from mindft.config import ConfigError, MindftConfig, check_launchable, load_config
 from mindft.exitcodes import ExitCode
 
 EXIT_OK = ExitCode.OK
@@ -70,9 +70,14 @@ def _jsonable(value: object) -> object:
 @config_group.command("check")
 @click.option("--json", "as_json", is_flag=True, help="Print the resolved configuration as JSON.")
 def config_check(as_json: bool) -> None:
-    """Validate the environment and print the resolved configuration."""
+    """Validate the environment as mindft-launch does and print the resolved configuration.
+
+    Besides the variables' syntax it checks the key file (MINDFT_KEY_FILE) and, with
+    MINDFT_BACKEND=mindio, that the mindio_ttp wheel imports. Exit code 2 on any error.
+    """
     try:
         config = load_config()
+        check_launchable(config)
     except ConfigError as error:
         click.echo(f"mindft: configuration error: {error}", err=True)
         sys.exit(EXIT_CONFIG_ERROR)

@@ -32,7 +32,7 @@ from typing import IO, Any, Iterable, Mapping, Optional, Sequence
 import click
 import zmq
 
-from mindft.config import TFT_VARIABLE, ConfigError, MindftConfig, load_config
+from mindft.config import TFT_VARIABLE, ConfigError, MindftConfig, check_launchable, load_config
 from mindft.exitcodes import ExitCode, describe
 from mindft.keys import CurveKeys, generate_keys, load_keys, secure_client
 from mindft.protocol import (DeviceEvent, DeviceStatus, Message, ProcessExit, ProtocolError, StatusReply,
@@ -763,6 +763,7 @@ def main(nproc: int, nnodes: int, node_rank: int, master_addr: str, master_port:
     try:
         master_ip = resolve_ip(master_addr)
         base = load_config()  # validates the user's MS_ENABLE_TFT and MINDFT_* before starting anything
+        check_launchable(base)
     except ConfigError as error:
         _fail(f"configuration error: {error}")
     protected = base.tft.enabled
