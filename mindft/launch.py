@@ -599,7 +599,8 @@ class Launcher:
         controller = (f"controller {spec.controller_address}{' (INSECURE)' if spec.insecure else ''}"
                       if spec.protected else "no controller")
         self.console.line("mindft-launch", f"{spec.world_size} rank(s), {spec.nproc} on this node "
-                          f"(node {spec.node_rank}/{spec.nnodes}); {controller}; logs in {spec.log_dir}")
+                          f"(node {spec.node_rank}/{spec.nnodes}); {controller}; run directory "
+                          f"{spec.run_dir}, logs in {spec.log_dir}")
         try:
             self.agent.start_all_workers()
             self.write_job_file()
@@ -775,21 +776,24 @@ def main(nproc: int, nnodes: int, node_rank: int, master_addr: str, master_port:
     if protected and nnodes > 1 and key_file is None and not insecure:
         _fail("a job on several nodes needs one key on every node: create it with "
               "'mindft keygen keys.json', distribute it and pass --key-file keys.json (or --insecure)")
+    if not protected:
+        key_file = None
+    elif not insecure and key_file is not None:
+        try:
+            load_keys(key_file)
+        except ConfigError as error:
+            _fail(str(error))
+    # Created only once everything is validated, so a refused launch leaves nothing behind.
+    made_run_dir = run_dir is None
     if run_dir is None:
         run_dir = Path(tempfile.mkdtemp(prefix="mindft-run-"))
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(run_dir, 0o700)
-    if not protected:
-        key_file = None
-    elif not insecure and key_file is None:
+    generated_key = protected and not insecure and key_file is None
+    if generated_key:
         key_file = run_dir / "keys.json"
         generate_keys(key_file)
-    elif not insecure:
-        try:
-            load_keys(key_file)
-        except ConfigError as error:
-            _fail(str(error))
     env = dict(os.environ)
     env.setdefault("MINDFT_RESET_FILE", str(base.reset_file))
     spec = LaunchSpec(command=command, nproc=nproc, nnodes=nnodes, node_rank=node_rank,
@@ -800,8 +804,31 @@ def main(nproc: int, nnodes: int, node_rank: int, master_addr: str, master_port:
     try:
         code = Launcher(spec).run()
     except ConfigError as error:
+        clean_run_dir(spec, made_run_dir, generated_key)
         _fail(f"configuration error: {error}")
+    clean_run_dir(spec, made_run_dir, generated_key)
     sys.exit(code)
+
+
+def clean_run_dir(spec: LaunchSpec, made_run_dir: bool, generated_key: bool) -> None:
+    """After the job: keep the logs, drop what only a running job needs.
+
+    The generated key (a secret) and job.json (it names a controller that is gone) are
+    removed; a run directory this launcher created is removed whole when it holds no log.
+    """
+    removable = [spec.run_dir / JOB_FILE] + ([spec.run_dir / "keys.json"] if generated_key else [])
+    for path in removable:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as error:
+            log.warning("could not remove %s: %s", path, error)
+    logs = [p for p in spec.log_dir.glob("*") if p.is_file()] if spec.log_dir.is_dir() else []
+    if logs:
+        print(f"[mindft-launch] logs kept in {spec.log_dir}", flush=True)
+    elif made_run_dir:
+        shutil.rmtree(spec.run_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -147,7 +147,7 @@ def test_killed_rank_is_restarted_and_training_is_bit_identical(launch: Callable
     log_1 = (job.run_dir / "logs" / "rank_1.log").read_text()
     assert log_1.count("--- mindft-launch: rank 1, incarnation") == 2
     assert "rank 1 incarnation 1" in log_1 and "[rank" not in log_1  # log files hold the raw output
-    assert (job.run_dir / "keys.json").stat().st_mode & 0o077 == 0
+    assert not (job.run_dir / "keys.json").exists()          # the generated secret does not outlive the job
 
 
 def test_corrupted_reset_file_then_hot_reset(launch: Callable[..., Job], tmp_path: Path) -> None:
@@ -404,3 +404,21 @@ def test_ranks_that_never_register_fail_the_job_at_once(tmp_path: Path) -> None:
     assert result.returncode == 1, out
     assert "every rank exited before registering with the controller" in out
     assert "controller has no result" not in out
+
+
+def test_run_directory_is_named_and_holds_only_logs_afterwards(tmp_path: Path) -> None:
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    refused = run_plain(tmp_path, "--key-file", str(tmp_path / "missing.json"), str(PLAIN_SCRIPT),
+                        MS_ENABLE_TFT="{RSC:1}", TMPDIR=str(temp))
+    assert refused.returncode == 2 and "does not exist" in refused.stderr
+    bad_tft = run_plain(tmp_path, str(PLAIN_SCRIPT), MS_ENABLE_TFT="{RSC:1,UCE:1}", TMPDIR=str(temp))
+    assert bad_tft.returncode == 2
+    assert list(temp.iterdir()) == []                       # a refused launch leaves no mindft-run-*
+    never = run_plain(tmp_path, "--nproc", "1", str(PLAIN_SCRIPT), MS_ENABLE_TFT="{RSC:1}", TMPDIR=str(temp))
+    assert never.returncode == 1
+    (run_dir,) = temp.iterdir()                             # it ran: its log is kept
+    out = never.stdout + never.stderr
+    assert f"run directory {run_dir}" in out and f"logs kept in {run_dir / 'logs'}" in out
+    assert sorted(p.name for p in run_dir.iterdir()) == ["logs"]   # no key, no stale job.json
+    assert "plain rank 0" in (run_dir / "logs" / "rank_0.log").read_text()
