@@ -236,6 +236,8 @@ class Controller:
         self._thread: Optional[threading.Thread] = None
         self._thread_result: Optional[JobResult] = None
         self.dropped_frames = 0
+        self._status_lock = threading.Lock()
+        self._published_status = self.status()
         if events is not None:
             threading.Thread(target=self._pump_events, args=(events,), daemon=True,
                              name="mindft-controller-events").start()
@@ -266,6 +268,20 @@ class Controller:
         """Hand a device event in from any thread (DeviceFaulty / DeviceRecovered / DeviceFailed)."""
         self._inbox.put(event)
         self._wake()
+
+    def on_process_exit(self, rank: int, returncode: int, pid: int, *, final: bool = False) -> None:
+        """Hand a rank's process exit in from any thread (the launcher on this node).
+
+        ``final``: the launcher will not start the rank again (out of restarts, or it gave
+        up on its own), so the job cannot recover it and fails now instead of at a timeout.
+        """
+        self._inbox.put(_ProcessExited(rank, returncode, pid, final))
+        self._wake()
+
+    def latest_status(self) -> StatusReply:
+        """The status the controller's loop last published; safe from any thread."""
+        with self._status_lock:
+            return self._published_status
 
     def start(self) -> threading.Thread:
         """Run :meth:`serve` on a background thread; :meth:`stop` or :meth:`join` it."""
@@ -310,11 +326,18 @@ class Controller:
                     self._beat(now)
                 if self._result is None and now >= self._deadline:
                     self._phase_timeout()
+                self._publish_status()
         finally:
+            self._publish_status()
             self._close_sockets()
         assert self._result is not None
         log.info("controller finished: exit code %d: %s", self._result.exit_code, self._result.reason)
         return self._result
+
+    def _publish_status(self) -> None:
+        status = self.status()
+        with self._status_lock:
+            self._published_status = status
 
     def _wake(self) -> None:
         with self._wake_lock:
@@ -341,7 +364,10 @@ class Controller:
             if event is _STOP:
                 self._result = JobResult(EXIT_FAILED, "controller stopped before the job finished")
                 return
-            self._device_event(event)
+            if isinstance(event, _ProcessExited):
+                self._local_process_exit(event)
+            else:
+                self._device_event(event)
 
     def _pump_events(self, events: Iterable[Any]) -> None:
         try:
@@ -635,6 +661,22 @@ class Controller:
                         f"process {info.pid} exited with code {message.returncode}", dead=True)
         return Reply(True, f"rank {message.rank} marked dead")
 
+    def _local_process_exit(self, event: _ProcessExited) -> None:
+        what = f"rank {event.rank} (pid {event.pid}) exited with code {event.returncode}"
+        if self.state in (ControllerState.FAILED, ControllerState.DONE):
+            return
+        if self.state is ControllerState.STARTING and (event.final or event.rank not in self._ranks):
+            self._fail(f"{what} before every rank registered")
+            return
+        if event.final:
+            info = self._ranks.get(event.rank)
+            if info is not None and not info.participating and event.returncode == 0:
+                return
+            step = info.step if info is not None else -1
+            self._fail(f"{what} and will not be restarted, at step {step}")
+            return
+        self._process_exit(ProcessExit(rank=event.rank, returncode=event.returncode, pid=event.pid))
+
     def _device_event(self, event: Any) -> None:
         if isinstance(event, DeviceEvent):
             name = {DeviceStatus.FAULTY: "DeviceFaulty", DeviceStatus.RECOVERED: "DeviceRecovered",
@@ -891,6 +933,16 @@ class Controller:
 
 
 _STOP = object()
+
+
+@dataclass(frozen=True)
+class _ProcessExited:
+    """A process exit handed in by :meth:`Controller.on_process_exit`."""
+
+    rank: int
+    returncode: int
+    pid: int
+    final: bool
 
 
 def main() -> int:

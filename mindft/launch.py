@@ -50,6 +50,8 @@ CLIENT_TIMEOUT = 5.0            # one request/reply with the controller
 MONITOR_INTERVAL = 0.1
 HANG_CHECK_INTERVAL = 1.0       # how often the launcher asks the controller about hung ranks
 HUNG_STATES = ("hung", "dead", "hang")
+WATCHER_RESTART_DELAY = 1.0     # before a dead reset-file watcher is started again
+WATCHER_MAX_RESTARTS = 10       # then the job fails: device faults would go unseen
 
 
 class ControllerUnreachable(RuntimeError):
@@ -257,14 +259,24 @@ class Agent:
                      worker.restarts, worker.log_path)
 
     def _pump(self, process: subprocess.Popen, rank: int, log_file: IO[bytes]) -> None:
+        # The pump must outlive any failure to write a line: a dead pump leaves the rank's
+        # pipe full and the rank blocked in print(), which no heartbeat would explain.
         assert process.stdout is not None
+        failed: set[str] = set()
         try:
             for raw in iter(process.stdout.readline, b""):
-                log_file.write(raw)
-                log_file.flush()
-                self.console.line(f"rank {rank}", raw.decode("utf-8", "replace").rstrip("\n"))
-        except (OSError, ValueError):
-            pass
+                for where, write in (("log file", lambda: (log_file.write(raw), log_file.flush())),
+                                     ("console", lambda: self.console.line(
+                                         f"rank {rank}", raw.decode("utf-8", "replace").rstrip("\n")))):
+                    try:
+                        write()
+                    except Exception as error:
+                        if where not in failed:
+                            failed.add(where)
+                            log.error("rank %d: cannot write its output to the %s (%s: %s); "
+                                      "still draining it", rank, where, type(error).__name__, error)
+        except (OSError, ValueError) as error:
+            log.error("rank %d: reading its output failed: %s", rank, error)
         finally:
             log_file.close()
             process.stdout.close()
@@ -367,7 +379,12 @@ def job_exit_code(controller_code: Optional[int], final_codes: Iterable[Optional
 
 
 class _ControllerRunner:
-    """The controller and the reset watcher, in threads of the launcher (node 0 only)."""
+    """The controller and the reset watcher, in threads of the launcher (node 0 only).
+
+    Everything crosses in-process through the controller's thread-safe calls
+    (``on_process_exit``, ``on_device_event``, ``latest_status``); a thread that dies
+    is noticed here: the watcher is restarted, a dead controller fails the job.
+    """
 
     def __init__(self, config: MindftConfig) -> None:
         from mindft.controller import Controller  # imported late: only node 0 needs it
@@ -377,19 +394,37 @@ class _ControllerRunner:
         self.controller = Controller(config)  # binds now: port 0 becomes a real port
         self.port = int(self.controller.endpoint.rsplit(":", 1)[1])
         self.result: Optional[Any] = None
-        self._thread = threading.Thread(target=self._serve, name="mindft-controller", daemon=True)
         self.watcher = ResetWatcher(config.reset_file, config.timeouts.reset_poll_interval)
         self.watching = False
-
-    def _serve(self) -> None:
-        try:
-            self.result = self.controller.serve()
-        except Exception as error:  # a crashed controller must still end the job cleanly
-            log.exception("controller crashed")
-            self.result = _Result(ExitCode.FAILED, f"controller crashed: {error}")
+        self.watcher_restarts = 0
+        self._watcher_died_at: Optional[float] = None
+        self._watch_stop = threading.Event()
+        self._watch_thread: Optional[threading.Thread] = None
+        self._controller_thread: Optional[threading.Thread] = None
+        self.stopping = False
 
     def start(self) -> None:
-        self._thread.start()
+        self._controller_thread = self.controller.start()
+
+    def status(self) -> StatusReply:
+        """The controller's last published status (no socket, no read of its thread's state)."""
+        return self.controller.latest_status()
+
+    def poll(self) -> Optional[Any]:
+        """The controller's result once it finished; a controller thread that died counts as a failure."""
+        if self.result is None and self._controller_thread is not None:
+            result = self.controller.join(0)
+            if result is not None:
+                self.result = result
+            elif not self._controller_thread.is_alive():
+                log.error("the controller thread died without a result (its traceback is above); "
+                          "failing the job")
+                self.result = _Result(ExitCode.FAILED, "the controller thread died")
+        return self.result
+
+    @property
+    def finished(self) -> bool:
+        return self.poll() is not None
 
     def start_watcher_when_training(self) -> None:
         """Start the reset watcher once every rank registered.
@@ -397,25 +432,55 @@ class _ControllerRunner:
         The controller ignores device events for ranks it does not know yet, so a fault
         already in the file at start is read only when it can be acted on.
         """
-        if self.watching or self.finished or self.controller.state.value == "STARTING":
+        if self.watching or self.finished or self.status().state == "STARTING":
             return
         self.watching = True
-        self.watcher.start(self.controller.on_device_event)
+        self._start_watch_thread()
         log.info("watching the device plugin's reset file %s every %gs", self.config.reset_file,
                  self.config.timeouts.reset_poll_interval)
 
-    @property
-    def finished(self) -> bool:
-        return self.result is not None
+    def _start_watch_thread(self) -> None:
+        self._watch_thread = threading.Thread(target=self._watch, name="mindft-resetwatch", daemon=True)
+        self._watch_thread.start()
+
+    def _watch(self) -> None:
+        try:
+            self.watcher.run(self.controller.on_device_event, self._watch_stop)
+        except BaseException:
+            log.exception("the reset-file watcher died")
+            raise
+
+    def check_watcher(self) -> Optional[str]:
+        """Restart a watcher thread that died; the reason to fail the job once it died too often."""
+        thread = self._watch_thread
+        if thread is None or thread.is_alive() or self._watch_stop.is_set():
+            return None
+        now = time.monotonic()
+        if self._watcher_died_at is None:
+            self._watcher_died_at = now
+            log.error("the reset-file watcher thread died: device faults are not seen until it is "
+                      "restarted (in %gs, restart %d/%d)", WATCHER_RESTART_DELAY, self.watcher_restarts + 1,
+                      WATCHER_MAX_RESTARTS)
+        if self.watcher_restarts >= WATCHER_MAX_RESTARTS:
+            return (f"the reset-file watcher died {self.watcher_restarts + 1} times; device faults "
+                    f"in {self.config.reset_file} can no longer be seen")
+        if now - self._watcher_died_at < WATCHER_RESTART_DELAY:
+            return None
+        self.watcher_restarts += 1
+        self._watcher_died_at = None
+        log.warning("restarting the reset-file watcher (restart %d/%d)", self.watcher_restarts,
+                    WATCHER_MAX_RESTARTS)
+        self._start_watch_thread()
+        return None
 
     def stop(self) -> None:
-        self.watcher.stop()
-        if not self.finished:
-            try:
-                self.controller.stop()
-            except Exception:
-                log.exception("stopping the controller failed")
-        self._thread.join(10.0)
+        self.stopping = True
+        self._watch_stop.set()
+        if self._watch_thread is not None:
+            self._watch_thread.join(self.config.timeouts.reset_poll_interval + 5.0)
+        if self.poll() is None:
+            self.controller.stop(10.0)
+            self.poll()
 
 
 @dataclass(frozen=True)
@@ -489,7 +554,7 @@ class Launcher:
     def _before_start(self) -> bool:
         """True on node 0 while the controller still waits for every rank to register."""
         return (self.runner is not None and not self.runner.finished
-                and self.runner.controller.state.value == "STARTING")
+                and self.runner.status().state == "STARTING")
 
     def _abort(self, reason: str) -> None:
         """Fail the job from the launcher: the supervise loop stops every rank and exits 1."""
@@ -500,12 +565,24 @@ class Launcher:
     def _job_over(self) -> bool:
         """True on node 0 once the controller reached DONE or FAILED (other nodes cannot know)."""
         return self.runner is not None and (
-            self.runner.finished or self.runner.controller.state.value in ("DONE", "FAILED"))
+            self.runner.finished or self.runner.status().state in ("DONE", "FAILED"))
 
-    def _report_lost(self, rank: int, reason: str) -> None:
-        # No protocol message says "this rank will not come back"; a failed device has the
-        # same consequence (the controller fails the job and the healthy ranks dump).
-        self._notify(DeviceEvent(rank=rank, status=DeviceStatus.FAILED, reason=reason), f"rank {rank} is lost")
+    def _report_exit(self, rank: int, code: int, pid: int) -> None:
+        """Tell the controller a rank's process exited and will be restarted."""
+        if self.runner is not None:
+            self.runner.controller.on_process_exit(rank, code, pid)
+        else:
+            self._notify(ProcessExit(rank=rank, returncode=code, pid=pid), f"rank {rank} exited")
+
+    def _report_lost(self, rank: int, code: int, pid: int, reason: str) -> None:
+        """Tell the controller a rank will not come back: the job fails now, the healthy ranks dump."""
+        if self.runner is not None:
+            self.runner.controller.on_process_exit(rank, code, pid, final=True)
+        else:
+            # Over the wire no message says "will not come back"; a failed device has the
+            # same consequence on the controller of node 0.
+            self._notify(DeviceEvent(rank=rank, status=DeviceStatus.FAILED, reason=reason),
+                         f"rank {rank} is lost")
 
     def _check_hung(self) -> None:
         # The controller sees a silent rank; only the launcher can kill it so it can restart.
@@ -515,10 +592,13 @@ class Launcher:
         if now - self._last_hang_check < HANG_CHECK_INTERVAL:
             return
         self._last_hang_check = now
-        try:
-            status = self._status_client.status()
-        except ControllerUnreachable:
-            return
+        if self.runner is not None:
+            status = self.runner.status()
+        else:
+            try:
+                status = self._status_client.status()
+            except ControllerUnreachable:
+                return
         pids = self.agent.pids()
         for row in status.ranks:
             if row.rank in pids and row.pid == pids[row.rank] and row.state.lower() in HUNG_STATES:
@@ -547,7 +627,7 @@ class Launcher:
                 if self.runner is not None and not self._job_over():
                     # It gave up on its own (not on the controller's order): fail now, not after
                     # timeouts.repair, so the other ranks dump while their state is fresh.
-                    self._report_lost(rank, f"rank {rank} stopped: {describe(code)}")
+                    self._report_lost(rank, code, pid, f"rank {rank} stopped: {describe(code)}")
                 continue
             if self._before_start():
                 # A rank that dies before every rank registered fails the same way again
@@ -558,15 +638,15 @@ class Launcher:
                 continue
             job_over = self._job_over()
             if not job_over:
-                self._notify(ProcessExit(rank=rank, returncode=code, pid=pid), f"rank {rank} exited")
+                self._report_exit(rank, code, pid)
             if worker.restarts >= self.spec.max_restarts or job_over:
                 worker.final = True
                 why = "the job is over" if job_over else f"it used all {self.spec.max_restarts} restarts"
                 self.console.line("mindft-launch", f"not restarting rank {rank}: {why}")
                 if not job_over:
                     # Fail the job now instead of after timeouts.repair: the healthy ranks dump.
-                    self._report_lost(rank, f"rank {rank} {describe_exit(code)} and used all "
-                                            f"{self.spec.max_restarts} restarts")
+                    self._report_lost(rank, code, pid, f"rank {rank} {describe_exit(code)} and used "
+                                                       f"all {self.spec.max_restarts} restarts")
                 continue
             worker.restarts += 1
             # Whether the new process finds its state (a peer replica) is the rank's to say.
@@ -644,6 +724,10 @@ class Launcher:
                 running = []
             if self.runner is not None:
                 self.runner.start_watcher_when_training()
+                watcher_failure = self.runner.check_watcher()
+                if watcher_failure is not None:
+                    self._abort(watcher_failure)
+                    continue
                 if self.runner.finished and controller_done_at is None:
                     controller_done_at = time.monotonic()
                 if controller_done_at is not None:
@@ -832,4 +916,6 @@ def clean_run_dir(spec: LaunchSpec, made_run_dir: bool, generated_key: bool) -> 
 
 
 if __name__ == "__main__":
-    main()
+    # Run the copy in sys.modules so loggers and classes are mindft.launch's, not __main__'s.
+    from mindft.launch import main as _main
+    _main()

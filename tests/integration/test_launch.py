@@ -201,7 +201,8 @@ def test_rank_that_gives_up_fails_the_job_without_waiting_for_the_repair_timeout
     code = job.wait(60)
     out = job.text()
     assert code == 3, out                                # every rank wrote its dying-gasp checkpoint
-    assert "rank 1 stopped: dying-gasp checkpoint written" in out
+    assert "exit 3 (dying-gasp checkpoint written)" in out
+    assert "exited with code 3 and will not be restarted" in out  # handed to the controller in-process
     assert "restarting rank 1" not in out                # exit 3 is final
     assert "rank 0 dumped step" in out
 
@@ -213,7 +214,7 @@ def test_rank_whose_dump_failed_is_not_reported_as_dumped(launch: Callable[..., 
     out = job.text()
     assert code == 4, out
     assert "exit 4 (stopped; dying-gasp checkpoint NOT written)" in out
-    assert "rank 1 stopped: stopped; dying-gasp checkpoint NOT written" in out
+    assert "exited with code 4 and will not be restarted" in out
     assert "rank 1 (pid" in out and not any("rank 1 (pid" in line and "checkpoint written" in line
                                             for line in out.splitlines())
     assert "rank 0 dumped step" in out and "exit 3 (dying-gasp checkpoint written)" in out
@@ -422,3 +423,21 @@ def test_run_directory_is_named_and_holds_only_logs_afterwards(tmp_path: Path) -
     assert f"run directory {run_dir}" in out and f"logs kept in {run_dir / 'logs'}" in out
     assert sorted(p.name for p in run_dir.iterdir()) == ["logs"]   # no key, no stale job.json
     assert "plain rank 0" in (run_dir / "logs" / "rank_0.log").read_text()
+
+
+def test_dead_reset_watcher_is_restarted_and_the_next_fault_is_handled(launch: Callable[..., Job]) -> None:
+    job = launch(nproc=2, steps=300, step_time=0.03)
+    job.wait_until(lambda: job.committed() >= 5 and "watching the device plugin's reset file" in job.text(),
+                   "step 5 and the watcher")
+    job.reset_file.parent.mkdir(parents=True, exist_ok=True)
+    hostile = job.reset_file.with_name("hostile")
+    hostile.write_text("[" * 100_000 + "]" * 100_000)      # kills a JSON reader that recurses
+    os.replace(hostile, job.reset_file)
+    time.sleep(1.5)                                         # a watcher that survives just logs it
+    write_reset_file(job.reset_file, fault_state([1], policy="reset"))
+    job.wait_until(lambda: "REPAIRING" in job.text(), "the controller to wait for the device")
+    write_reset_file(job.reset_file, fault_state([1], "recovered", policy="reset"))
+    assert job.wait() == 0, job.text()
+    out = job.text()
+    assert "DEVICE_RESET" in out and "RESUMING → NORMAL" in out
+    job.assert_bit_identical()
