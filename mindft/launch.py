@@ -50,6 +50,7 @@ CLIENT_TIMEOUT = 5.0            # one request/reply with the controller
 MONITOR_INTERVAL = 0.1
 HANG_CHECK_INTERVAL = 1.0       # how often the launcher asks the controller about hung ranks
 HUNG_STATES = ("hung", "dead", "hang")
+DEFAULT_PROGRESS_INTERVAL = 5.0  # between progress lines while a recovery waits
 WATCHER_RESTART_DELAY = 1.0     # before a dead reset-file watcher is started again
 WATCHER_MAX_RESTARTS = 10       # then the job fails: device faults would go unseen
 
@@ -136,6 +137,7 @@ class LaunchSpec:
     key_file: Optional[Path] = None
     insecure: bool = False
     grace_period: float = DEFAULT_GRACE_PERIOD
+    progress_interval: float = DEFAULT_PROGRESS_INTERVAL
     env: Mapping[str, str] = field(default_factory=dict)
     prefix_output: bool = True
     # False when MS_ENABLE_TFT asks for no fault tolerance: the ranks run as under msrun,
@@ -344,6 +346,49 @@ def unprotected_notice(tft_value: str) -> str:
             f"restarts; turn it on with e.g. {TFT_VARIABLE}='{{RSC:1}}'")
 
 
+# What each waiting state waits for: the timeout that bounds it, and the rank states that are done.
+_WAITS: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "PAUSING": ("pause", ("paused", "faulty", "dead", "done"), "to pause"),
+    "REPAIRING": ("repair", ("paused", "restored", "resumed", "running", "done", "registered"),
+                  "to be repaired"),
+    "ROLLBACK": ("rollback", ("restored", "done"), "to restore"),
+    "RESUMING": ("resume", ("resumed", "done"), "to resume"),
+}
+
+
+def recovery_progress(status: StatusReply, seconds_in_state: float, timeouts: Any) -> Optional[str]:
+    """One progress line while a recovery waits (state, who is waited on, time left); None otherwise."""
+    wait = _WAITS.get(status.state)
+    if wait is None:
+        return None
+    name, done, verb = wait
+    pending = []
+    for row in status.ranks:
+        if row.state in done:
+            continue
+        if status.state == "REPAIRING":
+            why = "process not back" if row.state == "dead" else "device not recovered"
+            pending.append(f"rank {row.rank} ({why})")
+        else:
+            pending.append(f"rank {row.rank}")
+    left = max(0.0, getattr(timeouts, name) - seconds_in_state)
+    who = f"waiting for {', '.join(pending)} {verb}" if pending else "waiting"
+    faults = f"; faults: {status.reason}" if status.reason else ""
+    return (f"recovery round {status.round}: {status.state} for {seconds_in_state:.0f}s, {who}; "
+            f"{left:.0f}s left (timeouts.{name}){faults}")
+
+
+def job_verdict(code: int) -> str:
+    """The launcher's last line: its exit code and what it means."""
+    if 128 < code < 128 + 65:
+        try:
+            return f"exit code {code}: interrupted by {signal.Signals(code - 128).name}"
+        except ValueError:
+            pass
+    meaning = describe(code)
+    return f"exit code {code}" if meaning == f"exit code {code}" else f"exit code {code}: {meaning}"
+
+
 def describe_exit(code: int) -> str:
     """A rank's exit status for people, in the words of :func:`mindft.exitcodes.describe`."""
     if code < 0:
@@ -386,12 +431,12 @@ class _ControllerRunner:
     is noticed here: the watcher is restarted, a dead controller fails the job.
     """
 
-    def __init__(self, config: MindftConfig) -> None:
+    def __init__(self, config: MindftConfig, controller_class: Optional[type] = None) -> None:
         from mindft.controller import Controller  # imported late: only node 0 needs it
         from mindft.resetwatch import ResetWatcher
 
         self.config = config
-        self.controller = Controller(config)  # binds now: port 0 becomes a real port
+        self.controller = (controller_class or Controller)(config)  # binds now: port 0 becomes a real port
         self.port = int(self.controller.endpoint.rsplit(":", 1)[1])
         self.result: Optional[Any] = None
         self.watcher = ResetWatcher(config.reset_file, config.timeouts.reset_poll_interval)
@@ -479,8 +524,17 @@ class _ControllerRunner:
         if self._watch_thread is not None:
             self._watch_thread.join(self.config.timeouts.reset_poll_interval + 5.0)
         if self.poll() is None:
-            self.controller.stop(10.0)
+            # The job did not end in the controller (a signal, a launcher-side failure): its own
+            # "finished: exit code 1" would contradict the launcher's verdict, printed last.
+            controller_log = logging.getLogger("mindft.controller")
+            level = controller_log.level
+            controller_log.setLevel(logging.WARNING)
+            try:
+                self.controller.stop(10.0)
+            finally:
+                controller_log.setLevel(level)
             self.poll()
+            log.info("controller stopped by the launcher")
 
 
 @dataclass(frozen=True)
@@ -504,6 +558,9 @@ class Launcher:
         self._last_hang_check = 0.0
         self._unprotected_failure: Optional[int] = None  # the first failed rank's exit code
         self._failure: Optional[str] = None  # why the launcher itself fails the job
+        self._progress_key: Optional[tuple[str, int]] = None
+        self._progress_since = 0.0
+        self._progress_last = 0.0
 
     def _connect(self) -> None:
         self.client = ControllerClient(self.spec.controller_address, self.keys)
@@ -747,6 +804,7 @@ class Launcher:
                         return job_exit_code(None, self._final_codes()) or ExitCode.FAILED
                 if running:
                     self._check_hung()
+                    self._report_progress()
             elif not running and all(w.final for w in self.agent.workers.values()):
                 if self._unprotected_failure is not None:
                     return job_exit_code(None, [self._unprotected_failure])
@@ -754,6 +812,22 @@ class Launcher:
             elif running:
                 self._check_hung()
             time.sleep(MONITOR_INTERVAL)
+
+    def _report_progress(self) -> None:
+        """While a recovery waits, say so at a steady pace (the controller logs only transitions)."""
+        assert self.runner is not None
+        status = self.runner.status()
+        now = time.monotonic()
+        key = (status.state, status.round)
+        if key != self._progress_key:
+            self._progress_key, self._progress_since, self._progress_last = key, now, now
+            return
+        if now - self._progress_last < self.spec.progress_interval:
+            return
+        self._progress_last = now
+        line = recovery_progress(status, now - self._progress_since, self.runner.config.timeouts)
+        if line is not None:
+            self.console.line("mindft-launch", line)
 
     def _final_codes(self) -> list[Optional[int]]:
         return [w.returncode for w in self.agent.workers.values()]
@@ -817,14 +891,16 @@ def _fail(message: str) -> None:
 @click.option("--insecure", is_flag=True, help="Run the control channel without CurveZMQ (debugging only).")
 @click.option("--grace-period", type=click.FloatRange(0), default=DEFAULT_GRACE_PERIOD, show_default=True,
               help="Seconds between forwarding SIGINT/SIGTERM and SIGKILL.")
+@click.option("--progress-interval", type=click.FloatRange(0.1), default=DEFAULT_PROGRESS_INTERVAL,
+              show_default=True, help="Seconds between progress lines while a recovery waits.")
 @click.option("--no-prefix", is_flag=True, help="Do not prefix rank output with [rank N].")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging of mindft itself.")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def main(nproc: int, nnodes: int, node_rank: int, master_addr: str, master_port: Optional[int],
          max_restarts: int, run_dir: Optional[Path], log_dir: Optional[Path], key_file: Optional[Path],
-         insecure: bool, grace_period: float, no_prefix: bool, verbose: bool, script: str,
-         script_args: Sequence[str]) -> None:
+         insecure: bool, grace_period: float, progress_interval: float, no_prefix: bool, verbose: bool,
+         script: str, script_args: Sequence[str]) -> None:
     """Run SCRIPT [ARGS] as NPROC ranks with mindft fault tolerance.
 
     Starts the controller on node 0 (and its watcher of the device plugin's reset
@@ -884,13 +960,14 @@ def main(nproc: int, nnodes: int, node_rank: int, master_addr: str, master_port:
                       master_ip=master_ip, master_port=master_port, max_restarts=max_restarts,
                       run_dir=run_dir, log_dir=log_dir or run_dir / "logs",
                       key_file=None if insecure else key_file, insecure=insecure,
-                      grace_period=grace_period, env=env, prefix_output=not no_prefix, protected=protected)
+                      grace_period=grace_period, progress_interval=progress_interval, env=env, prefix_output=not no_prefix, protected=protected)
     try:
         code = Launcher(spec).run()
     except ConfigError as error:
         clean_run_dir(spec, made_run_dir, generated_key)
         _fail(f"configuration error: {error}")
     clean_run_dir(spec, made_run_dir, generated_key)
+    print(f"[mindft-launch] {job_verdict(code)}", flush=True)
     sys.exit(code)
 
 

@@ -5,6 +5,7 @@ Real controller, real processes on loopback; no mocks of the parts under test.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -36,14 +37,24 @@ def test_process_exit_before_registration_fails_the_controller_in_process() -> N
         controller.stop(5.0)
 
 
+class _DyingController(Controller):
+    """A real controller whose thread dies of an unexpected error after a moment of service."""
+
+    def start(self) -> threading.Thread:
+        def die() -> None:
+            time.sleep(0.2)
+            raise RuntimeError("controller bug")
+        self._dying = threading.Thread(target=die, name="mindft-controller", daemon=True)
+        self._dying.start()
+        return self._dying
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_runner_notices_a_dead_controller_thread() -> None:
-    runner = _ControllerRunner(_config())
+    runner = _ControllerRunner(_config(), controller_class=_DyingController)
     runner.start()
     try:
         assert runner.poll() is None
-        # A real failure inside the controller's loop: its socket goes away under it.
-        runner.controller._socket.close(0)
         deadline = time.monotonic() + 10.0
         while runner.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)

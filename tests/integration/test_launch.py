@@ -179,6 +179,8 @@ def test_sigterm_stops_every_rank(launch: Callable[..., Job]) -> None:
     assert job.wait(30) == 128 + signal.SIGTERM
     assert "SIGTERM: stopping every rank" in job.text()
     assert "did not stop within 1s; sending SIGKILL" in job.text()
+    assert "controller finished: exit code 1" not in job.text()  # the launcher's verdict is the last word
+    assert job.text().rstrip().endswith("exit code 143: interrupted by SIGTERM")
     survivors = [pid for pid in pids if _alive(pid)]
     assert survivors == [], f"ranks still alive after the launcher exited: {survivors}"
 
@@ -441,3 +443,17 @@ def test_dead_reset_watcher_is_restarted_and_the_next_fault_is_handled(launch: C
     out = job.text()
     assert "DEVICE_RESET" in out and "RESUMING → NORMAL" in out
     job.assert_bit_identical()
+
+
+def test_progress_is_shown_while_waiting_for_a_repair(launch: Callable[..., Job]) -> None:
+    job = launch(nproc=2, steps=200, step_time=0.03, args=("--progress-interval", "0.5"))
+    job.wait_until(lambda: job.committed() >= 5, "step 5")
+    write_reset_file(job.reset_file, fault_state([1], policy="reset"))
+    job.wait_until(lambda: job.text().count("REPAIRING for") >= 3, "three progress lines", timeout=20)
+    write_reset_file(job.reset_file, fault_state([1], "recovered", policy="reset"))
+    assert job.wait() == 0, job.text()
+    lines = [line for line in job.text().splitlines() if "recovery round 1: REPAIRING for" in line]
+    assert all("waiting for rank 1 (device not recovered) to be repaired" in line for line in lines)
+    lefts = [int(line.split("; ")[1].split("s left")[0]) for line in lines]
+    assert lefts == sorted(lefts, reverse=True) and lefts[0] <= 30   # MINDFT_REPAIR_TIMEOUT=30
+    assert job.text().rstrip().endswith("exit code 0: finished")
