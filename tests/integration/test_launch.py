@@ -457,3 +457,41 @@ def test_progress_is_shown_while_waiting_for_a_repair(launch: Callable[..., Job]
     lefts = [int(line.split("; ")[1].split("s left")[0]) for line in lines]
     assert lefts == sorted(lefts, reverse=True) and lefts[0] <= 30   # MINDFT_REPAIR_TIMEOUT=30
     assert job.text().rstrip().endswith("exit code 0: finished")
+
+
+def test_ctrl_c_on_the_demo_stops_its_launcher_and_every_rank(tmp_path: Path) -> None:
+    pytest.importorskip("mindspore")
+    demo = HERE.parents[1] / "examples" / "demo.py"
+    out_path = tmp_path / "demo.out"
+    with open(out_path, "wb") as out:
+        process = subprocess.Popen([sys.executable, str(demo), "--nproc", "2", "--steps", "100000",
+                                    "--fault-rank", "1", "--workdir", str(tmp_path)], stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    job_file = tmp_path / "ref-run" / "job.json"
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                info = json.loads(job_file.read_text())
+                if len(info["ranks"]) == 2 and "STARTING → NORMAL" in out_path.read_text():
+                    pids = [info["launcher_pid"], *(int(pid) for pid in info["ranks"].values())]
+                    break
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.1)
+        assert pids, out_path.read_text()[-3000:]
+        process.send_signal(signal.SIGINT)                  # what the terminal sends on Ctrl-C
+        assert process.wait(60) == 130, out_path.read_text()[-3000:]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+            time.sleep(0.1)
+        assert [pid for pid in pids if _alive(pid)] == [], out_path.read_text()[-3000:]
+        assert "interrupted: stopping mindft-launch and every rank" in out_path.read_text()
+    finally:
+        for pid in [process.pid, *pids]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        process.wait()
