@@ -212,3 +212,9 @@ def test_launcher_refuses_mindio_backend_without_the_wheel(tmp_path: Path) -> No
                             text=True, timeout=60)
     assert result.returncode == EXIT_CONFIG_ERROR, result.stdout + result.stderr
     assert "mindio_ttp wheel cannot be imported" in result.stderr and "never started" not in result.stdout
+
+
+def test_readme_does_not_call_mindio_proprietary() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "proprietary" not in readme.lower()
+    assert "Apache-2.0" in readme
