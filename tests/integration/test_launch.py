@@ -489,6 +489,12 @@ def test_ctrl_c_on_the_demo_stops_its_launcher_and_every_rank(tmp_path: Path) ->
         assert [pid for pid in pids if _alive(pid)] == [], out_path.read_text()[-3000:]
         assert "interrupted: stopping mindft-launch and every rank" in out_path.read_text()
     finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)              # lets the demo stop what it started
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                pass
         for pid in [process.pid, *pids]:
             try:
                 os.kill(pid, signal.SIGKILL)
