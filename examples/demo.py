@@ -30,11 +30,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # runnable from a checkout even before `pip install -e .`
 
 from mindft.keys import load_keys  # noqa: E402
-from mindft.launch import ControllerClient, ControllerUnreachable  # noqa: E402
+from mindft.channel import Client, ControllerUnreachable  # noqa: E402
 from mindft.resetwatch import fault_state, write_reset_file  # noqa: E402
 
 TRAIN = ROOT / "examples" / "train_mlp.py"
 RUN_TIMEOUT = 600.0
+STOP_TIMEOUT = 30.0  # for a launcher to stop its ranks (its own grace period is 10 s, then SIGKILL)
 # Which lines of a run to show (all with --verbose): the recovery story, not every loss value.
 _SHOW = {
     "[controller]": ("state ", "fault", "recover", "failed", "finished"),
@@ -66,6 +67,8 @@ def launcher_command(nproc: int, run_dir: Path, out: Path, steps: int, extra: li
 class Run:
     """One mindft-launch process whose output is streamed (all of it, or only the interesting lines)."""
 
+    started_runs: list["Run"] = []  # what Ctrl-C must stop
+
     def __init__(self, name: str, command: list[str], env: dict[str, str], verbose: bool) -> None:
         self.name = name
         self.lines: list[str] = []
@@ -75,6 +78,7 @@ class Run:
         self._verbose = verbose
         self._thread = threading.Thread(target=self._pump, daemon=True)
         self._thread.start()
+        Run.started_runs.append(self)
 
     def _pump(self) -> None:
         assert self.process.stdout is not None
@@ -92,20 +96,24 @@ class Run:
         self._thread.join(5.0)
         return code
 
-    def stop(self) -> None:
+    def stop(self, signum: int = signal.SIGTERM) -> None:
+        """Stop the launcher; it forwards ``signum`` to every rank and waits for them."""
         if self.process.poll() is None:
-            self.process.terminate()  # mindft-launch forwards it to every rank
+            # The launcher runs in its own session (so a terminal's Ctrl-C reaches it only
+            # once, from here); it stops its ranks, which run in sessions of their own.
+            self.process.send_signal(signum)
             try:
-                self.process.wait(30)
+                self.process.wait(STOP_TIMEOUT)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+                self.process.wait()
 
     @property
     def seconds(self) -> float:
         return time.monotonic() - self.started
 
 
-def controller_of(run_dir: Path, timeout: float) -> ControllerClient:
+def controller_of(run_dir: Path, timeout: float) -> Client:
     """Wait for mindft-launch's job.json and connect to the controller it names."""
     deadline = time.monotonic() + timeout
     job = run_dir / "job.json"
@@ -113,13 +121,13 @@ def controller_of(run_dir: Path, timeout: float) -> ControllerClient:
         try:
             info = json.loads(job.read_text())
             keys = None if info.get("insecure") else load_keys(Path(info["key_file"]))
-            return ControllerClient(info["controller"], keys, timeout=2.0)
+            return Client(info["controller"], keys, timeout=2.0)
         except (OSError, ValueError, KeyError):
             time.sleep(0.1)
     raise SystemExit(f"[demo] {job} did not appear within {timeout:g}s")
 
 
-def wait_for(client: ControllerClient, run: Run, predicate, what: str, timeout: float = 300.0):
+def wait_for(client: Client, run: Run, predicate, what: str, timeout: float = 300.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if run.process.poll() is not None:
@@ -134,7 +142,7 @@ def wait_for(client: ControllerClient, run: Run, predicate, what: str, timeout: 
     raise SystemExit(f"[demo] timed out waiting for {what}")
 
 
-def hot_reset(client: ControllerClient, run: Run, reset_file: Path, rank: int, seconds: float) -> None:
+def hot_reset(client: Client, run: Run, reset_file: Path, rank: int, seconds: float) -> None:
     """Play the device plugin: the chip of ``rank`` is faulty, then recovered after ``seconds``."""
     write_reset_file(reset_file, fault_state([rank], "unrecovered", policy="reset"))
     say(f"device plugin: rank {rank} Status=unrecovered ErrorCodeHex=0x80E01801 Policy=reset "
@@ -192,6 +200,22 @@ def compare(reference: Path, faulted: Path) -> bool:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """Run the demo; Ctrl-C (or SIGTERM) stops every launcher it started, and their ranks."""
+    def terminate(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        return _demo(argv)
+    except KeyboardInterrupt:
+        say("interrupted: stopping mindft-launch and every rank")
+        for run in Run.started_runs:
+            run.stop(signal.SIGINT)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _demo(argv: Optional[list[str]]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nproc", type=int, default=4, help="ranks (default 4)")
     parser.add_argument("--steps", type=int, default=60, help="training steps (default 60)")
@@ -247,7 +271,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             say(f"sent SIGKILL to rank {args.fault_rank} (pid {pid})")
         else:
             hot_reset(client, faulted, reset_file, args.fault_rank, args.reset_seconds)
-    except BaseException:
+    except Exception:
         faulted.stop()
         raise
     code = faulted.wait()

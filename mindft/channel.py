@@ -14,7 +14,7 @@ from typing import Optional, Union
 import zmq
 
 from mindft.keys import CurveKeys, secure_client, secure_server
-from mindft.protocol import (MAX_FRAME, DeviceEvent, InjectRequest, Message, ProcessExit, ProtocolError, Reply,
+from mindft.protocol import (MAX_FRAME, DeviceEvent, InjectRequest, ProcessExit, ProtocolError, Reply,
                              StatusReply, StatusRequest, decode, encode)
 
 log = logging.getLogger(__name__)
@@ -123,3 +123,23 @@ def request(address: str, keys: Optional[CurveKeys], message: Request, timeout: 
         sock.close(0)
         if own:
             context.term()
+
+
+class Client:
+    """One-off requests to the controller at ``address`` (launcher, CLI, demo)."""
+
+    def __init__(self, address: str, keys: Optional[CurveKeys], timeout: float = REQUEST_TIMEOUT) -> None:
+        self.address = normalize_address(address)
+        self.keys = keys
+        self.timeout = timeout
+
+    def request(self, message: Request) -> Union[Reply, StatusReply]:
+        """Send ``message``; the reply with its request id, or :class:`ControllerUnreachable`."""
+        return request(self.address, self.keys, message, self.timeout)
+
+    def status(self) -> StatusReply:
+        """The controller's current view of the job."""
+        reply = self.request(StatusRequest())
+        if not isinstance(reply, StatusReply):
+            raise ControllerUnreachable(f"unexpected answer to a status request: {type(reply).__name__}")
+        return reply

@@ -1,8 +1,8 @@
 """The ``mindft`` command: configuration check, job status, fault injection, keys (for people).
 
-Exit codes: 0 success; 1 the operation failed or was refused (e.g. the controller
-does not know the rank, the process is gone); 2 usage or configuration error;
-3 the controller did not answer.
+Exit codes (mindft.exitcodes): 0 success; 1 the operation failed or was refused (e.g.
+the controller does not know the rank, the process is gone); 2 usage or configuration
+error; 5 the controller did not answer.
 """
 from __future__ import annotations
 
@@ -19,12 +19,13 @@ from typing import Any, Optional, Sequence
 
 import click
 
-from mindft.config import ConfigError, MindftConfig, load_config
+from mindft.config import ConfigError, MindftConfig, check_launchable, load_config
+from mindft.exitcodes import ExitCode
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_CONFIG_ERROR = 2
-EXIT_UNREACHABLE = 3
+EXIT_OK = ExitCode.OK
+EXIT_FAILED = ExitCode.FAILED
+EXIT_CONFIG_ERROR = ExitCode.USAGE
+EXIT_UNREACHABLE = ExitCode.UNREACHABLE
 
 
 @click.group()
@@ -69,9 +70,14 @@ def _jsonable(value: object) -> object:
 @config_group.command("check")
 @click.option("--json", "as_json", is_flag=True, help="Print the resolved configuration as JSON.")
 def config_check(as_json: bool) -> None:
-    """Validate the environment and print the resolved configuration."""
+    """Validate the environment as mindft-launch does and print the resolved configuration.
+
+    Besides the variables' syntax it checks the key file (MINDFT_KEY_FILE) and, with
+    MINDFT_BACKEND=mindio, that the mindio_ttp wheel imports. Exit code 2 on any error.
+    """
     try:
         config = load_config()
+        check_launchable(config)
     except ConfigError as error:
         click.echo(f"mindft: configuration error: {error}", err=True)
         sys.exit(EXIT_CONFIG_ERROR)
@@ -127,7 +133,11 @@ def _target(job: Optional[Path], address: Optional[str], key_file: Optional[Path
             click.echo(f"mindft: --job {job}: not a job file written by mindft-launch ({error})", err=True)
             sys.exit(EXIT_CONFIG_ERROR)
     if address:
-        found = dataclasses.replace(found, address=address)
+        try:
+            found = dataclasses.replace(found, address=controller_endpoint(address))
+        except ValueError as error:
+            click.echo(f"mindft: --address: {error}", err=True)
+            sys.exit(EXIT_CONFIG_ERROR)
     if key_file:
         found = dataclasses.replace(found, key_file=key_file, insecure=False)
     if insecure:
@@ -135,9 +145,25 @@ def _target(job: Optional[Path], address: Optional[str], key_file: Optional[Path
     return found
 
 
+def controller_endpoint(address: str) -> str:
+    """The ZeroMQ endpoint for ``address``: ``tcp://HOST:PORT``, or ``HOST:PORT`` / ``[IPv6]:PORT``.
+
+    Raises ValueError, naming the input and the accepted forms, for anything else.
+    """
+    text = address.strip()
+    body = text[len("tcp://"):] if text.startswith("tcp://") else text
+    host, colon, port = body.rpartition(":")
+    usage = f"{address!r} is not a controller address; use HOST:PORT or tcp://HOST:PORT, e.g. 127.0.0.1:29600"
+    if "://" in body or not colon or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(usage)
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        raise ValueError(f"{usage} (write an IPv6 address in brackets: [::1]:29600)")
+    return f"tcp://{host}:{int(port)}"
+
+
 def _client(target: _Target, timeout: float) -> Any:
     from mindft.keys import load_keys
-    from mindft.launch import ControllerClient
+    from mindft.channel import Client
 
     if target.insecure:
         keys = None
@@ -151,7 +177,7 @@ def _client(target: _Target, timeout: float) -> Any:
         except ConfigError as error:
             click.echo(f"mindft: {error}", err=True)
             sys.exit(EXIT_CONFIG_ERROR)
-    return ControllerClient(target.address, keys, timeout=timeout)
+    return Client(target.address, keys, timeout=timeout)
 
 
 def _controller_options(function: Any) -> Any:
@@ -160,8 +186,8 @@ def _controller_options(function: Any) -> Any:
                      envvar="MINDFT_JOB_FILE",
                      help="job.json in mindft-launch's run directory (address, key, reset file). "
                           "[env: MINDFT_JOB_FILE]"),
-        click.option("--address", help="Controller endpoint, e.g. tcp://127.0.0.1:29600. "
-                                       "Default: MS_TFT_IP/MS_TFT_PORT."),
+        click.option("--address", help="Controller address, HOST:PORT or tcp://HOST:PORT "
+                                       "(e.g. 127.0.0.1:29600). Default: MS_TFT_IP/MS_TFT_PORT."),
         click.option("--key-file", type=click.Path(dir_okay=False, path_type=Path),
                      help="Job key file. Default: MINDFT_KEY_FILE."),
         click.option("--insecure", is_flag=True, help="Talk to a controller started with --insecure."),
@@ -174,7 +200,7 @@ def _controller_options(function: Any) -> Any:
 
 
 def _status_reply(target: _Target, timeout: float) -> Any:
-    from mindft.launch import ControllerUnreachable
+    from mindft.channel import ControllerUnreachable
 
     try:
         return _client(target, timeout).status()
@@ -194,7 +220,7 @@ def status(job: Optional[Path], address: Optional[str], key_file: Optional[Path]
            timeout: float, as_json: bool) -> None:
     """Show the job: controller state, committed step and a table of ranks.
 
-    Exit code 0 when the controller answered (whatever the job's state), 3 when it did not.
+    Exit code 0 when the controller answered (whatever the job's state), 5 when it did not.
     """
     reply = _status_reply(_target(job, address, key_file, insecure), timeout)
     if as_json:
@@ -301,7 +327,7 @@ def inject(rank: int, fault: str, reset_file: Optional[Path], recover_after: flo
             click.echo(f"mindft: cannot write the reset file {path}: {error}", err=True)
             sys.exit(EXIT_FAILED)
         return
-    from mindft.launch import ControllerUnreachable
+    from mindft.channel import ControllerUnreachable
     from mindft.protocol import FaultKind, InjectRequest, Reply
 
     if fault == "uce":

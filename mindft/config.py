@@ -10,6 +10,8 @@ import ipaddress
 import logging
 import os
 import re
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Optional, TypeVar
@@ -118,8 +120,12 @@ def _split_item(item: str, position: int, text: str, variable: str) -> tuple[str
         raise ConfigError(f"{variable}: empty item #{position} in {text!r}; "
                           f"items are KEY:VALUE separated by single commas")
     if ":" not in item:
-        raise ConfigError(f"{variable}: item {item!r} in {text!r} has no value; "
-                          f"write KEY:VALUE, e.g. '{item}:1'")
+        if item.upper() in _TFT_OPTIONS:
+            raise ConfigError(f"{variable}: item {item!r} in {text!r} has no value; "
+                              f"write KEY:VALUE, e.g. '{item.upper()}:1'")
+        # Not an option name at all: suggesting '<item>:1' would only trade one error for another.
+        raise ConfigError(f"{variable}: {item!r} in {text!r} is not an option; write KEY:VALUE "
+                          f"items with keys {', '.join(_KNOWN_KEYS)}, e.g. '{{RSC:1}}'")
     key, value = (part.strip() for part in item.split(":", 1))
     if key not in _KNOWN_KEYS:
         hint = f" (keys are upper case: did you mean {key.upper()!r}?)" if key.upper() in _KNOWN_KEYS else ""
@@ -347,3 +353,37 @@ def load_config(environ: Mapping[str, str] = os.environ) -> MindftConfig:
         snapshot_every=_number(environ, "MINDFT_SNAPSHOT_EVERY", int, 1, 1, 1_000_000),
         timeouts=timeouts,
     )
+
+
+MINDIO_IMPORT_TIMEOUT = 120.0  # importing mindio_ttp takes ~3 s; a hung import must not hang the check
+
+
+def check_launchable(config: MindftConfig) -> None:
+    """Refuse what ``mindft-launch`` would refuse beyond parsing (``mindft config check`` runs it too).
+
+    With fault tolerance on: a key file that is missing, unreadable or readable by others;
+    with ``MINDFT_BACKEND=mindio``: a mindio_ttp wheel that cannot be imported.
+    """
+    if config.tft.enabled and not config.insecure and config.key_file is not None:
+        from mindft.keys import load_keys  # keys imports this module
+
+        load_keys(config.key_file)
+    if config.backend == "mindio":
+        _check_mindio_importable()
+
+
+def _check_mindio_importable() -> None:
+    # In a child: the import needs MINDIO_FOR_MINDSPORE (else it imports torch) and leaves
+    # native threads and exit-time logging behind in whoever imported it.
+    env = dict(os.environ, MINDIO_FOR_MINDSPORE="true")
+    try:
+        result = subprocess.run([sys.executable, "-c", "import mindio_ttp.framework_ttp"], env=env,
+                                capture_output=True, text=True, timeout=MINDIO_IMPORT_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"MINDFT_BACKEND=mindio: importing mindio_ttp did not finish in "
+                          f"{MINDIO_IMPORT_TIMEOUT:g} s; set MINDFT_BACKEND=auto or mindft") from None
+    if result.returncode != 0:
+        lines = result.stderr.strip().splitlines()
+        raise ConfigError(f"MINDFT_BACKEND=mindio but the mindio_ttp wheel cannot be imported "
+                          f"({lines[-1] if lines else f'exit {result.returncode}'}); install it "
+                          f"(pip install mindio_ttp-*.whl) or set MINDFT_BACKEND=auto or mindft")

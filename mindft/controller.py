@@ -75,6 +75,7 @@ class Controller:
         self.job = Job(config.world_size, config.timeouts, clock(), snapshot_every=config.snapshot_every)
         self.result: Optional[JobResult] = None
         self.dropped_frames = 0
+        self._stopped = False
         self._thread: Optional[threading.Thread] = None
         log.info("controller listening on %s for %d ranks (%s)", self.endpoint, config.world_size,
                  "insecure" if self._keys is None else "CurveZMQ")
@@ -95,9 +96,10 @@ class Controller:
         """A device event (``mindft.flow.DeviceFaulty`` etc.), from any thread."""
         self._post(event)
 
-    def on_process_exit(self, rank: int, returncode: int, pid: int = 0, will_restart: bool = True) -> None:
-        """The launcher saw ``rank``'s process exit; from any thread."""
-        self._post((ProcessExited(rank, returncode, pid), will_restart))
+    def on_process_exit(self, rank: int, returncode: int, pid: int = 0, *, final: bool = False) -> None:
+        """The launcher saw ``rank``'s process exit; from any thread. ``final``: it will not be
+        started again (out of restarts, or it gave up on its own), so the job fails now."""
+        self._post((ProcessExited(rank, returncode, pid), not final))
 
     def latest_status(self, timeout: float = 5.0) -> StatusReply:
         """The job's status, computed by the serving thread; from any thread."""
@@ -147,7 +149,8 @@ class Controller:
             raise
         finally:
             self._close()
-        log.info("controller finished: exit code %d: %s", self.result.exit_code, self.result.reason)
+        if not self._stopped:
+            log.info("controller finished: exit code %d: %s", self.result.exit_code, self.result.reason)
         return self.result
 
     def _post(self, item: Any) -> None:
@@ -170,6 +173,7 @@ class Controller:
                 return
             if item is _STOP:
                 self.result = JobResult(ExitCode.FAILED, "controller stopped before the job finished")
+                self._stopped = True
             elif isinstance(item, Future):
                 item.set_result(self.job.status(now))
             elif isinstance(item, tuple):

@@ -6,10 +6,10 @@ start a list of workers and monitor them; :class:`Launcher` adds the policy
 (restart a crashed rank up to ``--max-restarts`` times, forward signals, run the
 controller and the reset watcher, decide the exit code).
 
-Exit codes: the controller's result on node 0 (0 when every rank finished, 3 when
-the ranks wrote their dying-gasp checkpoint and exited, another non-zero code
-naming a failure), otherwise the ranks' own: 0 when all finished, 3 when any
-dumped, the crash code of a rank that ran out of restarts, 128+N after signal N.
+Exit codes (:mod:`mindft.exitcodes`, combined by :func:`job_exit_code`): 0 every rank
+finished; 3 every rank wrote its dying-gasp checkpoint; 4 a rank had to stop but could
+not write its checkpoint; 1 the job failed otherwise (or the crash code of a rank, 128+N
+after signal N); 2 bad usage or configuration, nothing started; 130/143 interrupted.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -29,19 +30,15 @@ from pathlib import Path
 from typing import IO, Any, Iterable, Mapping, Optional, Sequence
 
 import click
-import zmq
 
-from mindft.config import ConfigError, MindftConfig, load_config
-from mindft.keys import CurveKeys, generate_keys, load_keys, secure_client
-from mindft.protocol import (DeviceEvent, DeviceStatus, Message, ProcessExit, ProtocolError, StatusReply,
-                             StatusRequest, decode, encode)
+from mindft.channel import Client, ControllerUnreachable
+from mindft.config import TFT_VARIABLE, ConfigError, MindftConfig, check_launchable, load_config
+from mindft.exitcodes import ExitCode, describe
+from mindft.keys import generate_keys, load_keys
+from mindft.protocol import Message, ProcessExit, StatusReply
 
 log = logging.getLogger(__name__)
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_DUMPED = 3  # a rank wrote its dying-gasp checkpoint and left on the controller's order
 JOB_FILE = "job.json"
 
 # How long the launcher waits for things it does not control; named here, documented in the README.
@@ -52,64 +49,9 @@ CLIENT_TIMEOUT = 5.0            # one request/reply with the controller
 MONITOR_INTERVAL = 0.1
 HANG_CHECK_INTERVAL = 1.0       # how often the launcher asks the controller about hung ranks
 HUNG_STATES = ("hung", "dead", "hang")
-
-
-class ControllerUnreachable(RuntimeError):
-    """The controller did not answer within the timeout."""
-
-
-class ControllerClient:
-    """A short-lived DEALER for one-off requests to the controller (launcher and CLI).
-
-    Every request gets a fresh socket so a lost reply can never be mistaken for
-    the answer to the next request (the Lazy Pirate pattern of the ZeroMQ guide).
-    """
-
-    def __init__(self, address: str, keys: Optional[CurveKeys], timeout: float = CLIENT_TIMEOUT,
-                 context: Optional[zmq.Context] = None) -> None:
-        self.address = address
-        self.keys = keys
-        self.timeout = timeout
-        self._context = context or zmq.Context.instance()
-
-    def request(self, message: Message, expect: Optional[type] = None) -> Message:
-        """Send ``message`` and return the decoded reply; :class:`ControllerUnreachable` on timeout."""
-        sock = self._context.socket(zmq.DEALER)
-        try:
-            sock.linger = 0
-            sock.sndtimeo = int(self.timeout * 1000)
-            secure_client(sock, self.keys)
-            sock.connect(self.address)
-            try:
-                sock.send(encode(message))
-            except zmq.Again:
-                raise ControllerUnreachable(f"no controller at {self.address} (send timed out)") from None
-            deadline = time.monotonic() + self.timeout
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not sock.poll(int(remaining * 1000)):
-                    raise ControllerUnreachable(f"no answer from the controller at {self.address} "
-                                                f"within {self.timeout:g}s")
-                frames = sock.recv_multipart()
-                try:
-                    reply = decode(frames[-1])
-                except ProtocolError as error:
-                    log.debug("ignoring a bad frame from the controller: %s", error)
-                    continue
-                # The controller may push heartbeats to any DEALER it knows; skip them.
-                if expect is not None and not isinstance(reply, expect):
-                    if type(reply).__name__ in ("Heartbeat", "Action"):
-                        continue
-                return reply
-        finally:
-            sock.close(0)
-
-    def status(self) -> StatusReply:
-        """The controller's current view of the job."""
-        reply = self.request(StatusRequest(), expect=StatusReply)
-        if not isinstance(reply, StatusReply):
-            raise ControllerUnreachable(f"unexpected answer to a status request: {type(reply).__name__}")
-        return reply
+DEFAULT_PROGRESS_INTERVAL = 5.0  # between progress lines while a recovery waits
+WATCHER_RESTART_DELAY = 1.0     # before a dead reset-file watcher is started again
+WATCHER_MAX_RESTARTS = 10       # then the job fails: device faults would go unseen
 
 
 def resolve_ip(address: str) -> str:
@@ -136,8 +78,12 @@ class LaunchSpec:
     key_file: Optional[Path] = None
     insecure: bool = False
     grace_period: float = DEFAULT_GRACE_PERIOD
+    progress_interval: float = DEFAULT_PROGRESS_INTERVAL
     env: Mapping[str, str] = field(default_factory=dict)
     prefix_output: bool = True
+    # False when MS_ENABLE_TFT asks for no fault tolerance: the ranks run as under msrun,
+    # with no controller, no keys and no restarts.
+    protected: bool = True
 
     @property
     def world_size(self) -> int:
@@ -168,6 +114,8 @@ def rank_environment(spec: LaunchSpec, rank: int, restart_count: int) -> dict[st
         "MINDFT_RESTART_COUNT": str(restart_count),
         "PYTHONUNBUFFERED": "1",  # so prefixed console output is live
     })
+    if not spec.protected:
+        return env
     if spec.insecure:
         env["MINDFT_INSECURE"] = "1"
         env.pop("MINDFT_KEY_FILE", None)
@@ -254,14 +202,24 @@ class Agent:
                      worker.restarts, worker.log_path)
 
     def _pump(self, process: subprocess.Popen, rank: int, log_file: IO[bytes]) -> None:
+        # The pump must outlive any failure to write a line: a dead pump leaves the rank's
+        # pipe full and the rank blocked in print(), which no heartbeat would explain.
         assert process.stdout is not None
+        failed: set[str] = set()
         try:
             for raw in iter(process.stdout.readline, b""):
-                log_file.write(raw)
-                log_file.flush()
-                self.console.line(f"rank {rank}", raw.decode("utf-8", "replace").rstrip("\n"))
-        except (OSError, ValueError):
-            pass
+                for where, write in (("log file", lambda: (log_file.write(raw), log_file.flush())),
+                                     ("console", lambda: self.console.line(
+                                         f"rank {rank}", raw.decode("utf-8", "replace").rstrip("\n")))):
+                    try:
+                        write()
+                    except Exception as error:
+                        if where not in failed:
+                            failed.add(where)
+                            log.error("rank %d: cannot write its output to the %s (%s: %s); "
+                                      "still draining it", rank, where, type(error).__name__, error)
+        except (OSError, ValueError) as error:
+            log.error("rank %d: reading its output failed: %s", rank, error)
         finally:
             log_file.close()
             process.stdout.close()
@@ -321,55 +279,138 @@ class Agent:
         return {r: w.pid for r, w in self.workers.items() if w.pid is not None}
 
 
-def _describe_exit(code: int) -> str:
-    if code < 0:
+def unprotected_notice(tft_value: str) -> str:
+    """The one line that says a job runs without fault tolerance and how to turn it on."""
+    why = (f"{TFT_VARIABLE}={tft_value!r} enables no option" if tft_value.strip()
+           else f"{TFT_VARIABLE} is not set")
+    return (f"fault tolerance is OFF ({why}): the ranks train unprotected, with no controller and no "
+            f"restarts; turn it on with e.g. {TFT_VARIABLE}='{{RSC:1}}'")
+
+
+# What each waiting state waits for: the timeout that bounds it, and the rank states that are done.
+_WAITS: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "PAUSING": ("pause", ("paused", "faulty", "dead", "done"), "to pause"),
+    "REPAIRING": ("repair", ("paused", "restored", "resumed", "running", "done", "registered"),
+                  "to be repaired"),
+    "ROLLBACK": ("rollback", ("restored", "done"), "to restore"),
+    "RESUMING": ("resume", ("resumed", "done"), "to resume"),
+}
+
+
+def recovery_progress(status: StatusReply, seconds_in_state: float, timeouts: Any) -> Optional[str]:
+    """One progress line while a recovery waits (state, who is waited on, time left); None otherwise."""
+    wait = _WAITS.get(status.state)
+    if wait is None:
+        return None
+    name, done, verb = wait
+    pending = []
+    for row in status.ranks:
+        if row.state in done:
+            continue
+        if status.state == "REPAIRING":
+            why = "process not back" if row.state == "dead" else "device not recovered"
+            pending.append(f"rank {row.rank} ({why})")
+        else:
+            pending.append(f"rank {row.rank}")
+    left = max(0.0, getattr(timeouts, name) - seconds_in_state)
+    who = f"waiting for {', '.join(pending)} {verb}" if pending else "waiting"
+    faults = f"; faults: {status.reason}" if status.reason else ""
+    return (f"recovery round {status.round}: {status.state} for {seconds_in_state:.0f}s, {who}; "
+            f"{left:.0f}s left (timeouts.{name}){faults}")
+
+
+def job_verdict(code: int) -> str:
+    """The launcher's last line: its exit code and what it means."""
+    if 128 < code < 128 + 65:
         try:
-            return f"killed by {signal.Signals(-code).name}"
+            return f"exit code {code}: interrupted by {signal.Signals(code - 128).name}"
         except ValueError:
-            return f"killed by signal {-code}"
-    if code == EXIT_DUMPED:
-        return "exit 3 (dying-gasp checkpoint written)"
-    return f"exit {code}"
+            pass
+    meaning = describe(code)
+    return f"exit code {code}" if meaning == f"exit code {code}" else f"exit code {code}: {meaning}"
+
+
+def describe_exit(code: int) -> str:
+    """A rank's exit status for people, in the words of :func:`mindft.exitcodes.describe`."""
+    if code < 0:
+        return describe(code)
+    meaning = describe(code)
+    return f"exit {code}" if meaning == f"exit code {code}" else f"exit {code} ({meaning})"
+
+
+_STOPPED_ON_PURPOSE = (ExitCode.DUMPED, ExitCode.DUMP_FAILED)
 
 
 def job_exit_code(controller_code: Optional[int], final_codes: Iterable[Optional[int]]) -> int:
-    """Combine the controller's verdict and the ranks' final exit codes into the launcher's."""
+    """Combine the controller's verdict and the ranks' final exit codes into the launcher's.
+
+    A checkpoint is claimed (3) only when every rank says it wrote one; a rank that could
+    not write its own makes the job 4; a crashed rank's code (128+N after signal N) wins
+    over a controller that merely agrees the job failed.
+    """
     codes = [c for c in final_codes if c is not None]
-    crashed = [c for c in codes if c not in (EXIT_OK, EXIT_DUMPED)]
-    if controller_code not in (None, EXIT_OK):
+    if ExitCode.DUMP_FAILED in codes:
+        return ExitCode.DUMP_FAILED
+    if codes and all(c == ExitCode.DUMPED for c in codes):
+        return ExitCode.DUMPED
+    if controller_code not in (None, ExitCode.OK):
         return controller_code
+    crashed = [c for c in codes if c != ExitCode.OK and c not in _STOPPED_ON_PURPOSE]
     if crashed:
         code = crashed[0]
         return 128 - code if code < 0 else code
-    if EXIT_DUMPED in codes:
-        return EXIT_DUMPED
-    return EXIT_OK
+    if ExitCode.DUMPED in codes:
+        return ExitCode.DUMPED
+    return ExitCode.OK
 
 
 class _ControllerRunner:
-    """The controller and the reset watcher, in threads of the launcher (node 0 only)."""
+    """The controller and the reset watcher, in threads of the launcher (node 0 only).
 
-    def __init__(self, config: MindftConfig) -> None:
+    Everything crosses in-process through the controller's thread-safe calls
+    (``on_process_exit``, ``on_device_event``, ``latest_status``); a thread that dies
+    is noticed here: the watcher is restarted, a dead controller fails the job.
+    """
+
+    def __init__(self, config: MindftConfig, controller_class: Optional[type] = None) -> None:
         from mindft.controller import Controller  # imported late: only node 0 needs it
         from mindft.resetwatch import ResetWatcher
 
         self.config = config
-        self.controller = Controller(config)  # binds now: port 0 becomes a real port
+        self.controller = (controller_class or Controller)(config)  # binds now: port 0 becomes a real port
         self.port = int(self.controller.endpoint.rsplit(":", 1)[1])
         self.result: Optional[Any] = None
-        self._thread = threading.Thread(target=self._serve, name="mindft-controller", daemon=True)
         self.watcher = ResetWatcher(config.reset_file, config.timeouts.reset_poll_interval)
         self.watching = False
-
-    def _serve(self) -> None:
-        try:
-            self.result = self.controller.serve()
-        except Exception as error:  # a crashed controller must still end the job cleanly
-            log.exception("controller crashed")
-            self.result = _Result(EXIT_FAILED, f"controller crashed: {error}")
+        self.watcher_restarts = 0
+        self._watcher_died_at: Optional[float] = None
+        self._watch_stop = threading.Event()
+        self._watch_thread: Optional[threading.Thread] = None
+        self._controller_thread: Optional[threading.Thread] = None
+        self.stopping = False
 
     def start(self) -> None:
-        self._thread.start()
+        self._controller_thread = self.controller.start()
+
+    def status(self) -> StatusReply:
+        """The controller's last published status (no socket, no read of its thread's state)."""
+        return self.controller.latest_status()
+
+    def poll(self) -> Optional[Any]:
+        """The controller's result once it finished; a controller thread that died counts as a failure."""
+        if self.result is None and self._controller_thread is not None:
+            result = self.controller.join(0)
+            if result is not None:
+                self.result = result
+            elif not self._controller_thread.is_alive():
+                log.error("the controller thread died without a result (its traceback is above); "
+                          "failing the job")
+                self.result = _Result(ExitCode.FAILED, "the controller thread died")
+        return self.result
+
+    @property
+    def finished(self) -> bool:
+        return self.poll() is not None
 
     def start_watcher_when_training(self) -> None:
         """Start the reset watcher once every rank registered.
@@ -377,25 +418,69 @@ class _ControllerRunner:
         The controller ignores device events for ranks it does not know yet, so a fault
         already in the file at start is read only when it can be acted on.
         """
-        if self.watching or self.finished or self.controller.state.value == "STARTING":
+        if self.watching or self.finished or self.status().state == "STARTING":
             return
         self.watching = True
-        self.watcher.start(self.controller.on_device_event)
+        self._start_watch_thread()
         log.info("watching the device plugin's reset file %s every %gs", self.config.reset_file,
                  self.config.timeouts.reset_poll_interval)
 
-    @property
-    def finished(self) -> bool:
-        return self.result is not None
+    def _start_watch_thread(self) -> None:
+        self._watch_thread = threading.Thread(target=self._watch, name="mindft-resetwatch", daemon=True)
+        self._watch_thread.start()
+
+    def _watch(self) -> None:
+        try:
+            self.watcher.run(self._on_reset_event, self._watch_stop)
+        except BaseException:
+            log.exception("the reset-file watcher died")
+            raise
+
+    def _on_reset_event(self, event: Any) -> None:
+        from mindft.resetwatch import flow_inputs
+        for item in flow_inputs(event):
+            self.controller.on_device_event(item)
+
+    def check_watcher(self) -> Optional[str]:
+        """Restart a watcher thread that died; the reason to fail the job once it died too often."""
+        thread = self._watch_thread
+        if thread is None or thread.is_alive() or self._watch_stop.is_set():
+            return None
+        now = time.monotonic()
+        if self._watcher_died_at is None:
+            self._watcher_died_at = now
+            log.error("the reset-file watcher thread died: device faults are not seen until it is "
+                      "restarted (in %gs, restart %d/%d)", WATCHER_RESTART_DELAY, self.watcher_restarts + 1,
+                      WATCHER_MAX_RESTARTS)
+        if self.watcher_restarts >= WATCHER_MAX_RESTARTS:
+            return (f"the reset-file watcher died {self.watcher_restarts + 1} times; device faults "
+                    f"in {self.config.reset_file} can no longer be seen")
+        if now - self._watcher_died_at < WATCHER_RESTART_DELAY:
+            return None
+        self.watcher_restarts += 1
+        self._watcher_died_at = None
+        log.warning("restarting the reset-file watcher (restart %d/%d)", self.watcher_restarts,
+                    WATCHER_MAX_RESTARTS)
+        self._start_watch_thread()
+        return None
 
     def stop(self) -> None:
-        self.watcher.stop()
-        if not self.finished:
+        self.stopping = True
+        self._watch_stop.set()
+        if self._watch_thread is not None:
+            self._watch_thread.join(self.config.timeouts.reset_poll_interval + 5.0)
+        if self.poll() is None:
+            # The job did not end in the controller (a signal, a launcher-side failure): its own
+            # "finished: exit code 1" would contradict the launcher's verdict, printed last.
+            controller_log = logging.getLogger("mindft.controller")
+            level = controller_log.level
+            controller_log.setLevel(logging.WARNING)
             try:
-                self.controller.stop()
-            except Exception:
-                log.exception("stopping the controller failed")
-        self._thread.join(10.0)
+                self.controller.stop(10.0)
+            finally:
+                controller_log.setLevel(level)
+            self.poll()
+            log.info("controller stopped by the launcher")
 
 
 @dataclass(frozen=True)
@@ -411,17 +496,22 @@ class Launcher:
         self.spec = spec
         self.console = console or Console(prefix=spec.prefix_output)
         self.agent = Agent(spec, self.console)
-        self.keys = None if spec.insecure else load_keys(spec.key_file)
+        self.keys = None if spec.insecure or not spec.protected else load_keys(spec.key_file)
         self._connect()
         self.runner: Optional[_ControllerRunner] = None
         self._signal: Optional[int] = None
         self._signals_seen = 0
         self._last_hang_check = 0.0
+        self._unprotected_failure: Optional[int] = None  # the first failed rank's exit code
+        self._failure: Optional[str] = None  # why the launcher itself fails the job
+        self._progress_key: Optional[tuple[str, int]] = None
+        self._progress_since = 0.0
+        self._progress_last = 0.0
 
     def _connect(self) -> None:
-        self.client = ControllerClient(self.spec.controller_address, self.keys)
+        self.client = Client(self.spec.controller_address, self.keys)
         # Polled from the monitor loop: a slow answer must not delay restarts or signals.
-        self._status_client = ControllerClient(self.spec.controller_address, self.keys,
+        self._status_client = Client(self.spec.controller_address, self.keys,
                                                timeout=HANG_CHECK_INTERVAL)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -464,26 +554,52 @@ class Launcher:
 
         threading.Thread(target=send, name="mindft-notify", daemon=True).start()
 
+    def _before_start(self) -> bool:
+        """True on node 0 while the controller still waits for every rank to register."""
+        return (self.runner is not None and not self.runner.finished
+                and self.runner.status().state == "STARTING")
+
+    def _abort(self, reason: str) -> None:
+        """Fail the job from the launcher: the supervise loop stops every rank and exits 1."""
+        if self._failure is None:
+            self._failure = reason
+            self.console.line("mindft-launch", f"job failed: {reason}")
+
     def _job_over(self) -> bool:
         """True on node 0 once the controller reached DONE or FAILED (other nodes cannot know)."""
         return self.runner is not None and (
-            self.runner.finished or self.runner.controller.state.value in ("DONE", "FAILED"))
+            self.runner.finished or self.runner.status().state in ("DONE", "FAILED"))
 
-    def _report_lost(self, rank: int, reason: str) -> None:
-        # No protocol message says "this rank will not come back"; a failed device has the
-        # same consequence (the controller fails the job and the healthy ranks dump).
-        self._notify(DeviceEvent(rank=rank, status=DeviceStatus.FAILED, reason=reason), f"rank {rank} is lost")
+    def _report_exit(self, rank: int, code: int, pid: int) -> None:
+        """Tell the controller a rank's process exited and will be restarted."""
+        if self.runner is not None:
+            self.runner.controller.on_process_exit(rank, code, pid)
+        else:
+            self._notify(ProcessExit(rank=rank, returncode=code, pid=pid), f"rank {rank} exited")
+
+    def _report_lost(self, rank: int, code: int, pid: int, reason: str) -> None:
+        """Tell the controller a rank will not come back: the job fails now, the healthy ranks dump."""
+        if self.runner is not None:
+            self.runner.controller.on_process_exit(rank, code, pid, final=True)
+        else:
+            self._notify(ProcessExit(rank=rank, returncode=code, pid=pid, will_restart=False),
+                         f"rank {rank} is lost")
 
     def _check_hung(self) -> None:
         # The controller sees a silent rank; only the launcher can kill it so it can restart.
+        if not self.spec.protected:
+            return
         now = time.monotonic()
         if now - self._last_hang_check < HANG_CHECK_INTERVAL:
             return
         self._last_hang_check = now
-        try:
-            status = self._status_client.status()
-        except ControllerUnreachable:
-            return
+        if self.runner is not None:
+            status = self.runner.status()
+        else:
+            try:
+                status = self._status_client.status()
+            except ControllerUnreachable:
+                return
         pids = self.agent.pids()
         for row in status.ranks:
             if row.rank in pids and row.pid == pids[row.rank] and row.state.lower() in HUNG_STATES:
@@ -497,33 +613,46 @@ class Launcher:
             if code is None or worker.final:
                 continue
             pid = worker.process.pid
-            self.console.line("mindft-launch", f"rank {rank} (pid {pid}) {_describe_exit(code)}")
-            if code == EXIT_OK or self._signal is not None:
+            self.console.line("mindft-launch", f"rank {rank} (pid {pid}) {describe_exit(code)}")
+            if code == ExitCode.OK or self._signal is not None:
                 worker.final = True
                 continue
-            if code == EXIT_DUMPED:
+            if not self.spec.protected:
+                # Nothing can restore an unprotected rank: stop the job as msrun does.
+                worker.final = True
+                if self._unprotected_failure is None:
+                    self._unprotected_failure = code
+                continue
+            if code in _STOPPED_ON_PURPOSE:
                 worker.final = True
                 if self.runner is not None and not self._job_over():
                     # It gave up on its own (not on the controller's order): fail now, not after
                     # timeouts.repair, so the other ranks dump while their state is fresh.
-                    self._report_lost(rank, f"rank {rank} wrote its dying-gasp checkpoint and exited")
+                    self._report_lost(rank, code, pid, f"rank {rank} stopped: {describe(code)}")
+                continue
+            if self._before_start():
+                # A rank that dies before every rank registered fails the same way again
+                # (a bad script, a missing module): restarting it only hides the error.
+                worker.final = True
+                self._abort(f"rank {rank} {describe_exit(code)} before the job started; not restarting "
+                            f"it: see {worker.log_path}")
                 continue
             job_over = self._job_over()
             if not job_over:
-                self._notify(ProcessExit(rank=rank, returncode=code, pid=pid), f"rank {rank} exited")
+                self._report_exit(rank, code, pid)
             if worker.restarts >= self.spec.max_restarts or job_over:
                 worker.final = True
                 why = "the job is over" if job_over else f"it used all {self.spec.max_restarts} restarts"
                 self.console.line("mindft-launch", f"not restarting rank {rank}: {why}")
                 if not job_over:
                     # Fail the job now instead of after timeouts.repair: the healthy ranks dump.
-                    self._report_lost(rank, f"rank {rank} {_describe_exit(code)} and used all "
-                                            f"{self.spec.max_restarts} restarts")
+                    self._report_lost(rank, code, pid, f"rank {rank} {describe_exit(code)} and used "
+                                                       f"all {self.spec.max_restarts} restarts")
                 continue
             worker.restarts += 1
+            # Whether the new process finds its state (a peer replica) is the rank's to say.
             self.console.line("mindft-launch", f"restarting rank {rank} "
-                              f"(restart {worker.restarts}/{self.spec.max_restarts}); "
-                              f"it recovers from its peer replica")
+                              f"(restart {worker.restarts}/{self.spec.max_restarts})")
             self.agent.start_worker_list([rank])
             self.write_job_file()
 
@@ -538,7 +667,9 @@ class Launcher:
 
     def _run(self) -> int:
         spec = self.spec
-        if spec.node_rank == 0:
+        if not spec.protected:
+            self.console.line("mindft-launch", unprotected_notice(spec.env.get(TFT_VARIABLE, "")))
+        elif spec.node_rank == 0:
             self.runner = _ControllerRunner(self.controller_config())
             if spec.master_port == 0:
                 # The controller picked a free port; every rank and client must use it.
@@ -546,9 +677,11 @@ class Launcher:
                 self.agent.spec = spec
                 self._connect()
             self.runner.start()
+        controller = (f"controller {spec.controller_address}{' (INSECURE)' if spec.insecure else ''}"
+                      if spec.protected else "no controller")
         self.console.line("mindft-launch", f"{spec.world_size} rank(s), {spec.nproc} on this node "
-                          f"(node {spec.node_rank}/{spec.nnodes}); controller {spec.controller_address}"
-                          f"{' (INSECURE)' if spec.insecure else ''}; logs in {spec.log_dir}")
+                          f"(node {spec.node_rank}/{spec.nnodes}); {controller}; run directory "
+                          f"{spec.run_dir}, logs in {spec.log_dir}")
         try:
             self.agent.start_all_workers()
             self.write_job_file()
@@ -577,8 +710,25 @@ class Launcher:
                 return 128 + self._signal
             self._handle_exits()
             running = self.agent.running()
+            if self._failure is None and not running and self._before_start() and all(
+                    w.final for w in self.agent.workers.values()):
+                self._abort("every rank exited before registering with the controller: does the "
+                            "script use mindft (mindft.mindspore.train, FaultTolerantLoop)?")
+            if self._failure is not None:
+                if running:
+                    self.agent.kill_worker(running, signal.SIGTERM, spec.grace_period)
+                return job_exit_code(ExitCode.FAILED, self._final_codes())
+            if self._unprotected_failure is not None and running:
+                self.console.line("mindft-launch", f"stopping rank(s) {running}: a rank failed and fault "
+                                  f"tolerance is off")
+                self.agent.kill_worker(running, signal.SIGTERM, spec.grace_period)
+                running = []
             if self.runner is not None:
                 self.runner.start_watcher_when_training()
+                watcher_failure = self.runner.check_watcher()
+                if watcher_failure is not None:
+                    self._abort(watcher_failure)
+                    continue
                 if self.runner.finished and controller_done_at is None:
                     controller_done_at = time.monotonic()
                 if controller_done_at is not None:
@@ -595,14 +745,33 @@ class Launcher:
                     if time.monotonic() - all_exited_at > CONTROLLER_FINISH_TIMEOUT:
                         log.warning("every rank exited but the controller has no result after %gs",
                                     CONTROLLER_FINISH_TIMEOUT)
-                        return job_exit_code(None, self._final_codes()) or EXIT_FAILED
+                        return job_exit_code(None, self._final_codes()) or ExitCode.FAILED
                 if running:
                     self._check_hung()
+                    self._report_progress()
             elif not running and all(w.final for w in self.agent.workers.values()):
+                if self._unprotected_failure is not None:
+                    return job_exit_code(None, [self._unprotected_failure])
                 return job_exit_code(None, self._final_codes())
             elif running:
                 self._check_hung()
             time.sleep(MONITOR_INTERVAL)
+
+    def _report_progress(self) -> None:
+        """While a recovery waits, say so at a steady pace (the controller logs only transitions)."""
+        assert self.runner is not None
+        status = self.runner.status()
+        now = time.monotonic()
+        key = (status.state, status.round)
+        if key != self._progress_key:
+            self._progress_key, self._progress_since, self._progress_last = key, now, now
+            return
+        if now - self._progress_last < self.spec.progress_interval:
+            return
+        self._progress_last = now
+        line = recovery_progress(status, now - self._progress_since, self.runner.config.timeouts)
+        if line is not None:
+            self.console.line("mindft-launch", line)
 
     def _final_codes(self) -> list[Optional[int]]:
         return [w.returncode for w in self.agent.workers.values()]
@@ -625,9 +794,20 @@ def _setup_logging(verbose: bool) -> None:
     root.propagate = False
 
 
+def _training_command(script: str, script_args: Sequence[str]) -> tuple[str, ...]:
+    """The rank command line; a script that is not there is a usage error before anything starts."""
+    if script.endswith(".py"):
+        if not Path(script).is_file():
+            _fail(f"training script {script!r} does not exist (looked in {os.getcwd()})")
+        return (sys.executable, script, *script_args)
+    if shutil.which(script) is None:
+        _fail(f"training command {script!r} is not an executable file or on PATH")
+    return (script, *script_args)
+
+
 def _fail(message: str) -> None:
     click.echo(f"mindft-launch: {message}", err=True)
-    sys.exit(EXIT_USAGE)
+    sys.exit(ExitCode.USAGE)
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False,
@@ -655,65 +835,108 @@ def _fail(message: str) -> None:
 @click.option("--insecure", is_flag=True, help="Run the control channel without CurveZMQ (debugging only).")
 @click.option("--grace-period", type=click.FloatRange(0), default=DEFAULT_GRACE_PERIOD, show_default=True,
               help="Seconds between forwarding SIGINT/SIGTERM and SIGKILL.")
+@click.option("--progress-interval", type=click.FloatRange(0.1), default=DEFAULT_PROGRESS_INTERVAL,
+              show_default=True, help="Seconds between progress lines while a recovery waits.")
 @click.option("--no-prefix", is_flag=True, help="Do not prefix rank output with [rank N].")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging of mindft itself.")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def main(nproc: int, nnodes: int, node_rank: int, master_addr: str, master_port: Optional[int],
          max_restarts: int, run_dir: Optional[Path], log_dir: Optional[Path], key_file: Optional[Path],
-         insecure: bool, grace_period: float, no_prefix: bool, verbose: bool, script: str,
-         script_args: Sequence[str]) -> None:
+         insecure: bool, grace_period: float, progress_interval: float, no_prefix: bool, verbose: bool,
+         script: str, script_args: Sequence[str]) -> None:
     """Run SCRIPT [ARGS] as NPROC ranks with mindft fault tolerance.
 
     Starts the controller on node 0 (and its watcher of the device plugin's reset
     file), sets the environment msrun would (MS_WORKER_NUM, MS_NODE_ID, RANK_ID,
     RANK_SIZE, DEVICE_ID) plus MS_TFT_IP/MS_TFT_PORT and MINDFT_KEY_FILE, prints
     each rank's output prefixed with [rank N], restarts a crashed rank up to
-    --max-restarts times and exits with the job's result (0 done, 3 dumped).
+    --max-restarts times and exits with the job's result.
+
+    \b
+    Exit codes: 0  every rank finished
+                1  the job failed (or a rank's own crash code)
+                2  bad usage or configuration; nothing was started
+                3  every rank wrote its dying-gasp checkpoint
+                4  a rank had to stop but could not write its checkpoint
+                130/143  interrupted by SIGINT/SIGTERM
     """
     _setup_logging(verbose)
     if node_rank >= nnodes:
         _fail(f"--node-rank {node_rank} must be below --nnodes {nnodes}")
+    command = _training_command(script, script_args)
     try:
         master_ip = resolve_ip(master_addr)
         base = load_config()  # validates the user's MS_ENABLE_TFT and MINDFT_* before starting anything
+        check_launchable(base)
     except ConfigError as error:
         _fail(f"configuration error: {error}")
-    insecure = insecure or base.insecure  # MINDFT_INSECURE=1 means the same as --insecure
+    protected = base.tft.enabled
+    insecure = (insecure or base.insecure) and protected  # MINDFT_INSECURE=1 means the same as --insecure
     if master_port is None or master_port == 0:
         master_port = 29600 if nnodes > 1 else 0  # 0: the controller binds a free port
     if 0 < master_port < 1024:
         _fail(f"--master-port {master_port} must be in 1024..65535")
-    if nnodes > 1 and key_file is None and not insecure:
+    if protected and nnodes > 1 and key_file is None and not insecure:
         _fail("a job on several nodes needs one key on every node: create it with "
               "'mindft keygen keys.json', distribute it and pass --key-file keys.json (or --insecure)")
+    if not protected:
+        key_file = None
+    elif not insecure and key_file is not None:
+        try:
+            load_keys(key_file)
+        except ConfigError as error:
+            _fail(str(error))
+    # Created only once everything is validated, so a refused launch leaves nothing behind.
+    made_run_dir = run_dir is None
     if run_dir is None:
         run_dir = Path(tempfile.mkdtemp(prefix="mindft-run-"))
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(run_dir, 0o700)
-    if not insecure and key_file is None:
+    generated_key = protected and not insecure and key_file is None
+    if generated_key:
         key_file = run_dir / "keys.json"
         generate_keys(key_file)
-    elif not insecure:
-        try:
-            load_keys(key_file)
-        except ConfigError as error:
-            _fail(str(error))
     env = dict(os.environ)
     env.setdefault("MINDFT_RESET_FILE", str(base.reset_file))
-    command = (sys.executable, script, *script_args) if script.endswith(".py") else (script, *script_args)
     spec = LaunchSpec(command=command, nproc=nproc, nnodes=nnodes, node_rank=node_rank,
                       master_ip=master_ip, master_port=master_port, max_restarts=max_restarts,
                       run_dir=run_dir, log_dir=log_dir or run_dir / "logs",
                       key_file=None if insecure else key_file, insecure=insecure,
-                      grace_period=grace_period, env=env, prefix_output=not no_prefix)
+                      grace_period=grace_period, progress_interval=progress_interval, env=env, prefix_output=not no_prefix, protected=protected)
     try:
         code = Launcher(spec).run()
     except ConfigError as error:
+        clean_run_dir(spec, made_run_dir, generated_key)
         _fail(f"configuration error: {error}")
+    clean_run_dir(spec, made_run_dir, generated_key)
+    print(f"[mindft-launch] {job_verdict(code)}", flush=True)
     sys.exit(code)
 
 
+def clean_run_dir(spec: LaunchSpec, made_run_dir: bool, generated_key: bool) -> None:
+    """After the job: keep the logs, drop what only a running job needs.
+
+    The generated key (a secret) and job.json (it names a controller that is gone) are
+    removed; a run directory this launcher created is removed whole when it holds no log.
+    """
+    removable = [spec.run_dir / JOB_FILE] + ([spec.run_dir / "keys.json"] if generated_key else [])
+    for path in removable:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as error:
+            log.warning("could not remove %s: %s", path, error)
+    logs = [p for p in spec.log_dir.glob("*") if p.is_file()] if spec.log_dir.is_dir() else []
+    if logs:
+        print(f"[mindft-launch] logs kept in {spec.log_dir}", flush=True)
+    elif made_run_dir:
+        shutil.rmtree(spec.run_dir, ignore_errors=True)
+
+
 if __name__ == "__main__":
-    main()
+    # Run the copy in sys.modules so loggers and classes are mindft.launch's, not __main__'s.
+    from mindft.launch import main as _main
+    _main()

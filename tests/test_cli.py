@@ -14,7 +14,7 @@ import pytest
 import zmq
 from click.testing import CliRunner
 
-from mindft.cli import EXIT_CONFIG_ERROR, EXIT_FAILED, EXIT_UNREACHABLE, main
+from mindft.cli import EXIT_CONFIG_ERROR, EXIT_FAILED, EXIT_UNREACHABLE, controller_endpoint, main
 from mindft.config import MindftConfig, Timeouts
 from mindft.controller import Controller
 from mindft.keys import generate_keys, load_keys, secure_client
@@ -210,6 +210,30 @@ def test_status_without_a_controller(runner: CliRunner) -> None:
     result = runner.invoke(main, ["status", "--address", f"tcp://127.0.0.1:{port}", "--insecure",
                                   "--timeout", "0.3"])
     assert result.exit_code == EXIT_UNREACHABLE
+
+
+def test_status_accepts_host_port_without_tcp(runner: CliRunner, tmp_path: Path,
+                                              controller: tuple[Controller, Path]) -> None:
+    ctl, key_file = controller
+    host_port = ctl.endpoint[len("tcp://"):]
+    result = runner.invoke(main, ["status", "--address", host_port, "--key-file", str(key_file)])
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert "job state: STARTING" in result.output
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "127.0.0.1:http", "127.0.0.1:70000", "udp://127.0.0.1:5",
+                                     "::1:5", ":5"])
+def test_status_with_a_bad_address_is_a_usage_error(runner: CliRunner, address: str) -> None:
+    result = runner.invoke(main, ["status", "--address", address, "--insecure", "--timeout", "0.2"])
+    assert result.exit_code == EXIT_CONFIG_ERROR, (result.output, result.exception)
+    assert f"--address: {address!r} is not a controller address" in result.output
+    assert "HOST:PORT" in result.output and result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_controller_endpoint_forms() -> None:
+    assert controller_endpoint("127.0.0.1:29600") == "tcp://127.0.0.1:29600"
+    assert controller_endpoint(" tcp://node-0:29600 ") == "tcp://node-0:29600"
+    assert controller_endpoint("[::1]:29600") == "tcp://[::1]:29600"
 
 
 def test_status_needs_a_key(runner: CliRunner) -> None:

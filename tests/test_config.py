@@ -42,6 +42,8 @@ def test_arf_implies_ttp_with_a_log_line(caplog: pytest.LogCaptureFixture) -> No
 # Each malformed or conflicting input and the words its error must contain.
 @pytest.mark.parametrize("text, fragments", [
     ("{TTP}", ["'TTP'", "has no value", "TTP:1"]),
+    ("{ttp}", ["'ttp'", "has no value", "'TTP:1'"]),
+    ("garbage", ["'garbage'", "is not an option", "KEY:VALUE", "RSC:1"]),
     ("TTP:1,,UCE:1", ["empty item #2", "KEY:VALUE"]),
     ("{TTP:yes}", ["TTP must be one of 0, 1", "'yes'"]),
     ("{ttp:1}", ["unknown option 'ttp'", "did you mean 'TTP'", "known options: ARF"]),
@@ -69,6 +71,7 @@ def test_parse_tft_rejects_with_an_actionable_message(text: str, fragments: list
     assert repr(text) in message or "empty item" in message or "braces" in message
     for fragment in fragments:
         assert fragment in message
+    assert "garbage:1" not in message
     assert isinstance(caught.value, ValueError)
 
 
@@ -166,3 +169,52 @@ def test_config_check_cli(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_public_api_is_small() -> None:
     assert set(mindft.__all__) >= {"ConfigError", "load_config", "parse_tft"}
     assert mindft.config.parse_tft("{TTP:1,UCE:1}") == TFTOptions(ttp=True, uce=True)
+
+
+def _broken_mindio(tmp_path: Path) -> Path:
+    """A mindio_ttp that fails to import, first on PYTHONPATH (as a wheel missing its native library)."""
+    package = tmp_path / "site" / "mindio_ttp"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("raise ImportError('libttp_framework.so: cannot open shared object')\n")
+    return package.parent
+
+
+def test_config_check_refuses_what_the_launcher_refuses(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    runner = CliRunner()
+    for name in ("MINDFT_INSECURE", "MINDFT_BACKEND"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MS_ENABLE_TFT", "{RSC:1}")
+    monkeypatch.setenv("MINDFT_KEY_FILE", str(tmp_path / "missing.json"))
+    result = runner.invoke(main, ["config", "check"])
+    assert result.exit_code == EXIT_CONFIG_ERROR
+    assert "MINDFT_KEY_FILE" in result.output and "does not exist" in result.output
+    monkeypatch.delenv("MINDFT_KEY_FILE")
+    monkeypatch.setenv("MINDFT_BACKEND", "mindio")
+    monkeypatch.setenv("PYTHONPATH", str(_broken_mindio(tmp_path)))
+    result = runner.invoke(main, ["config", "check"])
+    assert result.exit_code == EXIT_CONFIG_ERROR
+    assert "MINDFT_BACKEND=mindio but the mindio_ttp wheel cannot be imported" in result.output
+    assert "libttp_framework.so" in result.output
+
+
+def test_launcher_refuses_mindio_backend_without_the_wheel(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text("print('never started')\n")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "MS_ENABLE_TFT": "{RSC:1}", "MINDFT_BACKEND": "mindio",
+           "PYTHONPATH": f"{_broken_mindio(tmp_path)}{os.pathsep}{root}"}
+    env.pop("MINDFT_KEY_FILE", None)
+    result = subprocess.run([sys.executable, "-m", "mindft.launch", str(script)], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == EXIT_CONFIG_ERROR, result.stdout + result.stderr
+    assert "mindio_ttp wheel cannot be imported" in result.stderr and "never started" not in result.stdout
+
+
+def test_readme_does_not_call_mindio_proprietary() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "proprietary" not in readme.lower()
+    assert "Apache-2.0" in readme

@@ -347,6 +347,10 @@ class Job:
 
     def _process_exit(self, event: ProcessExited, now: float, will_restart: bool) -> tuple[bool, str]:
         record = self.ranks.get(event.rank)
+        what = f"rank {event.rank} (pid {event.pid}) exited with code {event.returncode}"
+        if self.state is _S.STARTING and (record is None or not will_restart):
+            self._fail(f"{what} before every rank registered", now, Event.FAULT)
+            return True, "job failed: a rank exited before every rank registered"
         if record is None:
             return False, f"rank {event.rank} never registered"
         if event.pid and record.pid and event.pid != record.pid:
@@ -355,8 +359,7 @@ class Job:
             return True, "job already ended"
         if event.returncode in (ExitCode.DUMPED, ExitCode.DUMP_FAILED) or not will_restart:
             record.state = RankState.DEAD
-            self._fail(f"rank {event.rank} (pid {event.pid}) exited with code {event.returncode} "
-                       f"and will not be restarted", now)
+            self._fail(f"{what} and will not be restarted", now)
             return True, f"rank {event.rank} lost: job failed"
         self._add_fault(record, FaultKind.PROCESS_DIED, record.progress + 1,
                         f"process {event.pid} exited with code {event.returncode}", now, dead=True)

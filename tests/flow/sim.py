@@ -20,7 +20,7 @@ from mindft.config import Timeouts
 from mindft.exitcodes import ExitCode
 from mindft.flow import (TRANSITIONS, Armed, Broadcast, DeviceFailed, DeviceFaulty, DeviceRecovered, Finish,
                          Finished, Follower, Job, JobState, KillRank, ProcessExited, Resumed, Send, Transition)
-from mindft.protocol import Action, ActionKind, Done, FaultKind, FaultReport, Heartbeat, Progress, Register
+from mindft.protocol import Action, Done, FaultKind, FaultReport, Heartbeat, Progress, Register
 
 TIMEOUTS = Timeouts(heartbeat_interval=0.5, heartbeat_misses=6, register=30.0, pause=10.0, repair=20.0,
                     rollback=10.0, resume=10.0)

@@ -31,6 +31,7 @@ from mindft.processor import Processor
 from mindft.protocol import FaultKind
 
 SIZE = 64
+GIVE_UP_CODE = int(ExitCode.DUMPED)  # the exit code of LAUNCH_GIVE_UP (dump_failed_rank.py changes it)
 
 
 def initial(rank: int) -> np.ndarray:
@@ -121,7 +122,7 @@ class Rank:
         time.sleep(self.step_time)
         if step == self.give_up_step:
             print(f"rank {self.rank} gives up at step {step}", flush=True)
-            os._exit(ExitCode.DUMPED)
+            os._exit(GIVE_UP_CODE)
         if self.crash_always and step == 2:
             os._exit(7)
         if step == self.crash_step:

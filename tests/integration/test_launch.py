@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from mindft.keys import load_keys
-from mindft.launch import ControllerClient, ControllerUnreachable
+from mindft.channel import Client, ControllerUnreachable
 from mindft.resetwatch import fault_state, write_reset_file
 
 HERE = Path(__file__).resolve().parent
@@ -27,6 +27,7 @@ sys.path.insert(0, str(HERE))
 import launch_rank  # noqa: E402  (the rank script doubles as the reference implementation)
 
 RANK_SCRIPT = HERE / "launch_rank.py"
+PLAIN_SCRIPT = HERE / "plain_rank.py"
 DEADLINE = 90.0
 
 
@@ -34,7 +35,7 @@ class Job:
     """One mindft-launch process and everything it was given."""
 
     def __init__(self, tmp: Path, nproc: int, steps: int, step_time: float, extra_args: tuple[str, ...],
-                 env: dict[str, str]) -> None:
+                 env: dict[str, str], script: Path = RANK_SCRIPT) -> None:
         self.tmp, self.steps, self.nproc = tmp, steps, nproc
         self.run_dir = tmp / "run"
         self.reset_file = tmp / "reset" / "reset.json"
@@ -45,14 +46,14 @@ class Job:
             "MINDFT_HEARTBEAT_INTERVAL": "0.1", "MINDFT_HEARTBEAT_MISSES": "10",
             "MINDFT_RESET_POLL_INTERVAL": "0.05", "MINDFT_RESET_FILE": str(self.reset_file),
             "MINDFT_DUMP_DIR": str(tmp / "dump"), "MINDFT_REGISTER_TIMEOUT": "60",
-            "MINDFT_REPAIR_TIMEOUT": "30",
+            "MINDFT_REPAIR_TIMEOUT": "30", "MS_ENABLE_TFT": "{RSC:1}",
         })
         full_env.pop("MINDFT_KEY_FILE", None)
         full_env.update(env)
         with open(self.output, "wb") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "mindft.launch", "--nproc", str(nproc), "--run-dir", str(self.run_dir),
-                 *extra_args, str(RANK_SCRIPT)],
+                 *extra_args, str(script)],
                 env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def text(self) -> str:
@@ -67,9 +68,9 @@ class Job:
     def job_info(self) -> dict:
         return json.loads((self.run_dir / "job.json").read_text())
 
-    def client(self) -> ControllerClient:
+    def client(self) -> Client:
         info = self.job_info()
-        return ControllerClient(info["controller"], load_keys(Path(info["key_file"])), timeout=2.0)
+        return Client(info["controller"], load_keys(Path(info["key_file"])), timeout=2.0)
 
     def wait_until(self, condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
@@ -116,8 +117,8 @@ def launch(tmp_path: Path) -> Iterator[Callable[..., Job]]:
     jobs: list[Job] = []
 
     def start(nproc: int = 2, steps: int = 30, step_time: float = 0.02, args: tuple[str, ...] = (),
-              **env: str) -> Job:
-        job = Job(tmp_path, nproc, steps, step_time, args, env)
+              script: Path = RANK_SCRIPT, **env: str) -> Job:
+        job = Job(tmp_path, nproc, steps, step_time, args, env, script)
         jobs.append(job)
         return job
 
@@ -146,7 +147,7 @@ def test_killed_rank_is_restarted_and_training_is_bit_identical(launch: Callable
     log_1 = (job.run_dir / "logs" / "rank_1.log").read_text()
     assert log_1.count("--- mindft-launch: rank 1, incarnation") == 2
     assert "rank 1 incarnation 1" in log_1 and "[rank" not in log_1  # log files hold the raw output
-    assert (job.run_dir / "keys.json").stat().st_mode & 0o077 == 0
+    assert not (job.run_dir / "keys.json").exists()          # the generated secret does not outlive the job
 
 
 def test_corrupted_reset_file_then_hot_reset(launch: Callable[..., Job], tmp_path: Path) -> None:
@@ -178,6 +179,8 @@ def test_sigterm_stops_every_rank(launch: Callable[..., Job]) -> None:
     assert job.wait(30) == 128 + signal.SIGTERM
     assert "SIGTERM: stopping every rank" in job.text()
     assert "did not stop within 1s; sending SIGKILL" in job.text()
+    assert "controller finished: exit code 1" not in job.text()  # the launcher's verdict is the last word
+    assert job.text().rstrip().endswith("exit code 143: interrupted by SIGTERM")
     survivors = [pid for pid in pids if _alive(pid)]
     assert survivors == [], f"ranks still alive after the launcher exited: {survivors}"
 
@@ -199,10 +202,39 @@ def test_rank_that_gives_up_fails_the_job_without_waiting_for_the_repair_timeout
     job = launch(nproc=2, steps=1000, step_time=0.02, LAUNCH_GIVE_UP="1:5", MINDFT_REPAIR_TIMEOUT="300")
     code = job.wait(60)
     out = job.text()
-    assert code == 1, out
-    assert "rank 1 wrote its dying-gasp checkpoint and exited" in out
+    assert code == 3, out                                # every rank wrote its dying-gasp checkpoint
+    assert "exit 3 (dying-gasp checkpoint written)" in out
+    assert "exited with code 3 and will not be restarted" in out  # handed to the controller in-process
     assert "restarting rank 1" not in out                # exit 3 is final
     assert "rank 0 dumped step" in out
+
+
+def test_rank_whose_dump_failed_is_not_reported_as_dumped(launch: Callable[..., Job]) -> None:
+    job = launch(nproc=2, steps=1000, step_time=0.02, script=HERE / "dump_failed_rank.py",
+                 LAUNCH_GIVE_UP="1:5", GIVE_UP_EXIT_CODE_RANK="1", MINDFT_REPAIR_TIMEOUT="300")
+    code = job.wait(60)
+    out = job.text()
+    assert code == 4, out
+    assert "exit 4 (stopped; dying-gasp checkpoint NOT written)" in out
+    assert "exited with code 4 and will not be restarted" in out
+    assert "rank 1 (pid" in out and not any("rank 1 (pid" in line and "checkpoint written" in line
+                                            for line in out.splitlines())
+    assert "rank 0 dumped step" in out and "exit 3 (dying-gasp checkpoint written)" in out
+
+
+def test_device_failed_every_rank_dumps_and_the_launcher_exits_3(launch: Callable[..., Job],
+                                                                 tmp_path: Path) -> None:
+    job = launch(nproc=2, steps=1000, step_time=0.02)
+    job.wait_until(lambda: job.committed() >= 5, "step 5")
+    write_reset_file(job.reset_file, fault_state([1], policy="reset"))
+    job.wait_until(lambda: "REPAIRING" in job.text(), "the controller to wait for the device")
+    write_reset_file(job.reset_file, fault_state([1], "failed", policy="reset"))
+    code = job.wait(60)
+    out = job.text()
+    assert code == 3, out
+    assert "rank 0 dumped step" in out and "rank 1 dumped step" in out
+    assert out.count("exit 3 (dying-gasp checkpoint written)") == 2
+    assert len(list((tmp_path / "dump").glob("rank*-step*.npy"))) == 2
 
 
 def test_hung_rank_is_killed_and_restarted(launch: Callable[..., Job]) -> None:
@@ -237,7 +269,7 @@ def test_injected_uce_is_recovered(launch: Callable[..., Job]) -> None:
 def test_bad_arguments_exit_2(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "mindft.launch", "--nnodes", "2", "--node-rank", "0",
                              str(RANK_SCRIPT)], capture_output=True, text=True, timeout=30,
-                            env={**os.environ, "MINDFT_KEY_FILE": ""})
+                            env={**os.environ, "MINDFT_KEY_FILE": "", "MS_ENABLE_TFT": "{RSC:1}"})
     assert result.returncode == 2
     assert "needs one key on every node" in result.stderr
     bad_tft = subprocess.run([sys.executable, "-m", "mindft.launch", str(RANK_SCRIPT)], capture_output=True,
@@ -272,7 +304,7 @@ def test_two_nodes_share_one_controller_and_key(tmp_path: Path) -> None:
                           capture_output=True, timeout=30).returncode == 0
     env = {**os.environ, "LAUNCH_DIR": str(tmp_path), "LAUNCH_STEPS": "30", "LAUNCH_CRASH": "3:10",
            "MINDFT_HEARTBEAT_INTERVAL": "0.1", "MINDFT_RESET_FILE": str(tmp_path / "reset.json"),
-           "MINDFT_REPAIR_TIMEOUT": "30"}
+           "MINDFT_REPAIR_TIMEOUT": "30", "MS_ENABLE_TFT": "{RSC:1}"}
     env.pop("MINDFT_KEY_FILE", None)
     nodes = []
     try:
@@ -311,3 +343,161 @@ def test_demo_killed_mindspore_rank_is_restarted_bit_identical(tmp_path: Path) -
     assert "killed by SIGKILL" in out and "restarting rank 1 (restart 1/3)" in out
     assert "adopted its replica" in out and "PROCESS_DIED" in out
     assert out.count(" yes") == 2 and "bit-identical:" in out
+
+
+def run_plain(tmp_path: Path, *args: str, timeout: float = 60.0, **env: str) -> subprocess.CompletedProcess:
+    """mindft-launch on plain_rank.py (no mindft inside the ranks), to completion."""
+    full_env = {**os.environ, "MINDFT_RESET_FILE": str(tmp_path / "reset.json"), **env}
+    for name in ("MINDFT_KEY_FILE", "MINDFT_INSECURE"):
+        full_env.pop(name, None)
+    if "MS_ENABLE_TFT" not in env:
+        full_env.pop("MS_ENABLE_TFT", None)
+    return subprocess.run([sys.executable, "-m", "mindft.launch", *args], capture_output=True, text=True,
+                          timeout=timeout, env=full_env)
+
+
+def test_without_ms_enable_tft_the_job_runs_unprotected_and_exits_0(tmp_path: Path) -> None:
+    started = time.monotonic()
+    result = run_plain(tmp_path, "--nproc", "2", "--run-dir", str(tmp_path / "run"), str(PLAIN_SCRIPT))
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert out.count("fault tolerance is OFF (MS_ENABLE_TFT is not set)") == 1
+    assert "MS_ENABLE_TFT='{RSC:1}'" in out
+    assert "plain rank 0 done" in out and "plain rank 1 done" in out
+    assert "[controller]" not in out and "no controller" in out
+    assert not (tmp_path / "run" / "keys.json").exists()
+    assert time.monotonic() - started < 14  # not the 15 s wait for a controller verdict
+
+
+def test_unprotected_rank_failure_stops_the_job_with_its_code(tmp_path: Path) -> None:
+    result = run_plain(tmp_path, "--nproc", "2", str(PLAIN_SCRIPT), PLAIN_EXIT="1:7", PLAIN_SLEEP="0.5",
+                       MS_ENABLE_TFT="{TTP:0}")
+    out = result.stdout + result.stderr
+    assert result.returncode == 7, out
+    assert "MS_ENABLE_TFT='{TTP:0}' enables no option" in out
+    assert "restarting" not in out
+
+
+def test_missing_training_script_fails_at_once(tmp_path: Path) -> None:
+    missing = tmp_path / "no_such_train.py"
+    for tft in ("{RSC:1}", ""):
+        result = run_plain(tmp_path, "--nproc", "2", str(missing), timeout=30, MS_ENABLE_TFT=tft)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert f"training script {str(missing)!r} does not exist" in result.stderr
+        assert "restarting rank" not in result.stdout
+    command = run_plain(tmp_path, "no-such-command-mindft", timeout=30, MS_ENABLE_TFT="{RSC:1}")
+    assert command.returncode == 2 and "'no-such-command-mindft' is not an executable" in command.stderr
+
+
+def test_rank_that_dies_before_the_job_starts_is_not_restarted(tmp_path: Path) -> None:
+    started = time.monotonic()
+    result = run_plain(tmp_path, "--nproc", "2", "--run-dir", str(tmp_path / "run"), str(PLAIN_SCRIPT),
+                       MS_ENABLE_TFT="{RSC:1}", PLAIN_EXIT="1:1", PLAIN_SLEEP="0.3")
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    assert "job failed: rank 1 exit 1 (failed) before the job started; not restarting it" in out
+    assert str(tmp_path / "run" / "logs" / "rank_1.log") in out
+    assert "restarting rank" not in out and "recovers from its peer replica" not in out
+    assert time.monotonic() - started < 12, out  # neither restarts nor the 15 s wait for a verdict
+
+
+def test_ranks_that_never_register_fail_the_job_at_once(tmp_path: Path) -> None:
+    result = run_plain(tmp_path, "--nproc", "2", str(PLAIN_SCRIPT), MS_ENABLE_TFT="{RSC:1}")
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    assert "every rank exited before registering with the controller" in out
+    assert "controller has no result" not in out
+
+
+def test_run_directory_is_named_and_holds_only_logs_afterwards(tmp_path: Path) -> None:
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    refused = run_plain(tmp_path, "--key-file", str(tmp_path / "missing.json"), str(PLAIN_SCRIPT),
+                        MS_ENABLE_TFT="{RSC:1}", TMPDIR=str(temp))
+    assert refused.returncode == 2 and "does not exist" in refused.stderr
+    bad_tft = run_plain(tmp_path, str(PLAIN_SCRIPT), MS_ENABLE_TFT="{RSC:1,UCE:1}", TMPDIR=str(temp))
+    assert bad_tft.returncode == 2
+    assert list(temp.iterdir()) == []                       # a refused launch leaves no mindft-run-*
+    never = run_plain(tmp_path, "--nproc", "1", str(PLAIN_SCRIPT), MS_ENABLE_TFT="{RSC:1}", TMPDIR=str(temp))
+    assert never.returncode == 1
+    (run_dir,) = temp.iterdir()                             # it ran: its log is kept
+    out = never.stdout + never.stderr
+    assert f"run directory {run_dir}" in out and f"logs kept in {run_dir / 'logs'}" in out
+    assert sorted(p.name for p in run_dir.iterdir()) == ["logs"]   # no key, no stale job.json
+    assert "plain rank 0" in (run_dir / "logs" / "rank_0.log").read_text()
+
+
+def test_dead_reset_watcher_is_restarted_and_the_next_fault_is_handled(launch: Callable[..., Job]) -> None:
+    job = launch(nproc=2, steps=300, step_time=0.03)
+    job.wait_until(lambda: job.committed() >= 5 and "watching the device plugin's reset file" in job.text(),
+                   "step 5 and the watcher")
+    job.reset_file.parent.mkdir(parents=True, exist_ok=True)
+    hostile = job.reset_file.with_name("hostile")
+    hostile.write_text("[" * 100_000 + "]" * 100_000)      # kills a JSON reader that recurses
+    os.replace(hostile, job.reset_file)
+    time.sleep(1.5)                                         # a watcher that survives just logs it
+    write_reset_file(job.reset_file, fault_state([1], policy="reset"))
+    job.wait_until(lambda: "REPAIRING" in job.text(), "the controller to wait for the device")
+    write_reset_file(job.reset_file, fault_state([1], "recovered", policy="reset"))
+    assert job.wait() == 0, job.text()
+    out = job.text()
+    assert "DEVICE_RESET" in out and "RESUMING → NORMAL" in out
+    job.assert_bit_identical()
+
+
+def test_progress_is_shown_while_waiting_for_a_repair(launch: Callable[..., Job]) -> None:
+    job = launch(nproc=2, steps=200, step_time=0.03, args=("--progress-interval", "0.5"))
+    job.wait_until(lambda: job.committed() >= 5, "step 5")
+    write_reset_file(job.reset_file, fault_state([1], policy="reset"))
+    job.wait_until(lambda: job.text().count("REPAIRING for") >= 3, "three progress lines", timeout=20)
+    write_reset_file(job.reset_file, fault_state([1], "recovered", policy="reset"))
+    assert job.wait() == 0, job.text()
+    lines = [line for line in job.text().splitlines() if "recovery round 1: REPAIRING for" in line]
+    assert all("waiting for rank 1 (device not recovered) to be repaired" in line for line in lines)
+    lefts = [int(line.split("; ")[1].split("s left")[0]) for line in lines]
+    assert lefts == sorted(lefts, reverse=True) and lefts[0] <= 30   # MINDFT_REPAIR_TIMEOUT=30
+    assert job.text().rstrip().endswith("exit code 0: finished")
+
+
+def test_ctrl_c_on_the_demo_stops_its_launcher_and_every_rank(tmp_path: Path) -> None:
+    pytest.importorskip("mindspore")
+    demo = HERE.parents[1] / "examples" / "demo.py"
+    out_path = tmp_path / "demo.out"
+    with open(out_path, "wb") as out:
+        process = subprocess.Popen([sys.executable, str(demo), "--nproc", "2", "--steps", "100000",
+                                    "--fault-rank", "1", "--workdir", str(tmp_path)], stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    job_file = tmp_path / "ref-run" / "job.json"
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                info = json.loads(job_file.read_text())
+                if len(info["ranks"]) == 2 and "STARTING → NORMAL" in out_path.read_text():
+                    pids = [info["launcher_pid"], *(int(pid) for pid in info["ranks"].values())]
+                    break
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.1)
+        assert pids, out_path.read_text()[-3000:]
+        process.send_signal(signal.SIGINT)                  # what the terminal sends on Ctrl-C
+        assert process.wait(60) == 130, out_path.read_text()[-3000:]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+            time.sleep(0.1)
+        assert [pid for pid in pids if _alive(pid)] == [], out_path.read_text()[-3000:]
+        assert "interrupted: stopping mindft-launch and every rank" in out_path.read_text()
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)              # lets the demo stop what it started
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                pass
+        for pid in [process.pid, *pids]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        process.wait()
