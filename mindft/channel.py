@@ -129,7 +129,7 @@ class Client:
     """One-off requests to the controller at ``address`` (launcher, CLI, demo)."""
 
     def __init__(self, address: str, keys: Optional[CurveKeys], timeout: float = REQUEST_TIMEOUT) -> None:
-        self.address = normalize_address(address)
+        self.address = address  # checked when used: the launcher may not know its port yet
         self.keys = keys
         self.timeout = timeout
 

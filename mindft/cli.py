@@ -333,7 +333,7 @@ def inject(rank: int, fault: str, reset_file: Optional[Path], recover_after: flo
     if fault == "uce":
         try:
             reply = _client(target, timeout).request(
-                InjectRequest(rank=rank, fault=FaultKind.UCE, detail="injected by 'mindft inject'"), expect=Reply)
+                InjectRequest(rank=rank, fault=FaultKind.UCE, detail="injected by 'mindft inject'"))
         except ControllerUnreachable as error:
             click.echo(f"mindft: {error}", err=True)
             sys.exit(EXIT_UNREACHABLE)
