@@ -1,0 +1,65 @@
+"""Every test starts from a clean environment and must leave no process or mindft thread behind."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+# Variables that configure mindft or MindSpore's cluster: a developer's shell must not leak into tests.
+_ISOLATED = re.compile(r"^(MS_|MINDFT_|MINDIO_|MINDX_|RANK_|DEVICE_ID$|RANK_ID$|RANK_SIZE$|VC_TASK_INDEX$)")
+_GRACE = 5.0  # seconds a test's threads and processes get to finish after it
+
+
+def _children() -> set[int]:
+    pids: set[int] = set()
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        try:
+            pids.update(int(p) for p in (task / "children").read_text().split())
+        except OSError:
+            continue
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _mindft_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("mindft")}
+
+
+@pytest.fixture(autouse=True)
+def isolated_environment(monkeypatch: pytest.MonkeyPatch):
+    for name in list(os.environ):
+        if _ISOLATED.match(name):
+            monkeypatch.delenv(name)
+    yield
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    children, threads = _children(), _mindft_threads()
+    yield
+    deadline = time.monotonic() + _GRACE
+    while True:
+        new_children = {p for p in _children() - children if _alive(p)}
+        new_threads = {t for t in _mindft_threads() - threads if t.is_alive()}
+        if not (new_children or new_threads) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for pid in new_children:  # do not let one test's leftovers break the next ones
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert not new_children, f"the test left child processes running: {sorted(new_children)}"
+    assert not new_threads, f"the test left mindft threads running: {sorted(t.name for t in new_threads)}"
