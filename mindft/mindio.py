@@ -67,9 +67,11 @@ Quirks and how they are handled
   (it reads the device id in ``tft_init_processor``). The rank side accepts that (a training
   process has mindspore loaded anyway); the controller imports only
   ``mindio_ttp.controller_ttp``, which needs no framework.
-* ``tft_destroy_processor()`` can hang until the controller is destroyed, and destroying the
-  controller takes 5-7 s (its worker threads exit one by one). Both run in a daemon thread with
-  a bounded wait; a stuck one is abandoned, never waited on. The wheel's own ``atexit`` hooks
+* ``tft_destroy_processor()`` hangs until the controller is destroyed: it reports the exit, then
+  waits for its receive thread, which sits in a blocking ``recv`` that only the controller's
+  teardown ends (MindSpore has rank 0 destroy the controller first). Destroying the controller
+  takes 3-7 s (its worker threads exit one by one). Both run in a daemon thread with a bounded
+  wait; a stuck one is abandoned, never waited on, and the process still exits at once. The wheel's own ``atexit`` hooks
   (which would repeat the unbounded calls at interpreter exit) are unregistered.
 * ``tft_init_processor`` makes SIGTERM and SIGINT do nothing. The handlers in place before it are
   put back, so the launcher can still stop a rank.
@@ -104,8 +106,11 @@ from mindft.exitcodes import ExitCode
 log = logging.getLogger(__name__)
 
 MINDX_TASK_VARIABLE = "MINDX_TASK_ID"
-# Closing never waits longer than this for a wheel call that may hang (see the quirks above).
-DEFAULT_CLOSE_TIMEOUT = 10.0
+# How long closing waits for the wheel's destroy calls (see the quirks above). A processor reports
+# its exit to the controller at once, then waits for the controller to go away: nothing is gained
+# by waiting long. The controller's own teardown takes 3-7 s.
+PROCESSOR_CLOSE_TIMEOUT = 3.0
+CONTROLLER_CLOSE_TIMEOUT = 10.0
 # A rank ordered to exit that is still stuck (e.g. in a collective) after this long is ended.
 DEFAULT_EXIT_GRACE = 30.0
 # The wheel accepts 30..1800 s for TTP_NORMAL_ACTION_TIME_LIMIT.
@@ -243,7 +248,7 @@ class MindioController:
         self._api = api
         log.info("MindIO controller listening on %s:%d for %d ranks", self.ip, self.port, self.world_size)
 
-    def stop(self, timeout: float = DEFAULT_CLOSE_TIMEOUT) -> bool:
+    def stop(self, timeout: float = CONTROLLER_CLOSE_TIMEOUT) -> bool:
         """Destroy the controller, waiting at most ``timeout`` s; True if it finished in time."""
         api, self._api = self._api, None
         if api is None:
@@ -460,8 +465,13 @@ class MindioRank:
             os._exit(self._exit_code)
 
     # -- close ---------------------------------------------------------------------------------
-    def close(self, timeout: float = DEFAULT_CLOSE_TIMEOUT) -> bool:
-        """Destroy the processor, waiting at most ``timeout`` s; True if it finished in time."""
+    def close(self, timeout: float = PROCESSOR_CLOSE_TIMEOUT) -> bool:
+        """Destroy the processor, waiting at most ``timeout`` s; True if it finished in time.
+
+        The wheel's destroy tells the controller this rank exits, then blocks until the controller
+        is destroyed: past ``timeout`` the call is abandoned in its daemon thread (harmless, the
+        process may exit).
+        """
         self._closed = True
         tft, self._tft = self._tft, None
         if tft is None:
