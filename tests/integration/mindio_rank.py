@@ -139,6 +139,7 @@ def run_rank(rank: int, world_size: int, port: int, hub: str, steps: int, out: P
     mindio.start()
     emit(event="started", rank=rank, sigterm=signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
     step, faulted = 1, False
+    hook_ns = []  # per step: the begin_update + end_update calls (bench/mindio.py reads them)
     try:
         while step <= steps:
             try:
@@ -159,12 +160,16 @@ def run_rank(rank: int, world_size: int, port: int, hub: str, steps: int, out: P
                     step = mindio.report_fault(FaultKind.UCE) + 1
                     emit(event="resumed", rank=rank, step=step)
                     continue
+                began = time.perf_counter_ns()
                 mindio.begin_update(step)
+                begun = time.perf_counter_ns()
                 apply_update(state, step)
                 store.capture(step, state)
                 store.wait()
                 push_replica(agent, rank, store.restore(step), None, REPLICA_TIMEOUT)
+                ending = time.perf_counter_ns()
                 mindio.end_update(step)
+                hook_ns.append(begun - began + time.perf_counter_ns() - ending)
                 step += 1
             except RecoveryRequested:
                 step = mindio.recover() + 1
@@ -174,7 +179,7 @@ def run_rank(rank: int, world_size: int, port: int, hub: str, steps: int, out: P
         mindio.close()
         return int(exit_order.code)
     np.savez(out, **state)
-    emit(event="done", rank=rank, step=step - 1)
+    emit(event="done", rank=rank, step=step - 1, hook_ns=hook_ns)
     try:
         barrier.wait(BARRIER_TIMEOUT)  # no rank closes while another still needs the controller
     except threading.BrokenBarrierError:
