@@ -1,4 +1,7 @@
-"""mindft.mindio without sockets: placement, argument checks, bounded waits, exit codes."""
+"""mindft.mindio without sockets: placement, argument checks, bounded waits, exit codes.
+
+The real wheel and real processes are exercised in tests/integration/test_mindio_recovery.py.
+"""
 from __future__ import annotations
 
 import threading
