@@ -1,0 +1,486 @@
+"""MindIO TFT as mindft's coordination backend: its controller and processors, mindft's state.
+
+MindIO TFT (the ``mindio_ttp`` wheel, open source in Ascend/mind-cluster) decides *when* ranks
+stop, which step they resume from and who repairs whom; mindft's in-memory snapshots do the
+work inside its handlers. :class:`MindioController` starts MindIO's controller where MindSpore
+would (rank 0 / node 0, and nowhere when MindCluster runs it: ``MINDX_TASK_ID`` set);
+:class:`MindioRank` is one rank's processor with its handlers bound to plain callables.
+
+What a UCE on one rank produces (driven on CPU with 2 and 4 processes, 127.0.0.1, wheel 7.3.0)
+---------------------------------------------------------------------------------------------
+Every rank, before training: ``tft_init_processor`` → ``tft_register_*_handler`` →
+``tft_start_processor`` → ``tft_set_optimizer_replica`` (the data-parallel group; without a
+replica the controller can only dump). Every step: ``tft_start_updating_os(step)``, the optimizer
+update, ``tft_end_updating_os(step)``; the controller learns each rank's step *only* from these
+calls (a rank that never reported a step cannot be repaired).
+
+Faulty rank F, in its training thread, during step s (state of s not complete)::
+
+    tft_report_error(RS_UCE)           returns at once
+    tft_wait_next_action()             blocks for the whole recovery
+      (controller: ~2 s fixed sleep, collect status, prelock at the newest complete step r
+       of F's replicas, typically r = s on the healthy ranks, r = s - 1 on F)
+      stop handler(args, ctx)          F: returns at once (the wheel knows F reported)
+      clean handler(True, args, ctx)   is_uce_error=True; return 0 = repair from a replica
+      repair handler(r, True, [F], {repair_type: RT_UCE_HIGHLEVEL, src: [H], dst: [F]}, ...)
+      rollback handler(r, args, ctx)
+    → RETRY (0); tft_get_repair_step() = r; training continues at step r + 1
+
+Healthy rank H, in the processor's thread while its training thread is anywhere::
+
+      stop handler(args, ctx)          must make the training thread call
+                                       tft_report_error(RS_NORMAL): the wheel blocks the
+                                       handler (up to TTP_NORMAL_ACTION_TIME_LIMIT) until it
+                                       does; a training thread sitting in
+                                       tft_start/end_updating_os at the lock step is held there
+                                       until the wheel's tft_reset_limit_step after the handler
+      training thread: tft_report_error(RS_NORMAL); tft_wait_next_action()
+      clean handler(False, ...)        → 0
+      repair handler(r, False, [F], {repair_type: RT_SEND, src: [H], dst: [F]}, ...)
+      rollback handler(r, ...)
+    → RETRY; repair step r.
+
+So after a recovery every rank must hold the state of step r, which F never completed: F copies
+it from a source rank's snapshot (mindft keeps snapshots off the device, in the node agent's
+replica store), every rank rolls back in place to r. Here: ``repair`` on a target calls
+``restore(r, source)``, ``rollback`` calls ``restore(r, None)`` everywhere.
+
+A rank killed (SIGKILL) is noticed by missing heartbeats (~10 s), is a node error, and without
+MindCluster's ARF MindIO cannot restart it: it goes to DUMP, ``save_ckpt`` handler(step,
+[{type, ranks}], args, ctx) on one live replica in a new thread, ``rename`` handler(step, ctx),
+then ``exit`` handler(ctx) on every live rank, and its controller stops. MindSpore's exit handler
+calls ``os._exit(1)``; here the training thread is interrupted and :class:`MindioExit` is raised
+with a dying-gasp exit code, and a rank that does not get out within ``exit_grace`` seconds is
+ended with ``os._exit`` (a MindSpore CPU collective cannot be aborted).
+
+Environment MindIO reads (set before the wheel is imported)
+-----------------------------------------------------------
+``MINDIO_FOR_MINDSPORE=true`` (else the wheel imports torch; set here), ``TTP_LOG_STDOUT=1``
+(set here unless given: ``TTP_LOG_PATH`` crashed rank 0 once in spdlog), ``TTP_LOG_LEVEL``
+(WARNING here unless given), ``TTP_NORMAL_ACTION_TIME_LIMIT`` (30..1800 s, how long a handler
+waits for the training thread; from ``action_timeout``), ``TTP_RETRY_TIMES`` (connection
+attempts), ``MINDX_TASK_ID`` (MindCluster runs the controller), ``MINDIO_WAIT_MINDX_TIME``.
+
+Quirks and how they are handled
+-------------------------------
+* Importing ``mindio_ttp.framework_ttp`` imports mindspore even with MINDIO_FOR_MINDSPORE=true
+  (it reads the device id in ``tft_init_processor``). The rank side accepts that (a training
+  process has mindspore loaded anyway); the controller imports only
+  ``mindio_ttp.controller_ttp``, which needs no framework.
+* ``tft_destroy_processor()`` hangs until the controller is destroyed: it reports the exit, then
+  waits for its receive thread, which sits in a blocking ``recv`` that only the controller's
+  teardown ends (MindSpore has rank 0 destroy the controller first). Destroying the controller
+  takes 3-7 s (its worker threads exit one by one). Both run in a daemon thread with a bounded
+  wait; a stuck one is abandoned, never waited on, and the process still exits at once. The wheel's own ``atexit`` hooks
+  (which would repeat the unbounded calls at interpreter exit) are unregistered.
+* ``tft_init_processor`` makes SIGTERM and SIGINT do nothing. The handlers in place before it are
+  put back, so the launcher can still stop a rank.
+* Prelock gives up after 3 tries when ranks drift apart (a rank mid-update is given 3 ms); the
+  controller then exits or dumps. Ranks of a data-parallel job stay within one step of each
+  other through their collectives; :meth:`MindioRank.report_fault` / :meth:`MindioRank.recover`
+  raise :class:`MindioExit` when MindIO answers EXIT, never loop.
+* The controller sleeps a fixed 2 s (``TTP_SLEEP_TIME``) after noticing a fault before it acts,
+  and polls status every 2 s: a recovery takes at least ~2.1 s, however small the job. Nothing
+  to handle, only to know (bench/mindio.py measures it).
+* ``tft_start_updating_os`` returns normally (MindSpore mode) right after a stop: the stop is
+  only visible through the stop handler, so the hooks check the flag it sets and raise
+  :class:`RecoveryRequested`.
+* The snapshot of a step must be complete before ``tft_end_updating_os(step)`` tells MindIO the
+  step exists: capture between the update and :meth:`MindioRank.end_update`; the ``clean``
+  handler calls ``settle`` to finish a capture in flight.
+"""
+from __future__ import annotations
+
+import atexit
+import enum
+import logging
+import os
+import signal
+import threading
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence
+
+from mindft.exitcodes import ExitCode
+
+log = logging.getLogger(__name__)
+
+MINDX_TASK_VARIABLE = "MINDX_TASK_ID"
+# How long closing waits for the wheel's destroy calls (see the quirks above). A processor reports
+# its exit to the controller at once, then waits for the controller to go away: nothing is gained
+# by waiting long. The controller's own teardown takes 3-7 s.
+PROCESSOR_CLOSE_TIMEOUT = 3.0
+CONTROLLER_CLOSE_TIMEOUT = 10.0
+# A rank ordered to exit that is still stuck (e.g. in a collective) after this long is ended.
+DEFAULT_EXIT_GRACE = 30.0
+# The wheel accepts 30..1800 s for TTP_NORMAL_ACTION_TIME_LIMIT.
+_ACTION_LIMIT_RANGE = (30, 1800)
+# RepairContext.type values of the wheel (RepairType enum).
+_RT_SEND, _RT_UCE_HIGHLEVEL, _RT_UCE_LOWLEVEL, _RT_RECV_REPAIR, _RT_ROLLBACK = 0, 1, 2, 3, 4
+_RETRY = 0  # Action.RETRY
+
+
+class MindioError(RuntimeError):
+    """The MindIO wheel is missing, refused a call, or was used out of order."""
+
+
+class RecoveryRequested(Exception):
+    """MindIO stopped this rank for a recovery: call :meth:`MindioRank.recover`."""
+
+
+class MindioExit(SystemExit):
+    """MindIO ended the job (after a dying gasp where it could); ``code`` is the process exit code."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(code)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"MindIO ended the job ({self.reason}); exit code {self.code}"
+
+
+class FaultKind(enum.Enum):
+    """A fault the training thread reports; the value is the wheel's ReportState name."""
+
+    UCE = "RS_UCE"                  # on-chip memory error, the device can be repaired
+    UCE_CORRUPTED = "RS_UCE_CORRUPTED"  # memory error that corrupted state: node-level
+    HCCL = "RS_HCCL_FAILED"         # communication error
+
+
+@dataclass(frozen=True)
+class RankCallbacks:
+    """What a session supplies; each is called from MindIO's processor thread.
+
+    ``settle()``: finish any snapshot capture in flight so the latest snapshot is consistent and
+    reset the job's communication so it can be used again after the recovery.
+    ``restore(step, source)``: load the state of ``step`` into the model in place; ``source`` is
+    None to roll back from this rank's own snapshots, else the rank whose state to copy (this
+    rank never completed ``step``). ``dump(reason)``: write the dying-gasp checkpoint.
+    ``interrupt()``: make the training thread leave what it is blocked in (a collective), if the
+    framework can; optional.
+    """
+
+    settle: Callable[[], None]
+    restore: Callable[[int, Optional[int]], None]
+    dump: Callable[[str], None]
+    interrupt: Optional[Callable[[], None]] = None
+
+
+def _set_mindio_environment(action_timeout: Optional[float] = None) -> None:
+    os.environ["MINDIO_FOR_MINDSPORE"] = "true"
+    os.environ.setdefault("TTP_LOG_STDOUT", "1")
+    os.environ.setdefault("TTP_LOG_LEVEL", "WARNING")
+    if action_timeout is not None and "TTP_NORMAL_ACTION_TIME_LIMIT" not in os.environ:
+        low, high = _ACTION_LIMIT_RANGE
+        os.environ["TTP_NORMAL_ACTION_TIME_LIMIT"] = str(int(min(max(action_timeout, low), high)))
+
+
+def _import(name: str) -> ModuleType:
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError as error:
+        raise MindioError(f"MindIO TFT is not importable ({error}); install the wheel "
+                          f"(pip install mindio_ttp-*.whl) or set MINDFT_BACKEND=mindft") from None
+
+
+def _unregister_atexit(*functions: Callable[..., Any]) -> None:
+    for function in functions:
+        atexit.unregister(function)
+
+
+def _bounded(call: Callable[[], Any], timeout: float, what: str) -> bool:
+    """Run ``call`` in a daemon thread; True if it returned within ``timeout`` (else it is abandoned)."""
+    errors: list = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as error:  # reported below; a wheel error must not kill the caller
+            errors.append(error)
+
+    thread = threading.Thread(target=run, name=f"mindio-{what}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        log.warning("%s did not return within %.1f s; abandoned (MindIO quirk)", what, timeout)
+        return False
+    if errors:
+        log.warning("%s failed: %r", what, errors[0])
+        return False
+    return True
+
+
+def controller_runs_here(rank: int, environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether this process (rank or node ``rank``) starts MindIO's controller, as MindSpore decides."""
+    return rank == 0 and not environ.get(MINDX_TASK_VARIABLE, "").strip()
+
+
+class MindioController:
+    """MindIO's controller, started in this process (rank 0 or node 0's launcher).
+
+    Imports only ``mindio_ttp.controller_ttp``, so no framework is loaded. TLS is off: mindft
+    runs MindIO on the job's private network (its own traffic stays CurveZMQ-secured).
+    """
+
+    def __init__(self, world_size: int, ip: str, port: int) -> None:
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        if not 1024 <= port <= 65535:
+            raise ValueError(f"MindIO controller port must be in 1024..65535, got {port}")
+        self.world_size, self.ip, self.port = world_size, ip, port
+        self._api: Optional[ModuleType] = None
+
+    def start(self) -> None:
+        """Start listening on ``ip:port``; returns once the controller is up."""
+        if self._api is not None:
+            raise MindioError("MindIO controller already started")
+        _set_mindio_environment()
+        api = _import("mindio_ttp.controller_ttp")
+        _unregister_atexit(api.tft_destroy_controller)
+        api.tft_init_controller(0, self.world_size, False, enable_arf=False)
+        try:
+            api.tft_start_controller(self.ip, self.port, False, "")
+        except SystemExit:  # the wheel raises SystemExit(2) when the port is taken or invalid
+            raise MindioError(f"MindIO controller could not start on {self.ip}:{self.port} "
+                              f"(port in use? see MindIO's log above)") from None
+        self._api = api
+        log.info("MindIO controller listening on %s:%d for %d ranks", self.ip, self.port, self.world_size)
+
+    def stop(self, timeout: float = CONTROLLER_CLOSE_TIMEOUT) -> bool:
+        """Destroy the controller, waiting at most ``timeout`` s; True if it finished in time."""
+        api, self._api = self._api, None
+        if api is None:
+            return True
+        return _bounded(api.tft_destroy_controller, timeout, "tft_destroy_controller")
+
+    def __enter__(self) -> MindioController:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class MindioRank:
+    """One rank's MindIO processor; its handlers call back into ``callbacks``.
+
+    The training thread calls :meth:`begin_update` / :meth:`end_update` around each optimizer
+    update (capturing the step's snapshot in between), :meth:`report_fault` when it detects a
+    device fault and :meth:`recover` when a hook raised :class:`RecoveryRequested`. Both return
+    the step training resumes *after*. :meth:`close` never hangs.
+    """
+
+    def __init__(self, rank: int, world_size: int, ip: str, port: int, callbacks: RankCallbacks,
+                 replica_ranks: Optional[Sequence[int]] = None, action_timeout: float = 180.0,
+                 exit_grace: float = DEFAULT_EXIT_GRACE) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in 0..{world_size - 1} (world size {world_size})")
+        replicas = list(range(world_size)) if replica_ranks is None else [int(r) for r in replica_ranks]
+        if rank not in replicas or any(not 0 <= r < world_size for r in replicas):
+            raise ValueError(f"replica_ranks {replicas} must hold rank {rank} and only ranks "
+                             f"0..{world_size - 1}")
+        self.rank, self.world_size, self.ip, self.port = rank, world_size, ip, port
+        self._callbacks = callbacks
+        self._replicas = replicas
+        self._action_timeout = action_timeout
+        self._exit_grace = exit_grace
+        self._tft: Optional[ModuleType] = None
+        self._stop = threading.Event()
+        self._exit = threading.Event()
+        self._exit_code = int(ExitCode.FAILED)
+        self._exit_reason = "MindIO ordered every rank to exit"
+        self._handler_error: Optional[BaseException] = None
+        self._closed = False
+
+    # -- start -------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Init and start the processor, connect to the controller and declare the replica group."""
+        if self._tft is not None:
+            raise MindioError(f"rank {self.rank}: MindIO processor already started")
+        _set_mindio_environment(self._action_timeout)
+        tft = _import("mindio_ttp.framework_ttp")  # imports mindspore too (wheel quirk)
+        _unregister_atexit(tft.tft_destroy_processor, tft.tft_destroy_controller)
+        kept = self._signal_handlers()
+        try:
+            tft.tft_init_processor(self.rank, self.world_size, False, False, "", enable_uce=True,
+                                   enable_arf=False)
+        finally:
+            self._put_back_signal_handlers(kept)
+        tft.tft_register_stop_handler(self._on_stop, None)
+        tft.tft_register_clean_handler(self._on_clean, None)
+        tft.tft_register_repair_handler(self._on_repair, None)
+        tft.tft_register_rollback_handler(self._on_rollback, None)
+        tft.tft_register_save_ckpt_handler(self._on_save_ckpt, None)
+        tft.tft_register_rename_handler(self._on_rename, None)
+        tft.tft_register_exit_handler(self._on_exit, None)
+        tft.tft_start_processor(self.ip, self.port)
+        tft.tft_set_optimizer_replica(self.rank, [{"type": 1, "rank_list": self._replicas,
+                                                   "replica_cnt": len(self._replicas),
+                                                   "replica_shift": 0}])
+        self._tft = tft
+        log.info("rank=%d MindIO processor connected to %s:%d (replicas %s)", self.rank, self.ip,
+                 self.port, self._replicas)
+
+    @staticmethod
+    def _signal_handlers() -> Dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        return {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)}
+
+    @staticmethod
+    def _put_back_signal_handlers(kept: Mapping[int, Any]) -> None:
+        for number, handler in kept.items():
+            signal.signal(number, handler if handler is not None else signal.SIG_DFL)
+
+    # -- training thread ---------------------------------------------------------------------
+    @property
+    def stop_requested(self) -> bool:
+        """True once MindIO stopped this rank (or ordered it to exit) and it has not recovered yet."""
+        return self._stop.is_set() or self._exit.is_set()
+
+    def check(self) -> None:
+        """Raise :class:`MindioExit` or :class:`RecoveryRequested` if MindIO asked for it."""
+        if self._exit.is_set():
+            raise MindioExit(self._exit_code, self._exit_reason)
+        if self._stop.is_set():
+            raise RecoveryRequested(f"rank {self.rank} stopped by MindIO")
+
+    def begin_update(self, step: int) -> None:
+        """Before the optimizer update of ``step`` (steps count from 1)."""
+        self.check()
+        self._api().tft_start_updating_os(step)
+        self.check()  # the call returns normally after a stop; the flag tells
+
+    def end_update(self, step: int) -> None:
+        """After the update of ``step`` *and* the capture of its snapshot: the step now exists."""
+        self._api().tft_end_updating_os(step)
+        self.check()
+
+    def report_fault(self, kind: FaultKind) -> int:
+        """Report a local device fault and wait for the recovery; the step to resume after."""
+        tft = self._api()
+        log.warning("rank=%d reporting %s to MindIO", self.rank, kind.name)
+        tft.tft_report_error(tft.ReportState[kind.value].value)
+        return self._wait_for_recovery()
+
+    def recover(self) -> int:
+        """Acknowledge a stop (after :class:`RecoveryRequested`) and wait; the step to resume after."""
+        if self._exit.is_set():
+            raise MindioExit(self._exit_code, self._exit_reason)
+        tft = self._api()
+        tft.tft_report_error(tft.ReportState.RS_NORMAL.value)
+        return self._wait_for_recovery()
+
+    def _wait_for_recovery(self) -> int:
+        tft = self._api()
+        action = tft.tft_wait_next_action()
+        if action != _RETRY or self._exit.is_set():
+            raise MindioExit(self._exit_code, self._exit_reason)
+        if self._handler_error is not None:
+            error, self._handler_error = self._handler_error, None
+            raise MindioError(f"rank {self.rank}: a MindIO handler failed during the recovery: "
+                              f"{error!r}") from error
+        step = int(tft.tft_get_repair_step())
+        self._stop.clear()
+        log.warning("rank=%d MindIO recovery done: resuming after step %d", self.rank, step)
+        return step
+
+    def _api(self) -> ModuleType:
+        if self._tft is None:
+            raise MindioError(f"rank {self.rank}: MindIO processor not started (call start())")
+        return self._tft
+
+    # -- handlers (MindIO's processor thread) --------------------------------------------------
+    def _interrupt(self) -> None:
+        if self._callbacks.interrupt is not None:
+            try:
+                self._callbacks.interrupt()
+            except Exception:
+                log.exception("rank=%d interrupt callback failed", self.rank)
+
+    def _on_stop(self, args: Any, ctx: Any) -> None:
+        log.info("rank=%d MindIO stop", self.rank)
+        self._stop.set()
+        self._interrupt()
+
+    def _on_clean(self, is_uce_error: bool, args: Any, ctx: Any) -> int:
+        try:
+            self._callbacks.settle()
+        except Exception as error:
+            log.exception("rank=%d settle failed", self.rank)
+            self._handler_error = error
+            return 1
+        return 0
+
+    def _on_repair(self, step: int, need_rebuild: bool, error_ranks: Sequence[int],
+                   repair_info: Mapping[str, Any], args: Any, ctx: Any) -> None:
+        kind = repair_info.get("repair_type")
+        sources, targets = list(repair_info.get("src", [])), list(repair_info.get("dst", []))
+        log.info("rank=%d MindIO repair step %d type %s src %s dst %s", self.rank, step, kind, sources, targets)
+        if kind == _RT_SEND or self.rank not in targets:
+            return  # sources serve their state from mindft's snapshots: nothing to push
+        source = sources[targets.index(self.rank)] if len(sources) == len(targets) else sources[0]
+        self._guarded(lambda: self._callbacks.restore(step, source))
+
+    def _on_rollback(self, step: int, args: Any, ctx: Any) -> None:
+        log.info("rank=%d MindIO rollback to step %d", self.rank, step)
+        self._guarded(lambda: self._callbacks.restore(step, None))
+
+    def _guarded(self, call: Callable[[], None]) -> None:
+        try:
+            call()
+        except Exception as error:  # the wheel only logs handler errors; make the training thread see it
+            self._handler_error = error
+            raise
+
+    def _on_save_ckpt(self, step: int, save_info: Any, args: Any, ctx: Any) -> None:
+        reason = f"MindIO cannot repair the job (dump requested at step {step})"
+        try:
+            self._callbacks.dump(reason)
+        except Exception:
+            log.exception("rank=%d dying-gasp dump failed", self.rank)
+            self._exit_code, self._exit_reason = int(ExitCode.DUMP_FAILED), "dying-gasp dump failed"
+            raise
+        self._exit_code, self._exit_reason = int(ExitCode.DUMPED), "dying-gasp checkpoint written"
+
+    def _on_rename(self, step: int, ctx: Any) -> None:
+        """mindft's dumps are already written atomically under their final names."""
+
+    def _on_exit(self, ctx: Any) -> None:
+        log.error("rank=%d MindIO ordered exit: %s", self.rank, self._exit_reason)
+        self._exit.set()
+        self._interrupt()
+        if self._exit_grace > 0:
+            timer = threading.Timer(self._exit_grace, self._force_exit)
+            timer.daemon = True
+            timer.start()
+
+    def _force_exit(self) -> None:
+        if not self._closed:
+            log.error("rank=%d still running %.0f s after MindIO's exit order; ending the process "
+                      "with exit code %d", self.rank, self._exit_grace, self._exit_code)
+            logging.shutdown()
+            os._exit(self._exit_code)
+
+    # -- close ---------------------------------------------------------------------------------
+    def close(self, timeout: float = PROCESSOR_CLOSE_TIMEOUT) -> bool:
+        """Destroy the processor, waiting at most ``timeout`` s; True if it finished in time.
+
+        The wheel's destroy tells the controller this rank exits, then blocks until the controller
+        is destroyed: past ``timeout`` the call is abandoned in its daemon thread (harmless, the
+        process may exit).
+        """
+        self._closed = True
+        tft, self._tft = self._tft, None
+        if tft is None:
+            return True
+        return _bounded(tft.tft_destroy_processor, timeout, "tft_destroy_processor")
+
+    def __enter__(self) -> MindioRank:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
