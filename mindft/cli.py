@@ -218,7 +218,7 @@ def _age(seconds: float) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the controller's reply as JSON.")
 def status(job: Optional[Path], address: Optional[str], key_file: Optional[Path], insecure: bool,
            timeout: float, as_json: bool) -> None:
-    """Show the job: controller state, committed step and a table of ranks.
+    """Show the job: controller state, the step every rank finished, recoveries, and a table of ranks.
 
     Exit code 0 when the controller answered (whatever the job's state), 5 when it did not.
     """
@@ -226,7 +226,8 @@ def status(job: Optional[Path], address: Optional[str], key_file: Optional[Path]
     if as_json:
         click.echo(json.dumps(_jsonable(reply), indent=2))
         return
-    click.echo(f"job state: {reply.state}   committed step: {reply.step}   recovery round: {reply.round}")
+    click.echo(f"job state: {reply.state}   every rank finished step: {reply.step}   "
+               f"recoveries: {reply.recoveries}")
     if reply.reason:
         click.echo(f"reason: {reply.reason}")
     header = ("RANK", "STATE", "STEP", "LAST HEARTBEAT", "RESTARTS", "PID")

@@ -208,6 +208,7 @@ class MindftConfig:
     insecure: bool = False
     dump_dir: Path = Path("mindft_dump")
     restart_count: int = 0
+    launcher_pid: int = 0  # mindft-launch's pid when it started this rank; 0: started some other way
     backend: str = "auto"
     snapshot_every: int = 1
     timeouts: Timeouts = field(default_factory=Timeouts)
@@ -281,6 +282,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "installed, the device is Ascend and MS_ENABLE_TFT needs it", "auto", ", ".join(BACKENDS)),
     EnvVar("MINDFT_SNAPSHOT_EVERY", "snapshot (and replicate) every N-th step; the same on every "
            "rank, a fault then replays up to N steps", "1", "1..1000000"),
+    EnvVar("MINDFT_LAUNCHER_PID", "mindft-launch's pid (it sets it); a rank started without it gives up "
+           "after one silent period when no controller answers", "0", "a pid"),
     EnvVar("MINDFT_RESTART_COUNT", "times this rank was restarted (mindft-launch sets it)", "0",
            "0..1000"),
     *(EnvVar(t.variable, t.meaning, str(getattr(Timeouts(), t.attribute)), f"{t.low}..{t.high}")
@@ -350,6 +353,7 @@ def load_config(environ: Mapping[str, str] = os.environ) -> MindftConfig:
         insecure=insecure,
         dump_dir=Path(environ.get("MINDFT_DUMP_DIR", "").strip() or "mindft_dump"),
         restart_count=_number(environ, "MINDFT_RESTART_COUNT", int, 0, 0, 1000),
+        launcher_pid=_number(environ, "MINDFT_LAUNCHER_PID", int, 0, 0, 2**22),
         snapshot_every=_number(environ, "MINDFT_SNAPSHOT_EVERY", int, 1, 1, 1_000_000),
         timeouts=timeouts,
     )

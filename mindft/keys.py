@@ -65,11 +65,16 @@ def load_keys(path: Path) -> CurveKeys:
     return keys
 
 
+_insecure_warned: list[bool] = []
+
+
 def job_keys(config: MindftConfig) -> Optional[CurveKeys]:
     """The keys this process must use, or None when the user turned security off."""
     if config.insecure:
-        log.warning("MINDFT_INSECURE=1: the control channel is neither authenticated nor "
-                    "encrypted; use this for debugging only")
+        if not _insecure_warned:
+            _insecure_warned.append(True)  # once per process, however many sockets it opens
+            log.warning("MINDFT_INSECURE=1: the control channel is neither authenticated nor "
+                        "encrypted; use this for debugging only")
         return None
     if config.key_file is None:
         raise ConfigError("MINDFT_KEY_FILE is not set: mindft authenticates and encrypts its "

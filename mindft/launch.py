@@ -111,7 +111,7 @@ def rank_environment(spec: LaunchSpec, rank: int, restart_count: int) -> dict[st
         "MS_NODE_ID": str(rank), "RANK_ID": str(rank),
         "DEVICE_ID": str(local_rank), "LOCAL_RANK": str(local_rank),
         "MS_TFT_IP": spec.master_ip, "MS_TFT_PORT": str(spec.master_port),
-        "MINDFT_RESTART_COUNT": str(restart_count),
+        "MINDFT_RESTART_COUNT": str(restart_count), "MINDFT_LAUNCHER_PID": str(os.getpid()),
         "PYTHONUNBUFFERED": "1",  # so prefixed console output is live
     })
     if not spec.protected:

@@ -263,6 +263,9 @@ class Processor:
         register_frame: Optional[bytes] = None  # re-sent after every reconnect
         last_heard = next_beat = time.monotonic()
         silent_periods = 0
+        heard = False
+        # A rank started by hand (not by mindft-launch) has nobody to wait for: one silent period.
+        first_contact_retries = retries if self._config.launcher_pid else 1
         try:
             while True:
                 now = time.monotonic()
@@ -284,7 +287,7 @@ class Processor:
                         except zmq.Again:  # the silence check below reconnects and re-registers
                             log.warning("rank=%d send queue full; frame dropped", self.rank)
                 if sock in ready:
-                    silent_periods, last_heard = 0, time.monotonic()
+                    silent_periods, last_heard, heard = 0, time.monotonic(), True
                     self._receive_all(sock)
                 if register_frame is None:
                     continue  # not part of a job yet: nothing to heartbeat or time out
@@ -297,17 +300,20 @@ class Processor:
                         pass
                 if now - last_heard > dead_after:
                     silent_periods += 1
-                    if silent_periods >= retries:
-                        with self._cond:
-                            self._error = (f"rank {self.rank}: controller at {self._config.controller_address} "
-                                           f"silent for {retries} periods of {dead_after:g} s "
-                                           f"(timeouts.connect_retries); is it running, and do both sides use "
-                                           f"the same key?")
-                            self._cond.notify_all()
-                        log.error("%s", self._error)
+                    if not heard and silent_periods >= first_contact_retries:
+                        self._fail(f"rank {self.rank}: MS_ENABLE_TFT is set but no mindft controller answers at "
+                                   f"{self._config.controller_address} (waited {silent_periods * dead_after:g} s): "
+                                   f"start the job with mindft-launch, or unset MS_ENABLE_TFT to train "
+                                   f"without fault tolerance")
                         return
-                    log.warning("rank=%d controller silent for %.2f s; reconnecting (attempt %d of %d)",
-                                self.rank, now - last_heard, silent_periods + 1, retries)
+                    if silent_periods >= retries:
+                        self._fail(f"rank {self.rank}: controller at {self._config.controller_address} "
+                                   f"silent for {retries} periods of {dead_after:g} s "
+                                   f"(timeouts.connect_retries); is it running, and do both sides use the same key?")
+                        return
+                    log.log(logging.WARNING if heard else logging.DEBUG,
+                            "rank=%d controller silent for %.2f s; reconnecting (attempt %d of %d)",
+                            self.rank, now - last_heard, silent_periods + 1, retries)
                     poller.unregister(sock)
                     sock.close(0)
                     sock = self._open()
@@ -316,6 +322,11 @@ class Processor:
                     last_heard = now
         finally:
             sock.close(channel.DEALER_LINGER_MS)
+
+    def _fail(self, error: str) -> None:
+        with self._cond:
+            self._error = error
+            self._cond.notify_all()
 
     def _receive_all(self, sock: zmq.Socket) -> None:
         while True:

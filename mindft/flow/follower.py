@@ -158,7 +158,7 @@ class Follower:
             return Restore(action.step)
         if kind is ActionKind.RESUME:
             self.recovering = False
-            self.position = self.slowest = action.step
+            self.slowest = action.step
             return Resume(action.step)
         return Ignore(f"unexpected action {kind.name}")
 

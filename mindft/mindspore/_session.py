@@ -172,7 +172,7 @@ class Session:
         try:
             ack = self.processor.register(held_steps=self.store.steps)
         except ProcessorError as error:
-            log.critical("rank=%d %s", config.rank, error)
+            log.critical("%s", error)
             self.close()
             raise SystemExit(ExitCode.FAILED) from None
         if config.restart_count > 0 and (adopted or ack.state.upper() not in _RUNNING_STATES):

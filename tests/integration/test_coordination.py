@@ -412,13 +412,23 @@ def test_processor_gives_up_after_bounded_retries() -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     timeouts = Timeouts(heartbeat_interval=0.05, heartbeat_misses=3, connect_retries=3, register=30.0)
+    # Started by mindft-launch: it keeps trying for connect_retries silent periods.
+    processor = Processor(MindftConfig(rank=0, world_size=1, controller_port=port, insecure=True,
+                                       timeouts=timeouts, launcher_pid=os.getpid()))
+    try:
+        started = time.monotonic()
+        with pytest.raises(ProcessorError, match="no mindft controller answers .* start the job with mindft-launch"):
+            processor.register()
+        assert 0.45 <= time.monotonic() - started < 10  # 3 periods of 0.15 s, long before timeouts.register
+    finally:
+        processor.close()
+    # Started by hand: one silent period is enough to say so.
     processor = Processor(MindftConfig(rank=0, world_size=1, controller_port=port, insecure=True,
                                        timeouts=timeouts))
     try:
         started = time.monotonic()
-        with pytest.raises(ProcessorError, match="connect_retries"):
+        with pytest.raises(ProcessorError, match="waited 0.15 s"):
             processor.register()
-        assert time.monotonic() - started < 10  # bounded long before timeouts.register
     finally:
         processor.close()
 
@@ -480,3 +490,53 @@ def test_process_exit_of_a_stale_pid_is_ignored_and_of_the_current_one_pauses(tm
         for processor in processors:
             processor.close()
         controller.stop()
+
+
+def test_status_command_counts_recoveries_not_rounds(make_job) -> None:
+    """Two rounds (a second fault during the first recovery) are one recovery; then a second one."""
+    from click.testing import CliRunner
+
+    from mindft.cli import main
+
+    job = make_job(3, steps=400, step_time=0.02)
+    job.spawn_all(r2={"COORD_FAULT_AT": "5:uce"}, r0={"COORD_ROLLBACK_FAULT": "1"})
+    job.wait_for(lambda: job.status().recoveries == 1 and job.status().state == "NORMAL", "the first recovery")
+    assert job.status().round == 2
+    reply = request(job.config, InjectRequest(1, FaultKind.UCE, "second"))
+    assert reply.ok
+    job.wait_for(lambda: job.status().recoveries == 2 and job.status().state == "NORMAL", "the second recovery")
+    result = CliRunner().invoke(main, ["status", "--address", f"127.0.0.1:{job.port}", "--insecure"])
+    assert result.exit_code == 0, result.output
+    assert "recoveries: 2" in result.output and "round" not in result.output
+
+
+def test_stand_alone_controller_help_and_ctrl_c() -> None:
+    help_ = subprocess.run([sys.executable, "-m", "mindft.controller", "--help"], capture_output=True, text=True,
+                           timeout=30)
+    assert help_.returncode == 0 and "usage: python -m mindft.controller" in help_.stdout
+    bad = subprocess.run([sys.executable, "-m", "mindft.controller", "--bogus"], capture_output=True, text=True,
+                         timeout=30)
+    assert bad.returncode == ExitCode.USAGE
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "MINDFT_"))}
+    env.update(MINDFT_INSECURE="1", MS_TFT_PORT=str(port), MS_WORKER_NUM="2")
+    proc = subprocess.Popen([sys.executable, "-m", "mindft.controller"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # wait until it answers
+            try:
+                channel.request(f"127.0.0.1:{port}", None, StatusRequest(), timeout=0.5)
+                break
+            except channel.ControllerUnreachable:
+                continue
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == ExitCode.INTERRUPTED
+    assert "Traceback" not in err and "interrupted" in err

@@ -7,8 +7,9 @@ every rank a subprocess, the controller on a thread of the test process, ZeroMQ 
 from __future__ import annotations
 
 import dataclasses
-import re
 import os
+import re
+import socket
 import subprocess
 import sys
 import time
@@ -223,3 +224,46 @@ def test_sparse_snapshots_roll_back_further_and_replay_bit_identically(make_job,
     for log in job.logs:
         assert "restored step 6" in log.read_text()
     assert_identical(job, reference)
+
+
+def test_a_dump_directory_that_cannot_be_created_is_one_error_line_and_exit_4(make_job) -> None:
+    """Rank 1 dies for good; rank 0 must dump, but its dump directory lies below a regular file."""
+    fast = dataclasses.replace(TIMEOUTS, repair=3.0)
+    job = make_job("train_mlp", 2, timeouts=fast)
+    blocker = job.tmp / "not-a-directory"
+    blocker.write_text("")
+    job.env["MINDFT_DUMP_DIR"] = str(blocker / "dump")
+    procs = job.spawn_all("--fault-step", "5", "--fault-rank", "1", "--fault-kind", "exit")
+    assert job.wait(procs) == [ExitCode.DUMP_FAILED, 137], job.tail()
+    log = job.logs[0].read_text()
+    assert "Traceback" not in log, log
+    assert f"cannot create directory {blocker / 'dump'}" in log
+    assert "dying-gasp checkpoint: NOT written" in log
+
+
+def _run_example_alone(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    with socket.socket() as probe:  # a port where no controller listens
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return subprocess.run([sys.executable, str(EXAMPLES / "train_mlp.py"), "--steps", "3",
+                           "--out", str(tmp_path / "out")],
+                          env=_env(MS_ENABLE_TFT="{UCE:1}", MS_TFT_PORT=str(port), MINDFT_HEARTBEAT_INTERVAL="0.2",
+                                   MINDFT_HEARTBEAT_MISSES="5", **env),
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_an_example_run_by_hand_without_a_controller_stops_with_one_clear_error(tmp_path: Path) -> None:
+    started = time.monotonic()
+    result = _run_example_alone(tmp_path, MINDFT_INSECURE="1")
+    assert result.returncode == ExitCode.FAILED, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "no mindft controller answers" in result.stderr and "mindft-launch" in result.stderr
+    assert "reconnecting" not in result.stderr  # no stream of retries, one line
+    assert time.monotonic() - started < 60
+
+
+def test_a_rank_started_without_a_key_stops_with_one_clear_error(tmp_path: Path) -> None:
+    result = _run_example_alone(tmp_path)
+    assert result.returncode == ExitCode.USAGE, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "MINDFT_KEY_FILE is not set" in result.stderr

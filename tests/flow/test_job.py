@@ -1,0 +1,256 @@
+"""The controller's rules, driven message by message with a fake clock: no sockets, no threads."""
+from __future__ import annotations
+
+import pytest
+
+from mindft.config import Timeouts
+from mindft.exitcodes import ExitCode
+from mindft.flow import (Broadcast, DeviceFailed, DeviceFaulty, DeviceRecovered, Finish, HoldRepairs, Job, JobState,
+                         KillRank, ProcessExited, RollbackAll, Send, StopJob, Transition, held_after)
+from mindft.protocol import (Ack, Action, ActionKind, Done, FaultKind, FaultReport, Heartbeat, InjectRequest,
+                             Progress, ProcessExit, Register, RegisterAck, Reply, StatusReply, StatusRequest,
+                             StepReport)
+
+T = Timeouts(heartbeat_interval=1.0, heartbeat_misses=3, register=10.0, pause=5.0, repair=20.0, rollback=5.0,
+             resume=5.0)
+S = JobState
+
+
+def peer(rank: int, incarnation: int = 0) -> bytes:
+    return f"rank{rank}.inc{incarnation}".encode()
+
+
+class Driver:
+    """A Job plus the effects it produced, with a clock the test moves."""
+
+    def __init__(self, world: int = 3, every: int = 1) -> None:
+        self.now = 0.0
+        self.job = Job(world, T, self.now, snapshot_every=every)
+        self.world = world
+        self.effects: list = []
+
+    def send(self, rank: int, message, incarnation: int = 0) -> list:
+        out = self.job.handle(peer(rank, incarnation), message, self.now)
+        self.effects += out
+        return out
+
+    def at(self, now: float) -> list:
+        self.now = now
+        out = self.job.tick(now)
+        self.effects += out
+        return out
+
+    def start(self) -> Driver:
+        for rank in range(self.world):
+            self.send(rank, Register(rank, 0, 100 + rank, (0,)))
+        return self
+
+    def steps(self, upto: int, ranks=None) -> None:
+        for step in range(1, upto + 1):
+            for rank in ranks if ranks is not None else range(self.world):
+                self.send(rank, StepReport(rank, step))
+
+    def actions(self, kind: ActionKind) -> list[Action]:
+        found = []
+        for e in self.effects:
+            if isinstance(e, (Send, Broadcast)) and isinstance(e.message, Action) and e.message.kind is kind:
+                found.append(e.message)
+        return found
+
+    def ack_all(self, kind: ActionKind, step: int, held=None, ranks=None) -> None:
+        round_ = self.job.recovery.round
+        for rank in ranks if ranks is not None else range(self.world):
+            self.send(rank, Ack(rank, kind, step, tuple(held if held is not None else (step - 1, step)), round_))
+
+
+def test_start_barrier_then_normal() -> None:
+    d = Driver(2)
+    d.send(0, Register(0, 0, 10))
+    assert d.job.state is S.STARTING and not any(isinstance(e, Broadcast) for e in d.effects)
+    out = d.send(1, Register(1, 0, 11))
+    assert d.job.state is S.NORMAL
+    assert any(isinstance(e, Broadcast) and isinstance(e.message, RegisterAck) and len(e.peers) == 2 for e in out)
+
+
+def test_start_barrier_times_out_naming_the_missing_ranks() -> None:
+    d = Driver(3)
+    d.send(1, Register(1, 0, 11))
+    d.at(10.5)
+    assert d.job.state is S.FAILED and "rank(s) [0, 2] never registered" in d.job.result.reason
+    assert d.job.result.exit_code == ExitCode.FAILED
+
+
+def test_progress_is_broadcast_only_when_the_slowest_rank_advances() -> None:
+    d = Driver(2).start()
+    assert d.send(0, StepReport(0, 1)) == []  # rank 1 is still at 0: nothing to tell
+    out = d.send(1, StepReport(1, 1))
+    assert [e.message for e in out] == [Progress(1)]
+
+
+def test_a_reported_fault_runs_one_round_to_the_newest_common_step() -> None:
+    d = Driver(3).start()
+    d.steps(4)
+    d.send(2, StepReport(2, 5))
+    d.send(1, FaultReport(1, 5, FaultKind.UCE, "boom"))
+    assert d.job.state is S.PAUSING and d.actions(ActionKind.PAUSE)[0].round == 1
+    d.send(0, Ack(0, ActionKind.PAUSE, 4, (3, 4), 1))
+    d.send(1, Ack(1, ActionKind.PAUSE, 4, (3, 4), 1))
+    d.send(2, Ack(2, ActionKind.PAUSE, 5, (4, 5), 1))
+    assert d.job.state is S.ROLLBACK and d.actions(ActionKind.ROLLBACK)[-1].step == 4
+    d.ack_all(ActionKind.ROLLBACK, 4)
+    assert d.job.state is S.RESUMING
+    d.ack_all(ActionKind.RESUME, 4, held=())
+    assert d.job.state is S.NORMAL and d.job.ranks.slowest == 4 and len(d.job.recoveries) == 1
+
+
+def test_ranks_without_a_common_step_fail_the_job_naming_what_each_holds() -> None:
+    d = Driver(2).start()
+    d.send(0, FaultReport(0, 1, FaultKind.UCE))
+    d.send(0, Ack(0, ActionKind.PAUSE, 0, (0,), 1))
+    d.send(1, Ack(1, ActionKind.PAUSE, 3, (2, 3), 1))
+    assert d.job.state is S.FAILED
+    assert "rank 0 holds [0]; rank 1 holds [2, 3]" in d.job.result.reason
+
+
+@pytest.mark.parametrize("phase, state", [("pause", S.PAUSING), ("rollback", S.ROLLBACK), ("resume", S.RESUMING)])
+def test_every_phase_times_out_into_failed_naming_who_and_the_dump_step(phase: str, state: JobState) -> None:
+    d = Driver(2).start()
+    d.steps(3)
+    d.send(1, FaultReport(1, 4, FaultKind.UCE))
+    for kind in (ActionKind.PAUSE, ActionKind.ROLLBACK, ActionKind.RESUME):
+        if d.job.state is state:
+            break
+        d.ack_all(kind, 3, held=(2, 3) if kind is ActionKind.PAUSE else ())
+    assert d.job.state is state
+    d.send(0, Ack(0, {"pause": ActionKind.PAUSE, "rollback": ActionKind.ROLLBACK,
+                      "resume": ActionKind.RESUME}[phase], 3, (2, 3), d.job.recovery.round))
+    deadline = d.now + getattr(T, phase)
+    while d.job.state is state:  # both ranks stay alive (heartbeats); rank 1 just never answers
+        for rank in range(2):
+            d.send(rank, Heartbeat(rank, 0, 3))
+        d.at(min(d.now + 1.0, deadline + 0.1))
+    assert d.job.state is S.FAILED
+    reason = d.job.result.reason
+    assert f"{state.value} timed out after {getattr(T, phase):g} s (timeouts.{phase})" in reason
+    assert "waiting for rank 1" in reason and "rank 1 UCE in step 4" in reason
+    dump = d.actions(ActionKind.DUMP_AND_EXIT)[-1]
+    assert dump.step == 3 and "every rank dumps step 3" in reason  # the step dumped, not the faulty one
+
+
+def test_a_silent_rank_is_killed_and_paused_around_then_restarted() -> None:
+    d = Driver(2).start()
+    d.steps(2)
+    d.at(2.0)
+    d.send(0, Heartbeat(0, 0, 2))
+    out = d.at(4.5)  # rank 1 silent since 0.0 > dead_after = 3 s
+    kill = [e for e in out if isinstance(e, KillRank)]
+    assert kill and kill[0].rank == 1 and kill[0].pid == 101
+    assert d.job.state is S.PAUSING
+    d.send(0, Ack(0, ActionKind.PAUSE, 2, (1, 2), 1))
+    assert d.job.state is S.REPAIRING  # waits for the new incarnation
+    d.send(1, Register(1, 1, 201, (1, 2)), incarnation=1)
+    assert d.job.state is S.ROLLBACK and d.actions(ActionKind.ROLLBACK)[-1].step == 2
+    assert d.job.status(d.now).ranks[1].restarts == 1
+
+
+def test_a_device_reset_waits_for_recovered_and_a_failed_device_fails_the_job() -> None:
+    d = Driver(2).start()
+    d.job.device(DeviceFaulty(1, "0x8C03A000", "reset"), d.now)
+    d.ack_all(ActionKind.PAUSE, 0, held=(0,))
+    assert d.job.state is S.REPAIRING
+    d.at(1.0)
+    assert d.job.state is S.REPAIRING
+    d.effects += d.job.device(DeviceRecovered(1), d.now)
+    assert d.job.state is S.ROLLBACK
+    d2 = Driver(2).start()
+    d2.job.device(DeviceFaulty(0), 0.0)
+    out = d2.job.device(DeviceFailed(0, "reset failed"), 0.0)
+    assert d2.job.state is S.FAILED and any(isinstance(e, Finish) for e in out)
+
+
+def test_fault_flushing_holds_the_repair_until_released() -> None:
+    d = Driver(2).start()
+    d.job.device(HoldRepairs(True), d.now)
+    d.job.device(RollbackAll("clusterd restart-all"), d.now)
+    d.ack_all(ActionKind.PAUSE, 0, held=(0,))
+    assert d.job.state is S.REPAIRING
+    d.job.device(HoldRepairs(False), d.now)
+    assert d.job.state is S.ROLLBACK
+
+
+def test_a_graceful_exit_stops_the_job_with_dumps() -> None:
+    d = Driver(2).start()
+    d.steps(3)
+    out = d.job.device(StopJob("Volcano graceful exit"), d.now)
+    dumps = [e.message for e in out if isinstance(e, Broadcast) and isinstance(e.message, Action)]
+    assert dumps and dumps[0].kind is ActionKind.DUMP_AND_EXIT and dumps[0].step == 3
+
+
+def test_process_exits_stale_pid_ignored_current_pauses_final_fails() -> None:
+    d = Driver(2).start()
+    out = d.send(5, ProcessExit(1, -9, pid=999, request_id=7))
+    assert out == [Send(peer(5), Reply(True, "pid 999 is not rank 1's current process", 7))]
+    d.job.process_exit(ProcessExited(1, -9, 101), d.now)
+    assert d.job.state is S.PAUSING and d.job.status(d.now).ranks[1].state == "dead"
+    d.job.process_exit(ProcessExited(0, 3, 100), d.now, will_restart=False)
+    assert d.job.state is S.FAILED and "will not be restarted" in d.job.result.reason
+
+
+def test_an_exit_before_every_rank_registered_fails_at_once() -> None:
+    d = Driver(2)
+    d.send(0, Register(0, 0, 100))
+    d.job.process_exit(ProcessExited(1, 1, 101), d.now)
+    assert d.job.state is S.FAILED and "before every rank registered" in d.job.result.reason
+
+
+def test_done_is_a_barrier_and_a_late_fault_rolls_finished_ranks_back_too() -> None:
+    d = Driver(2).start()
+    d.steps(5)
+    d.send(0, Done(0, 5))
+    assert d.job.state is S.NORMAL
+    d.send(1, FaultReport(1, 5, FaultKind.UCE))
+    d.ack_all(ActionKind.PAUSE, 4, held=(4, 5))
+    d.ack_all(ActionKind.ROLLBACK, 5)
+    d.ack_all(ActionKind.RESUME, 5, held=())
+    assert d.job.state is S.NORMAL
+    d.send(0, Done(0, 5))
+    d.send(1, Done(1, 5))
+    assert d.job.state is S.DONE and d.actions(ActionKind.FINISH)
+    assert d.job.result == Finish(ExitCode.OK, "all 2 ranks finished at step 5; 1 recoveries")
+
+
+def test_inject_is_relayed_in_normal_and_refused_during_a_recovery() -> None:
+    d = Driver(2).start()
+    out = d.send(9, InjectRequest(0, FaultKind.UCE, "test", request_id=3))
+    assert isinstance(out[0].message, Action) and out[0].peer == peer(0)
+    assert out[1] == Send(peer(9), Reply(True, "rank 0 will raise UCE at its next step boundary", 3))
+    d.send(0, FaultReport(0, 1, FaultKind.UCE))
+    refused = d.send(9, InjectRequest(1, FaultKind.UCE, request_id=4))[0].message
+    assert not refused.ok and "PAUSING, not NORMAL" in refused.detail
+
+
+def test_status_counts_recoveries_and_answers_with_the_request_id() -> None:
+    d = Driver(2).start()
+    reply = d.send(7, StatusRequest(request_id=42))[0].message
+    assert isinstance(reply, StatusReply) and reply.request_id == 42 and reply.recoveries == 0
+    assert [r.state for r in reply.ranks] == ["running", "running"]
+
+
+def test_messages_from_unknown_or_stale_peers_change_nothing() -> None:
+    d = Driver(2).start()
+    assert d.send(0, StepReport(0, 1), incarnation=5) == []
+    assert d.send(1, FaultReport(1, 1, FaultKind.UCE), incarnation=3) == []
+    assert d.job.state is S.NORMAL
+
+
+def test_transitions_are_reported_with_their_reasons() -> None:
+    d = Driver(2).start()
+    d.send(1, FaultReport(1, 1, FaultKind.UCE, "x"))
+    moves = [(e.source, e.target, e.reason) for e in d.effects if isinstance(e, Transition)]
+    assert moves == [(S.STARTING, S.NORMAL, "all 2 ranks registered"),
+                     (S.NORMAL, S.PAUSING, "rank 1 UCE in step 1 (x)")]
+
+
+@pytest.mark.parametrize("progress, every, held", [(0, 1, {0}), (5, 1, {4, 5}), (7, 3, {3, 6}), (2, 3, {0})])
+def test_held_after(progress: int, every: int, held: set[int]) -> None:
+    assert held_after(progress, every) == held
