@@ -207,6 +207,7 @@ class MindftConfig:
     key_file: Optional[Path] = None
     insecure: bool = False
     dump_dir: Path = Path("mindft_dump")
+    state_dir: Optional[Path] = None  # the node agent's shared memory for this rank's snapshots
     restart_count: int = 0
     launcher_pid: int = 0  # mindft-launch's pid when it started this rank; 0: started some other way
     backend: str = "auto"
@@ -277,6 +278,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("MINDFT_INSECURE", "1 turns authentication and encryption off (debugging only)", "0",
            "0, 1"),
     EnvVar("MINDFT_DUMP_DIR", "where dying-gasp checkpoints are written", "mindft_dump", "a path"),
+    EnvVar("MINDFT_STATE_DIR", "where this rank's snapshots live, outliving the process (mindft-launch sets "
+           "it to a directory on /dev/shm that it owns); unset: in the process's own memory", "", "a path"),
     EnvVar("MINDFT_BACKEND", "who runs fault tolerance: mindft's own ZeroMQ flow, or MindSpore's "
            "TrainFaultTolerance on the mindio-ttp wheel; auto picks mindio only where it is "
            "installed, the device is Ascend and MS_ENABLE_TFT needs it", "auto", ", ".join(BACKENDS)),
@@ -352,6 +355,7 @@ def load_config(environ: Mapping[str, str] = os.environ) -> MindftConfig:
         key_file=Path(key_file) if key_file else None,
         insecure=insecure,
         dump_dir=Path(environ.get("MINDFT_DUMP_DIR", "").strip() or "mindft_dump"),
+        state_dir=Path(environ["MINDFT_STATE_DIR"].strip()) if environ.get("MINDFT_STATE_DIR", "").strip() else None,
         restart_count=_number(environ, "MINDFT_RESTART_COUNT", int, 0, 0, 1000),
         launcher_pid=_number(environ, "MINDFT_LAUNCHER_PID", int, 0, 0, 2**22),
         snapshot_every=_number(environ, "MINDFT_SNAPSHOT_EVERY", int, 1, 1, 1_000_000),

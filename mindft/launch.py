@@ -54,6 +54,12 @@ WATCHER_RESTART_DELAY = 1.0     # before a dead reset-file watcher is started ag
 WATCHER_MAX_RESTARTS = 10       # then the job fails: device faults would go unseen
 
 
+def agent_memory() -> Path:
+    """A fresh directory for the ranks' snapshots: on /dev/shm (memory, not disk) where it exists."""
+    base = Path("/dev/shm")
+    return Path(tempfile.mkdtemp(prefix="mindft-state-", dir=base if base.is_dir() else None))
+
+
 def resolve_ip(address: str) -> str:
     """The IP address of ``address`` (a host name such as a Volcano pod name, or an IP)."""
     try:
@@ -84,6 +90,9 @@ class LaunchSpec:
     # False when MS_ENABLE_TFT asks for no fault tolerance: the ranks run as under msrun,
     # with no controller, no keys and no restarts.
     protected: bool = True
+    # The node agent's shared memory: each rank's snapshots live in state_dir/rank<R> and
+    # outlive the rank's process; removed when the launcher ends.
+    state_dir: Optional[Path] = None
 
     @property
     def world_size(self) -> int:
@@ -116,6 +125,8 @@ def rank_environment(spec: LaunchSpec, rank: int, restart_count: int) -> dict[st
     })
     if not spec.protected:
         return env
+    if spec.state_dir is not None:
+        env["MINDFT_STATE_DIR"] = str(spec.state_dir / f"rank{rank}")
     if spec.insecure:
         env["MINDFT_INSECURE"] = "1"
         env.pop("MINDFT_KEY_FILE", None)
@@ -683,6 +694,9 @@ class Launcher:
                           f"(node {spec.node_rank}/{spec.nnodes}); {controller}; run directory "
                           f"{spec.run_dir}, logs in {spec.log_dir}")
         try:
+            if spec.protected:
+                spec = self.spec = self.agent.spec = dataclasses.replace(spec, state_dir=agent_memory())
+                log.info("the ranks' snapshots live in %s (shared memory held for the job)", spec.state_dir)
             self.agent.start_all_workers()
             self.write_job_file()
             code = self._supervise()
@@ -695,6 +709,8 @@ class Launcher:
             for worker in self.agent.workers.values():
                 if worker.pump is not None:
                     worker.pump.join(2.0)
+            if self.spec.state_dir is not None:
+                shutil.rmtree(self.spec.state_dir, ignore_errors=True)
         return code
 
     def _supervise(self) -> int:

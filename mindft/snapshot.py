@@ -135,10 +135,18 @@ def _readonly(array: np.ndarray) -> np.ndarray:
     return view
 
 
-class _Slot:
-    """One of the two buffers; ``complete`` only once copy and checksums finished."""
+_ALIGN = 64  # each array of a slot file starts on a cache line
 
-    def __init__(self) -> None:
+
+class _Slot:
+    """One of the two buffers; ``complete`` only once copy and checksums finished.
+
+    With a ``path`` the buffers live in that file (on tmpfs: shared memory the node agent
+    owns, so they outlive the process) and ``path.json`` records a complete snapshot.
+    """
+
+    def __init__(self, path: Optional[Path] = None) -> None:
+        self.path = path
         self.buffers: Dict[str, np.ndarray] = {}
         self.step = -1
         self.meta: Dict[str, Any] = {}
@@ -146,9 +154,17 @@ class _Slot:
         self.algorithm = CHECKSUM
         self.complete = False
         self.readers = 0  # restores verifying this slot; a capture must not overwrite it meanwhile
+        self._layout: List[Tuple[str, str, Tuple[int, ...], int]] = []
+
+    @property
+    def manifest(self) -> Optional[Path]:
+        return None if self.path is None else self.path.with_suffix(".json")
 
     def reserve(self, sources: Mapping[str, np.ndarray]) -> None:
         """Make ``buffers`` match ``sources``, reusing every buffer whose shape and dtype still fit."""
+        if self.path is not None:
+            self._map([(name, src.dtype.str, tuple(src.shape)) for name, src in sources.items()])
+            return
         old, new = self.buffers, {}
         for name, src in sources.items():
             buffer = old.get(name)
@@ -156,16 +172,77 @@ class _Slot:
             new[name] = buffer if fits else np.empty(src.shape, src.dtype)
         self.buffers = new  # one assignment: nbytes may read it from another thread
 
+    def _map(self, wanted: List[Tuple[str, str, Tuple[int, ...]]]) -> None:
+        layout, offset = [], 0
+        for name, dtype, shape in wanted:
+            layout.append((name, dtype, shape, offset))
+            offset += -(-int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize // _ALIGN) * _ALIGN
+        if layout == self._layout and self.buffers:
+            return
+        size = max(offset, _ALIGN)
+        with open(self.path, "a+b") as handle:
+            if os.fstat(handle.fileno()).st_size != size:
+                handle.truncate(size)
+        memory = np.memmap(self.path, dtype=np.uint8, mode="r+", shape=(size,))
+        self.buffers = {name: memory[start:start + int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize]
+                        .view(np.dtype(dtype)).reshape(shape) for name, dtype, shape, start in layout}
+        self._layout = layout
+
+    def forget(self) -> None:
+        """The slot is about to be overwritten: it no longer holds a snapshot, on disk either."""
+        self.complete = False
+        if self.manifest is not None:
+            self.manifest.unlink(missing_ok=True)
+
+    def record(self) -> None:
+        """Write the manifest that makes this slot's file a complete snapshot for a later process."""
+        if self.manifest is None:
+            return
+        body = {"step": self.step, "meta": self.meta, "checksums": self.checksums, "algorithm": self.algorithm,
+                "layout": [[name, dtype, list(shape), start] for name, dtype, shape, start in self._layout]}
+        temporary = self.manifest.with_name(f".{self.manifest.name}.tmp")
+        temporary.write_text(json.dumps(body))
+        os.replace(temporary, self.manifest)
+
+    def load(self) -> bool:
+        """Map a complete snapshot a previous process of this rank left here; False if there is none."""
+        try:
+            body = json.loads(self.manifest.read_text())
+            self._map([(name, dtype, tuple(shape)) for name, dtype, shape, _ in body["layout"]])
+            self.step, self.meta = int(body["step"]), dict(body["meta"])
+            self.checksums, self.algorithm = {k: int(v) for k, v in body["checksums"].items()}, body["algorithm"]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            if not isinstance(error, FileNotFoundError):
+                log.warning("ignoring the snapshot in %s: %s", self.path, error)
+            return False
+        self.complete = self.algorithm in _HASHERS
+        return self.complete
+
 
 class SnapshotStore:
     """Two host-memory snapshots of one rank's training state (see the module docstring).
 
     One thread captures (the training thread); restore may run from any thread.
+    With ``home`` (a directory on tmpfs that the node agent owns) the two slots are files
+    there, mapped into this process: captures go straight into that shared memory, and
+    a restarted process of the same rank finds the complete snapshots again
+    (``resume=True``; otherwise what is there is discarded).
     """
 
-    def __init__(self) -> None:
-        self._slots = (_Slot(), _Slot())
+    def __init__(self, home: Optional[Path] = None, resume: bool = False) -> None:
+        if home is not None:
+            try:
+                Path(home).mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise SnapshotError(f"MINDFT_STATE_DIR: cannot create {home}: {error.strerror or error}") from error
+        self._slots = tuple(_Slot(None if home is None else Path(home) / f"slot{i}.bin") for i in range(2))
         self._keep = 1  # the slot a capture must not touch: the newest, or the one last restored
+        for index, slot in enumerate(self._slots):
+            if home is not None and not (resume and slot.load()):
+                slot.forget()
+        held = [(slot.step, index) for index, slot in enumerate(self._slots) if slot.complete]
+        if held:
+            self._keep = max(held)[1]
         self._cond = threading.Condition()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mindft-snapshot")
         self._future: Optional[Future] = None
@@ -303,7 +380,7 @@ class SnapshotStore:
         return path
 
     def close(self) -> None:
-        """Finish the capture in flight, stop the copy thread and free the buffers."""
+        """Finish the capture in flight, stop the copy thread and free the buffers (files in ``home`` stay)."""
         self._join()
         self._pool.shutdown(wait=True)
         with self._cond:
@@ -328,7 +405,7 @@ class SnapshotStore:
             slot = self._slots[index]
             while slot.readers:
                 self._cond.wait()
-            slot.complete = False
+            slot.forget()
             return index, slot
 
     def _fill_slot(self, index: int, step: int, sources: Mapping[str, np.ndarray], meta: Dict[str, Any],
@@ -344,8 +421,9 @@ class SnapshotStore:
             bad = sorted(name for name in checksums if checksums[name] != expected.get(name))
             raise SnapshotError(f"snapshot of step {step} does not match its checksums "
                                 f"({', '.join(bad) or 'different array names'})")
+        slot.step, slot.meta, slot.checksums, slot.algorithm = step, meta, checksums, algorithm
+        slot.record()
         with self._cond:
-            slot.step, slot.meta, slot.checksums, slot.algorithm = step, meta, checksums, algorithm
             slot.complete = True
             self._completed += 1
             self._keep = index

@@ -358,3 +358,74 @@ def test_crc32_fallback_when_xxhash_is_missing(store, monkeypatch):
     other.adopt(restored)
     assert other.restore().algorithm == "crc32" and other.steps == (1,)
     other.close()
+
+
+def _state(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"w": rng.standard_normal((33, 7)).astype(np.float32), "b": rng.standard_normal(5),
+            "step": np.array(seed, dtype=np.int64), "empty": np.zeros((0, 3), np.float32)}
+
+
+def test_snapshots_in_a_home_outlive_the_store_that_wrote_them(tmp_path: Path) -> None:
+    home = tmp_path / "agent" / "rank0"
+    store = SnapshotStore(home=home)
+    for step in (1, 2, 3):
+        store.capture(step, _state(step), {"step": step})
+        store.wait()
+    store.close()
+    again = SnapshotStore(home=home, resume=True)  # a restarted process of the same rank
+    try:
+        assert again.steps == (2, 3)
+        target = {k: np.empty_like(v) for k, v in _state(0).items()}
+        snapshot = again.restore(2, into=target)
+        assert snapshot.step == 2 and snapshot.meta == {"step": 2}
+        for name, value in _state(2).items():
+            assert target[name].tobytes() == value.tobytes() and target[name].shape == value.shape
+        again.capture(4, _state(4))  # after a rollback to 2, step 3 is the abandoned future
+        again.wait()
+        assert again.steps == (2, 4)
+    finally:
+        again.close()
+
+
+def test_a_fresh_store_discards_what_a_previous_job_left(tmp_path: Path) -> None:
+    with SnapshotStore(home=tmp_path) as store:
+        store.capture(7, _state(7))
+        store.wait()
+    with SnapshotStore(home=tmp_path) as fresh:
+        assert fresh.steps == ()
+    with SnapshotStore(home=tmp_path, resume=True) as resumed:
+        assert resumed.steps == ()
+
+
+def test_a_capture_cut_short_leaves_the_previous_snapshot_in_the_home(tmp_path: Path) -> None:
+    with SnapshotStore(home=tmp_path) as store:
+        for step in (1, 2):
+            store.capture(step, _state(step))
+            store.wait()
+    # The capture of step 3 claims the slot of step 1 and forgets it first; the process dies then.
+    older = next(p for p in tmp_path.glob("slot*.json") if json.loads(p.read_text())["step"] == 1)
+    older.unlink()
+    with SnapshotStore(home=tmp_path, resume=True) as resumed:
+        assert resumed.steps == (2,)
+        assert resumed.restore().step == 2
+
+
+def test_a_corrupted_home_snapshot_fails_verification(tmp_path: Path) -> None:
+    with SnapshotStore(home=tmp_path) as store:
+        store.capture(1, _state(1))
+        store.wait()
+    data = bytearray((tmp_path / "slot0.bin").read_bytes())
+    data[0] ^= 0xFF
+    (tmp_path / "slot0.bin").write_bytes(bytes(data))
+    with SnapshotStore(home=tmp_path, resume=True) as resumed:
+        assert resumed.steps == (1,)
+        with pytest.raises(SnapshotError, match="checksum mismatch"):
+            resumed.restore(1)
+
+
+def test_an_unusable_home_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(SnapshotError, match="MINDFT_STATE_DIR: cannot create"):
+        SnapshotStore(home=blocker / "rank0")

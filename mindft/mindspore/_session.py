@@ -163,10 +163,21 @@ class Session:
         except ConfigError as error:
             log.critical("rank=%d cannot join the job: %s", config.rank, error)
             raise SystemExit(ExitCode.USAGE) from None
-        self.store = SnapshotStore()
+        restarted = config.restart_count > 0
+        try:
+            self.store = SnapshotStore(home=config.state_dir, resume=restarted)
+        except SnapshotError as error:
+            log.critical("rank=%d %s", config.rank, error)
+            raise SystemExit(ExitCode.USAGE) from None
         if config.world_size > 1:
             self._server = ReplicaServer(config.controller_ip, self._keys)
-        adopted = self._adopt_replica() if config.restart_count > 0 else False
+        adopted = False
+        if restarted and self.store.steps:
+            adopted = True
+            log.warning("rank=%d restarted (incarnation %d): steps %s are in the node agent's memory",
+                        config.rank, config.restart_count, list(self.store.steps))
+        elif restarted:
+            adopted = self._adopt_replica()
         self.processor = Processor(config, self._server.endpoint if self._server else "", keys=self._keys,
                                    snapshot_every=self.snapshot_every)
         try:
