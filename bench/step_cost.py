@@ -434,6 +434,7 @@ def main() -> None:
     parser.add_argument("--snapshot-every", type=int, default=1, help="MINDFT_SNAPSHOT_EVERY (default 1)")
     parser.add_argument("--old", default=OLD_REF, metavar="REF|PATH|none",
                         help=f"the old implementation: a git ref (default {OLD_REF}), a source tree, or none")
+    parser.add_argument("--output", type=Path, default=RESULTS, help=f"JSON file (default {RESULTS})")
     parser.add_argument("--breakdown", action="store_true",
                         help="time each part of the per-step calls in this process instead")
     parser.add_argument("--rank", nargs=3, help=argparse.SUPPRESS)
@@ -494,8 +495,8 @@ def main() -> None:
                "worst_median_us": max(r["mindft_median_us"] for r in ours)}
     print(f"target: median ≤ {TARGET_US:g} µs per step at every size: "
           f"{'met' if verdict['median_met'] else 'MISSED'} (worst {verdict['worst_median_us']:.1f} µs)")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps({
         "benchmark": "step_cost",
         "metric": "per step per rank: µs in mindft calls (mindft: wait_window + finished + poll_action; "
                   "old: step_begin + step_end), measured in the rank; step wall and CPU (all threads of the "
@@ -506,7 +507,7 @@ def main() -> None:
                    "matmul_reps": reps, "secure": not args.insecure, "snapshot_every": args.snapshot_every,
                    "old": old_note if old_tree is not None else None, "ranks": sizes},
         "rows": rows, "target": verdict}, indent=2))
-    print(f"wrote {RESULTS}")
+    print(f"wrote {args.output}")
 
 
 if __name__ == "__main__":
