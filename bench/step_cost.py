@@ -90,7 +90,8 @@ class QuietHooks:
 
 
 def rank_main(variant: str, steps: int, reps: int) -> None:
-    """One rank: set up, say ready, wait for go, run ``steps`` steps, print one JSON line."""
+    """One rank: set up, say ready, wait for go, run ``steps`` steps, print one JSON line, wait for
+    end, leave."""
     compute = Compute(reps)
     processor = None
     if variant != "none":
@@ -154,6 +155,9 @@ def rank_main(variant: str, steps: int, reps: int) -> None:
                       "costs_us": [round(c * 1e6, 2) for c in costs],
                       "calls_us": {name: [round(c * 1e6, 2) for c in values] for name, values in calls.items() if values}}),
           flush=True)
+    # The driver reads the controller's CPU clock before any rank's Done can end the job.
+    if sys.stdin.readline().strip() != "end":
+        raise SystemExit("no end from the driver")
     if variant == "mindft":
         if processor.finish(steps, QuietHooks()) is not None:
             raise RuntimeError("a recovery after Done; the benchmark triggers none")
@@ -222,6 +226,9 @@ def driver_main(variant: str, n: int, steps: int, reps: int, secure: bool, snaps
                 ranks.append(json.loads(line))
             if clock is not None:
                 controller_cpu = time.clock_gettime(clock) - controller_cpu
+            for proc in procs:
+                proc.stdin.write("end\n")
+                proc.stdin.flush()
             for rank, proc in enumerate(procs):
                 if proc.wait(60) != 0:
                     raise RuntimeError(f"rank {rank} exited with {proc.returncode}: {tail(logs[rank])}")
