@@ -1,15 +1,17 @@
 """Latency of one pause → rollback → resume round against the number of ranks.
 
 Protocol only (no model state): a real mindft Controller (on a thread of this process)
-and N ranks that acknowledge PAUSE, ROLLBACK and RESUME. Each round is started from
+and N ranks that acknowledge PAUSE, ROLLBACK and RESUME (protocol v2). Each round is started from
 NORMAL by a device reset of rank 0 reported together with its recovery (as the reset
 watcher would), so REPAIRING has nothing to wait for. The latency is the controller's
 own measurement: from the fault's arrival to the last RESUME acknowledgement (NORMAL
 again), with the time in each phase.
 
-* real ranks: 2, 4, 8, 16 processes, each a mindft Processor (its own I/O thread);
+* real ranks: 2, 4, 8, 16 processes, each a mindft Processor (its own I/O thread) obeying
+  the controller through ``Processor.follow`` and idle hooks (nothing to settle or restore);
 * simulated ranks: 64 … 4096 DEALER sockets spread over 2 worker processes, each driving
-  its sockets from one thread with zmq.Poller and the mindft protocol.
+  its sockets from one thread with zmq.Poller and the wire protocol: PAUSE acknowledged with
+  the steps held, ROLLBACK and RESUME acknowledged, Done after the last round, then FINISH.
 
     python bench/coordination.py            # full table (a few minutes on 2 cores)
     python bench/coordination.py --quick    # smaller sizes, fewer rounds
@@ -27,16 +29,18 @@ import subprocess
 import sys
 import threading
 import time
+import typing
 from pathlib import Path
 
 import zmq
 
 from mindft.config import MindftConfig, Timeouts
-from mindft.controller import Controller, ControllerState
+from mindft.controller import Controller
+from mindft.exitcodes import ExitCode
+from mindft.flow import DeviceFaulty, DeviceRecovered, JobState, phase_times
 from mindft.keys import generate_keys, job_keys, secure_client
 from mindft.processor import Processor
-from mindft.protocol import Ack, Action, ActionKind, Done, Heartbeat, Register, decode, encode
-from mindft.resetwatch import DeviceFaulty, DeviceRecovered
+from mindft.protocol import Ack, Action, ActionKind, Done, FaultKind, Heartbeat, Register, decode, encode
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "coordination.json"
@@ -48,7 +52,9 @@ REAL_TIMEOUTS = Timeouts(heartbeat_interval=0.5, heartbeat_misses=20, register=1
                          repair=60.0, rollback=60.0, resume=60.0)
 SIM_TIMEOUTS = Timeouts(heartbeat_interval=2.0, heartbeat_misses=60, register=300.0, pause=120.0,
                         repair=120.0, rollback=120.0, resume=120.0)
-TRIGGER_GAP = 0.01  # seconds between a commit and the next fault
+TRIGGER_GAP = 0.01  # seconds between the end of a round and the next fault
+HELD = (0,)  # every rank holds the snapshot of step 0, so every round rolls back to it
+PHASES = (JobState.PAUSING, JobState.REPAIRING, JobState.ROLLBACK, JobState.RESUMING)
 
 
 # ---- the trigger ---------------------------------------------------------------------------
@@ -63,15 +69,22 @@ def drive_rounds(controller: Controller, thread: threading.Thread, rounds: int, 
     deadline = time.monotonic() + timeout
     cpu = []
 
+    def check(what: str) -> None:
+        if controller.join(0) is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: controller {controller.latest_status().state}")
+
+    # Once, before any round: every rank registered (a status costs the controller O(ranks)).
+    while controller.latest_status().state != JobState.NORMAL.value:
+        check("the ranks did not all register")
+        time.sleep(0.1)
+
     def wait_for(count: int) -> None:
-        # The ranks finish (DONE) right after the last round.
-        while (controller.state not in (ControllerState.NORMAL, ControllerState.DONE)
-               or len(controller.recovery_times) < count):
-            if controller.join(0) is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"round {count} did not finish: controller {controller.state.value}")
+        # recovery_times grows when a round ends (RESUMING → NORMAL); reading its length does
+        # not wake the controller, so polling it leaves the measured round undisturbed.
+        while len(controller.recovery_times) < count:
+            check(f"round {count} did not finish")
             time.sleep(0.02)  # coarse: this thread shares the GIL with the controller's
 
-    wait_for(0)
     for done in range(rounds):
         time.sleep(TRIGGER_GAP)
         before = time.clock_gettime(clock)
@@ -97,6 +110,19 @@ def start_controller(n: int, secure: bool, tmp: Path, timeouts: Timeouts) -> tup
     return controller, str(key_file or ""), thread
 
 
+def recovery_phases(history: list[tuple[JobState, float]]) -> list[dict[str, float]]:
+    """Seconds in each recovery state, per completed recovery, from the job's state history."""
+    phases, start = [], None
+    for index, (state, _) in enumerate(history):
+        if state is JobState.PAUSING and start is None:
+            start = index
+        elif state is JobState.NORMAL and start is not None:
+            segment = history[start:index + 1]
+            phases.append(phase_times(segment, segment[0][1]))
+            start = None
+    return phases
+
+
 def reap(procs: list[subprocess.Popen]) -> None:
     """Kill and wait for whatever a measurement left running."""
     for proc in procs:
@@ -115,26 +141,51 @@ def finish(controller: Controller, thread: threading.Thread, procs: list[subproc
     finally:
         reap(procs)
         controller.stop()
-    if result is None or result.exit_code != 0:
+    if result is None or result.exit_code != ExitCode.OK:
         raise RuntimeError(f"{what} failed: {result}")
     return cpu
 
 
 # ---- real ranks ---------------------------------------------------------------------------
 
+class IdleRank:
+    """RankHooks of a rank with no model: it always holds step 0 and has nothing to restore."""
+
+    def __init__(self, processor: Processor) -> None:
+        self.processor = processor
+
+    def settle(self) -> tuple[int, ...]:
+        return HELD
+
+    def restore(self, step: int) -> tuple[int, ...]:
+        return HELD
+
+    def resume(self, step: int) -> None:
+        pass
+
+    def arm(self, fault: FaultKind, detail: str) -> None:
+        raise RuntimeError(f"the benchmark injects no faults, got {fault.name}: {detail}")
+
+    def dump_and_exit(self, step: int, reason: str) -> typing.NoReturn:
+        self.processor.close()
+        sys.exit(ExitCode.DUMPED)
+
+
 def real_rank_main(rounds: int) -> None:
     """One rank process: a mindft Processor that follows the controller for ``rounds`` rounds."""
     from mindft.config import load_config
     config = load_config()
     processor = Processor(config, f"bench://{config.rank}")
-    processor.register(held_steps=(0,))
+    hooks = IdleRank(processor)
+    processor.register(held_steps=HELD)
     resumed = 0
     while resumed < rounds:
-        action = processor.wait_action(300)
-        if action.kind in (ActionKind.PAUSE, ActionKind.ROLLBACK, ActionKind.RESUME):
-            processor.acknowledge(action, 0, (0,))
-            resumed += action.kind is ActionKind.RESUME
-    processor.done(0)
+        if processor.follow(hooks) is not None:  # None only for FINISH or an armed fault
+            resumed += 1
+        elif processor.finished_job:
+            raise RuntimeError(f"rank {config.rank}: the job finished after {resumed} of {rounds} rounds")
+    if processor.finish(0, hooks) is not None:
+        raise RuntimeError(f"rank {config.rank}: a recovery after Done; the benchmark triggers none")
     processor.close()
 
 
@@ -177,18 +228,22 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
     for sock in sockets:
         poller.register(sock, zmq.POLLIN)
     resumed = dict.fromkeys(sockets, 0)
-    finished: set[zmq.Socket] = set()
+    finished: set[zmq.Socket] = set()  # got FINISH (after its Done)
     decoded: dict[bytes, object] = {}
     next_beat, interval = time.monotonic(), SIM_TIMEOUTS.heartbeat_interval
     # Acks from a byte template (checked against encode() once): the simulation stands in
-    # for thousands of processes, so its own per-message cost must stay small.
-    templates = {kind: encode(Ack(-12345, kind, 0, (0,), -6789)).replace(b"-12345", b"%d").replace(b"-6789", b"%d")
+    # for thousands of processes, so its own per-message cost must stay small. Like a
+    # follower, a rank acknowledges PAUSE with its position and held steps, ROLLBACK with
+    # the step it restored, RESUME with the step it resumes after.
+    templates = {kind: (encode(Ack(-12345, kind, -23456, HELD, -6789))
+                        .replace(b"-12345", b"%d").replace(b"-23456", b"%d").replace(b"-6789", b"%d"))
                  for kind in (ActionKind.PAUSE, ActionKind.ROLLBACK, ActionKind.RESUME)}
 
-    def ack_frame(rank: int, kind: ActionKind, round_: int) -> bytes:
-        return templates[kind] % (rank, round_)
+    def ack_frame(rank: int, kind: ActionKind, step: int, round_: int) -> bytes:
+        return templates[kind] % (rank, step, round_)
 
-    assert ack_frame(first, ActionKind.PAUSE, 7) == encode(Ack(first, ActionKind.PAUSE, 0, (0,), 7))
+    assert ack_frame(first, ActionKind.ROLLBACK, 3, 7) == encode(Ack(first, ActionKind.ROLLBACK, 3, HELD, 7))
+    position = 0  # every simulated rank stays at step 0
     while len(finished) < count:
         for sock, _ in poller.poll(100):
             while True:
@@ -205,23 +260,29 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
                     if len(decoded) > 64:
                         decoded.clear()
                     decoded[frame] = message
-                if isinstance(message, Action) and message.kind in (
-                        ActionKind.PAUSE, ActionKind.ROLLBACK, ActionKind.RESUME):
+                if not isinstance(message, Action):
+                    continue  # heartbeats and Progress: nothing to answer
+                kind = message.kind
+                if kind is ActionKind.FINISH:
+                    finished.add(sock)
+                    poller.unregister(sock)
+                    break
+                if kind is ActionKind.DUMP_AND_EXIT:
+                    raise RuntimeError(f"rank {rank_of[sock]}: the controller ended the job: {message.reason}")
+                if kind in (ActionKind.PAUSE, ActionKind.ROLLBACK, ActionKind.RESUME):
                     rank = rank_of[sock]
-                    sock.send(ack_frame(rank, message.kind, message.round))
-                    if message.kind is ActionKind.RESUME:
+                    step = position if kind is ActionKind.PAUSE else message.step
+                    sock.send(ack_frame(rank, kind, step, message.round))
+                    if kind is ActionKind.RESUME:
                         resumed[sock] += 1
                         if resumed[sock] >= rounds:
-                            sock.send(encode(Done(rank, 0)))
-                            finished.add(sock)
-                            poller.unregister(sock)
-                            break
+                            sock.send(encode(Done(rank, position)))
         now = time.monotonic()
         if now >= next_beat:
             next_beat = now + interval
             for sock in sockets:
                 if sock not in finished:
-                    sock.send(encode(Heartbeat(rank_of[sock], 0, 0)))
+                    sock.send(encode(Heartbeat(rank_of[sock], 0, position)))
     for sock in sockets:
         sock.close()
     context.term()
@@ -307,8 +368,8 @@ def run_floor(n: int, rounds: int) -> dict:
 def summarize(kind: str, n: int, controller: Controller, secure: bool, cpu: list[float]) -> dict:
     rounds = controller.recovery_times
     ordered = sorted(rounds)
-    phases = {state: statistics.median(p.get(state, 0.0) for p in controller.recovery_phases)
-              for state in ("PAUSING", "REPAIRING", "ROLLBACK", "RESUMING")}
+    per_round = recovery_phases(controller.job.history)  # the controller has stopped: safe to read
+    phases = {state.value: statistics.median(p.get(state.value, 0.0) for p in per_round) for state in PHASES}
     return {"kind": kind, "ranks": n, "secure": secure, "rounds": len(rounds),
             "median_s": statistics.median(ordered),
             "p90_s": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))],

@@ -1,0 +1,40 @@
+"""bench/step_cost.py still runs against this tree: 2 real ranks with and without mindft, JSON fields.
+
+Timings are not asserted (speed is measured by the benchmark, not by tests); this only keeps
+the benchmark from rotting when the processor's API changes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+ROW_FIELDS = {"variant", "ranks", "steps", "mindft_median_us", "mindft_p99_us", "mindft_mean_us", "call_median_us",
+              "open_window_median_us", "window_waits", "step_wall_us", "step_cpu_us", "controller_cpu_per_step_us"}
+
+
+def test_step_cost_quick_run_writes_both_variants(tmp_path: Path) -> None:
+    output = tmp_path / "step_cost.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    for name in ("MINDFT_INSECURE", "MINDFT_KEY_FILE", "MS_TFT_PORT", "MS_NODE_ID", "MS_WORKER_NUM"):
+        env.pop(name, None)
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "step_cost.py"), "--quick", "--ranks", "2",
+                           "--steps", "40", "--old", "none", "--output", str(output)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(output.read_text())
+    assert result["benchmark"] == "step_cost"
+    assert result["config"]["secure"] is True and result["config"]["ranks"] == [2]
+    rows = {row["variant"]: row for row in result["rows"]}
+    assert set(rows) == {"none", "mindft"}
+    for row in rows.values():
+        assert ROW_FIELDS <= row.keys()
+        assert row["ranks"] == 2 and row["steps"] == 40
+    assert set(rows["mindft"]["call_median_us"]) == {"wait_window", "finished", "poll_action"}
+    assert rows["none"]["call_median_us"] == {} and rows["none"]["mindft_median_us"] == 0.0
+    assert rows["mindft"]["mindft_median_us"] > 0.0  # the calls were really timed
+    assert {"median_met", "worst_median_us"} <= result["target"].keys()
+    assert "ranks" in done.stdout and "slowdown" in done.stdout
