@@ -28,6 +28,7 @@ ROUTER_LINGER_MS = 2_000
 # Control traffic is a few frames per step; a deep queue only hides a dead peer.
 DEALER_HWM = 1_000
 DEALER_LINGER_MS = 1_000
+REPORT_LINGER_MS = 200  # step reports still queued when a rank leaves: the last few are worth sending
 RECONNECT_IVL_MS = 100
 RECONNECT_IVL_MAX_MS = 1_000
 # How long a one-off request waits for its answer by default.

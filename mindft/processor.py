@@ -23,10 +23,10 @@ import zmq
 
 from mindft import channel
 from mindft.config import MindftConfig
-from mindft.flow import Finished, Follower, RankHooks, Resumed
+from mindft.flow import REPORT_SUFFIX, Finished, Follower, RankHooks, Resumed
 from mindft.keys import CurveKeys, job_keys
 from mindft.protocol import (Action, ActionKind, Done, FaultKind, FaultReport, Heartbeat, Message, Progress,
-                             ProtocolError, Register, RegisterAck, decode, encode)
+                             ProtocolError, Register, RegisterAck, decode, encode, encode_step_report)
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,7 @@ class Processor:
         self.replica_endpoint = replica_endpoint
         self.follower = Follower(self.rank, snapshot_every or config.snapshot_every)
         self.finished_job = False  # FINISH received: every rank is done
+        self._report_socket: Optional[zmq.Socket] = None  # the training thread's, for step reports
         self._config = config
         self._timeouts = config.timeouts
         self._keys = keys if keys is not None else job_keys(config)
@@ -110,8 +111,23 @@ class Processor:
     # ---- the training thread's per-step calls (no waiting in the common case) -------------
 
     def finished(self, step: int) -> None:
-        """Report ``step`` finished: one frame to the I/O thread, no answer awaited."""
-        self._send(self.follower.finished(step))
+        """Report ``step`` finished: one frame, no answer awaited.
+
+        It goes out on a socket of the calling (training) thread, so the I/O thread is not
+        woken every step; a frame that cannot be queued is dropped (the next one supersedes it).
+        """
+        report = self.follower.finished(step)
+        sock = self._report_socket
+        if sock is None:
+            if self._closed:
+                raise ProcessorError(f"rank {self.rank}: processor is closed")
+            sock = self._report_socket = channel.dealer(self._context, self._keys, self._config.controller_address,
+                                                        self.identity + REPORT_SUFFIX)
+            sock.setsockopt(zmq.LINGER, channel.REPORT_LINGER_MS)
+        try:
+            sock.send(encode_step_report(self.rank, report.step, report.round), zmq.NOBLOCK)
+        except zmq.Again:
+            pass
 
     def wait_window(self, step: int) -> Optional[Action]:
         """Before capturing ``step``: return at once when the window allows it, else wait.
@@ -213,6 +229,8 @@ class Processor:
         self._thread.join(channel.DEALER_LINGER_MS / 1000 + 2.0)
         with self._send_lock:
             self._pipe_out.close(0)
+        if self._report_socket is not None:
+            self._report_socket.close()
         if self._thread.is_alive():
             self._context.destroy(0)
         else:

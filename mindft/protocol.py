@@ -90,11 +90,16 @@ class Heartbeat:
 
 @dataclass(frozen=True)
 class StepReport:
-    """A rank finished ``step`` and started its snapshot (fire and forget: nobody answers)."""
+    """A rank finished ``step`` and started its snapshot (fire and forget: nobody answers).
+
+    ``round`` is the last recovery round the rank took part in: a report sent before the
+    rank saw a newer round's PAUSE is stale once that round rolls everyone back.
+    """
 
     KIND: ClassVar[str] = "step_report"
     rank: int
     step: int
+    round: int = 0
 
 
 @dataclass(frozen=True)
@@ -259,6 +264,11 @@ def encode(message: Message) -> bytes:
     if len(frame) > MAX_FRAME:
         raise ProtocolError(f"{message.KIND} frame of {len(frame)} bytes exceeds MAX_FRAME={MAX_FRAME}")
     return frame
+
+
+def encode_step_report(rank: int, step: int, round: int) -> bytes:
+    """``encode(StepReport(rank, step, round))``, built from a template: the per-step hot path."""
+    return b'{"v":%d,"msg":"step_report","rank":%d,"step":%d,"round":%d}' % (PROTOCOL_VERSION, rank, step, round)
 
 
 def decode(frame: bytes) -> Message:

@@ -143,3 +143,10 @@ def test_enum_values_are_stable_wire_names() -> None:
     assert [k.value for k in ActionKind] == ["pause", "rollback", "resume", "dump_and_exit",
                                              "inject_fault", "finish"]
     assert protocol.PROTOCOL_VERSION == 2
+
+
+@pytest.mark.parametrize("rank, step, round_", [(0, 0, 0), (3, 123456789, 2), (16383, 1, 99)])
+def test_the_step_report_template_is_what_encode_writes(rank: int, step: int, round_: int) -> None:
+    message = protocol.StepReport(rank, step, round_)
+    assert protocol.encode_step_report(rank, step, round_) == encode(message)
+    assert decode(protocol.encode_step_report(rank, step, round_)) == message

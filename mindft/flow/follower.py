@@ -133,7 +133,7 @@ class Follower:
     def finished(self, step: int) -> StepReport:
         """This rank finished ``step``: the fire-and-forget report to send."""
         self.position = step
-        return StepReport(self.rank, step)
+        return StepReport(self.rank, step, self.round)
 
     def on_progress(self, step: int) -> None:
         if step > self.slowest:

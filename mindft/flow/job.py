@@ -30,6 +30,9 @@ from mindft.protocol import (Ack, Action, ActionKind, DeviceEvent, DeviceStatus,
 log = logging.getLogger(__name__)
 
 _S = JobState
+# A rank reports its steps from the training thread over a socket of its own, named after its
+# control socket with this suffix, so the per-step report never wakes the rank's I/O thread.
+REPORT_SUFFIX = b"/steps"
 _ACK_FOR = {_S.PAUSING: ActionKind.PAUSE, _S.ROLLBACK: ActionKind.ROLLBACK, _S.RESUMING: ActionKind.RESUME}
 _TIMEOUT_NAME = {_S.STARTING: "register", _S.PAUSING: "pause", _S.REPAIRING: "repair",
                  _S.ROLLBACK: "rollback", _S.RESUMING: "resume"}
@@ -62,7 +65,7 @@ class Recovery:
     round: int = 0
     started: float = 0.0
     faults: dict[int, Fault] = field(default_factory=dict)
-    acked: set[int] = field(default_factory=set)
+    waiting: set[int] = field(default_factory=set)  # ranks whose acknowledgement the phase still needs
     repair_step: int = -1
 
 
@@ -214,8 +217,13 @@ class Job:
         return record
 
     def _on_step(self, peer: Peer, message: StepReport, now: float) -> None:
-        record = self._sender(peer, message.rank, now, "step report")
-        if record is not None and self.ranks.advance(record, message.step) and self.state is _S.NORMAL:
+        record = self.ranks.get(message.rank)
+        if record is None or peer not in (record.peer, record.peer + REPORT_SUFFIX) or not record.alive:
+            return  # a stale incarnation's last reports, or noise: nothing to learn
+        record.last_seen = now
+        if message.round != self.recovery.round:
+            return  # sent before this rank saw the current round: its progress was reset since
+        if self.ranks.advance(record, message.step) and self.state is _S.NORMAL:
             self._emit(Broadcast(self.ranks.peers(), Progress(self.ranks.slowest)))
 
     def _on_register(self, peer: Peer, message: Register, now: float) -> None:
@@ -272,7 +280,7 @@ class Job:
                 self._enter_pausing(f"rank {rank} restarted during {self.state.value}", now)
         # Register carries the new process's held steps: it counts as its PAUSE acknowledgement.
         record.held_round = self.recovery.round
-        self.recovery.acked.add(rank)
+        self.recovery.waiting.discard(rank)
         self._advance(now)
 
     def _register_ack(self) -> RegisterAck:
@@ -331,7 +339,7 @@ class Job:
             record.state = RankState.RESTORED
         else:
             record.state = RankState.RESUMED
-        rec.acked.add(record.rank)
+        rec.waiting.discard(record.rank)
         self._advance(now)
 
     def _inject(self, message: InjectRequest) -> Reply:
@@ -426,25 +434,19 @@ class Job:
         rec = self.recovery
         self._move(Event.FAULT, why, now)
         rec.round += 1
-        rec.acked = set()
+        rec.waiting = {r.rank for r in self.ranks if r.alive}
         rec.repair_step = -1
         self.deadline = now + self.timeouts.pause
         self._emit(Broadcast(self.ranks.peers(), Action(ActionKind.PAUSE, self.ranks.slowest, reason=why,
                                                         round=rec.round)))
         self._advance(now)
 
-    def _expected(self) -> set[int]:
-        """Ranks whose acknowledgement the current phase waits for."""
-        if self.state is _S.PAUSING:
-            return {r.rank for r in self.ranks if r.alive}
-        return {r.rank for r in self.ranks}
-
     def _advance(self, now: float) -> None:
         """Move forward through the recovery states as far as the rank table allows."""
         rec = self.recovery
         while self.state in RECOVERY_STATES:
             state = self.state
-            if state in _ACK_FOR and not self._expected() <= rec.acked:
+            if state in _ACK_FOR and rec.waiting:
                 return
             if state is _S.PAUSING:
                 self._move(Event.ALL_PAUSED, "every live rank paused", now)
@@ -463,14 +465,14 @@ class Job:
                     return
                 rec.repair_step = step
                 self._move(Event.REPAIRED, f"every rank holds step {step}", now)
-                rec.acked = set()
+                rec.waiting = {r.rank for r in self.ranks}
                 self.deadline = now + self.timeouts.rollback
                 self._emit(Broadcast(self.ranks.peers(), Action(ActionKind.ROLLBACK, step,
                                                                 endpoints=self._changed_endpoints(),
                                                                 round=rec.round)))
             elif state is _S.ROLLBACK:
                 self._move(Event.ALL_RESTORED, f"every rank restored step {rec.repair_step}", now)
-                rec.acked = set()
+                rec.waiting = {r.rank for r in self.ranks}
                 self.ranks.reset_progress(rec.repair_step)
                 self.deadline = now + self.timeouts.resume
                 self._emit(Broadcast(self.ranks.peers(), Action(ActionKind.RESUME, rec.repair_step,
@@ -532,7 +534,7 @@ class Job:
             waiting = ", ".join(f"rank {r} ({'device not recovered' if f.device_pending else 'not re-registered'})"
                                 for r, f in sorted(rec.faults.items()) if f.device_pending or f.process_pending)
         else:
-            waiting = ", ".join(f"rank {r}" for r in sorted(self._expected() - rec.acked))
+            waiting = ", ".join(f"rank {r}" for r in sorted(rec.waiting))
         self._fail(f"{state.value} timed out after {limit:g} s (timeouts.{name}): waiting for "
                    f"{waiting or 'nothing'}", now, Event.TIMEOUT)
 
