@@ -221,7 +221,7 @@ def _demo(argv: Optional[list[str]]) -> int:
     parser.add_argument("--steps", type=int, default=60, help="training steps (default 60)")
     parser.add_argument("--fault", choices=("hot-reset", "kill"), default="hot-reset",
                         help="hot-reset: the device plugin resets the chip (default); kill: SIGKILL the "
-                             "rank's process, mindft-launch restarts it from its peer replica")
+                             "rank's process, mindft-launch restarts it from the node agent's memory")
     parser.add_argument("--fault-rank", type=int, default=2, help="rank that is hit (default 2)")
     parser.add_argument("--fault-step", type=int, default=20,
                         help="inject the fault once this step is committed (default 20)")

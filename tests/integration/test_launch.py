@@ -332,7 +332,7 @@ def test_two_nodes_share_one_controller_and_key(tmp_path: Path) -> None:
 
 
 def test_demo_killed_mindspore_rank_is_restarted_bit_identical(tmp_path: Path) -> None:
-    """mindft-launch restarts a SIGKILLed MindSpore rank; it recovers from its peer replica."""
+    """mindft-launch restarts a SIGKILLed MindSpore rank; it resumes from the node agent's memory."""
     pytest.importorskip("mindspore")
     demo = HERE.parents[1] / "examples" / "demo.py"
     result = subprocess.run([sys.executable, str(demo), "--fault", "kill", "--nproc", "2", "--steps", "24",
@@ -341,7 +341,7 @@ def test_demo_killed_mindspore_rank_is_restarted_bit_identical(tmp_path: Path) -
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-4000:]
     assert "killed by SIGKILL" in out and "restarting rank 1 (restart 1/3)" in out
-    assert "adopted its replica" in out and "PROCESS_DIED" in out
+    assert "are in the node agent's memory" in out and "PROCESS_DIED" in out
     assert out.count(" yes") == 2 and "bit-identical:" in out
 
 
