@@ -185,6 +185,7 @@ class Timeouts:
     repair: float = 180.0
     rollback: float = 180.0
     resume: float = 60.0
+    leave: float = 30.0  # for a rank told to leave its device to exit (the device plugin waits 60 s)
     connect_retries: int = 10
     reset_poll_interval: float = 1.0
 
@@ -258,6 +259,9 @@ _TIMEOUT_VARS: tuple[_Timeout, ...] = (
              "seconds for every rank to restore the repair step"),
     _Timeout("MINDFT_RESUME_TIMEOUT", "resume", float, 1, 86400,
              "seconds for every rank to acknowledge resume"),
+    _Timeout("MINDFT_LEAVE_TIMEOUT", "leave", float, 0.1, 3600,
+             "seconds a rank told to leave its device for a hot reset gets to exit before it is killed "
+             "(the device plugin gives up after 60 s)"),
     _Timeout("MINDFT_CONNECT_RETRIES", "connect_retries", int, 1, 300,
              "controller connection attempts (cf. TTP_RETRY_TIMES)"),
     _Timeout("MINDFT_RESET_POLL_INTERVAL", "reset_poll_interval", float, 0.01, 60,

@@ -16,6 +16,7 @@ class ExitCode(enum.IntEnum):
     DUMPED = 3         # stopped on purpose after writing a dying-gasp checkpoint
     DUMP_FAILED = 4    # stopped on purpose, but the dying-gasp checkpoint could not be written
     UNREACHABLE = 5    # the controller did not answer (CLI)
+    LEFT_DEVICE = 6    # left its device on the controller's order (hot reset); started again when it is back
     INTERRUPTED = 130  # stopped by SIGINT/SIGTERM (128 + SIGINT, as shells report it)
 
 
@@ -33,6 +34,7 @@ def describe(code: int) -> str:
                 ExitCode.DUMPED: "dying-gasp checkpoint written",
                 ExitCode.DUMP_FAILED: "stopped; dying-gasp checkpoint NOT written",
                 ExitCode.UNREACHABLE: "controller unreachable",
+                ExitCode.LEFT_DEVICE: "left its device for a hot reset; restarted when the device is back",
                 ExitCode.INTERRUPTED: "interrupted"}[ExitCode(code)]
     except ValueError:
         return f"exit code {code}"

@@ -45,6 +45,7 @@ class ActionKind(str, enum.Enum):
     DUMP_AND_EXIT = "dump_and_exit"  # write the dying-gasp checkpoint of ``step`` and exit
     INJECT_FAULT = "inject_fault"    # raise ``fault`` at the next step boundary
     FINISH = "finish"                # every rank finished: leave
+    LEAVE_DEVICE = "leave_device"    # exit so the device can be hot-reset; you will be started again
 
 
 class DeviceStatus(str, enum.Enum):

@@ -141,7 +141,7 @@ def test_enum_values_are_stable_wire_names() -> None:
     assert [k.value for k in FaultKind] == ["device_reset", "uce", "communication", "process_died",
                                             "hang", "unknown"]
     assert [k.value for k in ActionKind] == ["pause", "rollback", "resume", "dump_and_exit",
-                                             "inject_fault", "finish"]
+                                             "inject_fault", "finish", "leave_device"]
     assert protocol.PROTOCOL_VERSION == 2
 
 

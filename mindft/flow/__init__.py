@@ -6,17 +6,17 @@ input carries the time it happened, every decision comes back as a value.
 from __future__ import annotations
 
 from mindft.flow.effects import (Broadcast, DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, Effect,
-                                 Finish, HoldRepairs, KillRank, Peer, ProcessExited, RollbackAll, Send, StopJob,
+                                 Finish, HoldRepairs, KillRank, Peer, ProcessExited, RollbackAll, Send, StartRank, StopJob,
                                  Transition)
 from mindft.flow.follower import (ArmFault, Armed, Command, DumpAndExit, Finished, Follower, Ignore, Leave,
-                                  Outcome, RankHooks, Restore, Resume, Resumed, Settle)
+                                  LeaveDevice, Outcome, RankHooks, Restore, Resume, Resumed, Settle)
 from mindft.flow.job import REPORT_SUFFIX, Job, held_after, phase_times
 from mindft.flow.ranks import RankRecord, RankState, RankTable
 from mindft.flow.states import (RECOVERY_STATES, TERMINAL_STATES, TRANSITIONS, Event, IllegalTransition, JobState,
                                 next_state)
 
 __all__ = ["REPORT_SUFFIX", "Armed", "Finished", "Outcome", "RankHooks", "Resumed", "ArmFault", "Broadcast", "Command", "DeviceFailed", "DeviceFaulty", "DeviceInput", "DeviceRecovered",
-           "DumpAndExit", "Effect", "Event", "Finish", "Follower", "HoldRepairs", "RollbackAll", "Ignore", "IllegalTransition", "Job", "JobState",
+           "DumpAndExit", "Effect", "Event", "Finish", "Follower", "HoldRepairs", "RollbackAll", "StartRank", "Ignore", "IllegalTransition", "Job", "JobState",
            "KillRank", "Leave", "Peer", "ProcessExited", "RECOVERY_STATES", "RankRecord", "RankState", "RankTable",
-           "Restore", "Resume", "Send", "Settle", "StopJob", "TERMINAL_STATES", "TRANSITIONS", "Transition",
+           "LeaveDevice", "Restore", "Resume", "Send", "Settle", "StopJob", "TERMINAL_STATES", "TRANSITIONS", "Transition",
            "held_after", "next_state", "phase_times"]

@@ -33,10 +33,22 @@ class Broadcast:
 
 @dataclass(frozen=True)
 class KillRank:
-    """The process of ``rank`` (``pid``) is hung: kill it so it can be restarted."""
+    """Kill the process of ``rank`` (``pid``): it hung, or did not leave its device in time.
+
+    ``restart``: start it again at once (a hang); otherwise wait for :class:`StartRank`.
+    """
 
     rank: int
     pid: int
+    reason: str
+    restart: bool = True
+
+
+@dataclass(frozen=True)
+class StartRank:
+    """Start ``rank``'s process again (it left its device for a hot reset, which is over)."""
+
+    rank: int
     reason: str
 
 
@@ -57,7 +69,7 @@ class Finish:
     reason: str
 
 
-Effect = Union[Send, Broadcast, KillRank, Transition, Finish]
+Effect = Union[Send, Broadcast, KillRank, StartRank, Transition, Finish]
 
 
 # ---- inputs that do not arrive as rank messages ------------------------------------------

@@ -41,6 +41,13 @@ class DumpAndExit:
 
 
 @dataclass(frozen=True)
+class LeaveDevice:
+    """Exit the process so the device can be hot-reset (the snapshots stay with the node agent)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class ArmFault:
     """Raise ``fault`` at the next step boundary (fault injection)."""
 
@@ -62,7 +69,7 @@ class Ignore:
     reason: str
 
 
-Command = Union[Settle, Restore, Resume, DumpAndExit, ArmFault, Leave, Ignore]
+Command = Union[Settle, Restore, Resume, DumpAndExit, LeaveDevice, ArmFault, Leave, Ignore]
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,9 @@ class RankHooks(Protocol):
 
     def dump_and_exit(self, step: int, reason: str) -> NoReturn:
         """Write the dying-gasp checkpoint of ``step`` (-1: newest) and end the process."""
+
+    def leave_device(self, reason: str) -> NoReturn:
+        """End the process so its device can be reset; its snapshots must outlive it."""
 
 
 class Follower:
@@ -148,6 +158,8 @@ class Follower:
             return DumpAndExit(action.step, action.reason)
         if kind is ActionKind.FINISH:
             return Leave(action.step)
+        if kind is ActionKind.LEAVE_DEVICE:
+            return LeaveDevice(action.reason)
         if action.round < self.round:
             return Ignore(f"{kind.name} of round {action.round}; the current round is {self.round}")
         self.round = action.round
@@ -181,6 +193,8 @@ class Follower:
             return self._ack(ActionKind.RESUME, command.step, ()), Resumed(command.step)
         if kind is DumpAndExit:
             hooks.dump_and_exit(command.step, command.reason)
+        if kind is LeaveDevice:
+            hooks.leave_device(command.reason)
         if kind is ArmFault:
             hooks.arm(command.fault, command.detail)
             return None, None if self.recovering else Armed()

@@ -19,8 +19,8 @@ from typing import Optional
 from mindft.config import Timeouts
 from mindft.exitcodes import ExitCode
 from mindft.flow.effects import (Broadcast, DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, Effect,
-                                 Finish, HoldRepairs, KillRank, Peer, ProcessExited, RollbackAll, Send, StopJob,
-                                 Transition)
+                                 Finish, HoldRepairs, KillRank, Peer, ProcessExited, RollbackAll, Send, StartRank,
+                                 StopJob, Transition)
 from mindft.flow.ranks import RankRecord, RankState, RankTable
 from mindft.flow.states import RECOVERY_STATES, TERMINAL_STATES, Event, JobState, next_state
 from mindft.protocol import (Ack, Action, ActionKind, DeviceEvent, DeviceStatus, Done, FaultKind, FaultReport,
@@ -53,6 +53,8 @@ class Fault:
     detail: str
     device_pending: bool = False   # until the device plugin reports the chip recovered
     process_pending: bool = False  # until a new incarnation registers
+    left_at: float = -1.0          # when the rank was told to leave its device (-1: not told)
+    exited: bool = False           # its process is gone (after leaving, it is started when the device is back)
 
     def describe(self, rank: int) -> str:
         return f"rank {rank} {self.kind.name} in step {self.step}" + (f" ({self.detail})" if self.detail else "")
@@ -154,6 +156,7 @@ class Job:
             if fault is not None and fault.device_pending:
                 fault.device_pending = False
                 log.info("rank=%d device recovered", event.rank)
+                self._start_if_ready(event.rank, fault)
                 self._advance(now)
         elif isinstance(event, DeviceFailed):
             self._fail(f"device of rank {event.rank} could not be recovered "
@@ -181,6 +184,12 @@ class Job:
                                                                   f"(timeouts.dead_after={dead_after:g} s)"))
                     self._add_fault(record, FaultKind.HANG, record.progress + 1,
                                     f"silent for {now - record.last_seen:.2f} s", now, dead=True)
+        for rank, fault in list(self.recovery.faults.items()):
+            if 0 <= fault.left_at and not fault.exited and now - fault.left_at > self.timeouts.leave:
+                record = self.ranks.get(rank)
+                fault.left_at = now  # one kill per period, until its exit is reported
+                self._emit(KillRank(rank, record.pid, f"did not leave its device within {self.timeouts.leave:g} s "
+                                                      f"(timeouts.leave)", restart=False))
         if self.state not in TERMINAL_STATES and now >= self.deadline:
             self._phase_timeout(now)
         return self._flush()
@@ -272,6 +281,7 @@ class Job:
                             f"re-registered as incarnation {message.incarnation}", now)
         else:
             fault.process_pending = False
+            fault.left_at, fault.exited = -1.0, False  # a new process: on the device again
             if fault.kind is FaultKind.HANG:
                 fault.kind = FaultKind.PROCESS_DIED
             log.info("rank=%d restarted (incarnation %d): %s repaired", rank, message.incarnation, fault.kind.name)
@@ -369,6 +379,14 @@ class Job:
             record.state = RankState.DEAD
             self._fail(f"{what} and will not be restarted", now)
             return True, f"rank {event.rank} lost: job failed"
+        fault = self.recovery.faults.get(event.rank) if self.state in RECOVERY_STATES else None
+        if fault is not None and fault.left_at >= 0:
+            # It left its device as told: it comes back when the device does.
+            record.state, fault.exited = RankState.DEAD, True
+            log.info("rank=%d left its device after %.2f s (exit code %d)", event.rank, now - fault.left_at,
+                     event.returncode)
+            self._start_if_ready(event.rank, fault)
+            return True, f"rank {event.rank} left its device"
         self._add_fault(record, FaultKind.PROCESS_DIED, record.progress + 1,
                         f"process {event.pid} exited with code {event.returncode}", now, dead=True)
         return True, f"rank {event.rank} marked dead"
@@ -451,6 +469,7 @@ class Job:
             if state is _S.PAUSING:
                 self._move(Event.ALL_PAUSED, "every live rank paused", now)
                 self.deadline = now + self.timeouts.repair
+                self._leave_devices(now)
             elif state is _S.REPAIRING:
                 # A live rank whose fault needs nothing external (UCE, COMMUNICATION, UNKNOWN)
                 # is repaired as soon as it waits; devices and lost processes are waited for.
@@ -480,6 +499,21 @@ class Job:
                                                                 round=rec.round)))
             else:  # RESUMING, every rank acknowledged
                 self._finish_recovery(now)
+
+    def _leave_devices(self, now: float) -> None:
+        """The device plugin resets a chip only once no process uses it: ranks on a chip being
+        reset leave it now that their snapshots are settled (they keep them with the node agent)."""
+        for rank, fault in sorted(self.recovery.faults.items()):
+            record = self.ranks.get(rank)
+            if fault.device_pending and fault.left_at < 0 and record is not None and record.alive:
+                fault.left_at, fault.process_pending = now, True
+                self._emit(Send(record.peer, Action(ActionKind.LEAVE_DEVICE, record.progress,
+                                                    reason=f"device reset: {fault.detail}",
+                                                    round=self.recovery.round)))
+
+    def _start_if_ready(self, rank: int, fault: Fault) -> None:
+        if fault.left_at >= 0 and fault.exited and not fault.device_pending:
+            self._emit(StartRank(rank, "its device was reset and is back"))
 
     def _finish_recovery(self, now: float) -> None:
         rec = self.recovery

@@ -19,12 +19,14 @@ from typing import NoReturn, Optional
 from mindft.config import Timeouts
 from mindft.exitcodes import ExitCode
 from mindft.flow import (TRANSITIONS, Armed, Broadcast, DeviceFailed, DeviceFaulty, DeviceRecovered, Finish,
-                         Finished, Follower, Job, JobState, KillRank, ProcessExited, Resumed, Send, Transition)
+                         Finished, Follower, Job, JobState, KillRank, ProcessExited, Resumed, Send, StartRank,
+                         Transition)
 from mindft.protocol import Action, Done, FaultKind, FaultReport, Heartbeat, Progress, Register
 
 TIMEOUTS = Timeouts(heartbeat_interval=0.5, heartbeat_misses=6, register=30.0, pause=10.0, repair=20.0,
                     rollback=10.0, resume=10.0)
 _ALLOWED = {(source, target) for (source, _), target in TRANSITIONS.items()}
+PLUGIN_PROCESS_WAIT = 60.0  # the device plugin waits this long for the processes on a chip to exit
 
 
 class Violation(AssertionError):
@@ -79,6 +81,9 @@ class SimRank:
     def arm(self, fault: FaultKind, detail: str) -> None:
         self.armed = fault
 
+    def leave_device(self, reason: str) -> NoReturn:
+        raise RankExit(ExitCode.LEFT_DEVICE)
+
     def dump_and_exit(self, step: int, reason: str) -> NoReturn:
         if step >= 0 and step not in self.snapshots:
             raise Violation(f"rank {self.rank} told to dump step {step} but holds {sorted(self.snapshots)}")
@@ -109,6 +114,8 @@ class SimRank:
                 self._capture(self.window_step)
         except RankExit as end:
             self.mode, self.exit_code = "exited", end.code
+            if end.code == ExitCode.LEFT_DEVICE:
+                self.sim.kill(self, "left its device", restart=False)
 
     def _obey(self, action: Action) -> None:
         before = self.mode
@@ -182,6 +189,8 @@ class SimJob:
         self.last_round = 0
         self.finished_at: Optional[float] = None
         self.failing = False  # True once an unrecoverable fault is scheduled
+        self.left_at: dict[int, Optional[float]] = {}  # when each rank last left its device
+        self.resetting: dict[int, tuple[float, float, object]] = {}  # rank -> (fault time, reset s, outcome)
 
     # ---- schedule ----
     def fail_at(self, rank: int, step: int, kind: FaultKind = FaultKind.UCE) -> SimJob:
@@ -203,11 +212,15 @@ class SimJob:
     def to_job(self, rank: SimRank, message: object) -> None:
         self.up.append((rank.peer, message))
 
-    def kill(self, rank: SimRank, why: str) -> None:
-        rank.mode = "dead"
-        # The node agent keeps the snapshots; the launcher notices, then restarts the worker.
+    def kill(self, rank: SimRank, why: str, restart: bool = True) -> None:
+        if rank.mode != "exited":
+            rank.mode = "dead"
+        # The node agent keeps the snapshots; the launcher notices, then restarts the worker
+        # (at once after a crash; when the flow says so after it left its device).
         self.timers.append((self.now + 0.1, "exited", rank))
-        self.timers.append((self.now + 0.3, "restart", rank))
+        if restart:
+            self.timers.append((self.now + 0.3, "restart", rank))
+        self.left_at[rank.rank] = None if restart else self.now
 
     def _deliver(self, peers: tuple[bytes, ...], message: object) -> None:
         for rank in self.ranks.values():
@@ -232,7 +245,14 @@ class SimJob:
             elif isinstance(effect, KillRank):
                 rank = self.ranks[effect.rank]
                 if rank.alive:
-                    self.kill(rank, effect.reason)
+                    self.kill(rank, effect.reason, effect.restart)
+            elif isinstance(effect, StartRank):
+                if self.ranks[effect.rank].alive:
+                    raise Violation(f"told to start rank {effect.rank}, whose process is still running")
+                if effect.rank in self.resetting or any(kind == "device" and payload.rank == effect.rank
+                                                        for _, kind, payload in self.timers):
+                    raise Violation(f"told to start rank {effect.rank} before its device was back")
+                self.timers.append((self.now + 0.2, "restart", self.ranks[effect.rank]))
             elif isinstance(effect, Finish):
                 self.finished_at = self.now
 
@@ -269,12 +289,24 @@ class SimJob:
         for rank in self.ranks.values():
             key = (rank.rank, rank.position + 1)
             seconds = self.device_resets.pop(key, None)
-            if seconds is None or rank.mode not in ("train", "window"):
+            if seconds is None or rank.mode not in ("train", "window") or rank.rank in self.resetting:
                 continue
             self._apply(self.job.device(DeviceFaulty(rank.rank, "8C03A000", "reset"), self.now))
             outcome = DeviceFailed(rank.rank, "reset failed") if key in self.device_failures \
                 else DeviceRecovered(rank.rank)
-            self.timers.append((self.now + seconds, "device", outcome))
+            self.resetting[rank.rank] = (self.now, seconds, outcome)
+
+    def _device_plugin(self) -> None:
+        """As the plugin does: reset a chip only once its process is gone (waiting at most 60 s)."""
+        for number, (since, seconds, outcome) in list(self.resetting.items()):
+            if self.job.result is not None:
+                del self.resetting[number]
+            elif not self.ranks[number].alive:
+                del self.resetting[number]
+                self.timers.append((self.now + seconds, "device", outcome))
+            elif self.now - since > PLUGIN_PROCESS_WAIT:
+                raise Violation(f"rank {number}'s process was still on its device {PLUGIN_PROCESS_WAIT:g} s "
+                                f"after the fault: the plugin would isolate it")
 
     # ---- the scheduler ----
     def run(self, max_events: int = 200_000, max_seconds: float = 600.0) -> SimJob:
@@ -313,6 +345,7 @@ class SimJob:
                 rank.next_beat = self.now + self.timeouts.heartbeat_interval
                 self.to_job(rank, Heartbeat(rank.rank, rank.incarnation, rank.position))
         self._timers_due()
+        self._device_plugin()
         self._apply(job.tick(self.now))
         if self.finished_at is None and math.isinf(job.next_wakeup()):
             raise Violation("the job stopped waking up before it ended")

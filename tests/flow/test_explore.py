@@ -2,7 +2,9 @@
 
 Every run checks, as it goes: only table transitions; recovery rounds never go back; every
 rank restores (and dumps) only a step it holds; every recovery ends in NORMAL or FAILED
-before its deadlines; no message after the job ended; at the end, DONE with every model
+before its deadlines; no message after the job ended; a rank on a chip being reset leaves it
+(the simulated plugin waits for that, as the real one does, and isolates the chip after 60 s)
+and is started again only once the chip is back; at the end, DONE with every model
 exact, or FAILED only when an unrecoverable fault was scheduled, with every rank gone.
 """
 from __future__ import annotations
@@ -65,7 +67,8 @@ def test_a_failed_device_ends_the_job_with_every_rank_dumping_one_step() -> None
     job = finished(SimJob(3, 8, seed=6).device_reset_at(0, 4, fails=True))
     assert job.outcome.exit_code == ExitCode.FAILED
     assert "could not be recovered" in job.outcome.reason and "every rank dumps step" in job.outcome.reason
-    assert {r.exit_code for r in job.ranks.values()} == {ExitCode.DUMPED}
+    # Rank 0 had left its chip for the reset (its snapshots stay with the node agent); the others dump.
+    assert [r.exit_code for r in job.ranks.values()] == [ExitCode.LEFT_DEVICE, ExitCode.DUMPED, ExitCode.DUMPED]
 
 
 def test_two_faults_in_one_run() -> None:
@@ -78,6 +81,18 @@ def test_the_explorer_catches_a_broken_window(monkeypatch) -> None:
     monkeypatch.setattr(Follower, "may_capture", lambda self, step: True)
     with pytest.raises(AssertionError, match="FAILED though every fault was recoverable"):
         explore(range(200))
+
+
+def test_the_explorer_catches_ranks_that_stay_on_a_device_being_reset(monkeypatch) -> None:
+    from mindft.flow.job import Job
+    monkeypatch.setattr(Job, "_leave_devices", lambda self, now: None)
+    with pytest.raises(AssertionError, match="device not recovered|still on its device"):
+        explore(range(300))
+
+
+def test_a_hot_reset_restarts_the_rank_from_agent_memory_after_its_device_is_back() -> None:
+    job = finished(SimJob(3, 8, seed=9).device_reset_at(1, 4, seconds=2.0))
+    assert job.ranks[1].incarnation == 1 and job.ranks[1].exit_code == ExitCode.OK
 
 
 def test_the_simulator_flags_a_restore_of_a_step_not_held() -> None:

@@ -6,13 +6,14 @@ import pytest
 from mindft.config import Timeouts
 from mindft.exitcodes import ExitCode
 from mindft.flow import (Broadcast, DeviceFailed, DeviceFaulty, DeviceRecovered, Finish, HoldRepairs, Job, JobState,
-                         KillRank, ProcessExited, RollbackAll, Send, StopJob, Transition, held_after)
+                         KillRank, ProcessExited, RollbackAll, Send, StartRank, StopJob, Transition,
+                         held_after)
 from mindft.protocol import (Ack, Action, ActionKind, Done, FaultKind, FaultReport, Heartbeat, InjectRequest,
                              Progress, ProcessExit, Register, RegisterAck, Reply, StatusReply, StatusRequest,
                              StepReport)
 
 T = Timeouts(heartbeat_interval=1.0, heartbeat_misses=3, register=10.0, pause=5.0, repair=20.0, rollback=5.0,
-             resume=5.0)
+             resume=5.0, leave=8.0)
 S = JobState
 
 
@@ -153,19 +154,46 @@ def test_a_silent_rank_is_killed_and_paused_around_then_restarted() -> None:
     assert d.job.status(d.now).ranks[1].restarts == 1
 
 
-def test_a_device_reset_waits_for_recovered_and_a_failed_device_fails_the_job() -> None:
+def test_the_hot_reset_contract_leave_the_device_then_come_back() -> None:
     d = Driver(2).start()
+    d.steps(3)
     d.job.device(DeviceFaulty(1, "0x8C03A000", "reset"), d.now)
+    d.ack_all(ActionKind.PAUSE, 3, held=(2, 3))
+    assert d.job.state is S.REPAIRING
+    leave = d.actions(ActionKind.LEAVE_DEVICE)
+    assert len(leave) == 1 and "device reset" in leave[0].reason  # only the rank on the chip leaves
+    # The device comes back only after the process left (the plugin resets a chip nobody uses).
+    d.job.process_exit(ProcessExited(1, ExitCode.LEFT_DEVICE, 101), d.now)
+    assert d.job.state is S.REPAIRING
+    out = d.job.device(DeviceRecovered(1), d.now)
+    assert [e.rank for e in out if isinstance(e, StartRank)] == [1]
+    d.send(1, Register(1, 1, 201, (2, 3)), incarnation=1)
+    assert d.job.state is S.ROLLBACK and d.actions(ActionKind.ROLLBACK)[-1].step == 3
+
+
+def test_a_rank_that_does_not_leave_its_device_is_killed_in_time_and_not_restarted_early() -> None:
+    d = Driver(2).start()
+    d.job.device(DeviceFaulty(0), d.now)
     d.ack_all(ActionKind.PAUSE, 0, held=(0,))
-    assert d.job.state is S.REPAIRING
-    d.at(1.0)
-    assert d.job.state is S.REPAIRING
-    d.effects += d.job.device(DeviceRecovered(1), d.now)
-    assert d.job.state is S.ROLLBACK
-    d2 = Driver(2).start()
-    d2.job.device(DeviceFaulty(0), 0.0)
-    out = d2.job.device(DeviceFailed(0, "reset failed"), 0.0)
-    assert d2.job.state is S.FAILED and any(isinstance(e, Finish) for e in out)
+    kills = []
+    for _ in range(30):
+        for rank in (0, 1):
+            d.send(rank, Heartbeat(rank, 0, 0))
+        kills = [e for e in d.at(d.now + 1.0) if isinstance(e, KillRank)]
+        if kills:
+            break
+    assert d.now <= T.leave + 1.0 < 60.0  # well inside the device plugin's 60 s
+    assert kills[0].rank == 0 and not kills[0].restart and "timeouts.leave" in kills[0].reason
+    d.job.process_exit(ProcessExited(0, -9, 100), d.now)
+    assert not any(isinstance(e, StartRank) for e in d.effects)  # the device is not back yet
+
+
+def test_a_failed_device_fails_the_job() -> None:
+    d = Driver(2).start()
+    d.job.device(DeviceFaulty(0), 0.0)
+    out = d.job.device(DeviceFailed(0, "reset failed"), 0.0)
+    assert d.job.state is S.FAILED and any(isinstance(e, Finish) for e in out)
+    assert "could not be recovered (reset failed)" in d.job.result.reason
 
 
 def test_fault_flushing_holds_the_repair_until_released() -> None:
