@@ -1,13 +1,20 @@
-"""What MindIO TFT costs on the tiny job of tests/integration/mindio_rank.py (the real wheel, on CPU).
+"""mindft's two backends side by side on the same job, plus MindIO TFT's own costs (real wheel, CPU).
 
-* per step: the ``begin_update`` + ``end_update`` pair (``tft_start_updating_os`` /
-  ``tft_end_updating_os`` plus mindft's flag checks), in µs, over a long fault-free run;
-* recovery: a UCE reported on the last rank → every rank resumed (the faulty rank's ``fault``
-  event to the last ``resumed`` event), in seconds, for 2 and 4 ranks.
+Part 1, both backends (``MINDFT_BACKEND=mindft`` and ``mindio``) on examples/train_mlp.py under
+``mindft-launch --nproc 2`` with ``MS_ENABLE_TFT='{UCE:1}'``:
 
-    python bench/mindio.py            # 3 recoveries per size, 2000 steps for the per-step cost
-    python bench/mindio.py --quick    # 1 recovery per size, 300 steps
-Writes bench/results/mindio.json.
+* recovery: a UCE in step 6 of rank 1 → every rank resumed (the launcher's first ``fault ... inside
+  step`` line to its last ``resumed after step`` line, timestamped as they arrive), in seconds;
+* per step: the wall time of a long run minus a short one, divided by the step difference, in ms
+  (also for the example run without mindft, two plain processes; on a shared 2-core machine this
+  difference is noisy to several ms).
+
+Part 2, the wheel alone on tests/integration/mindio_rank.py's numpy job: the ``begin_update`` +
+``end_update`` pair in µs, and UCE recovery in seconds for 2 and 4 ranks.
+
+    python bench/mindio.py            # 3 recoveries per backend/size, 200 extra steps
+    python bench/mindio.py --quick    # 1 recovery, 100 extra steps
+Writes bench/results/mindio.json and prints a table (copied into the README).
 """
 from __future__ import annotations
 
@@ -30,6 +37,8 @@ sys.path.insert(0, str(HELPERS))
 import mindio_rank  # noqa: E402  (the job definition shared with the tests)
 
 RUN_TIMEOUT = 180.0
+EXAMPLE = ROOT / "examples" / "train_mlp.py"
+SHORT_STEPS = 20
 
 
 def free_port() -> int:
@@ -99,11 +108,99 @@ def recovery_seconds(world_size: int) -> float:
     return resumed - fault
 
 
+def _example_env(**extra: str) -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "MINDFT_", "RANK_", "TTP_"))}
+    env.update(GLOG_v="3", PYTHONUNBUFFERED="1", TTP_LOG_LEVEL="ERROR",
+               PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]), **extra)
+    return env
+
+
+def launch_example(backend: str, steps: int, fault: bool, workdir: Path) -> Dict[str, float]:
+    """One ``mindft-launch --nproc 2`` run; wall seconds and, with a fault, fault → resumed seconds."""
+    env = _example_env(MINDFT_BACKEND=backend, MS_ENABLE_TFT="{UCE:1}")
+    command = [sys.executable, "-m", "mindft.launch", "--nproc", "2", "--run-dir", str(workdir / "run"),
+               str(EXAMPLE), "--steps", str(steps)]
+    if fault:
+        command += ["--fault-step", "6", "--fault-rank", "1"]
+    started = time.monotonic()
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    fault_at, resumed_at = None, None
+    try:
+        for line in process.stdout:
+            now = time.monotonic()
+            if fault_at is None and " inside step " in line and "fault" in line:
+                fault_at = now
+            if "resumed after step" in line:
+                resumed_at = now
+        code = process.wait(RUN_TIMEOUT)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, 9)
+            process.wait(10)
+    if code != 0:
+        raise RuntimeError(f"mindft-launch ({backend}) exited with {code}")
+    result = {"wall_s": time.monotonic() - started}
+    if fault:
+        if fault_at is None or resumed_at is None:
+            raise RuntimeError(f"no fault/resumed lines from the {backend} run")
+        result["recovery_s"] = resumed_at - fault_at
+    return result
+
+
+def plain_example(steps: int) -> float:
+    """The example without mindft: two plain processes at once, wall seconds."""
+    started = time.monotonic()
+    processes = [subprocess.Popen([sys.executable, str(EXAMPLE), "--steps", str(steps)],
+                                  env=_example_env(MS_WORKER_NUM="2", MS_NODE_ID=str(rank)),
+                                  stdout=subprocess.DEVNULL) for rank in range(2)]
+    if any(p.wait(RUN_TIMEOUT) for p in processes):
+        raise RuntimeError("the plain example failed")
+    return time.monotonic() - started
+
+
+def compare_backends(rounds: int, extra_steps: int) -> Dict[str, Dict[str, float]]:
+    """Part 1 (see the module docstring)."""
+    long_steps = SHORT_STEPS + extra_steps
+    rows: Dict[str, Dict[str, float]] = {}
+    short, long = plain_example(SHORT_STEPS), plain_example(long_steps)
+    rows["off"] = {"step_ms": (long - short) / extra_steps * 1000}
+    for backend in ("mindft", "mindio"):
+        with tempfile.TemporaryDirectory() as tmp:
+            short = launch_example(backend, SHORT_STEPS, False, Path(tmp))["wall_s"]
+        with tempfile.TemporaryDirectory() as tmp:
+            long = launch_example(backend, long_steps, False, Path(tmp))["wall_s"]
+        recoveries = []
+        for _ in range(rounds):
+            with tempfile.TemporaryDirectory() as tmp:
+                recoveries.append(launch_example(backend, SHORT_STEPS, True, Path(tmp))["recovery_s"])
+        rows[backend] = {"step_ms": (long - short) / extra_steps * 1000,
+                         "recovery_s": statistics.median(recoveries), "recoveries_s": recoveries}
+    return rows
+
+
+def table(rows: Dict[str, Dict[str, float]]) -> str:
+    """The README's table."""
+    lines = ["| backend | UCE on 1 of 2 ranks → all resumed (median of runs) | wall time per step |",
+             "|---|---|---|"]
+    for backend in ("mindft", "mindio"):
+        row = rows[backend]
+        lines.append(f"| {backend} | {row['recovery_s']:.2f} s ({', '.join(f'{t:.2f}' for t in row['recoveries_s'])}) "
+                     f"| {row['step_ms']:.1f} ms |")
+    lines.append(f"| (no mindft, two plain processes) | – | {rows['off']['step_ms']:.1f} ms |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps and one recovery per size")
     args = parser.parse_args()
     rounds, steps = (1, 300) if args.quick else (3, 2000)
+    extra_steps = 100 if args.quick else 200
+    backends = compare_backends(rounds, extra_steps)
+    print(f"examples/train_mlp.py, mindft-launch --nproc 2, MS_ENABLE_TFT='{{UCE:1}}', UCE in step 6 of rank 1 "
+          f"({rounds} recoveries per backend; per step over {extra_steps} extra steps):")
+    print(table(backends))
     cost = step_cost(steps)
     print(f"per step, begin_update + end_update: median {cost['median_us']:.1f} µs, "
           f"mean {cost['mean_us']:.1f} µs, p99 {cost['p99_us']:.1f} µs ({cost['steps']} samples)")
@@ -114,7 +211,7 @@ def main() -> None:
         print(f"recovery, UCE on 1 of {world_size} ranks → all resumed: median "
               f"{statistics.median(times):.2f} s  ({', '.join(f'{t:.2f}' for t in times)})")
     results = {"benchmark": "mindio", "wheel": "mindio_ttp 7.3.0", "python": platform.python_version(),
-               "cpus": os.cpu_count(), "step_cost": cost, "recovery": recoveries}
+               "cpus": os.cpu_count(), "backends": backends, "step_cost": cost, "recovery": recoveries}
     out = ROOT / "bench" / "results" / "mindio.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))

@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence
 
 import click
 
-from mindft.config import ConfigError, MindftConfig, check_launchable, load_config
+from mindft.config import BackendChoice, ConfigError, MindftConfig, check_launchable, choose_backend, load_config
 from mindft.exitcodes import ExitCode
 
 EXIT_OK = ExitCode.OK
@@ -73,7 +73,8 @@ def config_check(as_json: bool) -> None:
     """Validate the environment as mindft-launch does and print the resolved configuration.
 
     Besides the variables' syntax it checks the key file (MINDFT_KEY_FILE) and, with
-    MINDFT_BACKEND=mindio, that the mindio_ttp wheel imports. Exit code 2 on any error.
+    MINDFT_BACKEND=mindio, that the mindio_ttp wheel imports; with fault tolerance on it says
+    which backend the ranks will run and why. Exit code 2 on any error.
     """
     try:
         config = load_config()
@@ -82,12 +83,30 @@ def config_check(as_json: bool) -> None:
         click.echo(f"mindft: configuration error: {error}", err=True)
         sys.exit(EXIT_CONFIG_ERROR)
     if as_json:
-        click.echo(json.dumps(_jsonable(config), indent=2))
+        resolved = _jsonable(config)
+        if config.tft.enabled:
+            resolved["backend_choice"] = _jsonable(_backend_choice(config))
+        click.echo(json.dumps(resolved, indent=2))
         return
     rows = _config_rows(config)
+    if config.tft.enabled:
+        choice = _backend_choice(config)
+        rows[3:3] = [("backend", choice.backend), ("backend because", choice.reason)]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         click.echo(f"{name:<{width}}  {value}")
+
+
+def _backend_choice(config: MindftConfig) -> BackendChoice:
+    """Which backend the ranks will run, decided as they will (MindSpore imported only if it matters)."""
+    import importlib.util
+
+    def device() -> str:
+        import mindspore
+
+        return str(mindspore.get_context("device_target"))
+
+    return choose_backend(config, importlib.util.find_spec("mindio_ttp") is not None, device)
 
 
 @main.command("keygen")

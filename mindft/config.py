@@ -284,9 +284,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("MINDFT_DUMP_DIR", "where dying-gasp checkpoints are written", "mindft_dump", "a path"),
     EnvVar("MINDFT_STATE_DIR", "where this rank's snapshots live, outliving the process (mindft-launch sets "
            "it to a directory on /dev/shm that it owns); unset: in the process's own memory", "", "a path"),
-    EnvVar("MINDFT_BACKEND", "who runs fault tolerance: mindft's own ZeroMQ flow, or MindSpore's "
-           "TrainFaultTolerance on the mindio-ttp wheel; auto picks mindio only where it is "
-           "installed, the device is Ascend and MS_ENABLE_TFT needs it", "auto", ", ".join(BACKENDS)),
+    EnvVar("MINDFT_BACKEND", "who coordinates recovery: mindft's own controller, or MindIO TFT's "
+           "(the mindio_ttp wheel) with mindft's snapshots; auto picks mindio only where the wheel is "
+           "installed and the job asks for it (MINDX_TASK_ID set, or MS_ENABLE_TFT options MindSpore "
+           "runs on mindio_ttp on an Ascend device)", "auto", ", ".join(BACKENDS)),
     EnvVar("MINDFT_SNAPSHOT_EVERY", "snapshot (and replicate) every N-th step; the same on every "
            "rank, a fault then replays up to N steps", "1", "1..1000000"),
     EnvVar("MINDFT_LAUNCHER_PID", "mindft-launch's pid (it sets it); a rank started without it gives up "
@@ -365,6 +366,52 @@ def load_config(environ: Mapping[str, str] = os.environ) -> MindftConfig:
         snapshot_every=_number(environ, "MINDFT_SNAPSHOT_EVERY", int, 1, 1, 1_000_000),
         timeouts=timeouts,
     )
+
+
+MINDX_TASK_VARIABLE = "MINDX_TASK_ID"
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """Which backend runs fault tolerance, and why (``mindft config check`` prints both)."""
+
+    backend: str
+    reason: str
+
+
+def choose_backend(config: MindftConfig, installed: bool, device: Callable[[], str],
+                   environ: Mapping[str, str] = os.environ) -> BackendChoice:
+    """The backend for ``config``: ``installed`` says whether mindio_ttp imports, ``device()`` is
+    MindSpore's device target (asked only when it matters).
+
+    ``auto`` picks mindio only where the wheel is installed *and* the job asks for MindIO: MindCluster
+    runs MindIO's controller (``MINDX_TASK_ID`` set), or on Ascend ``MS_ENABLE_TFT`` holds an option
+    that MindSpore itself runs on mindio_ttp (TTP, UCE, ARF, TSP, HCCE). Elsewhere (CPU) mindft
+    implements those options itself; ``MINDFT_BACKEND=mindio`` runs them on MindIO there too.
+    """
+    if config.backend == "mindft":
+        return BackendChoice("mindft", "MINDFT_BACKEND=mindft")
+    if config.backend == "mindio":
+        if not installed:
+            raise ConfigError("MINDFT_BACKEND=mindio but the mindio_ttp package is not installed; "
+                              "install the wheel (pip install mindio_ttp-*.whl) or set "
+                              "MINDFT_BACKEND=mindft (or auto)")
+        return BackendChoice("mindio", "MINDFT_BACKEND=mindio")
+    if not installed:
+        return BackendChoice("mindft", "MINDFT_BACKEND=auto and the mindio_ttp wheel is not installed")
+    if environ.get(MINDX_TASK_VARIABLE, "").strip():
+        return BackendChoice("mindio", f"MINDFT_BACKEND=auto, mindio_ttp installed and {MINDX_TASK_VARIABLE} "
+                                       f"set (MindCluster runs MindIO's controller)")
+    if config.tft.needs_mindio:
+        target = device()
+        if target == "Ascend":
+            return BackendChoice("mindio", f"MINDFT_BACKEND=auto, mindio_ttp installed and MS_ENABLE_TFT="
+                                           f"{config.tft} on Ascend (MindSpore runs these on mindio_ttp)")
+        return BackendChoice("mindft", f"MINDFT_BACKEND=auto: mindio_ttp is installed but not asked for on "
+                                       f"{target} (mindft implements MS_ENABLE_TFT={config.tft} itself); "
+                                       f"set MINDFT_BACKEND=mindio to run it on MindIO TFT")
+    return BackendChoice("mindft", f"MINDFT_BACKEND=auto: MS_ENABLE_TFT={config.tft} asks for nothing "
+                                   f"MindIO runs (TTP, UCE, ARF, TSP, HCCE)")
 
 
 MINDIO_IMPORT_TIMEOUT = 120.0  # importing mindio_ttp takes ~3 s; a hung import must not hang the check

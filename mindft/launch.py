@@ -14,6 +14,7 @@ after signal N); 2 bad usage or configuration, nothing started; 130/143 interrup
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import logging
 import os
@@ -32,9 +33,11 @@ from typing import IO, Any, Iterable, Mapping, Optional, Sequence
 import click
 
 from mindft.channel import Client, ControllerUnreachable
-from mindft.config import TFT_VARIABLE, ConfigError, MindftConfig, check_launchable, load_config
+from mindft.config import (MINDX_TASK_VARIABLE, TFT_VARIABLE, ConfigError, MindftConfig, check_launchable,
+                           choose_backend, load_config)
 from mindft.exitcodes import ExitCode, describe
 from mindft.keys import generate_keys, load_keys
+from mindft.mindio import STEP_GATE_VARIABLE
 from mindft.protocol import Message, ProcessExit, StatusReply
 
 log = logging.getLogger(__name__)
@@ -93,6 +96,9 @@ class LaunchSpec:
     # The node agent's shared memory: each rank's snapshots live in state_dir/rank<R> and
     # outlive the rank's process; removed when the launcher ends.
     state_dir: Optional[Path] = None
+    # True when MindIO TFT coordinates the job (MINDFT_BACKEND): node 0 runs MindIO's controller
+    # and the step gate instead of mindft's controller, and a lost rank is not restarted.
+    mindio: bool = False
 
     @property
     def world_size(self) -> int:
@@ -127,6 +133,8 @@ def rank_environment(spec: LaunchSpec, rank: int, restart_count: int) -> dict[st
         return env
     if spec.state_dir is not None:
         env["MINDFT_STATE_DIR"] = str(spec.state_dir / f"rank{rank}")
+    if spec.mindio and not env.get(MINDX_TASK_VARIABLE, "").strip():
+        env[STEP_GATE_VARIABLE] = mindio_gate_address(spec)
     if spec.insecure:
         env["MINDFT_INSECURE"] = "1"
         env.pop("MINDFT_KEY_FILE", None)
@@ -134,6 +142,34 @@ def rank_environment(spec: LaunchSpec, rank: int, restart_count: int) -> dict[st
         env["MINDFT_KEY_FILE"] = str(spec.key_file)
         env.pop("MINDFT_INSECURE", None)
     return env
+
+
+def mindio_gate_address(spec: LaunchSpec) -> str:
+    """Where node 0's step gate listens: the port after MindIO's controller port, on every node alike."""
+    host = f"[{spec.master_ip}]" if ":" in spec.master_ip else spec.master_ip
+    return f"tcp://{host}:{spec.master_port + 1}"
+
+
+def _free_port_pair(ip: str) -> int:
+    """A port p with p and p + 1 free on ``ip`` (MindIO's controller and the step gate)."""
+    for _ in range(100):
+        with socket.socket() as first:
+            first.bind((ip, 0))
+            port = first.getsockname()[1]
+            if port >= 65535:
+                continue
+            with socket.socket() as second:
+                try:
+                    second.bind((ip, port + 1))
+                except OSError:
+                    continue
+        return port
+    raise ConfigError(f"found no two adjacent free ports on {ip}; pass --master-port")
+
+
+def ascend_present() -> bool:
+    """True when this node has Ascend NPUs (their device files), without importing MindSpore."""
+    return any(Path("/dev").glob("davinci[0-9]*"))
 
 
 class Console:
@@ -510,6 +546,7 @@ class Launcher:
         self.keys = None if spec.insecure or not spec.protected else load_keys(spec.key_file)
         self._connect()
         self.runner: Optional[_ControllerRunner] = None
+        self.mindio_host: Optional[Any] = None
         self._signal: Optional[int] = None
         self._signals_seen = 0
         self._last_hang_check = 0.0
@@ -557,6 +594,8 @@ class Launcher:
 
     def _notify(self, message: Message, what: str) -> None:
         """Send ``message`` to the controller from a helper thread: the monitor loop never blocks on it."""
+        if self.spec.mindio:
+            return  # MindIO's controller notices a lost rank by its heartbeats
         def send() -> None:
             try:
                 self.client.request(message)
@@ -598,7 +637,7 @@ class Launcher:
 
     def _check_hung(self) -> None:
         # The controller sees a silent rank; only the launcher can kill it so it can restart.
-        if not self.spec.protected:
+        if not self.spec.protected or self.spec.mindio:
             return
         now = time.monotonic()
         if now - self._last_hang_check < HANG_CHECK_INTERVAL:
@@ -680,6 +719,8 @@ class Launcher:
         spec = self.spec
         if not spec.protected:
             self.console.line("mindft-launch", unprotected_notice(spec.env.get(TFT_VARIABLE, "")))
+        elif spec.mindio:
+            self._start_mindio()
         elif spec.node_rank == 0:
             self.runner = _ControllerRunner(self.controller_config())
             if spec.master_port == 0:
@@ -690,6 +731,9 @@ class Launcher:
             self.runner.start()
         controller = (f"controller {spec.controller_address}{' (INSECURE)' if spec.insecure else ''}"
                       if spec.protected else "no controller")
+        if spec.mindio:
+            controller = (f"MindIO TFT controller {spec.master_ip}:{spec.master_port} (its TCP is not "
+                          f"encrypted), step gate {mindio_gate_address(spec)}")
         self.console.line("mindft-launch", f"{spec.world_size} rank(s), {spec.nproc} on this node "
                           f"(node {spec.node_rank}/{spec.nnodes}); {controller}; run directory "
                           f"{spec.run_dir}, logs in {spec.log_dir}")
@@ -706,12 +750,26 @@ class Launcher:
                 self.agent.kill_worker(running, signal.SIGTERM, spec.grace_period)
             if self.runner is not None:
                 self.runner.stop()
+            if self.mindio_host is not None:
+                self.mindio_host.stop()  # after the ranks: a processor's destroy waits for it
             for worker in self.agent.workers.values():
                 if worker.pump is not None:
                     worker.pump.join(2.0)
             if self.spec.state_dir is not None:
                 shutil.rmtree(self.spec.state_dir, ignore_errors=True)
         return code
+
+    def _start_mindio(self) -> None:
+        """Node 0 runs MindIO's controller and the step gate, unless MindCluster runs the controller."""
+        from mindft.mindio import MindioHost, controller_runs_here
+
+        spec = self.spec
+        if not controller_runs_here(spec.node_rank, spec.env):
+            log.info("%s is set: MindCluster runs MindIO's controller; no step gate", MINDX_TASK_VARIABLE)
+            return
+        self.mindio_host = MindioHost(spec.world_size, spec.master_ip, spec.master_port, self.keys,
+                                      gate_port=spec.master_port + 1)
+        self.mindio_host.start()
 
     def _supervise(self) -> int:
         spec = self.spec
@@ -888,9 +946,25 @@ def main(nproc: int, nnodes: int, node_rank: int, master_addr: str, master_port:
     except ConfigError as error:
         _fail(f"configuration error: {error}")
     protected = base.tft.enabled
+    mindio = False
+    if protected:
+        try:
+            choice = choose_backend(base, importlib.util.find_spec("mindio_ttp") is not None,
+                                    lambda: "Ascend" if ascend_present() else "CPU")
+        except ConfigError as error:
+            _fail(f"configuration error: {error}")
+        mindio = choice.backend == "mindio"
+        log.info("fault-tolerance backend: %s (%s)", choice.backend, choice.reason)
+    if mindio and max_restarts:
+        log.warning("MindIO TFT cannot restart a killed rank from memory without MindCluster's ARF: "
+                    "restarts are off (was --max-restarts %d); a lost rank ends the job with dying-gasp "
+                    "checkpoints (exit 3 on the live ranks)", max_restarts)
+        max_restarts = 0
     insecure = (insecure or base.insecure) and protected  # MINDFT_INSECURE=1 means the same as --insecure
     if master_port is None or master_port == 0:
         master_port = 29600 if nnodes > 1 else 0  # 0: the controller binds a free port
+        if mindio and master_port == 0:
+            master_port = _free_port_pair(master_ip)  # MindIO's controller cannot pick its own
     if 0 < master_port < 1024:
         _fail(f"--master-port {master_port} must be in 1024..65535")
     if protected and nnodes > 1 and key_file is None and not insecure:
@@ -920,7 +994,8 @@ def main(nproc: int, nnodes: int, node_rank: int, master_addr: str, master_port:
                       master_ip=master_ip, master_port=master_port, max_restarts=max_restarts,
                       run_dir=run_dir, log_dir=log_dir or run_dir / "logs",
                       key_file=None if insecure else key_file, insecure=insecure,
-                      grace_period=grace_period, progress_interval=progress_interval, env=env, prefix_output=not no_prefix, protected=protected)
+                      grace_period=grace_period, progress_interval=progress_interval, env=env, prefix_output=not no_prefix, protected=protected,
+                      mindio=mindio)
     try:
         code = Launcher(spec).run()
     except ConfigError as error:

@@ -93,15 +93,20 @@ from __future__ import annotations
 
 import atexit
 import enum
+import json
 import logging
 import os
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
+import zmq
+
 from mindft.exitcodes import ExitCode
+from mindft.keys import CurveKeys, secure_client, secure_server, start_authenticator
 
 log = logging.getLogger(__name__)
 
@@ -484,3 +489,190 @@ class MindioRank:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# -- the step gate -------------------------------------------------------------------------------
+# MindIO locks every healthy rank at the newest step any rank reported (the controller's
+# SelectLockStep): ranks that drift further apart than one step make its prelock fail and the job
+# dump. A data-parallel job's all-reduce keeps them together; mindft's examples train one shard
+# per rank without a collective (MindSpore's CPU collectives cannot be aborted), so on mindft-launch
+# the gate plays the all-reduce's part: no rank starts step k + 1 before every rank finished k.
+STEP_GATE_VARIABLE = "MINDFT_STEP_GATE"
+GATE_HOLD_SECONDS = 0.1  # a request waits at most this long at the gate, so its rank can check MindIO
+GATE_UNREACHABLE_AFTER = 30.0  # silence after which a rank gives up on the gate
+_GATE_POLL_MS = 10
+_ALL_FINISHED = -1
+
+
+class StepGate:
+    """The gate's server (node 0's launcher): a ZeroMQ ROUTER in one thread, CurveZMQ with ``keys``.
+
+    A request ``{"rank", "done", "finished", "need"}`` records where the rank is (a rank that
+    rolled back reports a lower ``done``) and is answered ``{"open": true}`` once every rank has
+    done at least ``need`` steps (``need == -1``: every rank finished), else ``{"open": false}``
+    after :data:`GATE_HOLD_SECONDS`.
+    """
+
+    def __init__(self, world_size: int, ip: str, keys: Optional[CurveKeys] = None, port: int = 0) -> None:
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        self.world_size = world_size
+        self._context = zmq.Context()
+        self._authenticator = start_authenticator(self._context, keys)
+        self._socket = self._context.socket(zmq.ROUTER)
+        self._socket.linger = 0
+        secure_server(self._socket, keys)
+        host = f"[{ip}]" if ":" in ip else ip
+        if port:
+            self._socket.bind(f"tcp://{host}:{port}")
+        else:
+            port = self._socket.bind_to_random_port(f"tcp://{host}")
+        self.endpoint = f"tcp://{host}:{port}"
+        self._done: Dict[int, int] = {}
+        self._finished: Dict[int, bool] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="mindft-step-gate", daemon=True)
+        self._thread.start()
+        log.info("step gate for %d ranks on %s (%s)", world_size, self.endpoint, "curve" if keys else "insecure")
+
+    def close(self) -> None:
+        """Stop serving (idempotent)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join()
+        if self._authenticator is not None:
+            self._authenticator.stop()
+        self._context.term()
+
+    def _open(self, need: int) -> bool:
+        if len(self._done) < self.world_size:
+            return False
+        if need == _ALL_FINISHED:
+            return all(self._finished.values())
+        return min(self._done.values()) >= need
+
+    def _serve(self) -> None:
+        waiting: list = []  # (identity, need, deadline)
+        try:
+            while not self._stop.is_set():
+                if self._socket.poll(_GATE_POLL_MS):
+                    identity, payload = self._socket.recv_multipart()
+                    try:
+                        request = json.loads(payload)
+                        rank, need = int(request["rank"]), int(request["need"])
+                        if not 0 <= rank < self.world_size:
+                            raise ValueError(f"rank {rank} not in 0..{self.world_size - 1}")
+                        self._done[rank] = int(request["done"])
+                        self._finished[rank] = bool(request["finished"])
+                    except (ValueError, KeyError, TypeError) as error:
+                        log.warning("step gate refused a request: %s", error)
+                        self._socket.send_multipart([identity, b'{"error": true}'])
+                        continue
+                    waiting.append((identity, need, time.monotonic() + GATE_HOLD_SECONDS))
+                now = time.monotonic()
+                still = []
+                for identity, need, deadline in waiting:
+                    if self._open(need):
+                        self._socket.send_multipart([identity, b'{"open": true}'])
+                    elif now >= deadline:
+                        self._socket.send_multipart([identity, b'{"open": false}'])
+                    else:
+                        still.append((identity, need, deadline))
+                waiting = still
+        finally:
+            self._socket.close(0)
+
+
+class StepGateClient:
+    """A rank's side of the :class:`StepGate`; every wait also checks ``mindio`` for a stop or exit."""
+
+    def __init__(self, endpoint: str, rank: int, keys: Optional[CurveKeys] = None) -> None:
+        self.endpoint, self.rank, self._keys = endpoint, rank, keys
+        self._context: Optional[Any] = None
+        self._socket: Optional[Any] = None
+
+    def _connect(self) -> Any:
+        if self._context is None:
+            self._context = zmq.Context()
+        if self._socket is None:
+            self._socket = self._context.socket(zmq.DEALER)
+            self._socket.linger = 0
+            secure_client(self._socket, self._keys)
+            self._socket.connect(self.endpoint)
+        return self._socket
+
+    def wait(self, done: int, need: int, mindio: MindioRank, finished: bool = False) -> None:
+        """Report ``done`` steps and block until every rank did ``need`` (-1: every rank finished).
+
+        Raises :class:`RecoveryRequested` / :class:`MindioExit` as soon as MindIO asks for them, and
+        :class:`MindioError` when the gate stays silent for :data:`GATE_UNREACHABLE_AFTER` s.
+        """
+        payload = json.dumps({"rank": self.rank, "done": done, "need": need, "finished": finished}).encode()
+        last_answer = time.monotonic()
+        while True:
+            mindio.check()
+            socket = self._connect()
+            socket.send(payload)
+            if socket.poll(GATE_HOLD_SECONDS * 1000 * 5):
+                answer = json.loads(socket.recv())
+                last_answer = time.monotonic()
+                if answer.get("error"):
+                    raise MindioError(f"rank {self.rank}: the step gate at {self.endpoint} refused "
+                                      f"the request")
+                if answer.get("open"):
+                    return
+                continue
+            # No answer: drop the socket (a late reply must not answer the next request).
+            socket.close(0)
+            self._socket = None
+            if time.monotonic() - last_answer > GATE_UNREACHABLE_AFTER:
+                raise MindioError(f"rank {self.rank}: the step gate at {self.endpoint} did not answer "
+                                  f"for {GATE_UNREACHABLE_AFTER:g} s (is mindft-launch on node 0 alive?)")
+
+    def close(self) -> None:
+        """Close the socket (idempotent)."""
+        if self._socket is not None:
+            self._socket.close(0)
+            self._socket = None
+        if self._context is not None:
+            self._context.term()
+            self._context = None
+
+
+class MindioHost:
+    """What node 0's launcher runs for a job on MindIO: MindIO's controller and the step gate.
+
+    ``port`` is MindIO's controller port (MS_TFT_PORT of the ranks); the gate listens on
+    ``gate_port`` (0: a free one), :attr:`gate_endpoint`, given to the ranks as ``MINDFT_STEP_GATE``. MindIO's own TCP is
+    neither authenticated nor encrypted; the gate uses the job's CurveZMQ key.
+    """
+
+    def __init__(self, world_size: int, ip: str, port: int, keys: Optional[CurveKeys] = None,
+                 gate_port: int = 0) -> None:
+        self.controller = MindioController(world_size, ip, port)
+        self._gate_args = (world_size, ip, keys, gate_port)
+        self.gate: Optional[StepGate] = None
+
+    @property
+    def gate_endpoint(self) -> str:
+        """Where the ranks find the step gate (after :meth:`start`)."""
+        if self.gate is None:
+            raise MindioError("MindioHost not started")
+        return self.gate.endpoint
+
+    def start(self) -> None:
+        """Start the controller, then the gate."""
+        self.controller.start()
+        try:
+            self.gate = StepGate(*self._gate_args)
+        except Exception:
+            self.controller.stop()
+            raise
+
+    def stop(self) -> None:
+        """Stop both, bounded (idempotent)."""
+        if self.gate is not None:
+            self.gate.close()
+            self.gate = None
+        self.controller.stop()

@@ -1,10 +1,11 @@
-"""Which implementation runs fault tolerance: mindft's own, or MindIO TTP where it is installed.
+"""Which implementation coordinates fault tolerance: mindft's own controller, or MindIO TFT's.
 
-mindft never needs Huawei's proprietary ``mindio_ttp`` wheel. Where it is installed on an
-Ascend machine and ``MS_ENABLE_TFT`` asks for options that MindSpore runs on it, the
-``mindio`` backend hands the job to MindSpore's own ``TrainFaultTolerance`` callback
-(and ``Model.train``'s built-in fault handling) behind the same one-line
-:func:`mindft.mindspore.train`.
+With the ``mindio`` backend MindIO TFT (the ``mindio_ttp`` wheel) decides when ranks stop and
+which step they resume from, and mindft's snapshots do the work inside its handlers
+(:class:`mindft.mindspore._mindio_session.MindioSession`) behind the same front ends. On an Ascend
+device :func:`mindft.mindspore.train` instead hands ``Model.train`` to MindSpore's own
+``TrainFaultTolerance`` (which refuses any other device; untested here). The choice itself is
+:func:`mindft.config.choose_backend`.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import logging
 import mindspore as ms
 from mindspore.train import Callback
 
-from mindft.config import ConfigError, MindftConfig
+from mindft.config import BackendChoice, MindftConfig, choose_backend
 
 log = logging.getLogger(__name__)
 
@@ -23,44 +24,45 @@ MINDIO = "mindio"
 
 
 def mindio_installed() -> bool:
-    """True when the ``mindio_ttp`` package can be imported."""
+    """True when the ``mindio_ttp`` package can be found."""
     return importlib.util.find_spec("mindio_ttp") is not None
 
 
-def choose_backend(config: MindftConfig, installed: bool, device: str) -> str:
-    """The backend for ``config`` given whether mindio-ttp is ``installed`` and the ``device`` target."""
-    if config.backend == MINDFT:
-        return MINDFT
-    if config.backend == MINDIO:
-        if not installed:
-            raise ConfigError("MINDFT_BACKEND=mindio but the mindio_ttp package is not installed; "
-                              "install Huawei's wheel (pip install $MINDIO_TTP_PKG) or set "
-                              "MINDFT_BACKEND=mindft (or auto)")
-        if device != "Ascend":
-            raise ConfigError(f"MINDFT_BACKEND=mindio needs an Ascend device, MindSpore's device "
-                              f"target is {device!r}; set MINDFT_BACKEND=mindft (or auto)")
-        return MINDIO
-    use_mindio = installed and device == "Ascend" and config.tft.needs_mindio
-    return MINDIO if use_mindio else MINDFT
+def device_target() -> str:
+    """MindSpore's device target in this process."""
+    return str(ms.get_context("device_target"))
+
+
+def backend_choice(config: MindftConfig) -> BackendChoice:
+    """:func:`mindft.config.choose_backend` for this process."""
+    return choose_backend(config, mindio_installed(), device_target)
 
 
 def resolve_backend(config: MindftConfig) -> str:
-    """:func:`choose_backend` for this process, logged once per call."""
-    backend = choose_backend(config, mindio_installed(), ms.get_context("device_target"))
-    log.info("rank=%d fault-tolerance backend: %s (MINDFT_BACKEND=%s)", config.rank, backend, config.backend)
-    return backend
+    """The backend this process runs, logged."""
+    choice = backend_choice(config)
+    log.info("rank=%d fault-tolerance backend: %s (%s)", config.rank, choice.backend, choice.reason)
+    return choice.backend
+
+
+def session_class(config: MindftConfig) -> type:
+    """The per-rank engine for ``config``: ``Session`` (mindft) or ``MindioSession`` (mindio)."""
+    if config.tft.enabled and resolve_backend(config) == MINDIO:
+        from mindft.mindspore._mindio_session import MindioSession
+
+        return MindioSession
+    from mindft.mindspore._session import Session
+
+    return Session
+
+
+def delegates_to_mindspore(config: MindftConfig) -> bool:
+    """True where ``train`` hands ``Model.train`` to MindSpore's TrainFaultTolerance (mindio on Ascend)."""
+    return config.tft.enabled and device_target() == "Ascend" and resolve_backend(config) == MINDIO
 
 
 def mindio_callback(config: MindftConfig) -> Callback:
     """MindSpore's own TTP callback, writing its dying-gasp checkpoints to ``config.dump_dir``."""
-    from mindspore.train import TrainFaultTolerance  # only meaningful with mindio-ttp on Ascend
+    from mindspore.train import TrainFaultTolerance  # Ascend only
 
     return TrainFaultTolerance(ckpt_save_path=str(config.dump_dir))
-
-
-def require_mindft_backend(config: MindftConfig, api: str) -> None:
-    """Refuse ``api`` when the job runs on MindIO, which only drives ``Model.train``."""
-    if config.tft.enabled and resolve_backend(config) == MINDIO:
-        raise ConfigError(f"{api} runs on mindft's own backend, but MINDFT_BACKEND={config.backend} "
-                          f"selects mindio-ttp here; use mindft.mindspore.train(model, ...) (which "
-                          f"delegates to MindSpore's TrainFaultTolerance) or set MINDFT_BACKEND=mindft")

@@ -7,7 +7,7 @@ from typing import Any, Iterable, List, Optional
 from mindspore.train import Callback, Model
 
 from mindft.config import MindftConfig, load_config
-from mindft.mindspore.backend import MINDIO, mindio_callback, require_mindft_backend, resolve_backend
+from mindft.mindspore.backend import delegates_to_mindspore, mindio_callback, session_class
 from mindft.mindspore._session import RewindRequired, Session, TrainingState, optimizer_of
 
 log = logging.getLogger(__name__)
@@ -36,11 +36,9 @@ class FaultTolerance(Callback):
         """Start protecting ``train_network`` (idempotent); returns the step training continues after."""
         if self.session is None:
             self._config = self._config if self._config is not None else load_config()
-            if not self._driven:
-                require_mindft_backend(self._config, "The FaultTolerance callback")
             optimizer = optimizer if optimizer is not None else optimizer_of(train_network)
-            self.session = Session(TrainingState(train_network, optimizer), optimizer, self._config,
-                                   snapshot_every=self._snapshot_every)
+            self.session = session_class(self._config)(TrainingState(train_network, optimizer), optimizer,
+                                                       self._config, snapshot_every=self._snapshot_every)
             self.steps_per_epoch = steps_per_epoch
             self.session.start(self._position(0))
         return self.session.step
@@ -92,8 +90,8 @@ def train(model: Model, epochs: int, dataset: Any, callbacks: Optional[Iterable[
     """
     cbs: List[Callback] = list(callbacks or [])
     config = config if config is not None else load_config()
-    if config.tft.enabled and resolve_backend(config) == MINDIO:
-        # MindSpore's Model.train retries in place with mindio-ttp (_handle_tft): no re-entry here.
+    if delegates_to_mindspore(config):
+        # On Ascend MindSpore's Model.train retries in place with mindio-ttp (_handle_tft): no re-entry here.
         model.train(epochs, dataset, callbacks=[*cbs, mindio_callback(config)], dataset_sink_mode=False)
         return epochs * dataset.get_dataset_size()
     ft = next((cb for cb in cbs if isinstance(cb, FaultTolerance)), None)

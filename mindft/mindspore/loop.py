@@ -6,8 +6,8 @@ from typing import Any, Callable, Iterator, Optional, Tuple
 from mindspore import nn
 
 from mindft.config import MindftConfig, load_config
-from mindft.mindspore._session import Session, TrainingState
-from mindft.mindspore.backend import require_mindft_backend
+from mindft.mindspore._session import TrainingState
+from mindft.mindspore.backend import session_class
 
 
 class FaultTolerantLoop:
@@ -31,8 +31,8 @@ class FaultTolerantLoop:
     def __init__(self, network: nn.Cell, optimizer: nn.Cell, config: Optional[MindftConfig] = None,
                  overlap: Optional[bool] = None, snapshot_every: Optional[int] = None) -> None:
         config = config if config is not None else load_config()
-        require_mindft_backend(config, "FaultTolerantLoop")
-        self.session = Session(TrainingState(network, optimizer), optimizer, config, overlap, snapshot_every)
+        self.session = session_class(config)(TrainingState(network, optimizer), optimizer, config, overlap,
+                                             snapshot_every)
         self._finished = False
 
     @property

@@ -1,0 +1,135 @@
+"""MINDFT_BACKEND=mindio end to end: the examples under mindft-launch, on MindIO TFT's real wheel.
+
+mindft-launch runs MindIO's controller and the step gate; every rank is real MindSpore training on
+CPU with MindIO's processor (tests/integration/test_mindspore_recovery.py runs the same examples on
+mindft's own controller). Reference weights come from the examples run with mindft off. Without the
+wheel these tests skip locally and FAIL when CI is set.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mindft.exitcodes import ExitCode
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_mindio_recovery import require_mindio  # noqa: E402
+
+pytestmark = pytest.mark.timeout(400)
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+EXAMPLE_ARGS = {"train_mlp": ["--steps", "12"], "train_model": ["--epochs", "2"]}
+REFERENCES = (("train_mlp", 2), ("train_mlp", 4), ("train_model", 2))
+JOB_TIMEOUT = 180.0
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "MINDFT_", "RANK_", "MINDX_", "TTP_"))}
+    env.update(GLOG_v="3", PYTHONUNBUFFERED="1", TTP_LOG_LEVEL="ERROR",
+               PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]), **extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Fault-free weights of every (example, world size, rank) used below, mindft off, one process."""
+    require_mindio()
+    out = tmp_path_factory.mktemp("reference")
+    code = f"""
+import os, sys
+sys.path.insert(0, {str(EXAMPLES)!r})
+import train_mlp, train_model
+for name, world in {REFERENCES!r}:
+    for rank in range(world):
+        os.environ.update(MS_WORKER_NUM=str(world), MS_NODE_ID=str(rank))
+        {{"train_mlp": train_mlp, "train_model": train_model}}[name].main(
+            {EXAMPLE_ARGS!r}[name] + ["--out", os.path.join({str(out)!r}, name, str(world))])
+"""
+    subprocess.run([sys.executable, "-c", code], env=_env(), check=True, timeout=240, stdout=subprocess.DEVNULL)
+    return out
+
+
+def launch(tmp: Path, example: str, world_size: int, *args: str, tft: str = "{UCE:1}") -> tuple[int, str, float]:
+    """``MINDFT_BACKEND=mindio mindft-launch --nproc N examples/EXAMPLE.py``: (exit code, output, seconds)."""
+    env = _env(MINDFT_BACKEND="mindio", MS_ENABLE_TFT=tft, MINDFT_DUMP_DIR=str(tmp / "dump"))
+    command = [sys.executable, "-m", "mindft.launch", "--nproc", str(world_size), "--run-dir", str(tmp / "run"),
+               str(EXAMPLES / f"{example}.py"), *EXAMPLE_ARGS[example], "--out", str(tmp / "out"), *args]
+    started = time.monotonic()
+    with open(tmp / "launch.log", "wb") as log:
+        # Its own session: on a hang the launcher and its ranks are killed as one process group.
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                   start_new_session=True)
+        try:
+            code = process.wait(JOB_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+            pytest.fail(f"mindft-launch still running after {JOB_TIMEOUT} s:\n{(tmp / 'launch.log').read_text()[-4000:]}")
+    return code, (tmp / "launch.log").read_text(errors="replace"), time.monotonic() - started
+
+
+def assert_identical(tmp: Path, reference: Path, example: str, world_size: int) -> None:
+    for rank in range(world_size):
+        with np.load(tmp / "out" / f"rank{rank}.npz") as data:
+            got = dict(data)
+        with np.load(reference / example / str(world_size) / f"rank{rank}.npz") as data:
+            want = dict(data)
+        assert sorted(got) == sorted(want)
+        assert any(name.startswith("moment1.") for name in want)  # optimizer state is compared too
+        different = [name for name in want if got[name].tobytes() != want[name].tobytes()]
+        assert not different, f"rank {rank}: {different} differ from the fault-free run"
+
+
+@pytest.mark.parametrize("example, world_size, fault_rank, fault_step, tft", [
+    ("train_mlp", 2, 1, 6, "{UCE:1}"),
+    ("train_mlp", 4, 2, 6, "{RSC:1}"),
+    ("train_model", 2, 0, 11, "{UCE:1}"),
+])
+def test_uce_on_one_rank_is_recovered_through_mindio_bit_identically(tmp_path: Path, reference: Path, example: str,
+                                                                    world_size: int, fault_rank: int,
+                                                                    fault_step: int, tft: str) -> None:
+    code, output, _ = launch(tmp_path, example, world_size, "--fault-step", str(fault_step),
+                             "--fault-rank", str(fault_rank), tft=tft)
+    assert code == ExitCode.OK, output[-4000:]
+    assert "fault-tolerance backend: mindio (MINDFT_BACKEND=mindio)" in output
+    assert f"[rank {fault_rank}] rank={fault_rank} reporting UCE to MindIO" in output
+    # MindIO chose one repair step r for every rank; the faulty rank, which never finished r,
+    # restored its own step r - 1 and replayed r.
+    repair_steps = {int(m) for m in re.findall(r"MindIO's repair step (\d+)\)", output)}
+    assert len(repair_steps) == 1, output[-4000:]
+    repair = repair_steps.pop()
+    assert fault_step - 1 <= repair <= fault_step
+    resumed = dict(re.findall(r"\[rank (\d+)\] rank=\d+ resumed after step (\d+)", output))
+    assert sorted(resumed) == [str(rank) for rank in range(world_size)], output[-4000:]
+    assert int(resumed[str(fault_rank)]) == fault_step - 1
+    assert_identical(tmp_path, reference, example, world_size)
+
+
+def test_killed_rank_ends_the_job_with_dying_gasp_checkpoints(tmp_path: Path) -> None:
+    """MindIO cannot restart a killed rank: the launcher does not restart it, MindIO notices the
+    lost heartbeats (~10 s), the live rank writes its dying-gasp checkpoint and exits 3, the launcher
+    exits with the killed rank's code (128 + 9)."""
+    require_mindio()
+    code, output, seconds = launch(tmp_path, "train_mlp", 2, "--fault-step", "5", "--fault-rank", "1",
+                                   "--fault-kind", "exit")
+    assert code == 137, output[-4000:]
+    assert "restarts are off" in output and "not restarting rank 1" in output
+    assert "rank 0 (pid" in output and "exit 3 (dying-gasp checkpoint written)" in output
+    assert "MindIO cannot restart a lost rank without MindCluster's ARF" in output
+    dumps = sorted((tmp_path / "dump").glob("mindft-rank0-step*.ckpt"))
+    assert len(dumps) == 1, output[-4000:]
+    manifest = json.loads(dumps[0].with_suffix(".json").read_text())
+    # Rank 1 died inside step 5 after finishing 4: the gate let rank 0 run 5 at most.
+    assert manifest["rank"] == 0 and manifest["step"] in (4, 5)
+    assert seconds < 90, f"the job took {seconds:.0f} s to end"  # a bound against hangs, not a benchmark
+
