@@ -233,6 +233,7 @@ def test_dp_script_under_msrun_and_mindft_launch_ends_bit_identical(tmp_path: Pa
     launched = runs["mindft-launch"][1]
     assert f"MindSpore scheduler 127.0.0.1:{port}" in launched and f"controller tcp://127.0.0.1:{port + 1}" in launched
     assert "all 2 ranks finished at step 32" in launched  # protected: registered, reported every step
+    assert "after the job ended" not in launched  # the scheduler finished by itself once the ranks left
     assert (tmp_path / "mindft-launch-logs" / "scheduler.log").is_file()
     for rank in (0, 1):
         _assert_identical(_weights(tmp_path / "msrun-out", rank), _weights(tmp_path / "mindft-launch-out", rank),
@@ -257,6 +258,7 @@ def test_a_dead_scheduler_fails_the_job_at_once(tmp_path: Path, processes: Proce
     job_file = run_dir / "job.json"
     while not job_file.exists() and time.monotonic() - started < 60 and launcher.poll() is None:
         time.sleep(0.1)
+    assert job_file.exists(), (tmp_path / "launcher.out").read_text()
     info = json.loads(job_file.read_text())
     processes._remember(launcher.pid)
     os.kill(info["scheduler_pid"], signal.SIGKILL)
@@ -265,5 +267,16 @@ def test_a_dead_scheduler_fails_the_job_at_once(tmp_path: Path, processes: Proce
     assert code == 1, out
     assert f"job failed: MindSpore's scheduler (pid {info['scheduler_pid']})" in out
     assert "SIGKILL" in out and str(run_dir / "logs" / "scheduler.log") in out
-    assert time.monotonic() - started < 60  # the ranks were stopped, not waited for
+    assert "plain rank 0 done" not in out and "plain rank 1 done" not in out  # stopped, not waited for
+    assert processes.leftovers() == []
+
+
+def test_a_scheduler_no_rank_joined_is_stopped_with_the_job(tmp_path: Path, processes: Processes) -> None:
+    """Ranks that never call init() leave the scheduler waiting for nobody: it is stopped, not waited for."""
+    code, out = processes.run([sys.executable, "-m", "mindft.launch", "--nproc", "2", "--run-dir",
+                               str(tmp_path / "run"), str(PLAIN_SCRIPT)], _environment(tmp_path),
+                              tmp_path / "launcher.out", timeout=120)
+    assert code == 0, out
+    assert "plain rank 0 done" in out and "plain rank 1 done" in out
+    assert "started MindSpore's scheduler" in out and "after the job ended" not in out
     assert processes.leftovers() == []
