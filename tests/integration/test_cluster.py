@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 import psutil
@@ -170,8 +170,15 @@ class Processes:
             pass
 
     def leftovers(self) -> list[str]:
-        alive = [p for p in self.seen.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        return [" ".join(p.cmdline()[:3]) for p in alive]
+        """The command lines of processes seen during the run that are still alive."""
+        alive = []
+        for process in self.seen.values():
+            try:
+                if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(" ".join(process.cmdline()[:3]))
+            except psutil.NoSuchProcess:
+                pass
+        return alive
 
     def kill_all(self) -> None:
         for process in self.started:
