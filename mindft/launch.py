@@ -1,10 +1,16 @@
 """``mindft-launch``: start, watch and restart the ranks of one node, plus the controller on node 0.
 
-It plays the role msrun hands to MindCluster's external agent when ``MS_ENABLE_TFT``
-asks for fault tolerance: the :class:`Agent` can kill a worker, start all workers,
-start a list of workers and monitor them; :class:`Launcher` adds the policy
-(restart a crashed rank up to ``--max-restarts`` times, forward signals, run the
-controller and the reset watcher, decide the exit code).
+It runs MindSpore's cluster as msrun does (:class:`Scheduler` on node 0, the workers'
+``MS_ROLE``/``MS_SCHED_*`` environment, msrun's flag names as synonyms) and plays the
+role msrun hands to MindCluster's external agent when ``MS_ENABLE_TFT`` asks for fault
+tolerance: the :class:`Agent` can kill a worker, start all workers, start a list of
+workers and monitor them; :class:`Launcher` adds the policy (restart a crashed rank up
+to ``--max-restarts`` times, forward signals, run the controller and the reset watcher,
+decide the exit code).
+
+Ports: MindSpore's scheduler listens on ``--master-port`` (msrun's ``--master_port``);
+mindft's controller on ``MS_TFT_PORT`` when set (where MindSpore's own fault-tolerance
+controller listens under msrun), else on ``--master-port`` + 1.
 
 Exit codes (:mod:`mindft.exitcodes`, combined by :func:`job_exit_code`): 0 every rank
 finished; 3 every rank wrote its dying-gasp checkpoint; 4 a rank had to stop but could
@@ -55,6 +61,15 @@ HUNG_STATES = ("hung", "dead", "hang")
 DEFAULT_PROGRESS_INTERVAL = 5.0  # between progress lines while a recovery waits
 WATCHER_RESTART_DELAY = 1.0     # before a dead reset-file watcher is started again
 WATCHER_MAX_RESTARTS = 10       # then the job fails: device faults would go unseen
+DEFAULT_CLUSTER_TIME_OUT = 600  # msrun's --cluster_time_out: MS_TOPO_TIMEOUT, for the cluster to form
+SCHEDULER_EXIT_GRACE = 30.0     # after this node's ranks finished, for the scheduler to finish on its own
+MULTI_NODE_MASTER_PORT = 29600  # --master-port of a job on several nodes when none is given
+
+# MindSpore's scheduler: MS_ROLE=MS_SCHED makes init() serve the cluster until every worker has
+# unregistered. msrun runs the training script itself in this role; a command of its own keeps
+# the script's code (argument parsing, output files) out of the scheduler, which needs none of it.
+CLUSTER_FORMED_LINE = "Cluster is successfully initialized"  # in the scheduler's log (MindSpore 2.x)
+SCHEDULER_COMMAND = ("-c", "from mindspore.communication import init; init()")
 
 
 def agent_memory() -> Path:
@@ -80,7 +95,11 @@ class LaunchSpec:
     nnodes: int = 1
     node_rank: int = 0
     master_ip: str = "127.0.0.1"
-    master_port: int = 29600
+    controller_port: int = 29600
+    # MindSpore's scheduler (MS_SCHED_PORT) on node 0; None: the ranks get no MS_ROLE/MS_SCHED_*
+    # and no scheduler runs (a script that never calls mindspore.communication.init()).
+    scheduler_port: Optional[int] = None
+    cluster_time_out: int = DEFAULT_CLUSTER_TIME_OUT
     max_restarts: int = 3
     run_dir: Path = Path(".")
     log_dir: Path = Path(".")
@@ -114,7 +133,38 @@ class LaunchSpec:
     def controller_address(self) -> str:
         """Where the controller listens."""
         host = f"[{self.master_ip}]" if ":" in self.master_ip else self.master_ip
-        return f"tcp://{host}:{self.master_port}"
+        return f"tcp://{host}:{self.controller_port}"
+
+    @property
+    def runs_scheduler(self) -> bool:
+        """True when this node starts MindSpore's scheduler (node 0 of a job that uses it)."""
+        return self.scheduler_port is not None and self.node_rank == 0
+
+
+def cluster_environment(spec: LaunchSpec) -> dict[str, str]:
+    """What msrun sets in every process of MindSpore's cluster (none without a scheduler).
+
+    ``MS_ENABLE_RECOVERY=1`` when fault tolerance is on, as msrun sets it when an external
+    agent controls the workers: without it the scheduler refuses a restarted worker
+    ("Repeated registration node"). MindSpore 2.10 reads no ``MS_RECOVERY_PATH``.
+    """
+    if spec.scheduler_port is None:
+        return {}
+    env = {"MS_SCHED_HOST": spec.master_ip, "MS_SCHED_PORT": str(spec.scheduler_port),
+           "MS_WORKER_NUM": str(spec.world_size), "MS_TOPO_TIMEOUT": str(spec.cluster_time_out)}
+    if spec.protected:
+        env["MS_ENABLE_RECOVERY"] = "1"
+    return env
+
+
+def scheduler_environment(spec: LaunchSpec) -> dict[str, str]:
+    """The scheduler's environment: the job's, plus MS_ROLE=MS_SCHED (RANK_ID 0, as msrun)."""
+    env = dict(spec.env)
+    env.update(cluster_environment(spec))
+    env.update({"MS_ROLE": "MS_SCHED", "RANK_ID": "0", "RANK_SIZE": str(spec.world_size)})
+    for worker_only in ("MS_NODE_ID", "DEVICE_ID"):
+        env.pop(worker_only, None)
+    return env
 
 
 def rank_environment(spec: LaunchSpec, rank: int, restart_count: int) -> dict[str, str]:
@@ -125,10 +175,13 @@ def rank_environment(spec: LaunchSpec, rank: int, restart_count: int) -> dict[st
         "MS_WORKER_NUM": str(spec.world_size), "RANK_SIZE": str(spec.world_size),
         "MS_NODE_ID": str(rank), "RANK_ID": str(rank),
         "DEVICE_ID": str(local_rank), "LOCAL_RANK": str(local_rank),
-        "MS_TFT_IP": spec.master_ip, "MS_TFT_PORT": str(spec.master_port),
+        "MS_TFT_IP": spec.master_ip, "MS_TFT_PORT": str(spec.controller_port),
         "MINDFT_RESTART_COUNT": str(restart_count), "MINDFT_LAUNCHER_PID": str(os.getpid()),
         "PYTHONUNBUFFERED": "1",  # so prefixed console output is live
     })
+    if spec.scheduler_port is not None:
+        env.update(cluster_environment(spec))
+        env["MS_ROLE"] = "MS_WORKER"
     if not spec.protected:
         return env
     if spec.state_dir is not None:
@@ -147,7 +200,7 @@ def rank_environment(spec: LaunchSpec, rank: int, restart_count: int) -> dict[st
 def mindio_gate_address(spec: LaunchSpec) -> str:
     """Where node 0's step gate listens: the port after MindIO's controller port, on every node alike."""
     host = f"[{spec.master_ip}]" if ":" in spec.master_ip else spec.master_ip
-    return f"tcp://{host}:{spec.master_port + 1}"
+    return f"tcp://{host}:{spec.controller_port + 1}"
 
 
 def _free_port_pair(ip: str) -> int:
@@ -324,6 +377,82 @@ class Agent:
     def pids(self) -> dict[int, int]:
         """rank → pid of each running local rank."""
         return {r: w.pid for r, w in self.workers.items() if w.pid is not None}
+
+
+class Scheduler:
+    """MindSpore's scheduler (``MS_ROLE=MS_SCHED``) on node 0, started before the workers as msrun does.
+
+    Its output goes to ``LOG_DIR/scheduler.log`` only (as under msrun): MindSpore's cluster
+    logging is verbose and says nothing about training.
+    """
+
+    def __init__(self, spec: LaunchSpec) -> None:
+        self.spec = spec
+        self.log_path = spec.log_dir / "scheduler.log"
+        self.process: Optional[subprocess.Popen] = None
+        self.exit_seen = False  # its exit was handled by the supervise loop
+
+    @property
+    def address(self) -> str:
+        """``host:port`` the workers connect to."""
+        host = f"[{self.spec.master_ip}]" if ":" in self.spec.master_ip else self.spec.master_ip
+        return f"{host}:{self.spec.scheduler_port}"
+
+    @property
+    def pid(self) -> Optional[int]:
+        """The pid of the scheduler process, if it was started."""
+        return self.process.pid if self.process is not None else None
+
+    def start(self) -> None:
+        """Start the scheduler process (a new session: the launcher forwards signals itself)."""
+        self.spec.log_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log_file:
+            self.process = subprocess.Popen(
+                [sys.executable, *SCHEDULER_COMMAND], env=scheduler_environment(self.spec),
+                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                start_new_session=True, close_fds=True)
+        log.info("started MindSpore's scheduler on %s (pid %d), log %s", self.address, self.process.pid,
+                 self.log_path)
+
+    def cluster_formed(self) -> bool:
+        """True once its log says every worker joined (MindSpore's own WARNING-level line)."""
+        try:
+            return CLUSTER_FORMED_LINE in self.log_path.read_text(errors="replace")
+        except OSError:
+            return False
+
+    def poll(self) -> Optional[int]:
+        """Its exit code, or None while it runs (or before it was started)."""
+        return None if self.process is None else self.process.poll()
+
+    def last_error(self) -> str:
+        """The last error line of its log (MindSpore's own explanation of why it stopped), or ''."""
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        for line in reversed(lines):
+            if any(word in line for word in ("Error", "ERROR", "CRITICAL", "timed out")):
+                return line.strip()[:400]
+        return ""
+
+    def stop(self, wait: float, grace: float) -> Optional[int]:
+        """Let it finish on its own for up to ``wait`` s, then SIGTERM, ``grace`` s, SIGKILL; its code."""
+        process = self.process
+        if process is None:
+            return None
+        for signum, timeout in ((None, wait), (signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+            if signum is not None and process.poll() is None:
+                try:
+                    os.killpg(process.pid, signum)
+                except ProcessLookupError:
+                    pass
+            try:
+                return process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                continue
+        log.error("MindSpore's scheduler (pid %d) survived SIGKILL", process.pid)
+        return None
 
 
 def unprotected_notice(tft_value: str) -> str:
@@ -547,6 +676,7 @@ class Launcher:
         self._connect()
         self.runner: Optional[_ControllerRunner] = None
         self.mindio_host: Optional[Any] = None
+        self.scheduler: Optional[Scheduler] = Scheduler(spec) if spec.runs_scheduler else None
         self._signal: Optional[int] = None
         self._signals_seen = 0
         self._last_hang_check = 0.0
@@ -573,10 +703,10 @@ class Launcher:
     def controller_config(self) -> MindftConfig:
         """The controller's configuration: the environment, with the launcher's address and keys."""
         env = rank_environment(self.spec, self.spec.local_ranks[0], 0)
-        env.update({"MS_NODE_ID": "0", "RANK_ID": "0", "MS_TFT_PORT": str(self.spec.master_port or 29600)})
+        env.update({"MS_NODE_ID": "0", "RANK_ID": "0", "MS_TFT_PORT": str(self.spec.controller_port or 29600)})
         config = load_config(env)
         # Port 0 (not a valid MS_TFT_PORT) lets the controller bind a free port itself.
-        return dataclasses.replace(config, controller_port=self.spec.master_port)
+        return dataclasses.replace(config, controller_port=self.spec.controller_port)
 
     def write_job_file(self) -> None:
         """``run_dir/job.json``: what ``mindft status --job`` and the demo need to find the job."""
@@ -585,6 +715,8 @@ class Launcher:
                 "insecure": self.spec.insecure,
                 "reset_file": self.spec.env.get("MINDFT_RESET_FILE", ""),
                 "world_size": self.spec.world_size, "node_rank": self.spec.node_rank,
+                "scheduler": self.scheduler.address if self.scheduler is not None else None,
+                "scheduler_pid": self.scheduler.pid if self.scheduler is not None else None,
                 "launcher_pid": os.getpid(), "log_dir": str(self.spec.log_dir),
                 "ranks": {str(r): pid for r, pid in self.agent.pids().items()}}
         path = self.spec.run_dir / JOB_FILE
@@ -723,24 +855,32 @@ class Launcher:
             self._start_mindio()
         elif spec.node_rank == 0:
             self.runner = _ControllerRunner(self.controller_config())
-            if spec.master_port == 0:
+            if spec.controller_port == 0:
                 # The controller picked a free port; every rank and client must use it.
-                spec = self.spec = dataclasses.replace(spec, master_port=self.runner.port)
+                spec = self.spec = dataclasses.replace(spec, controller_port=self.runner.port)
                 self.agent.spec = spec
                 self._connect()
             self.runner.start()
         controller = (f"controller {spec.controller_address}{' (INSECURE)' if spec.insecure else ''}"
                       if spec.protected else "no controller")
+        if spec.scheduler_port is None:
+            cluster = "no MindSpore scheduler"
+        else:
+            host = f"[{spec.master_ip}]" if ":" in spec.master_ip else spec.master_ip
+            cluster = f"MindSpore scheduler {host}:{spec.scheduler_port}"
         if spec.mindio:
-            controller = (f"MindIO TFT controller {spec.master_ip}:{spec.master_port} (its TCP is not "
+            controller = (f"MindIO TFT controller {spec.master_ip}:{spec.controller_port} (its TCP is not "
                           f"encrypted), step gate {mindio_gate_address(spec)}")
         self.console.line("mindft-launch", f"{spec.world_size} rank(s), {spec.nproc} on this node "
-                          f"(node {spec.node_rank}/{spec.nnodes}); {controller}; run directory "
+                          f"(node {spec.node_rank}/{spec.nnodes}); {controller}; {cluster}; run directory "
                           f"{spec.run_dir}, logs in {spec.log_dir}")
+        code: Optional[int] = None
         try:
             if spec.protected:
                 spec = self.spec = self.agent.spec = dataclasses.replace(spec, state_dir=agent_memory())
                 log.info("the ranks' snapshots live in %s (shared memory held for the job)", spec.state_dir)
+            if self.scheduler is not None:
+                self.scheduler.start()  # first, as msrun: workers connect to it from init()
             self.agent.start_all_workers()
             self.write_job_file()
             code = self._supervise()
@@ -748,6 +888,9 @@ class Launcher:
             running = self.agent.running()
             if running:
                 self.agent.kill_worker(running, signal.SIGTERM, spec.grace_period)
+            if self.scheduler is not None:
+                # After a clean end it exits by itself once every worker unregistered.
+                self._stop_scheduler(clean_end=code == ExitCode.OK)
             if self.runner is not None:
                 self.runner.stop()
             if self.mindio_host is not None:
@@ -767,8 +910,8 @@ class Launcher:
         if not controller_runs_here(spec.node_rank, spec.env):
             log.info("%s is set: MindCluster runs MindIO's controller; no step gate", MINDX_TASK_VARIABLE)
             return
-        self.mindio_host = MindioHost(spec.world_size, spec.master_ip, spec.master_port, self.keys,
-                                      gate_port=spec.master_port + 1)
+        self.mindio_host = MindioHost(spec.world_size, spec.master_ip, spec.controller_port, self.keys,
+                                      gate_port=spec.controller_port + 1)
         self.mindio_host.start()
 
     def _supervise(self) -> int:
@@ -783,6 +926,7 @@ class Launcher:
                 self.agent.kill_worker(self.agent.running(), self._signal, spec.grace_period)
                 return 128 + self._signal
             self._handle_exits()
+            self._check_scheduler()
             running = self.agent.running()
             if self._failure is None and not running and self._before_start() and all(
                     w.final for w in self.agent.workers.values()):
@@ -831,6 +975,41 @@ class Launcher:
                 self._check_hung()
             time.sleep(MONITOR_INTERVAL)
 
+    def _check_scheduler(self) -> None:
+        """A scheduler that fails while ranks still need it fails the job at once, loudly."""
+        scheduler = self.scheduler
+        if scheduler is None or scheduler.exit_seen:
+            return
+        code = scheduler.poll()
+        if code is None:
+            return
+        scheduler.exit_seen = True
+        if code == ExitCode.OK or all(w.final for w in self.agent.workers.values()):
+            log.info("MindSpore's scheduler (pid %d) %s", scheduler.pid, describe_exit(code))
+            return
+        why = scheduler.last_error()
+        hint = ("; a script that never calls mindspore.communication.init() runs with --no-scheduler"
+                if "timed out" in why or "not successfully spawned" in why else "")
+        self._abort(f"MindSpore's scheduler (pid {scheduler.pid}) {describe_exit(code)}: the ranks cannot "
+                    f"communicate without it ({why or 'no error line in its log'}); see "
+                    f"{scheduler.log_path}{hint}")
+
+    def _stop_scheduler(self, clean_end: bool) -> None:
+        """Stop the scheduler; after a clean end first let it see every worker unregister.
+
+        Ranks on other nodes may still be unregistering when this node's ranks are done,
+        as under msrun, which waits for its scheduler. A scheduler no worker ever joined
+        (a script that never calls init()) would wait for nothing: it is stopped at once.
+        """
+        scheduler = self.scheduler
+        assert scheduler is not None
+        wait = SCHEDULER_EXIT_GRACE if clean_end and scheduler.cluster_formed() else 0.0
+        code = scheduler.stop(wait, self.spec.grace_period)
+        if wait and code != ExitCode.OK and not scheduler.exit_seen:
+            log.warning("MindSpore's scheduler (pid %d) %s after the job ended; see %s",
+                        scheduler.pid, describe_exit(code) if code is not None else "did not stop",
+                        scheduler.log_path)
+
     def _report_progress(self) -> None:
         """While a recovery waits, say so at a steady pace (the controller logs only transitions)."""
         assert self.runner is not None
@@ -868,15 +1047,144 @@ def _setup_logging(verbose: bool) -> None:
     root.propagate = False
 
 
+class UsageError(Exception):
+    """The command line asks for a launch that cannot work; nothing was started (exit 2)."""
+
+
+MSRUN_OPTIONS = ("--worker_num", "--local_worker_num", "--master_addr", "--master_port", "--node_rank",
+                 "--log_dir", "--join", "--cluster_time_out")
+
+
 def _training_command(script: str, script_args: Sequence[str]) -> tuple[str, ...]:
     """The rank command line; a script that is not there is a usage error before anything starts."""
+    if script.startswith("-"):
+        raise UsageError(f"unknown option {script!r}; of msrun's options mindft-launch accepts "
+                         f"{', '.join(MSRUN_OPTIONS)} (see --help)")
     if script.endswith(".py"):
         if not Path(script).is_file():
-            _fail(f"training script {script!r} does not exist (looked in {os.getcwd()})")
+            raise UsageError(f"training script {script!r} does not exist (looked in {os.getcwd()})")
         return (sys.executable, script, *script_args)
     if shutil.which(script) is None:
-        _fail(f"training command {script!r} is not an executable file or on PATH")
+        raise UsageError(f"training command {script!r} is not an executable file or on PATH")
     return (script, *script_args)
+
+
+def resolve_world(nproc: Optional[int], nnodes: Optional[int], worker_num: Optional[int]) -> tuple[int, int]:
+    """(ranks per node, nodes) from mindft's --nproc/--nnodes and msrun's --worker_num (every rank).
+
+    msrun's ``--local_worker_num`` is ``--nproc``; ``--worker_num`` must be a whole number of
+    nodes' worth of ranks (every node runs the same number, as mindft numbers ranks node by node).
+    """
+    if worker_num is None:
+        return nproc or 1, nnodes or 1
+    if nproc is None:
+        nproc, remainder = divmod(worker_num, nnodes or 1)
+        if remainder or not nproc:
+            raise UsageError(f"--worker_num {worker_num} cannot be split evenly over --nnodes {nnodes}; "
+                             f"give --local_worker_num (ranks on each node)")
+        return nproc, nnodes or 1
+    nodes, remainder = divmod(worker_num, nproc)
+    if remainder or not nodes:
+        raise UsageError(f"--worker_num {worker_num} is not a multiple of --local_worker_num/--nproc {nproc}: "
+                         f"every node runs the same number of ranks")
+    if nnodes is not None and nnodes != nodes:
+        raise UsageError(f"--worker_num {worker_num} with --local_worker_num/--nproc {nproc} makes {nodes} "
+                         f"node(s), but --nnodes is {nnodes}")
+    return nproc, nodes
+
+
+def free_port(ip: str) -> int:
+    """A TCP port free on ``ip`` right now (for the scheduler, which cannot bind port 0 itself)."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.bind((ip, 0))
+        return probe.getsockname()[1]
+
+
+def resolve_ports(master_port: Optional[int], nnodes: int, master_ip: str, scheduler: bool,
+                  tft_port: Optional[int]) -> tuple[Optional[int], int]:
+    """(scheduler port or None, controller port; 0 = the controller binds a free one).
+
+    ``--master-port`` is MindSpore's scheduler port, as msrun's ``--master_port``. The
+    controller listens on ``MS_TFT_PORT`` when the user set it (where MindSpore's own
+    controller listens under msrun), else on ``--master-port`` + 1. Without a port on one
+    node both are free ports; on several nodes ``--master-port`` defaults to 29600.
+    """
+    if not master_port:
+        master_port = MULTI_NODE_MASTER_PORT if nnodes > 1 else None
+    if master_port is not None and master_port < 1024:
+        raise UsageError(f"--master-port {master_port} must be in 1024..65535")
+    if master_port is None:
+        scheduler_port = free_port(master_ip) if scheduler else None
+        return scheduler_port, tft_port or 0
+    if tft_port is None and master_port == 65535:
+        raise UsageError("--master-port 65535 leaves no port for the controller (--master-port + 1); "
+                         "use 1024..65534 or set MS_TFT_PORT")
+    controller_port = tft_port or master_port + 1
+    if scheduler and controller_port == master_port:
+        raise UsageError(f"MS_TFT_PORT {tft_port} is also --master-port, MindSpore's scheduler port: "
+                         f"give the controller another port")
+    return (master_port if scheduler else None), controller_port
+
+
+def plan_launch(params: Mapping[str, Any], environ: Mapping[str, str]) -> LaunchSpec:
+    """The launch the command line (click's parameters of :func:`main`) and environment ask for.
+
+    Validates everything and has no side effect: the run directory (when not given) and
+    the job key are made afterwards by :func:`main`. Raises :class:`UsageError` or
+    :class:`~mindft.config.ConfigError`.
+    """
+    nproc, nnodes = resolve_world(params["nproc"], params["nnodes"], params["worker_num"])
+    node_rank = params["node_rank"]
+    if node_rank is None or node_rank == -1:
+        if nnodes > 1 and node_rank == -1:
+            raise UsageError("--node_rank -1 (msrun's automatic rank assignment) is not supported on "
+                             "several nodes: mindft restarts ranks by their number; give each node's index")
+        node_rank = 0
+    if node_rank >= nnodes:
+        raise UsageError(f"--node-rank {node_rank} must be below the number of nodes {nnodes}")
+    command = _training_command(params["script"], params["script_args"])
+    master_ip = resolve_ip(params["master_addr"])
+    base = load_config(environ)  # validates the user's MS_ENABLE_TFT and MINDFT_* before starting anything
+    check_launchable(base)
+    scheduler = params["scheduler"]
+    if scheduler and node_rank == 0 and importlib.util.find_spec("mindspore") is None:
+        raise UsageError(f"MindSpore's scheduler needs mindspore, which {sys.executable} cannot import; "
+                         f"install it, or pass --no-scheduler if the script never calls "
+                         f"mindspore.communication.init()")
+    tft_port = base.controller_port if "MS_TFT_PORT" in environ else None
+    scheduler_port, controller_port = resolve_ports(params["master_port"], nnodes, master_ip, scheduler, tft_port)
+    protected = base.tft.enabled
+    mindio, max_restarts = False, params["max_restarts"]
+    if protected:
+        choice = choose_backend(base, importlib.util.find_spec("mindio_ttp") is not None,
+                                lambda: "Ascend" if ascend_present() else "CPU")
+        mindio = choice.backend == "mindio"
+        log.info("fault-tolerance backend: %s (%s)", choice.backend, choice.reason)
+    if mindio and max_restarts:
+        log.warning("MindIO TFT cannot restart a killed rank from memory without MindCluster's ARF: "
+                    "restarts are off (was --max-restarts %d); a lost rank ends the job with dying-gasp "
+                    "checkpoints (exit 3 on the live ranks)", max_restarts)
+        max_restarts = 0
+    if mindio and controller_port == 0:
+        controller_port = _free_port_pair(master_ip)  # MindIO's controller cannot pick its own port
+    insecure = (params["insecure"] or base.insecure) and protected  # MINDFT_INSECURE=1 is --insecure
+    key_file = params["key_file"] if protected and not insecure else None
+    if protected and nnodes > 1 and key_file is None and not insecure:
+        raise UsageError("a job on several nodes needs one key on every node: create it with "
+                         "'mindft keygen keys.json', distribute it and pass --key-file keys.json (or --insecure)")
+    if key_file is not None:
+        load_keys(key_file)
+    env = dict(environ)
+    env.setdefault("MINDFT_RESET_FILE", str(base.reset_file))
+    run_dir = params["run_dir"] or Path()
+    return LaunchSpec(command=command, nproc=nproc, nnodes=nnodes, node_rank=node_rank, master_ip=master_ip,
+                      controller_port=controller_port, scheduler_port=scheduler_port,
+                      cluster_time_out=params["cluster_time_out"], max_restarts=max_restarts,
+                      run_dir=run_dir, log_dir=params["log_dir"] or run_dir / "logs", key_file=key_file,
+                      insecure=insecure, grace_period=params["grace_period"],
+                      progress_interval=params["progress_interval"], env=env,
+                      prefix_output=not params["no_prefix"], protected=protected, mindio=mindio)
 
 
 def _fail(message: str) -> None:
@@ -886,23 +1194,37 @@ def _fail(message: str) -> None:
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False,
                                  "help_option_names": ["-h", "--help"]})
-@click.option("--nproc", type=click.IntRange(1, 4096), default=1, show_default=True,
-              envvar="MINDFT_NPROC", help="Ranks to start on this node.")
-@click.option("--nnodes", type=click.IntRange(1, 100000), default=1, show_default=True,
-              envvar="MINDFT_NNODES", help="Nodes in the job.")
-@click.option("--node-rank", type=click.IntRange(0), default=0, show_default=True,
+@click.option("--nproc", "--local_worker_num", "nproc", type=click.IntRange(1, 4096), default=None,
+              envvar="MINDFT_NPROC", help="Ranks to start on this node. [default: 1, or --worker_num / --nnodes]")
+@click.option("--nnodes", type=click.IntRange(1, 100000), default=None, envvar="MINDFT_NNODES",
+              help="Nodes in the job. [default: 1, or --worker_num / --local_worker_num]")
+@click.option("--worker_num", "--worker-num", "worker_num", type=click.IntRange(1), default=None,
+              help="msrun's name: ranks in the whole job (--nproc x --nnodes).")
+@click.option("--node-rank", "--node_rank", "node_rank", type=click.IntRange(-1), default=None,
               envvar=["MINDFT_NODE_RANK", "VC_TASK_INDEX"],
-              help="This node's index; node 0 runs the controller. [env: MINDFT_NODE_RANK, VC_TASK_INDEX]")
-@click.option("--master-addr", default="127.0.0.1", show_default=True, envvar="MINDFT_MASTER_ADDR",
-              help="Address of node 0 (IP or host name); the controller listens there.")
-@click.option("--master-port", type=click.IntRange(0, 65535), default=None, envvar="MINDFT_MASTER_PORT",
-              help="Controller port. Default: a free port on one node, 29600 on several.")
+              help="This node's index; node 0 runs the controller and MindSpore's scheduler (-1, msrun's "
+                   "default, means 0 on one node). [default: 0; env: MINDFT_NODE_RANK, VC_TASK_INDEX]")
+@click.option("--master-addr", "--master_addr", "master_addr", default="127.0.0.1", show_default=True,
+              envvar="MINDFT_MASTER_ADDR",
+              help="Address of node 0 (IP or host name); the scheduler and the controller listen there.")
+@click.option("--master-port", "--master_port", "master_port", type=click.IntRange(0, 65535), default=None,
+              envvar="MINDFT_MASTER_PORT",
+              help="MindSpore's scheduler port (MS_SCHED_PORT, as msrun's). The controller listens on "
+                   "MS_TFT_PORT if set, else on this port + 1. Default: free ports on one node, 29600 on several.")
+@click.option("--scheduler/--no-scheduler", default=True, show_default=True, envvar="MINDFT_SCHEDULER",
+              help="Run MindSpore's cluster as msrun does (scheduler on node 0, MS_ROLE/MS_SCHED_* in the "
+                   "ranks); --no-scheduler for a script that never calls mindspore.communication.init().")
+@click.option("--cluster-time-out", "--cluster_time_out", "cluster_time_out", type=int,
+              default=DEFAULT_CLUSTER_TIME_OUT, show_default=True,
+              help="Seconds for MindSpore's cluster to form (MS_TOPO_TIMEOUT, as msrun's); negative: forever.")
+@click.option("--join", type=click.BOOL, default=None,
+              help="Accepted for msrun compatibility; mindft-launch always stays with the job.")
 @click.option("--max-restarts", type=click.IntRange(0, 1000), default=3, show_default=True,
               help="Times each rank may be restarted after it crashed.")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Private directory for the key file, logs and job.json. Default: a new temporary one.")
-@click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Per-rank log files (rank_N.log). Default: RUN_DIR/logs.")
+@click.option("--log-dir", "--log_dir", "log_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Per-rank log files (rank_N.log) and scheduler.log. Default: RUN_DIR/logs.")
 @click.option("--key-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               envvar="MINDFT_KEY_FILE",
               help="Use this job key (from 'mindft keygen'), shared by every node. Default: a new one.")
@@ -915,17 +1237,19 @@ def _fail(message: str) -> None:
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging of mindft itself.")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-def main(nproc: int, nnodes: int, node_rank: int, master_addr: str, master_port: Optional[int],
-         max_restarts: int, run_dir: Optional[Path], log_dir: Optional[Path], key_file: Optional[Path],
-         insecure: bool, grace_period: float, progress_interval: float, no_prefix: bool, verbose: bool,
-         script: str, script_args: Sequence[str]) -> None:
+def main(**params: Any) -> None:
     """Run SCRIPT [ARGS] as NPROC ranks with mindft fault tolerance.
 
-    Starts the controller on node 0 (and its watcher of the device plugin's reset
-    file), sets the environment msrun would (MS_WORKER_NUM, MS_NODE_ID, RANK_ID,
-    RANK_SIZE, DEVICE_ID) plus MS_TFT_IP/MS_TFT_PORT and MINDFT_KEY_FILE, prints
-    each rank's output prefixed with [rank N], restarts a crashed rank up to
-    --max-restarts times and exits with the job's result.
+    Runs MindSpore's cluster as msrun does: on node 0 the scheduler
+    (MS_ROLE=MS_SCHED), then the workers with the environment msrun sets
+    (MS_ROLE=MS_WORKER, MS_SCHED_HOST/PORT, MS_WORKER_NUM, MS_NODE_ID, RANK_ID,
+    RANK_SIZE, DEVICE_ID; MS_ENABLE_RECOVERY=1 with fault tolerance on, so a
+    restarted worker rejoins) plus MS_TFT_IP/MS_TFT_PORT and MINDFT_KEY_FILE.
+    msrun's option names are accepted too: change the command name and keep
+    the rest. Node 0 also runs mindft's controller and its watcher of the
+    device plugin's reset file. Each rank's output is printed prefixed with
+    [rank N]; a crashed rank is restarted up to --max-restarts times; the
+    launcher exits with the job's result.
 
     \b
     Exit codes: 0  every rank finished
@@ -935,67 +1259,31 @@ def main(nproc: int, nnodes: int, node_rank: int, master_addr: str, master_port:
                 4  a rank had to stop but could not write its checkpoint
                 130/143  interrupted by SIGINT/SIGTERM
     """
-    _setup_logging(verbose)
-    if node_rank >= nnodes:
-        _fail(f"--node-rank {node_rank} must be below --nnodes {nnodes}")
-    command = _training_command(script, script_args)
+    _setup_logging(params["verbose"])
     try:
-        master_ip = resolve_ip(master_addr)
-        base = load_config()  # validates the user's MS_ENABLE_TFT and MINDFT_* before starting anything
-        check_launchable(base)
+        spec = plan_launch(params, os.environ)
+    except UsageError as error:
+        _fail(str(error))
     except ConfigError as error:
         _fail(f"configuration error: {error}")
-    protected = base.tft.enabled
-    mindio = False
-    if protected:
-        try:
-            choice = choose_backend(base, importlib.util.find_spec("mindio_ttp") is not None,
-                                    lambda: "Ascend" if ascend_present() else "CPU")
-        except ConfigError as error:
-            _fail(f"configuration error: {error}")
-        mindio = choice.backend == "mindio"
-        log.info("fault-tolerance backend: %s (%s)", choice.backend, choice.reason)
-    if mindio and max_restarts:
-        log.warning("MindIO TFT cannot restart a killed rank from memory without MindCluster's ARF: "
-                    "restarts are off (was --max-restarts %d); a lost rank ends the job with dying-gasp "
-                    "checkpoints (exit 3 on the live ranks)", max_restarts)
-        max_restarts = 0
-    insecure = (insecure or base.insecure) and protected  # MINDFT_INSECURE=1 means the same as --insecure
-    if master_port is None or master_port == 0:
-        master_port = 29600 if nnodes > 1 else 0  # 0: the controller binds a free port
-        if mindio and master_port == 0:
-            master_port = _free_port_pair(master_ip)  # MindIO's controller cannot pick its own
-    if 0 < master_port < 1024:
-        _fail(f"--master-port {master_port} must be in 1024..65535")
-    if protected and nnodes > 1 and key_file is None and not insecure:
-        _fail("a job on several nodes needs one key on every node: create it with "
-              "'mindft keygen keys.json', distribute it and pass --key-file keys.json (or --insecure)")
-    if not protected:
-        key_file = None
-    elif not insecure and key_file is not None:
-        try:
-            load_keys(key_file)
-        except ConfigError as error:
-            _fail(str(error))
+    if params["join"] is False:
+        log.warning("--join False: mindft-launch stays with the job anyway (it restarts ranks and "
+                    "decides the exit code)")
     # Created only once everything is validated, so a refused launch leaves nothing behind.
+    run_dir = params["run_dir"]
     made_run_dir = run_dir is None
     if run_dir is None:
         run_dir = Path(tempfile.mkdtemp(prefix="mindft-run-"))
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(run_dir, 0o700)
-    generated_key = protected and not insecure and key_file is None
+    generated_key = spec.protected and not spec.insecure and spec.key_file is None
+    key_file = spec.key_file
     if generated_key:
         key_file = run_dir / "keys.json"
         generate_keys(key_file)
-    env = dict(os.environ)
-    env.setdefault("MINDFT_RESET_FILE", str(base.reset_file))
-    spec = LaunchSpec(command=command, nproc=nproc, nnodes=nnodes, node_rank=node_rank,
-                      master_ip=master_ip, master_port=master_port, max_restarts=max_restarts,
-                      run_dir=run_dir, log_dir=log_dir or run_dir / "logs",
-                      key_file=None if insecure else key_file, insecure=insecure,
-                      grace_period=grace_period, progress_interval=progress_interval, env=env, prefix_output=not no_prefix, protected=protected,
-                      mindio=mindio)
+    spec = dataclasses.replace(spec, run_dir=run_dir, log_dir=params["log_dir"] or run_dir / "logs",
+                               key_file=key_file)
     try:
         code = Launcher(spec).run()
     except ConfigError as error:

@@ -1,0 +1,289 @@
+"""mindft-launch runs MindSpore's cluster as msrun does.
+
+The same tutorial-style data-parallel script (examples/train_dp.py: ``init()``,
+``DATA_PARALLEL``, a sharded data set, ``Model.train`` through mindft's one line) runs
+under msrun and under mindft-launch with msrun's own flags, and ends bit-identical.
+The msrun flag names are checked to mean what mindft's own names mean.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import psutil
+import pytest
+
+from mindft.keys import generate_keys
+from mindft.launch import (LaunchSpec, UsageError, main, plan_launch, rank_environment,
+                           scheduler_environment)
+
+ROOT = Path(__file__).resolve().parents[2]
+DP_SCRIPT = ROOT / "examples" / "train_dp.py"
+PLAIN_SCRIPT = Path(__file__).resolve().parent / "plain_rank.py"
+RUN_TIMEOUT = 300.0  # one 2-rank MindSpore job; ~15-25 s on 2 busy cores
+LAUNCH_VARIABLES = ("MINDFT_NPROC", "MINDFT_NNODES", "MINDFT_NODE_RANK", "VC_TASK_INDEX", "MINDFT_MASTER_ADDR",
+                    "MINDFT_MASTER_PORT", "MINDFT_SCHEDULER", "MINDFT_KEY_FILE", "MINDFT_INSECURE", "MS_TFT_PORT")
+
+
+def plan(argv: list[str], **environ: str) -> LaunchSpec:
+    """The launch spec mindft-launch would run for ``argv`` (parsed by its own click command)."""
+    params = main.make_context("mindft-launch", list(argv)).params
+    return plan_launch(params, {"MS_ENABLE_TFT": "{RSC:1}", **environ})
+
+
+@pytest.fixture
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in LAUNCH_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text("print('a training script')\n")
+    return path
+
+
+def test_msrun_flags_on_one_node_parse_to_mindfts_own(clean_environment: None, script: Path, tmp_path: Path) -> None:
+    common = ["--run-dir", str(tmp_path / "run")]
+    ours = plan([*common, "--nproc", "2", "--master-addr", "127.0.0.1", "--master-port", "18118",
+                 "--log-dir", str(tmp_path / "logs"), str(script), "--epochs", "3"])
+    msrun = plan([*common, "--worker_num", "2", "--local_worker_num", "2", "--master_addr", "127.0.0.1",
+                  "--master_port", "18118", "--node_rank", "-1", "--log_dir", str(tmp_path / "logs"),
+                  "--join", "True", str(script), "--epochs", "3"])
+    assert msrun == ours
+    assert (ours.nproc, ours.nnodes, ours.node_rank) == (2, 1, 0)
+    assert (ours.scheduler_port, ours.controller_port) == (18118, 18119)  # controller: --master-port + 1
+    assert ours.runs_scheduler and ours.command[1:] == (str(script), "--epochs", "3")
+    assert plan([*common, "--worker_num", "2", str(script)]).nproc == 2  # msrun's total alone: one node
+
+
+def test_msrun_flags_on_two_nodes_parse_to_mindfts_own(clean_environment: None, script: Path,
+                                                         tmp_path: Path) -> None:
+    keys = tmp_path / "keys.json"
+    generate_keys(keys)
+    common = ["--run-dir", str(tmp_path / "run"), "--key-file", str(keys)]
+    ours = plan([*common, "--nproc", "2", "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1",
+                 "--master-port", "29700", "--log-dir", str(tmp_path / "logs"), str(script)])
+    msrun = plan([*common, "--worker_num", "4", "--local_worker_num", "2", "--node_rank", "1",
+                  "--master_addr", "127.0.0.1", "--master_port", "29700", "--log_dir", str(tmp_path / "logs"),
+                  "--join", "True", str(script)])
+    assert msrun == ours
+    assert (ours.world_size, list(ours.local_ranks)) == (4, [2, 3])
+    assert ours.scheduler_port == 29700 and not ours.runs_scheduler  # node 1 only connects to it
+    # MindSpore's own controller listens on MS_TFT_PORT under msrun: so does mindft's.
+    assert plan([*common, "--worker_num", "4", "--local_worker_num", "2", "--master_port", "29700",
+                 str(script)], MS_TFT_PORT="31000").controller_port == 31000
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--worker_num", "3", "--local_worker_num", "2"], ["--worker_num 3", "not a multiple", "2"]),
+    (["--worker_num", "4", "--local_worker_num", "2", "--nnodes", "3"], ["makes 2 node(s)", "--nnodes is 3"]),
+    (["--worker_num", "4", "--local_worker_num", "2", "--node_rank", "-1", "--insecure"],
+     ["--node_rank -1", "not supported on several nodes"]),
+    (["--master_port", "65535"], ["--master-port 65535", "MS_TFT_PORT"]),
+    (["--bind_core", "True"], ["unknown option '--bind_core'", "--worker_num", "--join"]),
+])
+def test_impossible_msrun_command_lines_are_refused(clean_environment: None, script: Path, argv: list[str],
+                                                     words: list[str]) -> None:
+    with pytest.raises(UsageError) as refused:
+        plan([*argv, str(script)])
+    for word in words:
+        assert word in str(refused.value)
+
+
+def test_environment_of_workers_and_scheduler_is_msruns(clean_environment: None, script: Path,
+                                                        tmp_path: Path) -> None:
+    spec = plan(["--worker_num", "4", "--local_worker_num", "2", "--node_rank", "1", "--master_port", "29700",
+                 "--cluster_time_out", "90", "--insecure", str(script)])
+    worker = rank_environment(spec, 3, restart_count=1)
+    assert {k: worker[k] for k in ("MS_ROLE", "MS_SCHED_HOST", "MS_SCHED_PORT", "MS_WORKER_NUM", "MS_NODE_ID",
+                                   "RANK_ID", "RANK_SIZE", "DEVICE_ID", "MS_TOPO_TIMEOUT", "MS_ENABLE_RECOVERY",
+                                   "MS_TFT_PORT")} == {
+        "MS_ROLE": "MS_WORKER", "MS_SCHED_HOST": "127.0.0.1", "MS_SCHED_PORT": "29700", "MS_WORKER_NUM": "4",
+        "MS_NODE_ID": "3", "RANK_ID": "3", "RANK_SIZE": "4", "DEVICE_ID": "1", "MS_TOPO_TIMEOUT": "90",
+        "MS_ENABLE_RECOVERY": "1", "MS_TFT_PORT": "29701"}
+    scheduler = scheduler_environment(spec)
+    assert (scheduler["MS_ROLE"], scheduler["MS_SCHED_PORT"], scheduler["RANK_ID"]) == ("MS_SCHED", "29700", "0")
+    assert "MS_NODE_ID" not in scheduler and scheduler["MS_ENABLE_RECOVERY"] == "1"
+    unprotected = plan(["--nproc", "2", "--master_port", "18118", str(script)], MS_ENABLE_TFT="")
+    assert "MS_ENABLE_RECOVERY" not in rank_environment(unprotected, 0, 0)  # exactly msrun's, unprotected
+    no_cluster = plan(["--nproc", "2", "--no-scheduler", str(script)])
+    assert no_cluster.scheduler_port is None and not no_cluster.runs_scheduler
+    assert not {"MS_ROLE", "MS_SCHED_PORT"} & set(rank_environment(no_cluster, 0, 0))
+
+
+# --- real jobs -------------------------------------------------------------------------------
+
+def _free_port_pair() -> int:
+    """A port P with P and P + 1 free (the scheduler and the controller)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        if port < 65535:
+            try:
+                with socket.socket() as second:
+                    second.bind(("127.0.0.1", port + 1))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no two consecutive free ports")
+
+
+class Processes:
+    """Every command a test starts; the whole process tree of each is killed at the end."""
+
+    def __init__(self) -> None:
+        self.started: list[subprocess.Popen] = []
+        self.seen: dict[int, psutil.Process] = {}
+
+    def run(self, argv: list[str], env: dict[str, str], output: Path,
+            timeout: float = RUN_TIMEOUT) -> tuple[int, str]:
+        with open(output, "wb") as out:
+            process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                                       start_new_session=True)
+        self.started.append(process)
+        deadline = time.monotonic() + timeout
+        while process.poll() is None and time.monotonic() < deadline:
+            self._remember(process.pid)
+            time.sleep(0.2)
+        if process.poll() is None:
+            self.kill_all()
+            pytest.fail(f"{argv[2]} did not finish in {timeout}s:\n{output.read_text(errors='replace')[-4000:]}")
+        return process.returncode, output.read_text(errors="replace")
+
+    def _remember(self, pid: int) -> None:
+        # Ranks and schedulers start sessions of their own: only the tree finds them all.
+        try:
+            for child in psutil.Process(pid).children(recursive=True):
+                self.seen.setdefault(child.pid, child)
+        except psutil.NoSuchProcess:
+            pass
+
+    def leftovers(self) -> list[str]:
+        """The command lines of processes seen during the run that are still alive."""
+        alive = []
+        for process in self.seen.values():
+            try:
+                if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(" ".join(process.cmdline()[:3]))
+            except psutil.NoSuchProcess:
+                pass
+        return alive
+
+    def kill_all(self) -> None:
+        for process in self.started:
+            self._remember(process.pid)
+        for process in [*self.seen.values(), *(psutil.Process(p.pid) for p in self.started if p.poll() is None)]:
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                pass
+        for process in self.started:
+            if process.poll() is None:
+                process.wait(10)
+
+
+@pytest.fixture
+def processes() -> Iterator[Processes]:
+    tracker = Processes()
+    yield tracker
+    tracker.kill_all()
+
+
+def _environment(tmp_path: Path, **changes: str) -> dict[str, str]:
+    env = dict(os.environ)
+    for name in (*LAUNCH_VARIABLES, "MS_ENABLE_TFT", "MS_ROLE", "MS_SCHED_HOST", "MS_SCHED_PORT"):
+        env.pop(name, None)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["MINDFT_RESET_FILE"] = str(tmp_path / "reset.json")
+    env.update(changes)
+    return env
+
+
+def _weights(directory: Path, rank: int) -> dict[str, np.ndarray]:
+    with np.load(directory / f"rank{rank}.npz") as data:
+        return {name: data[name] for name in data.files}
+
+
+def _assert_identical(a: dict[str, np.ndarray], b: dict[str, np.ndarray], what: str) -> None:
+    assert sorted(a) == sorted(b), what
+    for name in a:
+        assert a[name].dtype == b[name].dtype and a[name].tobytes() == b[name].tobytes(), f"{what}: {name} differs"
+
+
+def test_dp_script_under_msrun_and_mindft_launch_ends_bit_identical(tmp_path: Path, processes: Processes) -> None:
+    """Same flags, only the command name changes; MCCL all-reduces the gradients in both."""
+    runs: dict[str, tuple[int, str]] = {}
+    for command, env in (("msrun", _environment(tmp_path)),
+                         ("mindft-launch", _environment(tmp_path, MS_ENABLE_TFT="{RSC:1}"))):
+        port = _free_port_pair()
+        flags = ["--worker_num", "2", "--local_worker_num", "2", "--master_addr", "127.0.0.1",
+                 "--master_port", str(port), "--log_dir", str(tmp_path / f"{command}-logs"), "--join", "True",
+                 "--cluster_time_out", "120"]
+        module = "mindspore.parallel.cluster.run" if command == "msrun" else "mindft.launch"
+        code, out = processes.run([sys.executable, "-m", module, *flags, str(DP_SCRIPT),
+                                   "--out", str(tmp_path / f"{command}-out")], env, tmp_path / f"{command}.out")
+        logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in (tmp_path / f"{command}-logs").glob("*.log"))
+        assert code == 0, f"{command} failed ({code}):\n{out[-3000:]}\n{logs}"
+        runs[command] = code, out
+
+    launched = runs["mindft-launch"][1]
+    assert f"MindSpore scheduler 127.0.0.1:{port}" in launched and f"controller tcp://127.0.0.1:{port + 1}" in launched
+    assert "all 2 ranks finished at step 32" in launched  # protected: registered, reported every step
+    assert "after the job ended" not in launched  # the scheduler finished by itself once the ranks left
+    assert (tmp_path / "mindft-launch-logs" / "scheduler.log").is_file()
+    for rank in (0, 1):
+        _assert_identical(_weights(tmp_path / "msrun-out", rank), _weights(tmp_path / "mindft-launch-out", rank),
+                          f"rank {rank}: msrun vs mindft-launch")
+    # Each rank trained on its own shard: equal replicas mean the gradients really were all-reduced.
+    ours = _weights(tmp_path / "mindft-launch-out", 0)
+    _assert_identical(ours, _weights(tmp_path / "mindft-launch-out", 1), "rank 0 vs rank 1")
+    assert int(ours["global_step"].reshape(-1)[0]) == 32  # 256 samples / 2 ranks / batch 8, 2 epochs
+    assert processes.leftovers() == []
+
+
+def test_a_dead_scheduler_fails_the_job_at_once(tmp_path: Path, processes: Processes) -> None:
+    """Without its scheduler MindSpore's cluster cannot communicate: the launcher stops every rank, exit 1."""
+    run_dir = tmp_path / "run"
+    env = _environment(tmp_path, PLAIN_SLEEP="120")  # ranks that would run for two minutes
+    started = time.monotonic()
+    with open(tmp_path / "launcher.out", "wb") as out:
+        launcher = subprocess.Popen([sys.executable, "-m", "mindft.launch", "--nproc", "2", "--run-dir", str(run_dir),
+                                     "--grace-period", "2", str(PLAIN_SCRIPT)], env=env, stdout=out,
+                                    stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+    processes.started.append(launcher)
+    job_file = run_dir / "job.json"
+    while not job_file.exists() and time.monotonic() - started < 60 and launcher.poll() is None:
+        time.sleep(0.1)
+    assert job_file.exists(), (tmp_path / "launcher.out").read_text()
+    info = json.loads(job_file.read_text())
+    processes._remember(launcher.pid)
+    os.kill(info["scheduler_pid"], signal.SIGKILL)
+    code = launcher.wait(60)
+    out = (tmp_path / "launcher.out").read_text()
+    assert code == 1, out
+    assert f"job failed: MindSpore's scheduler (pid {info['scheduler_pid']})" in out
+    assert "SIGKILL" in out and str(run_dir / "logs" / "scheduler.log") in out
+    assert "plain rank 0 done" not in out and "plain rank 1 done" not in out  # stopped, not waited for
+    assert processes.leftovers() == []
+
+
+def test_a_scheduler_no_rank_joined_is_stopped_with_the_job(tmp_path: Path, processes: Processes) -> None:
+    """Ranks that never call init() leave the scheduler waiting for nobody: it is stopped, not waited for."""
+    code, out = processes.run([sys.executable, "-m", "mindft.launch", "--nproc", "2", "--run-dir",
+                               str(tmp_path / "run"), str(PLAIN_SCRIPT)], _environment(tmp_path),
+                              tmp_path / "launcher.out", timeout=120)
+    assert code == 0, out
+    assert "plain rank 0 done" in out and "plain rank 1 done" in out
+    assert "started MindSpore's scheduler" in out and "after the job ended" not in out
+    assert processes.leftovers() == []
