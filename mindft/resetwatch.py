@@ -833,7 +833,10 @@ class ResetWatcher:
             if kind not in _TRANSIENT or (read is not None and read.data and read == last):
                 break  # not a writer mid-way: the same bytes twice, or a problem no writer causes
             last = read
-        self._bad = read
+        if kind != "changing":
+            # Remember bad bytes to skip them quietly; never a good file that merely changed
+            # while it was being confirmed (it must be accepted when read whole again).
+            self._bad = read
         self._report(kind, detail, logging.WARNING)
         return None
 
