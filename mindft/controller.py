@@ -23,7 +23,7 @@ from mindft import channel
 from mindft.config import ConfigError, MindftConfig, load_config
 from mindft.exitcodes import ExitCode
 from mindft.flow import (Broadcast, DeviceInput, Effect, Finish, Job, JobState, KillRank, ProcessExited, Send,
-                         Transition, phase_times)
+                         StartRank, Transition, phase_times)
 from mindft.keys import job_keys, start_authenticator
 from mindft.protocol import ProtocolError, StatusReply, decode, encode
 
@@ -47,14 +47,18 @@ class Controller:
     """The job's coordinator (see the module docstring).
 
     The socket is bound in the constructor, so :attr:`endpoint` is known at once
-    (``controller_port=0`` picks a free port). ``on_kill(rank, pid, reason)`` is called on the
-    serving thread when a rank hangs; the launcher passes one that kills the process.
+    (``controller_port=0`` picks a free port). ``on_kill(rank, pid, reason, restart)`` is called on the
+    serving thread when a rank must be killed (it hung, or did not leave its device), and
+    ``on_start(rank, reason)`` when a rank that left its device may start again; the launcher
+    passes both.
     """
 
-    def __init__(self, config: MindftConfig, on_kill: Optional[Callable[[int, int, str], None]] = None,
+    def __init__(self, config: MindftConfig, on_kill: Optional[Callable[[int, int, str, bool], None]] = None,
+                 on_start: Optional[Callable[[int, str], None]] = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._on_kill = on_kill
+        self._on_start = on_start
         self._keys = job_keys(config)
         self._context = zmq.Context()
         self._authenticator = start_authenticator(self._context, self._keys)
@@ -218,9 +222,15 @@ class Controller:
                     log.info("recovery phases: %s", {k: round(v, 4) for k, v in
                                                      phase_times(job.history, job.recovery.started).items()})
             elif kind is KillRank:
-                log.warning("rank=%d (pid %d) hung: %s", effect.rank, effect.pid, effect.reason)
+                log.warning("rank=%d (pid %d) must be killed: %s", effect.rank, effect.pid, effect.reason)
                 if self._on_kill is not None:
-                    self._on_kill(effect.rank, effect.pid, effect.reason)
+                    self._on_kill(effect.rank, effect.pid, effect.reason, effect.restart)
+            elif kind is StartRank:
+                log.info("rank=%d is to be started again: %s", effect.rank, effect.reason)
+                if self._on_start is not None:
+                    self._on_start(effect.rank, effect.reason)
+                else:
+                    log.warning("rank=%d: no launcher in this process to start it", effect.rank)
             elif kind is Finish:
                 self.result = JobResult(int(effect.exit_code), effect.reason)
                 if effect.exit_code != ExitCode.OK:

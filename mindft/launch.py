@@ -24,6 +24,7 @@ import importlib.util
 import json
 import logging
 import os
+import queue
 import shutil
 import signal
 import socket
@@ -257,6 +258,7 @@ class Worker:
     pump: Optional[threading.Thread] = None
     returncode: Optional[int] = None
     final: bool = False  # exited for good (done, dumped, out of restarts or stopped)
+    off_device: bool = False  # left its device for a hot reset: started again when the controller says
 
     @property
     def pid(self) -> Optional[int]:
@@ -548,12 +550,14 @@ class _ControllerRunner:
     is noticed here: the watcher is restarted, a dead controller fails the job.
     """
 
-    def __init__(self, config: MindftConfig, controller_class: Optional[type] = None) -> None:
+    def __init__(self, config: MindftConfig, controller_class: Optional[type] = None,
+                 on_kill: Optional[Any] = None, on_start: Optional[Any] = None) -> None:
         from mindft.controller import Controller  # imported late: only node 0 needs it
         from mindft.resetwatch import ResetWatcher
 
         self.config = config
-        self.controller = (controller_class or Controller)(config)  # binds now: port 0 becomes a real port
+        # Binds now: port 0 becomes a real port. The callbacks run on the controller's thread.
+        self.controller = (controller_class or Controller)(config, on_kill=on_kill, on_start=on_start)
         self.port = int(self.controller.endpoint.rsplit(":", 1)[1])
         self.result: Optional[Any] = None
         self.watcher = ResetWatcher(config.reset_file, config.timeouts.reset_poll_interval)
@@ -678,6 +682,7 @@ class Launcher:
         self.mindio_host: Optional[Any] = None
         self.scheduler: Optional[Scheduler] = Scheduler(spec) if spec.runs_scheduler else None
         self._signal: Optional[int] = None
+        self._orders: queue.SimpleQueue[tuple[str, int, int, bool]] = queue.SimpleQueue()
         self._signals_seen = 0
         self._last_hang_check = 0.0
         self._unprotected_failure: Optional[int] = None  # the first failed rank's exit code
@@ -789,6 +794,29 @@ class Launcher:
                             row.rank, row.pid, row.state)
                 self.agent.signal_workers([row.rank], signal.SIGKILL)
 
+    def _follow_orders(self) -> None:
+        """Kill and start ranks as node 0's controller decided (queued from its thread)."""
+        while True:
+            try:
+                order, rank, pid, restart = self._orders.get_nowait()
+            except queue.Empty:
+                return
+            worker = self.agent.workers.get(rank)
+            if worker is None:
+                log.warning("the controller asked to %s rank %d, which runs on another node: its "
+                            "launcher must do it", order, rank)
+            elif order == "kill" and worker.pid is not None and (not pid or pid == worker.pid):
+                worker.off_device = worker.off_device or not restart
+                log.warning("killing rank %d (pid %d) as the controller asked", rank, worker.pid)
+                self.agent.signal_workers([rank], signal.SIGKILL)
+            elif order == "start" and worker.pid is None and not worker.final and self._signal is None:
+                worker.off_device = False
+                worker.restarts += 1
+                self.console.line("mindft-launch", f"rank {rank}'s device is back: starting it again "
+                                                   f"(incarnation {worker.restarts})")
+                self.agent.start_worker_list([rank])
+                self.write_job_file()
+
     def _handle_exits(self) -> None:
         for rank, code in self.agent.monitor().items():
             worker = self.agent.workers[rank]
@@ -804,6 +832,16 @@ class Launcher:
                 worker.final = True
                 if self._unprotected_failure is None:
                     self._unprotected_failure = code
+                continue
+            if worker.off_device and worker.process is None:
+                continue  # handled: waiting for its device
+            if code == ExitCode.LEFT_DEVICE or worker.off_device:
+                # It left its device for a hot reset: the controller starts it when the device is back.
+                worker.off_device = True
+                self.console.line("mindft-launch", f"rank {rank} left its device for a hot reset; "
+                                                   f"it starts again when the device is back")
+                self._report_exit(rank, code, pid)
+                worker.returncode, worker.process = code, None
                 continue
             if code in _STOPPED_ON_PURPOSE:
                 worker.final = True
@@ -854,7 +892,10 @@ class Launcher:
         elif spec.mindio:
             self._start_mindio()
         elif spec.node_rank == 0:
-            self.runner = _ControllerRunner(self.controller_config())
+            self.runner = _ControllerRunner(self.controller_config(),
+                                            on_kill=lambda rank, pid, why, restart: self._orders.put(
+                                                ("kill", rank, pid, restart)),
+                                            on_start=lambda rank, why: self._orders.put(("start", rank, 0, False)))
             if spec.controller_port == 0:
                 # The controller picked a free port; every rank and client must use it.
                 spec = self.spec = dataclasses.replace(spec, controller_port=self.runner.port)
@@ -925,6 +966,7 @@ class Launcher:
                                   f"(grace period {spec.grace_period:g}s, then SIGKILL)")
                 self.agent.kill_worker(self.agent.running(), self._signal, spec.grace_period)
                 return 128 + self._signal
+            self._follow_orders()
             self._handle_exits()
             self._check_scheduler()
             running = self.agent.running()

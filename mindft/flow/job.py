@@ -180,6 +180,12 @@ class Job:
                 for record in self.ranks.silent(now, dead_after):
                     if self.state in TERMINAL_STATES:
                         break
+                    fault = self.recovery.faults.get(record.rank)
+                    if fault is not None and fault.left_at >= 0:
+                        # Told to leave its device, it went silent: it left (a launcher may not have said so).
+                        record.state, fault.exited = RankState.DEAD, True
+                        self._start_if_ready(record.rank, fault)
+                        continue
                     self._emit(KillRank(record.rank, record.pid, f"no message for {now - record.last_seen:.2f} s "
                                                                   f"(timeouts.dead_after={dead_after:g} s)"))
                     self._add_fault(record, FaultKind.HANG, record.progress + 1,
@@ -382,6 +388,8 @@ class Job:
         fault = self.recovery.faults.get(event.rank) if self.state in RECOVERY_STATES else None
         if fault is not None and fault.left_at >= 0:
             # It left its device as told: it comes back when the device does.
+            if fault.exited:
+                return True, f"rank {event.rank} had left its device"
             record.state, fault.exited = RankState.DEAD, True
             log.info("rank=%d left its device after %.2f s (exit code %d)", event.rank, now - fault.left_at,
                      event.returncode)

@@ -323,6 +323,15 @@ class Session:
         """Raise ``fault`` when the next step begins."""
         self._armed = DeviceFault(fault, detail)
 
+    def leave_device(self, reason: str) -> NoReturn:
+        """Exit so the device can be hot-reset: the snapshots stay in the node agent's memory
+        (``MINDFT_STATE_DIR``) and the buddy's replica; mindft-launch starts this rank again."""
+        held = list(self.store.steps) if self.store is not None else []
+        where = "the node agent's memory" if self.config.state_dir is not None else "the buddy's replica only"
+        log.warning("rank=%d leaves its device (%s); steps %s stay in %s", self.config.rank, reason, held, where)
+        self.close()
+        raise SystemExit(ExitCode.LEFT_DEVICE)
+
     def dump_and_exit(self, step: int, reason: str) -> NoReturn:
         """Write the dying-gasp checkpoint of ``step`` (-1: newest) and exit: 3 if written, 4 if not."""
         path = self._dump_quietly(step, reason)

@@ -104,6 +104,11 @@ class Rank:
         self.event("action", action="inject_fault", round=self.processor.follower.round)
         self.armed = fault
 
+    def leave_device(self, reason: str) -> NoReturn:
+        self.event("left_device", reason=reason)
+        self.processor.close()
+        sys.exit(ExitCode.LEFT_DEVICE)  # its buddy's copy (the replica file) outlives it
+
     def dump_and_exit(self, step: int, reason: str) -> NoReturn:
         self.event("dump", reason=reason, dump_step=step)
         self.processor.close()

@@ -107,6 +107,11 @@ class Rank:
     def arm(self, fault: FaultKind, detail: str) -> None:
         self.armed = fault
 
+    def leave_device(self, reason: str) -> NoReturn:
+        print(f"rank {self.rank} leaves its device: {reason}", flush=True)
+        self.processor.close()
+        sys.exit(ExitCode.LEFT_DEVICE)  # its buddy's copy (the replica file) outlives it
+
     def dump_and_exit(self, step: int, reason: str) -> NoReturn:
         step = step if step in self.snapshots else self.held[-1]
         dump = self.config.dump_dir

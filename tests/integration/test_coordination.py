@@ -62,11 +62,12 @@ class Job:
             generate_keys(self.key_file)
         self.config = MindftConfig(world_size=world_size, controller_port=0, insecure=not secure,
                                    key_file=self.key_file, timeouts=timeouts)
-        self.controller = Controller(self.config)
+        self.controller = Controller(self.config, on_start=self._start_again)
         self.port = int(self.controller.endpoint.rsplit(":", 1)[1])
         self.config = dataclasses.replace(self.config, controller_port=self.port)  # for clients
         self.procs: dict[int, subprocess.Popen] = {}
         self.all_procs: list[subprocess.Popen] = []
+        self.incarnations: dict[int, int] = {}
         self.controller.start()
 
     def spawn(self, rank: int, restart_count: int = 0, **extra: str) -> subprocess.Popen:
@@ -88,7 +89,12 @@ class Job:
                                 stdout=subprocess.DEVNULL, stderr=open(self.tmp / f"stderr-{rank}.txt", "ab"))
         self.procs[rank] = proc
         self.all_procs.append(proc)
+        self.incarnations[rank] = restart_count
         return proc
+
+    def _start_again(self, rank: int, reason: str) -> None:
+        """The launcher's part after a hot reset: a new incarnation of a rank that left its device."""
+        self.spawn(rank, restart_count=self.incarnations.get(rank, 0) + 1)
 
     def spawn_all(self, **per_rank: dict[str, str]) -> None:
         for rank in range(self.world_size):
@@ -347,17 +353,22 @@ def test_second_fault_during_recovery_restarts_it(make_job) -> None:
 
 
 def test_device_reset_waits_for_recovery_event(make_job) -> None:
+    """The plugin's contract: the rank on the chip leaves it, and comes back after 'recovered'."""
     job = make_job(2, steps=40, step_time=0.03)
     job.spawn_all()
     job.wait_for(lambda: job.rank_step(1) >= 3, "rank 1 to reach step 3")
+    first = job.procs[1]
     job.controller.on_device_event(DeviceFaulty(1, "0x80E01801", "reset"))
     job.wait_for(lambda: job.status().state == ControllerState.REPAIRING.value, "the job to pause")
+    assert first.wait(10) == ExitCode.LEFT_DEVICE  # off the chip, so the plugin can reset it
+    assert job.procs[1] is first  # not started again while the device is being reset
     time.sleep(0.3)
     assert job.status().state == ControllerState.REPAIRING.value  # still waiting for the device
     refused = request(job.config, InjectRequest(0, FaultKind.UCE, "mid-recovery"))
     assert not refused.ok and "REPAIRING, not NORMAL" in refused.detail
     job.controller.on_device_event(DeviceRecovered(1))
     assert job.result().exit_code == EXIT_OK
+    assert job.incarnations[1] == 1
     assert_all_done(job)
 
 
@@ -371,7 +382,8 @@ def test_failed_device_dumps_and_exits(make_job) -> None:
     result = job.result()
     assert result.exit_code == EXIT_FAILED
     assert "rank 0" in result.reason and "hot reset failed" in result.reason
-    assert job.wait_ranks() == {0: EXIT_DUMPED, 1: EXIT_DUMPED}
+    # Rank 0 had left its chip for the reset; the healthy rank writes its dying gasp.
+    assert job.wait_ranks() == {0: ExitCode.LEFT_DEVICE, 1: EXIT_DUMPED}
 
 
 def test_injected_fault_is_relayed_to_the_rank(make_job) -> None:
