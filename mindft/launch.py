@@ -682,7 +682,7 @@ class Launcher:
         self.mindio_host: Optional[Any] = None
         self.scheduler: Optional[Scheduler] = Scheduler(spec) if spec.runs_scheduler else None
         self._signal: Optional[int] = None
-        self._orders: queue.SimpleQueue[tuple[str, int, int, bool]] = queue.SimpleQueue()
+        self._orders: queue.SimpleQueue[tuple[str, int, int, bool, str]] = queue.SimpleQueue()
         self._signals_seen = 0
         self._last_hang_check = 0.0
         self._unprotected_failure: Optional[int] = None  # the first failed rank's exit code
@@ -798,7 +798,7 @@ class Launcher:
         """Kill and start ranks as node 0's controller decided (queued from its thread)."""
         while True:
             try:
-                order, rank, pid, restart = self._orders.get_nowait()
+                order, rank, pid, restart, why = self._orders.get_nowait()
             except queue.Empty:
                 return
             worker = self.agent.workers.get(rank)
@@ -807,7 +807,9 @@ class Launcher:
                             "launcher must do it", order, rank)
             elif order == "kill" and worker.pid is not None and (not pid or pid == worker.pid):
                 worker.off_device = worker.off_device or not restart
-                log.warning("killing rank %d (pid %d) as the controller asked", rank, worker.pid)
+                then = "so it can restart" if restart else "(it starts again when its device is back)"
+                self.console.line("mindft-launch", f"controller reports rank {rank} (pid {worker.pid}): {why}; "
+                                                   f"killing it {then}")
                 self.agent.signal_workers([rank], signal.SIGKILL)
             elif order == "start" and worker.pid is None and not worker.final and self._signal is None:
                 worker.off_device = False
@@ -820,8 +822,8 @@ class Launcher:
     def _handle_exits(self) -> None:
         for rank, code in self.agent.monitor().items():
             worker = self.agent.workers[rank]
-            if code is None or worker.final:
-                continue
+            if code is None or worker.final or worker.process is None:
+                continue  # running, gone for good, or off its device waiting to start again
             pid = worker.process.pid
             self.console.line("mindft-launch", f"rank {rank} (pid {pid}) {describe_exit(code)}")
             if code == ExitCode.OK or self._signal is not None:
@@ -833,8 +835,6 @@ class Launcher:
                 if self._unprotected_failure is None:
                     self._unprotected_failure = code
                 continue
-            if worker.off_device and worker.process is None:
-                continue  # handled: waiting for its device
             if code == ExitCode.LEFT_DEVICE or worker.off_device:
                 # It left its device for a hot reset: the controller starts it when the device is back.
                 worker.off_device = True
@@ -894,8 +894,8 @@ class Launcher:
         elif spec.node_rank == 0:
             self.runner = _ControllerRunner(self.controller_config(),
                                             on_kill=lambda rank, pid, why, restart: self._orders.put(
-                                                ("kill", rank, pid, restart)),
-                                            on_start=lambda rank, why: self._orders.put(("start", rank, 0, False)))
+                                                ("kill", rank, pid, restart, why)),
+                                            on_start=lambda rank, why: self._orders.put(("start", rank, 0, False, why)))
             if spec.controller_port == 0:
                 # The controller picked a free port; every rank and client must use it.
                 spec = self.spec = dataclasses.replace(spec, controller_port=self.runner.port)
@@ -1069,7 +1069,32 @@ class Launcher:
             self.console.line("mindft-launch", line)
 
     def _final_codes(self) -> list[Optional[int]]:
+        self._dump_for_ranks_off_their_device()
         return [w.returncode for w in self.agent.workers.values()]
+
+    def _dump_for_ranks_off_their_device(self) -> None:
+        """The job failed while ranks were off their devices (a hot reset that failed): their
+        snapshots are in this agent's memory, so the agent writes their dying-gasp checkpoints."""
+        from mindft.snapshot import SnapshotError, SnapshotStore
+
+        for rank, worker in self.agent.workers.items():
+            if not worker.off_device or worker.pid is not None or self.spec.state_dir is None:
+                continue
+            worker.off_device, worker.final = False, True
+            config = load_config(rank_environment(self.spec, rank, worker.restarts))
+            step = getattr(getattr(self.runner, "controller", None), "job", None)
+            step = getattr(step, "dump_step", -1) if step is not None else -1
+            try:
+                with SnapshotStore(home=self.spec.state_dir / f"rank{rank}", resume=True) as store:
+                    path = store.dump(config.dump_dir, rank, config.world_size, step)
+            except SnapshotError as error:
+                worker.returncode = ExitCode.DUMP_FAILED
+                self.console.line("mindft-launch", f"rank {rank} was off its device; its dying-gasp checkpoint "
+                                                   f"could NOT be written from the agent's memory: {error}")
+                continue
+            worker.returncode = ExitCode.DUMPED
+            self.console.line("mindft-launch", f"rank {rank} was off its device; the agent wrote its dying-gasp "
+                                               f"checkpoint from memory: {path}")
 
 
 def _setup_logging(verbose: bool) -> None:

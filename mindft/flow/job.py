@@ -85,6 +85,7 @@ class Job:
         self.recoveries: list[float] = []
         self.history: list[tuple[JobState, float]] = [(self.state, now)]
         self.result: Optional[Finish] = None
+        self.dump_step = -1  # the step every rank dumps when the job fails (-1: each its newest)
         self.deadline = now + timeouts.register
         self._next_beat = now
         self.holding = False  # HoldRepairs: the fault manager is still collecting faults
@@ -183,10 +184,10 @@ class Job:
                     fault = self.recovery.faults.get(record.rank)
                     if fault is not None and fault.left_at >= 0:
                         # Told to leave its device, it went silent: it left (a launcher may not have said so).
-                        record.state, fault.exited = RankState.DEAD, True
+                        record.state, fault.exited = RankState.OFF_DEVICE, True
                         self._start_if_ready(record.rank, fault)
                         continue
-                    self._emit(KillRank(record.rank, record.pid, f"no message for {now - record.last_seen:.2f} s "
+                    self._emit(KillRank(record.rank, record.pid, f"HANG: no message for {now - record.last_seen:.2f} s "
                                                                   f"(timeouts.dead_after={dead_after:g} s)"))
                     self._add_fault(record, FaultKind.HANG, record.progress + 1,
                                     f"silent for {now - record.last_seen:.2f} s", now, dead=True)
@@ -390,7 +391,7 @@ class Job:
             # It left its device as told: it comes back when the device does.
             if fault.exited:
                 return True, f"rank {event.rank} had left its device"
-            record.state, fault.exited = RankState.DEAD, True
+            record.state, fault.exited = RankState.OFF_DEVICE, True
             log.info("rank=%d left its device after %.2f s (exit code %d)", event.rank, now - fault.left_at,
                      event.returncode)
             self._start_if_ready(event.rank, fault)
@@ -583,7 +584,7 @@ class Job:
     def _fail(self, reason: str, now: float, event: Event = Event.UNRECOVERABLE) -> None:
         if self.state in TERMINAL_STATES:
             return
-        step = self._common_step(exact=False)
+        step = self.dump_step = self._common_step(exact=False)
         faults = self._fault_summary() if self.recovery.faults else ""
         reason = (f"{reason}; every rank dumps " + (f"step {step}" if step >= 0 else "its newest snapshot")
                   + (f"; faults: {faults}" if faults else ""))

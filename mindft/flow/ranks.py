@@ -19,6 +19,7 @@ class RankState(str, enum.Enum):
     RUNNING = "running"
     FAULTY = "faulty"          # alive, reported or caused a fault, waiting
     DEAD = "dead"              # hung or exited; needs a new incarnation
+    OFF_DEVICE = "off_device"  # left its device for a hot reset; started again when the device is back
     PAUSED = "paused"
     RESTORED = "restored"
     RESUMED = "resumed"
@@ -43,7 +44,7 @@ class RankRecord:
 
     @property
     def alive(self) -> bool:
-        return self.state is not RankState.DEAD
+        return self.state is not RankState.DEAD and self.state is not RankState.OFF_DEVICE
 
 
 class RankTable:

@@ -29,6 +29,7 @@ from mindft.config import load_config
 from mindft.exitcodes import ExitCode
 from mindft.processor import Processor
 from mindft.protocol import FaultKind
+from mindft.snapshot import SnapshotStore
 
 SIZE = 64
 GIVE_UP_CODE = int(ExitCode.DUMPED)  # the exit code of LAUNCH_GIVE_UP (dump_failed_rank.py changes it)
@@ -68,7 +69,12 @@ class Rank:
         self.armed: FaultKind | None = None
         self.weights = initial(self.rank)
         self.snapshots: dict[int, np.ndarray] = {0: self.weights.copy()}
-        if self.config.restart_count:
+        # The node agent's memory (mindft-launch's MINDFT_STATE_DIR), as a real rank keeps it.
+        self.store = SnapshotStore(home=self.config.state_dir, resume=self.config.restart_count > 0) \
+            if self.config.state_dir is not None else None
+        if self.store is not None and self.store.steps:
+            self.snapshots = {step: np.array(self.store.restore(step).arrays["weights"]) for step in self.store.steps}
+        elif self.config.restart_count:
             # The buddy's copy of this rank's last pushed snapshot.
             replica = self.dir / f"replica-of-{self.rank}.npz"
             with np.load(replica) as data:
@@ -83,6 +89,9 @@ class Rank:
 
     def capture(self, step: int) -> None:
         self.snapshots[step] = self.weights.copy()
+        if self.store is not None:
+            self.store.capture(step, {"weights": self.weights})
+            self.store.wait()
         for old in sorted(self.snapshots)[:-2]:
             del self.snapshots[old]
         target = self.dir / f"replica-of-{self.rank}.npz"
