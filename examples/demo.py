@@ -39,9 +39,10 @@ STOP_TIMEOUT = 30.0  # for a launcher to stop its ranks (its own grace period is
 # Which lines of a run to show (all with --verbose): the recovery story, not every loss value.
 _SHOW = {
     "[controller]": ("state ", "fault", "recover", "failed", "finished"),
-    "[mindft-launch]": ("rank(s)", "restart", "killed", "SIG", "exit 1", "exit 3"),
+    "[mindft-launch]": ("rank(s)", "restart", "killed", "SIG", "exit 1", "exit 3", "device", "starting it again"),
     "[resetwatch]": ("Device", "ignored", "unreadable"),
-    "[rank": ("paus", "adopted", "restored", "resumed", "dump", "fault", "Error", "Traceback"),
+    "[rank": ("paus", "adopted", "agent's memory", "leaves its device", "restored", "resumed", "dump", "fault",
+              "Error", "Traceback"),
 }
 
 
