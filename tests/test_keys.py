@@ -96,3 +96,14 @@ def test_server_admits_only_the_job_key(tmp_path: Path) -> None:
         assert authenticator is not None
         authenticator.stop()
         context.term()
+
+
+def test_the_insecure_warning_is_logged_once_per_process(caplog) -> None:
+    from mindft import keys
+
+    keys._insecure_warned.clear()
+    config = MindftConfig(insecure=True)
+    with caplog.at_level("WARNING", logger="mindft.keys"):
+        assert job_keys(config) is None and job_keys(config) is None
+    assert [r.getMessage() for r in caplog.records].count(
+        "MINDFT_INSECURE=1: the control channel is neither authenticated nor encrypted; use this for debugging only") == 1

@@ -436,15 +436,20 @@ def test_dead_reset_watcher_is_restarted_and_the_next_fault_is_handled(launch: C
                    "step 5 and the watcher")
     job.reset_file.parent.mkdir(parents=True, exist_ok=True)
     hostile = job.reset_file.with_name("hostile")
-    hostile.write_text("[" * 100_000 + "]" * 100_000)      # kills a JSON reader that recurses
-    os.replace(hostile, job.reset_file)
-    time.sleep(1.5)                                         # a watcher that survives just logs it
+    for content in (b"[" * 100_000 + b"]" * 100_000,        # kills a JSON reader that recurses
+                    b'{"RankList":[{"RankId":' + b"7" * 5000 + b',"Status":"unrecovered"}]}',  # int limit
+                    b"\xff\xfe" + b"\x00" * 3000,            # not UTF-8
+                    b'{"RankList":[' + b'{"RankId":1},' * 200_000 + b'{}]}'):   # over the size bound
+        hostile.write_bytes(content)
+        os.replace(hostile, job.reset_file)
+        time.sleep(0.5)                                     # a watcher that survives just logs it
     write_reset_file(job.reset_file, fault_state([1], policy="reset"))
     job.wait_until(lambda: "REPAIRING" in job.text(), "the controller to wait for the device")
     write_reset_file(job.reset_file, fault_state([1], "recovered", policy="reset"))
     assert job.wait() == 0, job.text()
     out = job.text()
     assert "DEVICE_RESET" in out and "RESUMING → NORMAL" in out
+    assert "watcher thread died" not in out  # the reader bounds its input now: nothing to restart
     job.assert_bit_identical()
 
 
