@@ -4,7 +4,7 @@ from __future__ import annotations
 import random
 
 from mindft.protocol import FaultKind
-from tests.flow.sim import SimJob
+from sim import SimJob
 
 KINDS = (FaultKind.UCE, FaultKind.COMMUNICATION, FaultKind.UNKNOWN)
 

@@ -16,8 +16,8 @@ import pytest
 from mindft.exitcodes import ExitCode
 from mindft.flow import Follower, JobState
 from mindft.protocol import FaultKind
-from tests.flow.explore import explore, random_job
-from tests.flow.sim import SimJob, Violation
+from explore import explore, random_job
+from sim import SimJob, Violation
 
 SEEDS = 10_000
 
