@@ -165,6 +165,7 @@ def make_job(tmp_path: Path):
 
 def assert_all_done(job: Job, steps: Optional[int] = None) -> None:
     steps = job.steps if steps is None else steps
+    job.wait_ranks()  # the controller is DONE once FINISH is sent; a rank writes its last event after
     for rank in range(job.world_size):
         done = [e for e in job.events(rank) if e["event"] == "done"]
         assert done, f"rank {rank} never finished: {job.events(rank)[-3:]}"
