@@ -294,9 +294,13 @@ def _emit(as_json: bool, event: str, **fields: Any) -> None:
 
 
 def _device_script(reset_file: Path, ranks: Sequence[int], delay: float, hold: float, outcome: Optional[str],
-                   error_code: int, policy: str, as_json: bool) -> None:
-    """faulty → wait ``hold`` → ``outcome`` for every rank, written as the device plugin writes it."""
-    from mindft.resetwatch import STATUS_UNRECOVERED
+                   error_code: int, policy: str, as_json: bool, pids: Optional[dict[int, int]] = None,
+                   process_deadline: float = 60.0) -> None:
+    """faulty → (the chip's processes gone) → wait ``hold`` → ``outcome`` for every rank, written as
+    the device plugin writes it. With ``pids`` (rank → pid on the chip) the reset waits, as the
+    plugin's does, until those processes exited, and fails the chip (``failed``, ``isolate``) if
+    they are still there after ``process_deadline`` seconds."""
+    from mindft.resetwatch import STATUS_FAILED, STATUS_UNRECOVERED
 
     if delay > 0:
         time.sleep(delay)
@@ -305,10 +309,40 @@ def _device_script(reset_file: Path, ranks: Sequence[int], delay: float, hold: f
         _emit(as_json, "unrecovered", rank=rank, error=f"0x{error_code:08X}", policy=policy, file=str(reset_file))
     if outcome is None:
         return
+    on_chip = {rank: pid for rank, pid in (pids or {}).items() if rank in ranks}
+    deadline = time.monotonic() + process_deadline
+    while any(_process_alive(pid) for pid in on_chip.values()):
+        if time.monotonic() > deadline:
+            _write_plugin_episode(reset_file, ranks, STATUS_FAILED, error_code, "isolate")
+            for rank, pid in sorted(on_chip.items()):
+                _emit(as_json, STATUS_FAILED, rank=rank, policy="isolate", file=str(reset_file),
+                      why=f"process {pid} still on the chip after {process_deadline:g} s")
+            return
+        time.sleep(0.05)
+    for rank, pid in sorted(on_chip.items()):
+        _emit(as_json, "process left the chip", rank=rank, pid=pid)
     time.sleep(hold)
     _write_plugin_episode(reset_file, ranks, outcome, error_code, policy)
     for rank in ranks:
         _emit(as_json, outcome, rank=rank, file=str(reset_file))
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _job_pids(job: Optional[Path]) -> Optional[dict[int, int]]:
+    """Rank → pid from mindft-launch's job.json (the processes on each rank's chip), if given."""
+    if job is None:
+        return None
+    try:
+        return {int(rank): int(pid) for rank, pid in json.loads(job.read_text()).get("ranks", {}).items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
 
 
 def _error_code(value: str) -> int:
@@ -398,10 +432,17 @@ def inject(rank: int, fault: str, reset_file: Optional[Path], recover_after: flo
 @click.option("--error-code", default="0x80E01801", show_default=True, help="The fault code written.")
 @click.option("--policy", default="restart_request", show_default=True,
               help="The reset policy written (restart_request, restart, reset, isolate, ...).")
+@click.option("--process-deadline", type=click.FloatRange(0), default=60.0, show_default=True,
+              help="With --job: seconds the chip's processes get to exit before the chip is failed "
+                   "('failed', policy isolate), as the plugin waits before a reset.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line per state written.")
 def simulate_device_plugin(ranks: Sequence[int], reset_file: Optional[Path], job: Optional[Path], delay: float,
-                           hold: float, outcome: str, error_code: str, policy: str, as_json: bool) -> None:
+                           hold: float, outcome: str, error_code: str, policy: str, process_deadline: float,
+                           as_json: bool) -> None:
     """Play the Ascend device plugin's part of a hot reset: write 'unrecovered', wait, write the outcome.
+
+    With --job the reset waits, as the plugin's does, until the processes on the chip (the
+    ranks' pids in job.json) have exited, and fails the chip if they stay past --process-deadline.
 
     The file is written as the plugin writes the reset-config-<job name> ConfigMap:
     compact Go JSON listing only these ranks, RetryTime + 1 per fault, restartType
@@ -412,7 +453,7 @@ def simulate_device_plugin(ranks: Sequence[int], reset_file: Optional[Path], job
     path = reset_file or _target(job, None, None, False).reset_file
     try:
         _device_script(path, sorted(set(ranks)), delay, hold, None if outcome == "none" else outcome,
-                       _error_code(error_code), policy, as_json)
+                       _error_code(error_code), policy, as_json, _job_pids(job), process_deadline)
     except OSError as error:
         click.echo(f"mindft: cannot write the reset file {path}: {error}", err=True)
         sys.exit(EXIT_FAILED)

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -92,3 +94,40 @@ def test_a_kubelet_volume_is_swapped_atomically_with_a_check_code(runner: CliRun
     assert (volume.directory / "checkCode").read_text() == check_code(data)
     assert (volume.directory / "restartType").read_text() == "hotReset"
     assert watcher.poll() == [DeviceFaulty(1, "0x80E01801", "reset")]
+
+
+def _job_file(tmp_path: Path, pids: dict[int, int]) -> Path:
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"controller": "tcp://127.0.0.1:1", "reset_file": str(tmp_path / "reset.json"),
+                               "ranks": {str(rank): pid for rank, pid in pids.items()}}))
+    return job
+
+
+def test_the_simulated_plugin_resets_a_chip_only_after_its_process_left(tmp_path: Path) -> None:
+    leaving = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    try:
+        result = CliRunner().invoke(main, ["simulate-device-plugin", "--rank", "1", "--job",
+                                           str(_job_file(tmp_path, {0: 1, 1: leaving.pid})),
+                                           "--hold", "0", "--json"])
+    finally:
+        leaving.wait(10)
+    assert result.exit_code == 0, result.output
+    events = [json.loads(line)["event"] for line in result.output.splitlines()]
+    assert events == ["unrecovered", "process left the chip", "recovered"]
+    assert json.loads((tmp_path / "reset.json").read_text())["RankList"][0]["Status"] == "recovered"
+
+
+def test_the_simulated_plugin_isolates_a_chip_whose_process_stays(tmp_path: Path) -> None:
+    staying = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        result = CliRunner().invoke(main, ["simulate-device-plugin", "--rank", "1", "--job",
+                                           str(_job_file(tmp_path, {1: staying.pid})), "--hold", "0",
+                                           "--process-deadline", "0.5", "--json"])
+    finally:
+        staying.kill()
+        staying.wait(10)
+    assert result.exit_code == 0, result.output
+    last = json.loads(result.output.splitlines()[-1])
+    assert last["event"] == "failed" and last["policy"] == "isolate" and "still on the chip" in last["why"]
+    entry = json.loads((tmp_path / "reset.json").read_text())["RankList"][0]
+    assert (entry["Status"], entry["Policy"]) == ("failed", "isolate")
