@@ -774,19 +774,17 @@ class Launcher:
 
     def _check_hung(self) -> None:
         # The controller sees a silent rank; only the launcher can kill it so it can restart.
-        if not self.spec.protected or self.spec.mindio:
+        # On node 0 the controller orders that kill in-process (_follow_orders); other nodes ask.
+        if not self.spec.protected or self.spec.mindio or self.runner is not None:
             return
         now = time.monotonic()
         if now - self._last_hang_check < HANG_CHECK_INTERVAL:
             return
         self._last_hang_check = now
-        if self.runner is not None:
-            status = self.runner.status()
-        else:
-            try:
-                status = self._status_client.status()
-            except ControllerUnreachable:
-                return
+        try:
+            status = self._status_client.status()
+        except ControllerUnreachable:
+            return
         pids = self.agent.pids()
         for row in status.ranks:
             if row.rank in pids and row.pid == pids[row.rank] and row.state.lower() in HUNG_STATES:
