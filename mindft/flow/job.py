@@ -127,23 +127,27 @@ class Job:
 
     def device(self, event: DeviceInput, now: float) -> list[Effect]:
         """A device event (from the reset-file watcher)."""
+        self._device(event, now)
+        return self._flush()
+
+    def _device(self, event: DeviceInput, now: float) -> None:
         if self.state in TERMINAL_STATES:
-            return self._flush()
+            return
         if isinstance(event, StopJob):
             self._fail(f"stop requested: {event.reason}", now)
-            return self._flush()
+            return
         if isinstance(event, HoldRepairs):
             self.holding = event.active
             log.info("repairs %s (the fault manager is %s)", "held" if event.active else "released",
                      "still collecting faults" if event.active else "done collecting faults")
             if not event.active:
                 self._advance(now)
-            return self._flush()
+            return
         if isinstance(event, RollbackAll):
             record = self.ranks.get(event.rank) or next(iter(sorted(self.ranks, key=lambda r: r.rank)), None)
             if record is not None and self.state is not _S.STARTING:
                 self._add_fault(record, FaultKind.UNKNOWN, record.progress + 1, event.reason, now)
-            return self._flush()
+            return
         record = self.ranks.get(event.rank)
         if record is None:
             log.warning("device event %s for rank %d, which has not registered: ignored",
@@ -162,7 +166,6 @@ class Job:
         elif isinstance(event, DeviceFailed):
             self._fail(f"device of rank {event.rank} could not be recovered "
                        f"({event.reason or 'no reason given'})", now)
-        return self._flush()
 
     def process_exit(self, event: ProcessExited, now: float, will_restart: bool = True) -> list[Effect]:
         """The launcher saw a rank's process exit; ``will_restart`` says whether a new one follows."""
@@ -411,8 +414,7 @@ class Job:
             event = DeviceRecovered(message.rank)
         else:
             event = DeviceFailed(message.rank, message.reason)
-        effects = self.device(event, now)  # flushes: keep them in order before the reply
-        self._out.extend(effects)
+        self._device(event, now)
         self._emit(Send(peer, Reply(True, f"{message.status.value} event for rank {message.rank}",
                                     message.request_id)))
 

@@ -251,7 +251,7 @@ class Session:
         self.meta = dict(meta or {})
         before = self.step
         try:
-            if self.step % self.snapshot_every == 0:
+            if processor.follower.is_capture_step(self.step):
                 while (action := processor.wait_window(self.step)) is not None:
                     resumed = processor.follow(self, action)
                     if resumed is not None:
