@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import zmq
 
@@ -201,6 +201,20 @@ class Processor:
             if outcome is not None:
                 return None
             action = None
+
+    def end_step(self, step: int, hooks: RankHooks, capture: Callable[[int], None]) -> Optional[int]:
+        """The end of ``step``: on a capture step wait for the window and ``capture(step)``, then
+        report the step and obey a pending action. Returns the step a recovery rolled training
+        back to (or resumed after), None to go straight on."""
+        if self.follower.is_capture_step(step):
+            while (action := self.wait_window(step)) is not None:
+                resumed = self.follow(hooks, action)
+                if resumed is not None:
+                    return resumed
+            capture(step)
+        self.finished(step)
+        action = self.poll_action()
+        return None if action is None else self.follow(hooks, action)
 
     def finish(self, step: int, hooks: RankHooks) -> Optional[int]:
         """Report Done at ``step`` and wait for every rank: None when the job is finished, or

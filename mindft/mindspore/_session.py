@@ -251,15 +251,7 @@ class Session:
         self.meta = dict(meta or {})
         before = self.step
         try:
-            if processor.follower.is_capture_step(self.step):
-                while (action := processor.wait_window(self.step)) is not None:
-                    resumed = processor.follow(self, action)
-                    if resumed is not None:
-                        return self._after(resumed, before)
-                self._capture(self.step)
-            processor.finished(self.step)
-            action = processor.poll_action()
-            return None if action is None else self._after(processor.follow(self, action), before)
+            return self._after(processor.end_step(self.step, self, self._capture), before)
         except ProcessorError as error:
             self.dump_and_exit(-1, f"lost the controller: {error}")
 

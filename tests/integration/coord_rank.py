@@ -143,15 +143,7 @@ class Rank:
                     continue
                 self.state += step
                 self.step = step
-                while self.step == step and (action := self.processor.wait_window(step)) is not None:
-                    self.follow(action)
-                if self.step != step:
-                    continue  # rolled back while waiting
-                self.capture(step)
-                self.processor.finished(step)
-                action = self.processor.poll_action()
-                if action is not None:
-                    self.follow(action)
+                self.processor.end_step(step, self, self.capture)  # a rollback moves self.step back
             if self.processor.finish(self.step, self) is None:
                 break
         self.event("done", state=self.state)

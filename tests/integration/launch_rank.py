@@ -164,14 +164,7 @@ class Rank:
                     processor.follow(self)
                     continue
                 self.step = step
-                while self.step == step and (action := processor.wait_window(step)) is not None:
-                    processor.follow(self, action)
-                if self.step != step:
-                    continue
-                self.capture(step)
-                processor.finished(step)
-                if (action := processor.poll_action()) is not None:
-                    processor.follow(self, action)
+                processor.end_step(step, self, self.capture)  # a rollback moves self.step back
             if processor.finish(self.step, self) is None:
                 break
         np.save(self.dir / f"final-{self.rank}.npy", self.weights)
