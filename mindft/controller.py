@@ -76,7 +76,8 @@ class Controller:
         self._wake_out: Optional[zmq.Socket] = self._context.socket(zmq.PUSH)
         self._wake_out.connect(self._wake_address)
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.job = Job(config.world_size, config.timeouts, clock(), snapshot_every=config.snapshot_every)
+        self.job = Job(config.world_size, config.timeouts, clock(), snapshot_every=config.snapshot_every,
+                       restart_all=config.restart_scope == "all")
         self.result: Optional[JobResult] = None
         self.dropped_frames = 0
         self._stopped = False
