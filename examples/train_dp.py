@@ -14,11 +14,20 @@ dataset)``. It runs the same under msrun and under mindft-launch::
 Each rank writes its final parameters and optimizer moments to ``OUT/rank<R>.npz``
 (``--out``, or the ``TRAIN_DP_OUT`` environment variable); data parallelism keeps
 the replicas identical, so every rank's file holds the same numbers.
+
+``--loop`` trains the same model with a hand-written loop instead (gradients
+all-reduced by ``nn.DistributedGradReducer``, mindft's ``FaultTolerantLoop``).
+``--fault-step/--fault-rank/--fault-kind`` inject one fault into the first incarnation
+of a rank, inside the step before its all-reduce (``uce``: a device error; ``exit``: as
+if killed -9; ``stop``: the process stops itself, as a hang). ``--step-seconds`` slows
+each step down, to leave time for faults injected from outside.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import signal
+import time
 from pathlib import Path
 
 import mindspore as ms
@@ -29,6 +38,8 @@ from mindspore.communication import get_group_size, get_rank, init
 from mindspore.train import Model
 
 import mindft.mindspore
+from mindft.config import load_config
+from mindft.faults import DeviceFault
 
 FEATURES, HIDDEN, CLASSES = 16, 32, 4
 
@@ -57,6 +68,41 @@ def save_weights(out: Path, rank: int, net: nn.Cell, optimizer: nn.Optimizer) ->
     np.savez(out / f"rank{rank}.npz", **state)
 
 
+def fault_drill(args: argparse.Namespace, optimizer: nn.Optimizer):
+    """A forward pre-hook: in step --fault-step of --fault-rank's first incarnation, before the
+    step's all-reduce, fail as --fault-kind says; every step sleeps --step-seconds first."""
+    rank, first_incarnation = get_rank(), load_config().restart_count == 0
+
+    def hook(cell: nn.Cell, inputs: object) -> None:
+        time.sleep(args.step_seconds)
+        step = int(optimizer.global_step.asnumpy().reshape(-1)[0]) + 1  # the step being computed
+        if step != args.fault_step or rank != args.fault_rank or not first_incarnation:
+            return
+        if args.fault_kind == "exit":
+            os._exit(137)  # as if killed -9
+        if args.fault_kind == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)  # hangs until killed
+        raise DeviceFault(detail=f"injected into rank {rank} in step {step}, before its all-reduce")
+    return hook
+
+
+def train_loop(net: nn.Cell, optimizer: nn.Optimizer, dataset: ds.Dataset, epochs: int) -> None:
+    """The same training as a hand-written loop: MindSpore's DistributedGradReducer all-reduces."""
+    loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    grad_fn = ms.value_and_grad(lambda x, y: loss_fn(net(x), y), None, optimizer.parameters)
+    grad_reducer = nn.DistributedGradReducer(optimizer.parameters)
+    batches = list(dataset.create_tuple_iterator(num_epochs=1))
+    per_epoch = len(batches)
+
+    def train_step(x: ms.Tensor, y: ms.Tensor) -> None:
+        _, grads = grad_fn(x, y)
+        optimizer(grad_reducer(grads))
+
+    with mindft.mindspore.FaultTolerantLoop(net, optimizer) as loop:  # mindft's line
+        for step, (x, y) in loop.batches(lambda step: batches[(step - 1) % per_epoch], epochs * per_epoch):
+            loop.step(train_step, x, y)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--epochs", type=int, default=2)
@@ -65,6 +111,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=os.environ.get("TRAIN_DP_OUT") or None,
                         help="write final weights to OUT/rank<R>.npz [env: TRAIN_DP_OUT]")
+    parser.add_argument("--loop", action="store_true", help="a hand-written loop instead of Model.train")
+    parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep this long in every step")
+    parser.add_argument("--fault-step", type=int, default=-1)
+    parser.add_argument("--fault-rank", type=int, default=0)
+    parser.add_argument("--fault-kind", choices=("uce", "exit", "stop"), default="uce")
     args = parser.parse_args(argv)
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
@@ -79,9 +130,14 @@ def main(argv: list[str] | None = None) -> None:
     dataset = dataset.batch(args.batch_size, drop_remainder=True)
     net = nn.SequentialCell(nn.Dense(FEATURES, HIDDEN), nn.ReLU(), nn.Dense(HIDDEN, CLASSES))
     optimizer = nn.Adam(net.trainable_params(), learning_rate=1e-2)
-    model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), optimizer)
+    if args.step_seconds or args.fault_step >= 0:
+        net.register_forward_pre_hook(fault_drill(args, optimizer))
 
-    mindft.mindspore.train(model, args.epochs, dataset)  # mindft's line, instead of model.train(...)
+    if args.loop:
+        train_loop(net, optimizer, dataset, args.epochs)
+    else:
+        model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), optimizer)
+        mindft.mindspore.train(model, args.epochs, dataset)  # mindft's line, instead of model.train(...)
 
     if args.out:
         save_weights(args.out, get_rank(), net, optimizer)

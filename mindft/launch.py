@@ -141,6 +141,13 @@ class LaunchSpec:
         """True when this node starts MindSpore's scheduler (node 0 of a job that uses it)."""
         return self.scheduler_port is not None and self.node_rank == 0
 
+    @property
+    def restart_all(self) -> bool:
+        """True when a fault that takes a process restarts every worker (MINDFT_RESTART_SCOPE):
+        by default when MindSpore's cluster runs, whose workers cannot rejoin a running one."""
+        scope = self.env.get("MINDFT_RESTART_SCOPE", "").strip()
+        return scope == "all" or (not scope and self.scheduler_port is not None)
+
 
 def cluster_environment(spec: LaunchSpec) -> dict[str, str]:
     """What msrun sets in every process of MindSpore's cluster (none without a scheduler).
@@ -185,6 +192,7 @@ def rank_environment(spec: LaunchSpec, rank: int, restart_count: int) -> dict[st
         env["MS_ROLE"] = "MS_WORKER"
     if not spec.protected:
         return env
+    env["MINDFT_RESTART_SCOPE"] = "all" if spec.restart_all else "rank"
     if spec.state_dir is not None:
         env["MINDFT_STATE_DIR"] = str(spec.state_dir / f"rank{rank}")
     if spec.mindio and not env.get(MINDX_TASK_VARIABLE, "").strip():
@@ -258,7 +266,9 @@ class Worker:
     pump: Optional[threading.Thread] = None
     returncode: Optional[int] = None
     final: bool = False  # exited for good (done, dumped, out of restarts or stopped)
-    off_device: bool = False  # left its device for a hot reset: started again when the controller says
+    # Its process is gone and its state is in the agent's memory: it starts again when the
+    # controller says (its device is back after a hot reset, or every worker restarts).
+    awaiting_start: bool = False
 
     @property
     def pid(self) -> Optional[int]:
@@ -393,6 +403,8 @@ class Scheduler:
         self.log_path = spec.log_dir / "scheduler.log"
         self.process: Optional[subprocess.Popen] = None
         self.exit_seen = False  # its exit was handled by the supervise loop
+        # False once a worker of its cluster exited: restarted workers need a new scheduler.
+        self.serves_workers = False
 
     @property
     def address(self) -> str:
@@ -413,6 +425,7 @@ class Scheduler:
                 [sys.executable, *SCHEDULER_COMMAND], env=scheduler_environment(self.spec),
                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                 start_new_session=True, close_fds=True)
+        self.serves_workers = True
         log.info("started MindSpore's scheduler on %s (pid %d), log %s", self.address, self.process.pid,
                  self.log_path)
 
@@ -486,7 +499,7 @@ def recovery_progress(status: StatusReply, seconds_in_state: float, timeouts: An
         if row.state in done:
             continue
         if status.state == "REPAIRING":
-            why = "process not back" if row.state == "dead" else "device not recovered"
+            why = "process not back" if row.state in ("dead", "off_device") else "device not recovered"
             pending.append(f"rank {row.rank} ({why})")
         else:
             pending.append(f"rank {row.rank}")
@@ -772,9 +785,10 @@ class Launcher:
             self._notify(ProcessExit(rank=rank, returncode=code, pid=pid, will_restart=False),
                          f"rank {rank} is lost")
 
-    def _check_hung(self) -> None:
-        # The controller sees a silent rank; only the launcher can kill it so it can restart.
-        # On node 0 the controller orders that kill in-process (_follow_orders); other nodes ask.
+    def _poll_orders(self) -> None:
+        """Nodes other than 0 learn the controller's kills and starts from its status: a hung
+        rank (killed so it can restart), and the ``order`` of each row on this node. On node 0
+        the same orders arrive in-process (:meth:`_follow_orders`)."""
         if not self.spec.protected or self.spec.mindio or self.runner is not None:
             return
         now = time.monotonic()
@@ -787,7 +801,14 @@ class Launcher:
             return
         pids = self.agent.pids()
         for row in status.ranks:
-            if row.rank in pids and row.pid == pids[row.rank] and row.state.lower() in HUNG_STATES:
+            worker = self.agent.workers.get(row.rank)
+            if worker is None:
+                continue
+            if row.order == "kill" and row.pid == pids.get(row.rank):
+                self._orders.put(("kill", row.rank, row.pid, False, "the controller stops it for the recovery"))
+            elif row.order == "start" and worker.awaiting_start and worker.pid is None:
+                self._orders.put(("start", row.rank, 0, False, "the controller starts it for the recovery"))
+            elif row.rank in pids and row.pid == pids[row.rank] and row.state.lower() in HUNG_STATES:
                 log.warning("controller reports rank %d (pid %d) %s; killing it so it can restart",
                             row.rank, row.pid, row.state)
                 self.agent.signal_workers([row.rank], signal.SIGKILL)
@@ -804,24 +825,41 @@ class Launcher:
                 log.warning("the controller asked to %s rank %d, which runs on another node: its "
                             "launcher must do it", order, rank)
             elif order == "kill" and worker.pid is not None and (not pid or pid == worker.pid):
-                worker.off_device = worker.off_device or not restart
-                then = "so it can restart" if restart else "(it starts again when its device is back)"
-                self.console.line("mindft-launch", f"controller reports rank {rank} (pid {worker.pid}): {why}; "
+                worker.awaiting_start = worker.awaiting_start or not restart
+                then = "so it can restart" if restart else "(it starts again when the controller says)"
+                self.console.line("mindft-launch", f"controller: rank {rank} (pid {worker.pid}): {why}; "
                                                    f"killing it {then}")
                 self.agent.signal_workers([rank], signal.SIGKILL)
             elif order == "start" and worker.pid is None and not worker.final and self._signal is None:
-                worker.off_device = False
+                if worker.restarts >= self.spec.max_restarts:
+                    worker.awaiting_start, worker.final = False, True
+                    self._report_lost(rank, worker.returncode or ExitCode.FAILED, 0,
+                                      f"rank {rank} used all {self.spec.max_restarts} restarts")
+                    continue
+                self._renew_cluster()
+                worker.awaiting_start = False
                 worker.restarts += 1
-                self.console.line("mindft-launch", f"rank {rank}'s device is back: starting it again "
-                                                   f"(incarnation {worker.restarts})")
+                self.console.line("mindft-launch", f"controller: {why}: starting rank {rank} "
+                                                   f"(restart {worker.restarts}/{self.spec.max_restarts})")
                 self.agent.start_worker_list([rank])
                 self.write_job_file()
+
+    def _renew_cluster(self) -> None:
+        """Before the first worker of a restart of every worker: a new MindSpore scheduler, as
+        the workers that come back cannot join the old cluster (MCCL on CPU)."""
+        scheduler = self.scheduler
+        if scheduler is None or scheduler.serves_workers or not self.spec.restart_all or self.agent.running():
+            return
+        scheduler.exit_seen = True  # stopping it is no failure
+        scheduler.stop(0.0, 0.0)
+        scheduler.exit_seen = False
+        scheduler.start()
 
     def _handle_exits(self) -> None:
         for rank, code in self.agent.monitor().items():
             worker = self.agent.workers[rank]
             if code is None or worker.final or worker.process is None:
-                continue  # running, gone for good, or off its device waiting to start again
+                continue  # running, gone for good, or waiting for the controller to start it
             pid = worker.process.pid
             self.console.line("mindft-launch", f"rank {rank} (pid {pid}) {describe_exit(code)}")
             if code == ExitCode.OK or self._signal is not None:
@@ -833,11 +871,15 @@ class Launcher:
                 if self._unprotected_failure is None:
                     self._unprotected_failure = code
                 continue
-            if code == ExitCode.LEFT_DEVICE or worker.off_device:
-                # It left its device for a hot reset: the controller starts it when the device is back.
-                worker.off_device = True
-                self.console.line("mindft-launch", f"rank {rank} left its device for a hot reset; "
-                                                   f"it starts again when the device is back")
+            if self.scheduler is not None:
+                self.scheduler.serves_workers = False  # the cluster lost a worker for good
+            if code == ExitCode.LEFT_DEVICE or worker.awaiting_start:
+                # Left its device for a hot reset, or killed so every worker restarts: the
+                # controller starts it again (when its device is back, with every worker).
+                worker.awaiting_start = True
+                self.console.line("mindft-launch", f"rank {rank} " + (
+                    "left its device for a hot reset" if code == ExitCode.LEFT_DEVICE else "stopped")
+                    + "; it starts again when the controller says")
                 self._report_exit(rank, code, pid)
                 worker.returncode, worker.process = code, None
                 continue
@@ -856,6 +898,12 @@ class Launcher:
                             f"it: see {worker.log_path}")
                 continue
             job_over = self._job_over()
+            if self.spec.restart_all and not job_over:
+                # Its peers cannot go on without it: the controller restarts every worker together.
+                worker.awaiting_start = True
+                self._report_exit(rank, code, pid)
+                worker.returncode, worker.process = code, None
+                continue
             if not job_over:
                 self._report_exit(rank, code, pid)
             if worker.restarts >= self.spec.max_restarts or job_over:
@@ -1004,15 +1052,13 @@ class Launcher:
                         log.warning("every rank exited but the controller has no result after %gs",
                                     CONTROLLER_FINISH_TIMEOUT)
                         return job_exit_code(None, self._final_codes()) or ExitCode.FAILED
-                if running:
-                    self._check_hung()
-                    self._report_progress()
+                self._report_progress()
             elif not running and all(w.final for w in self.agent.workers.values()):
                 if self._unprotected_failure is not None:
                     return job_exit_code(None, [self._unprotected_failure])
                 return job_exit_code(None, self._final_codes())
-            elif running:
-                self._check_hung()
+            else:
+                self._poll_orders()  # also while every local rank waits to be started
             time.sleep(MONITOR_INTERVAL)
 
     def _check_scheduler(self) -> None:
@@ -1067,18 +1113,19 @@ class Launcher:
             self.console.line("mindft-launch", line)
 
     def _final_codes(self) -> list[Optional[int]]:
-        self._dump_for_ranks_off_their_device()
+        self._dump_for_ranks_without_process()
         return [w.returncode for w in self.agent.workers.values()]
 
-    def _dump_for_ranks_off_their_device(self) -> None:
-        """The job failed while ranks were off their devices (a hot reset that failed): their
-        snapshots are in this agent's memory, so the agent writes their dying-gasp checkpoints."""
+    def _dump_for_ranks_without_process(self) -> None:
+        """The job failed while ranks had no process (off their devices for a hot reset that
+        failed, or stopped so every worker restarts): their snapshots are in this agent's memory,
+        so the agent writes their dying-gasp checkpoints."""
         from mindft.snapshot import SnapshotError, SnapshotStore
 
         for rank, worker in self.agent.workers.items():
-            if not worker.off_device or worker.pid is not None or self.spec.state_dir is None:
+            if not worker.awaiting_start or worker.pid is not None or self.spec.state_dir is None:
                 continue
-            worker.off_device, worker.final = False, True
+            worker.awaiting_start, worker.final = False, True
             config = load_config(rank_environment(self.spec, rank, worker.restarts))
             step = getattr(getattr(self.runner, "controller", None), "job", None)
             step = getattr(step, "dump_step", -1) if step is not None else -1
@@ -1087,11 +1134,11 @@ class Launcher:
                     path = store.dump(config.dump_dir, rank, config.world_size, step)
             except SnapshotError as error:
                 worker.returncode = ExitCode.DUMP_FAILED
-                self.console.line("mindft-launch", f"rank {rank} was off its device; its dying-gasp checkpoint "
+                self.console.line("mindft-launch", f"rank {rank} had no process; its dying-gasp checkpoint "
                                                    f"could NOT be written from the agent's memory: {error}")
                 continue
             worker.returncode = ExitCode.DUMPED
-            self.console.line("mindft-launch", f"rank {rank} was off its device; the agent wrote its dying-gasp "
+            self.console.line("mindft-launch", f"rank {rank} had no process; the agent wrote its dying-gasp "
                                                f"checkpoint from memory: {path}")
 
 

@@ -181,6 +181,7 @@ class RankStatus:
     pid: int
     incarnation: int = 0
     replica_endpoint: str = ""  # where a restarted rank's buddy serves its replica
+    order: str = ""  # what the rank's node agent must do now: "kill", "start" or nothing
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,7 @@ class Fault:
     process_pending: bool = False  # until a new incarnation registers
     left_at: float = -1.0          # when the rank was told to leave its device or killed (-1: neither)
     exited: bool = False           # its process is gone (after leaving, it is started when the device is back)
+    kill_ordered: bool = False     # KillRank was emitted for its process
     start_ordered: bool = False    # StartRank was emitted for the process that left
     collateral: bool = False       # no fault of its own: restarted with every worker
 
@@ -214,7 +215,7 @@ class Job:
         for rank, fault in list(self.recovery.faults.items()):
             if 0 <= fault.left_at and not fault.exited and now - fault.left_at > self.timeouts.leave:
                 record = self.ranks.get(rank)
-                fault.left_at = now  # one kill per period, until its exit is reported
+                fault.left_at, fault.kill_ordered = now, True  # one kill per period, until its exit is reported
                 self._emit(KillRank(rank, record.pid, f"did not exit within {self.timeouts.leave:g} s "
                                                       f"(timeouts.leave)", restart=False))
         if self.state not in TERMINAL_STATES and now >= self.deadline:
@@ -231,7 +232,8 @@ class Job:
         """The job as ``mindft status`` shows it."""
         rows = tuple(RankStatus(rank=r.rank, state=r.state.value, step=r.progress,
                                 last_heartbeat_age=round(max(0.0, now - r.last_seen), 3), restarts=r.restarts,
-                                pid=r.pid, incarnation=r.incarnation, replica_endpoint=r.replica_endpoint)
+                                pid=r.pid, incarnation=r.incarnation, replica_endpoint=r.replica_endpoint,
+                                order=self._order(r.rank))
                      for r in sorted(self.ranks, key=lambda r: r.rank))
         if self.result is not None:
             reason = self.result.reason
@@ -308,7 +310,7 @@ class Job:
                             f"re-registered as incarnation {message.incarnation}", now)
         else:
             fault.process_pending = False
-            fault.left_at, fault.exited, fault.start_ordered = -1.0, False, False  # a new process, on its device
+            fault.left_at, fault.exited, fault.kill_ordered, fault.start_ordered = -1.0, False, False, False
             if fault.kind is FaultKind.HANG:
                 fault.kind = FaultKind.PROCESS_DIED
             log.info("rank=%d restarted (incarnation %d): %s repaired", rank, message.incarnation, fault.kind.name)
@@ -319,6 +321,15 @@ class Job:
         record.held_round = self.recovery.round
         self.recovery.waiting.discard(rank)
         self._advance(now)
+
+    def _order(self, rank: int) -> str:
+        """What the rank's node agent must still do for the recovery ("kill", "start" or "")."""
+        fault = self.recovery.faults.get(rank) if self.state in RECOVERY_STATES else None
+        if fault is None:
+            return ""
+        if fault.kill_ordered and not fault.exited:
+            return "kill"
+        return "start" if fault.start_ordered and fault.process_pending else ""
 
     def _register_ack(self) -> RegisterAck:
         endpoints = {r.rank: r.replica_endpoint for r in sorted(self.ranks, key=lambda r: r.rank)}
@@ -410,12 +421,12 @@ class Job:
         if fault is not None and fault.left_at >= 0:
             # It left its device as told: it comes back when the device does.
             if fault.exited:
-                return True, f"rank {event.rank} had left its device"
+                return True, f"rank {event.rank} had stopped as told"
             record.state, fault.exited = RankState.OFF_DEVICE, True
-            log.info("rank=%d left its device after %.2f s (exit code %d)", event.rank, now - fault.left_at,
-                     event.returncode)
+            log.info("rank=%d process exited %.2f s after it was told to stop (exit code %d)", event.rank,
+                     now - fault.left_at, event.returncode)
             self._start_if_ready(event.rank, fault)
-            return True, f"rank {event.rank} left its device"
+            return True, f"rank {event.rank} stopped as told"
         self._add_fault(record, FaultKind.PROCESS_DIED, record.progress + 1,
                         f"process {event.pid} exited with code {event.returncode}", now, dead=True, exited=True)
         return True, f"rank {event.rank} marked dead"
@@ -512,7 +523,7 @@ class Job:
                 fault.left_at = now
             if record.alive:
                 self._emit(KillRank(record.rank, record.pid, f"every worker restarts: {why}", restart=False))
-                record.state, fault.exited = RankState.DEAD, False
+                record.state, fault.exited, fault.kill_ordered = RankState.DEAD, False, True
         self.deadline = now + self.timeouts.repair
         self._advance(now)
 

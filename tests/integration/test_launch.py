@@ -233,7 +233,7 @@ def test_device_failed_every_rank_dumps_and_the_launcher_exits_3(launch: Callabl
     out = job.text()
     assert code == 3, out
     assert "rank 0 dumped step" in out and "rank 1 leaves its device" in out
-    assert "rank 1 was off its device; the agent wrote its dying-gasp checkpoint from memory" in out
+    assert "rank 1 had no process; the agent wrote its dying-gasp checkpoint from memory" in out
     assert out.count("exit 3 (dying-gasp checkpoint written)") == 1
     # Rank 0 dumps itself; rank 1 had left its device, so the agent dumps it from its memory.
     assert len(list((tmp_path / "dump").glob("rank0-step*.npy"))) == 1
@@ -296,8 +296,12 @@ def test_demo_hot_reset_with_mindspore_is_bit_identical(tmp_path: Path) -> None:
     assert out.count(" yes") == 2 and "bit-identical:" in out
 
 
-def test_two_nodes_share_one_controller_and_key(tmp_path: Path) -> None:
-    """Two launchers on loopback as nodes 0 and 1; a crash on node 1 is reported over the wire."""
+@pytest.mark.parametrize("scope", ["rank", "all"])
+def test_two_nodes_share_one_controller_and_key(tmp_path: Path, scope: str) -> None:
+    """Two launchers on loopback as nodes 0 and 1; a crash on node 1 is reported over the wire.
+
+    With MINDFT_RESTART_SCOPE=all every worker on both nodes restarts: node 1 learns the
+    controller's kills and starts from its status."""
     import zmq
 
     with zmq.Context.instance().socket(zmq.ROUTER) as probe:  # a free port for the controller
@@ -307,7 +311,7 @@ def test_two_nodes_share_one_controller_and_key(tmp_path: Path) -> None:
                           capture_output=True, timeout=30).returncode == 0
     env = {**os.environ, "LAUNCH_DIR": str(tmp_path), "LAUNCH_STEPS": "30", "LAUNCH_CRASH": "3:10",
            "MINDFT_HEARTBEAT_INTERVAL": "0.1", "MINDFT_RESET_FILE": str(tmp_path / "reset.json"),
-           "MINDFT_REPAIR_TIMEOUT": "30", "MS_ENABLE_TFT": "{RSC:1}"}
+           "MINDFT_REPAIR_TIMEOUT": "30", "MS_ENABLE_TFT": "{RSC:1}", "MINDFT_RESTART_SCOPE": scope}
     env.pop("MINDFT_KEY_FILE", None)
     nodes = []
     try:
@@ -326,7 +330,14 @@ def test_two_nodes_share_one_controller_and_key(tmp_path: Path) -> None:
                 process.wait()
     node0, node1 = (tmp_path / "node0.out").read_text(), (tmp_path / "node1.out").read_text()
     assert codes == [0, 0], node0 + node1
-    assert "restarting rank 3" in node1 and "[rank 3] rank 3 incarnation 1" in node1
+    assert "[rank 3] rank 3 incarnation 1" in node1
+    if scope == "rank":
+        assert "restarting rank 3" in node1 and "[rank 2] rank 2 incarnation 1" not in node1
+    else:
+        assert "restarting every worker" in node0
+        for node, out in ((0, node0), (1, node1)):
+            for rank in (2 * node, 2 * node + 1):
+                assert f"[rank {rank}] rank {rank} incarnation 1" in out, out
     assert "rank=3 fault PROCESS_DIED" in node0 and "exited with code -9" in node0  # ProcessExit from node 1
     assert "[controller]" not in node1                                            # node 1 runs no controller
     for rank in range(4):
