@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import psutil
@@ -19,19 +19,20 @@ LAUNCH_VARIABLES = ("MINDFT_NPROC", "MINDFT_NNODES", "MINDFT_NODE_RANK", "VC_TAS
 
 
 def free_port_pair() -> int:
-    """A port P with P and P + 1 free (the scheduler and the controller)."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        if port < 65535:
-            try:
-                with socket.socket() as second:
-                    second.bind(("127.0.0.1", port + 1))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError("no two consecutive free ports")
+    """A port P with P and P + 1 free (the scheduler and the controller).
+
+    Drawn below the kernel's ephemeral range, so outgoing connections of other jobs on the
+    machine (thousands, in a coordination benchmark) neither exhaust nor take it."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]) - 2
+    for port in random.sample(range(20000, min(low, 40000)), 200):
+        try:
+            with socket.socket() as first, socket.socket() as second:
+                first.bind(("127.0.0.1", port))
+                second.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no two consecutive free ports below the ephemeral range")
 
 
 class Processes:

@@ -28,7 +28,8 @@ pytestmark = pytest.mark.timeout(600)
 
 DP_SCRIPT = ROOT / "examples" / "train_dp.py"
 EPOCHS = 2  # 256 samples, batch 8 per rank: 32 steps on 2 ranks, 16 on 4
-FAST_FAULTS = {"MINDFT_HEARTBEAT_INTERVAL": "0.1", "MINDFT_HEARTBEAT_MISSES": "20", "MINDFT_STALL_TIMEOUT": "2"}
+FAST_FAULTS = {"MINDFT_HEARTBEAT_INTERVAL": "0.1", "MINDFT_HEARTBEAT_MISSES": "20", "MINDFT_STALL_TIMEOUT": "2",
+               "MINDFT_RESET_POLL_INTERVAL": "0.1"}
 
 
 def launch(processes: Processes, tmp: Path, name: str, world: int, *script_args: str,
@@ -159,7 +160,7 @@ def _plugin(job_file: Path, rank: int, outcome: str, tmp: Path) -> subprocess.Co
 
 def test_two_faults_a_crash_then_a_hot_reset_end_bit_identical(tmp_path: Path, processes: Processes,
                                                                 references) -> None:
-    launcher, output = launch(processes, tmp_path, "run", 2, "--loop", "--step-seconds", "0.1", "--fault-step", "4",
+    launcher, output = launch(processes, tmp_path, "run", 2, "--loop", "--step-seconds", "0.2", "--fault-step", "4",
                               "--fault-rank", "1", "--fault-kind", "exit", wait=False)
     job_file = tmp_path / "run" / "job.json"
     _wait_for(job_file, launcher, output, lambda s: s.recoveries >= 1 and s.state == "NORMAL" and s.step >= 8,
@@ -177,7 +178,7 @@ def test_two_faults_a_crash_then_a_hot_reset_end_bit_identical(tmp_path: Path, p
 
 
 def test_a_failed_device_leaves_same_step_dying_gasps_and_exit_3(tmp_path: Path, processes: Processes) -> None:
-    launcher, output = launch(processes, tmp_path, "run", 2, "--step-seconds", "0.1", wait=False)
+    launcher, output = launch(processes, tmp_path, "run", 2, "--step-seconds", "0.2", wait=False)
     job_file = tmp_path / "run" / "job.json"
     _wait_for(job_file, launcher, output, lambda s: s.state == "NORMAL" and s.step >= 6, "training")
     plugin = _plugin(job_file, 1, "failed", tmp_path)
