@@ -170,7 +170,6 @@ def hot_reset(job_file: Path, rank: int, seconds: float, events: dict[str, float
 
 # What the timeline shows, from the faulted run's output: (label, words on the line).
 TIMELINE = (("ladder: every worker restarts from the agents' memory", "restarting every worker"),
-            ("every process exited", "every live rank paused"),
             ("new MindSpore scheduler started", "started MindSpore's scheduler"),
             ("every rank registered again", "every rank holds step"),
             ("every rank restored the rollback step", "every rank restored step"),
