@@ -46,12 +46,14 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "coordination.json"
 TARGET_REAL_16 = 0.050
 TARGET_SIM_4096 = 1.0
+TARGET_SIM_16384 = 2.0
 SIM_WORKERS = 2
 # Generous liveness for the benchmark: a loaded 2-core box must not declare ranks dead.
 REAL_TIMEOUTS = Timeouts(heartbeat_interval=0.5, heartbeat_misses=20, register=120.0, pause=60.0,
                          repair=60.0, rollback=60.0, resume=60.0)
 SIM_TIMEOUTS = Timeouts(heartbeat_interval=2.0, heartbeat_misses=60, register=300.0, pause=120.0,
                         repair=120.0, rollback=120.0, resume=120.0)
+SIM_SIZES = [64, 256, 1024, 4096, 16384]
 TRIGGER_GAP = 0.01  # seconds between the end of a round and the next fault
 HELD = (0,)  # every rank holds the snapshot of step 0, so every round rolls back to it
 PHASES = (JobState.PAUSING, JobState.REPAIRING, JobState.ROLLBACK, JobState.RESUMING)
@@ -381,20 +383,23 @@ def summarize(kind: str, n: int, controller: Controller, secure: bool, cpu: list
 def print_table(rows: list[dict]) -> None:
     print(f"{'kind':<10} {'ranks':>6} {'curve':>5} {'rounds':>6} {'median ms':>10} {'p90 ms':>8} "
           f"{'pause':>7} {'rollbk':>7} {'resume':>7} {'ctl cpu':>8} {'µs/rank':>8} {'growth (latency/ranks)':>22} "
-          f"{'zmq floor ms':>12} {'x floor':>7}")
+          f"{'zmq floor ms':>12} {'floor growth':>12} {'x floor':>7}")
     previous = None
     for row in rows:
-        growth = ""
+        growth = floor_growth = ""
         if previous is not None and previous["secure"] == row["secure"]:
             growth = (f"x{row['median_s'] / previous['median_s']:.2f}/"
                       f"x{row['ranks'] / previous['ranks']:.0f}")
+            if row.get("floor_median_s") and previous.get("floor_median_s"):
+                floor_growth = f"x{row['floor_median_s'] / previous['floor_median_s']:.2f}"
         print(f"{row['kind']:<10} {row['ranks']:>6} {'yes' if row['secure'] else 'no':>5} "
               f"{row['rounds']:>6} {row['median_s'] * 1e3:>10.2f} {row['p90_s'] * 1e3:>8.2f} "
               f"{row['phase_median_s']['PAUSING'] * 1e3:>7.1f} {row['phase_median_s']['ROLLBACK'] * 1e3:>7.1f} "
               f"{row['phase_median_s']['RESUMING'] * 1e3:>7.1f} {row['controller_cpu_median_s'] * 1e3:>8.1f} "
               f"{row['median_s'] * 1e6 / row['ranks']:>8.1f} {growth:>22} "
-              + (f"{row['floor_median_s'] * 1e3:>12.2f} {row['median_s'] / row['floor_median_s']:>7.2f}"
-                 if row.get("floor_median_s") else f"{'':>12} {'':>7}"))
+              + (f"{row['floor_median_s'] * 1e3:>12.2f} {floor_growth:>12} "
+                 f"{row['median_s'] / row['floor_median_s']:>7.2f}"
+                 if row.get("floor_median_s") else f"{'':>12} {'':>12} {'':>7}"))
         previous = row
 
 
@@ -405,6 +410,10 @@ def main() -> None:
     parser.add_argument("--sim-worker", nargs=5, help=argparse.SUPPRESS)
     parser.add_argument("--floor-worker", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--sim-sizes", type=_sizes, help="simulated rank counts, comma-separated "
+                        f"(default {','.join(map(str, SIM_SIZES))}; --quick: 64,256)")
+    parser.add_argument("--real-sizes", type=_sizes, help="real rank counts, comma-separated "
+                        "(default 2,4,8,16; --quick: 2,4; 0: none)")
     args = parser.parse_args()
     if args.real_rank:
         real_rank_main(args.rounds)
@@ -421,9 +430,9 @@ def main() -> None:
     import logging
     import tempfile
     logging.basicConfig(level=logging.ERROR)
-    real_sizes = [2, 4] if args.quick else [2, 4, 8, 16]
-    sim_sizes = [64, 256] if args.quick else [64, 256, 1024, 4096]
-    sim_rounds = {64: 10, 256: 10, 1024: 5, 4096: 3}
+    real_sizes = args.real_sizes if args.real_sizes is not None else [2, 4] if args.quick else [2, 4, 8, 16]
+    real_sizes = [n for n in real_sizes if n > 0]
+    sim_sizes = args.sim_sizes or ([64, 256] if args.quick else SIM_SIZES)
     rows: list[dict] = []
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
@@ -431,30 +440,40 @@ def main() -> None:
             rows.append(run_real(n, 5 if args.quick else 20, False, Path(tmp)))
             print_progress(rows[-1])
         for n in sim_sizes:
-            rows.append(run_sim(n, 3 if args.quick else sim_rounds[n], False, Path(tmp)))
+            rows.append(run_sim(n, 3 if args.quick else sim_rounds(n), False, Path(tmp)))
             print_progress(rows[-1])
-            floor = run_floor(n, 3 if args.quick else sim_rounds[n])
-            rows[-1]["floor_median_s"] = floor["median_s"]
+            floor = run_floor(n, 3 if args.quick else sim_rounds(n))
+            rows[-1].update(floor_median_s=floor["median_s"], floor_all_s=floor["all_s"])
             print(f"  raw zmq floor n={n:<5} median {floor['median_s'] * 1e3:8.2f} ms", flush=True)
         # Side by side: the cost of CurveZMQ at the largest real size and a mid simulated size.
-        rows.append(run_real(real_sizes[-1], 5 if args.quick else 20, True, Path(tmp)))
-        print_progress(rows[-1])
-        rows.append(run_sim(256, 3 if args.quick else 5, True, Path(tmp)))
-        print_progress(rows[-1])
+        if real_sizes:
+            rows.append(run_real(real_sizes[-1], 5 if args.quick else 20, True, Path(tmp)))
+            print_progress(rows[-1])
+        if 256 in sim_sizes:
+            rows.append(run_sim(256, 3 if args.quick else 5, True, Path(tmp)))
+            print_progress(rows[-1])
     print()
     print_table([r for r in rows if not r["secure"]])
-    print()
-    print("CurveZMQ on vs off (same size):")
-    print_table([r for r in rows if not r["secure"] and r["ranks"] in (real_sizes[-1], 256)
-                 and (r["kind"], r["ranks"]) in {(s["kind"], s["ranks"]) for s in rows if s["secure"]}]
-                + [r for r in rows if r["secure"]])
+    if any(r["secure"] for r in rows):
+        print()
+        print("CurveZMQ on vs off (same size):")
+        print_table([r for r in rows if not r["secure"]
+                     and (r["kind"], r["ranks"]) in {(s["kind"], s["ranks"]) for s in rows if s["secure"]}]
+                    + [r for r in rows if r["secure"]])
     real16 = next((r for r in rows if r["kind"] == "real" and r["ranks"] == 16 and not r["secure"]), None)
-    sim4096 = next((r for r in rows if r["ranks"] == 4096 and not r["secure"]), None)
+    sim = {r["ranks"]: r for r in rows if r["kind"] == "simulated" and not r["secure"]}
     verdicts = {}
     if real16:
         verdicts["real_16_under_50ms"] = real16["median_s"] < TARGET_REAL_16
-    if sim4096:
-        verdicts["sim_4096_under_1s"] = sim4096["median_s"] < TARGET_SIM_4096
+    if 4096 in sim:
+        verdicts["sim_4096_under_1s"] = sim[4096]["median_s"] < TARGET_SIM_4096
+    if 16384 in sim:
+        verdicts["sim_16384_under_2s"] = sim[16384]["median_s"] < TARGET_SIM_16384
+    if 4096 in sim and 16384 in sim:
+        growth = sim[16384]["median_s"] / sim[4096]["median_s"]
+        floor_growth = sim[16384]["floor_median_s"] / sim[4096]["floor_median_s"]
+        print(f"growth 4096 → 16384 ranks: mindft x{growth:.2f}, bare zmq floor x{floor_growth:.2f}")
+        verdicts["growth_4096_to_16384_within_floor"] = growth <= floor_growth
     for name, ok in verdicts.items():
         print(f"target {name}: {'met' if ok else 'MISSED'}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
@@ -467,6 +486,21 @@ def main() -> None:
         "timeouts": {"real": dataclasses.asdict(REAL_TIMEOUTS), "simulated": dataclasses.asdict(SIM_TIMEOUTS)},
         "sim_workers": SIM_WORKERS, "rows": rows, "targets": verdicts}, indent=2))
     print(f"wrote {RESULTS}")
+
+
+def sim_rounds(n: int) -> int:
+    """Rounds per simulated size: fewer where one round costs seconds of a 2-core box."""
+    return 10 if n <= 256 else 5 if n <= 4096 else 3
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or any(n < 0 for n in sizes):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of rank counts (e.g. 4096,16384)")
+    return sizes
 
 
 def print_progress(row: dict) -> None:

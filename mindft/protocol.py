@@ -6,17 +6,25 @@ UTF-8 JSON object ``{"v": PROTOCOL_VERSION, "msg": KIND, <fields>}``; :func:`enc
 and :func:`decode` are the only way in and out. :func:`decode` validates the version,
 the kind, the size and every field's type, and raises :class:`ProtocolError` (never
 anything else) so a receiver can log the reason and drop the frame.
+
+The two frames every rank sends most, :class:`StepReport` and :class:`Heartbeat`, are written
+from fixed byte templates (fields in declaration order, no spaces: exactly what :func:`encode`
+writes) and :func:`decode` recognises a frame that matches its template byte for byte without
+parsing JSON; any other spelling of the same message takes the full path to the same result.
 """
 from __future__ import annotations
 
 import dataclasses
 import enum
 import json
+import re
 import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Optional, Union
 
-PROTOCOL_VERSION = 2
+# 3: heartbeats are no longer broadcast; the controller answers a rank's Heartbeat with one
+# of its own, and a rank sends one only when it sent, or heard, nothing else for an interval.
+PROTOCOL_VERSION = 3
 # Large enough for an endpoint map of ~20k ranks; bigger frames are refused unread.
 MAX_FRAME = 4 * 1024 * 1024
 
@@ -81,7 +89,9 @@ class RegisterAck:
 
 @dataclass(frozen=True)
 class Heartbeat:
-    """Liveness, both ways (the controller sends rank=-1)."""
+    """Liveness when nothing else flows: a rank sends one after an interval in which it sent,
+    or heard, nothing else; the controller answers each with one of its own (rank=-1, ``step``
+    the slowest rank's progress) and broadcasts none."""
 
     KIND: ClassVar[str] = "heartbeat"
     rank: int
@@ -255,6 +265,10 @@ _DECODER = json.JSONDecoder()
 def encode(message: Message) -> bytes:
     """Serialize one message into one frame."""
     cls = type(message)
+    if cls is StepReport:
+        return _STEP_REPORT % (message.rank, message.step, message.round)
+    if cls is Heartbeat:
+        return _HEARTBEAT % (message.rank, message.incarnation, message.step)
     fields = _FIELDS.get(cls)
     if fields is None or cls is RankStatus:
         raise ProtocolError(f"cannot encode {cls.__name__}: not a mindft message")
@@ -269,7 +283,23 @@ def encode(message: Message) -> bytes:
 
 def encode_step_report(rank: int, step: int, round: int) -> bytes:
     """``encode(StepReport(rank, step, round))``, built from a template: the per-step hot path."""
-    return b'{"v":%d,"msg":"step_report","rank":%d,"step":%d,"round":%d}' % (PROTOCOL_VERSION, rank, step, round)
+    return _STEP_REPORT % (rank, step, round)
+
+
+def encode_heartbeat(rank: int, incarnation: int, step: int) -> bytes:
+    """``encode(Heartbeat(rank, incarnation, step))``, built from a template."""
+    return _HEARTBEAT % (rank, incarnation, step)
+
+
+_STEP_REPORT = b'{"v":%d,"msg":"step_report","rank":%%d,"step":%%d,"round":%%d}' % PROTOCOL_VERSION
+_HEARTBEAT = b'{"v":%d,"msg":"heartbeat","rank":%%d,"incarnation":%%d,"step":%%d}' % PROTOCOL_VERSION
+# The templates with each %d replaced by a JSON integer: a frame that matches is exactly the
+# message the full decoder would build from it, so it skips json.loads and field checks.
+_JSON_INT = rb"(-?(?:0|[1-9][0-9]{0,17}))"
+_FAST = {prefix: (re.compile(re.escape(template[len(prefix):]).replace(rb"%d", _JSON_INT)), cls)
+         for template, cls in ((_STEP_REPORT, StepReport), (_HEARTBEAT, Heartbeat))
+         for prefix in (template[:template.index(b"%d")],)}
+_FAST_PREFIX = re.compile(rb'\{"v":%d,"msg":"(?:step_report|heartbeat)","rank":' % PROTOCOL_VERSION)
 
 
 def decode(frame: bytes) -> Message:
@@ -278,6 +308,13 @@ def decode(frame: bytes) -> Message:
         raise ProtocolError(f"frame must be bytes, got {type(frame).__name__}")
     if len(frame) > MAX_FRAME:
         raise ProtocolError(f"frame of {len(frame)} bytes exceeds MAX_FRAME={MAX_FRAME}")
+    if type(frame) is bytes and len(frame) < 160:
+        head = _FAST_PREFIX.match(frame)
+        if head is not None:
+            pattern, cls = _FAST[frame[:head.end()]]
+            fields = pattern.fullmatch(frame, head.end())
+            if fields is not None:
+                return cls(int(fields[1]), int(fields[2]), int(fields[3]))
     try:
         body = _DECODER.decode(bytes(frame).decode())
     except (UnicodeDecodeError, ValueError, RecursionError) as error:
