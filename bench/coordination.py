@@ -1,7 +1,7 @@
 """Latency of one pause → rollback → resume round against the number of ranks.
 
 Protocol only (no model state): a real mindft Controller (on a thread of this process)
-and N ranks that acknowledge PAUSE, ROLLBACK and RESUME (protocol v2). Each round is started from
+and N ranks that acknowledge PAUSE, ROLLBACK and RESUME (protocol v3). Each round is started from
 NORMAL by a device reset of rank 0 reported together with its recovery (as the reset
 watcher would), so REPAIRING has nothing to wait for. The latency is the controller's
 own measurement: from the fault's arrival to the last RESUME acknowledgement (NORMAL
@@ -40,7 +40,7 @@ from mindft.exitcodes import ExitCode
 from mindft.flow import DeviceFaulty, DeviceRecovered, JobState, phase_times
 from mindft.keys import generate_keys, job_keys, secure_client
 from mindft.processor import Processor
-from mindft.protocol import Ack, Action, ActionKind, Done, FaultKind, Heartbeat, Register, decode, encode
+from mindft.protocol import Ack, Action, ActionKind, Done, FaultKind, Register, decode, encode, encode_heartbeat
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "coordination.json"
@@ -232,7 +232,14 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
     resumed = dict.fromkeys(sockets, 0)
     finished: set[zmq.Socket] = set()  # got FINISH (after its Done)
     decoded: dict[bytes, object] = {}
-    next_beat, interval = time.monotonic(), SIM_TIMEOUTS.heartbeat_interval
+    interval = SIM_TIMEOUTS.heartbeat_interval
+    # Like a Processor, a rank heartbeats only after an interval in which it sent nothing, or
+    # heard nothing (then at most once per interval); the controller answers each heartbeat.
+    started = time.monotonic()
+    last_sent = dict.fromkeys(sockets, started)
+    last_heard = dict.fromkeys(sockets, started)
+    last_beat = dict.fromkeys(sockets, started)
+    next_check = started + interval / 4
     # Acks from a byte template (checked against encode() once): the simulation stands in
     # for thousands of processes, so its own per-message cost must stay small. Like a
     # follower, a rank acknowledges PAUSE with its position and held steps, ROLLBACK with
@@ -247,7 +254,10 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
     assert ack_frame(first, ActionKind.ROLLBACK, 3, 7) == encode(Ack(first, ActionKind.ROLLBACK, 3, HELD, 7))
     position = 0  # every simulated rank stays at step 0
     while len(finished) < count:
-        for sock, _ in poller.poll(100):
+        events = poller.poll(100)
+        now = time.monotonic()
+        for sock, _ in events:
+            last_heard[sock] = now
             while True:
                 try:
                     frame = sock.recv(zmq.NOBLOCK)
@@ -275,16 +285,18 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
                     rank = rank_of[sock]
                     step = position if kind is ActionKind.PAUSE else message.step
                     sock.send(ack_frame(rank, kind, step, message.round))
+                    last_sent[sock] = now
                     if kind is ActionKind.RESUME:
                         resumed[sock] += 1
                         if resumed[sock] >= rounds:
                             sock.send(encode(Done(rank, position)))
-        now = time.monotonic()
-        if now >= next_beat:
-            next_beat = now + interval
+        if now >= next_check:
+            next_check = now + interval / 4
             for sock in sockets:
-                if sock not in finished:
-                    sock.send(encode(Heartbeat(rank_of[sock], 0, position)))
+                if sock not in finished and (now - last_sent[sock] >= interval
+                                             or now - max(last_heard[sock], last_beat[sock]) >= interval):
+                    last_sent[sock] = last_beat[sock] = now
+                    sock.send(encode_heartbeat(rank_of[sock], 0, position))
     for sock in sockets:
         sock.close()
     context.term()

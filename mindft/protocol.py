@@ -7,10 +7,11 @@ and :func:`decode` are the only way in and out. :func:`decode` validates the ver
 the kind, the size and every field's type, and raises :class:`ProtocolError` (never
 anything else) so a receiver can log the reason and drop the frame.
 
-The two frames every rank sends most, :class:`StepReport` and :class:`Heartbeat`, are written
-from fixed byte templates (fields in declaration order, no spaces: exactly what :func:`encode`
-writes) and :func:`decode` recognises a frame that matches its template byte for byte without
-parsing JSON; any other spelling of the same message takes the full path to the same result.
+:func:`encode` writes fields in declaration order without spaces (the per-step
+:class:`StepReport` and :class:`Heartbeat` from byte templates). :func:`decode` recognises the
+frames the controller receives by the thousand (step reports, heartbeats, acks) in exactly
+that spelling without parsing JSON; any other spelling of the same message takes the full path
+to the same result.
 """
 from __future__ import annotations
 
@@ -293,13 +294,31 @@ def encode_heartbeat(rank: int, incarnation: int, step: int) -> bytes:
 
 _STEP_REPORT = b'{"v":%d,"msg":"step_report","rank":%%d,"step":%%d,"round":%%d}' % PROTOCOL_VERSION
 _HEARTBEAT = b'{"v":%d,"msg":"heartbeat","rank":%%d,"incarnation":%%d,"step":%%d}' % PROTOCOL_VERSION
-# The templates with each %d replaced by a JSON integer: a frame that matches is exactly the
-# message the full decoder would build from it, so it skips json.loads and field checks.
-_JSON_INT = rb"(-?(?:0|[1-9][0-9]{0,17}))"
-_FAST = {prefix: (re.compile(re.escape(template[len(prefix):]).replace(rb"%d", _JSON_INT)), cls)
-         for template, cls in ((_STEP_REPORT, StepReport), (_HEARTBEAT, Heartbeat))
-         for prefix in (template[:template.index(b"%d")],)}
-_FAST_PREFIX = re.compile(rb'\{"v":%d,"msg":"(?:step_report|heartbeat)","rank":' % PROTOCOL_VERSION)
+# The frames the controller receives by the thousand (step reports, heartbeats, acks), as
+# patterns of exactly the bytes encode() writes, each integer spelled the one way JSON allows:
+# a frame that matches is the message the full decoder would build from it, so it skips
+# json.loads and the per-field checks. Any other spelling takes the full path.
+_INT = rb"-?(?:0|[1-9][0-9]{0,17})"
+_FAST_HEAD = re.compile(rb'\{"v":%d,"msg":"(step_report|heartbeat|ack)","rank":(%s),' % (PROTOCOL_VERSION, _INT))
+_ACTION_BY_WIRE = {kind.value.encode(): kind for kind in ActionKind}
+
+
+def _fast_ack(rank: int, fields: re.Match) -> Optional[Ack]:
+    action = _ACTION_BY_WIRE.get(fields[1])
+    if action is None:
+        return None  # the full path names the valid actions
+    held = tuple(map(int, fields[3].split(b","))) if fields[3] else ()
+    return Ack(rank, action, int(fields[2]), held, int(fields[4]))
+
+
+_FAST: dict[bytes, tuple[re.Pattern, Any]] = {
+    b"step_report": (re.compile(rb'"step":(%s),"round":(%s)\}' % (_INT, _INT)),
+                     lambda rank, f: StepReport(rank, int(f[1]), int(f[2]))),
+    b"heartbeat": (re.compile(rb'"incarnation":(%s),"step":(%s)\}' % (_INT, _INT)),
+                   lambda rank, f: Heartbeat(rank, int(f[1]), int(f[2]))),
+    b"ack": (re.compile(rb'"action":"([a-z_]{1,32})","step":(%s),"held_steps":\[((?:%s(?:,%s)*)?)\],"round":(%s)\}'
+                        % (_INT, _INT, _INT, _INT)), _fast_ack),
+}
 
 
 def decode(frame: bytes) -> Message:
@@ -308,13 +327,14 @@ def decode(frame: bytes) -> Message:
         raise ProtocolError(f"frame must be bytes, got {type(frame).__name__}")
     if len(frame) > MAX_FRAME:
         raise ProtocolError(f"frame of {len(frame)} bytes exceeds MAX_FRAME={MAX_FRAME}")
-    if type(frame) is bytes and len(frame) < 160:
-        head = _FAST_PREFIX.match(frame)
+    if type(frame) is bytes and len(frame) <= 512:
+        head = _FAST_HEAD.match(frame)
         if head is not None:
-            pattern, cls = _FAST[frame[:head.end()]]
+            pattern, build = _FAST[head[1]]
             fields = pattern.fullmatch(frame, head.end())
-            if fields is not None:
-                return cls(int(fields[1]), int(fields[2]), int(fields[3]))
+            message = None if fields is None else build(int(head[2]), fields)
+            if message is not None:
+                return message
     try:
         body = _DECODER.decode(bytes(frame).decode())
     except (UnicodeDecodeError, ValueError, RecursionError) as error:

@@ -153,7 +153,8 @@ def test_the_step_report_template_is_what_encode_writes(rank: int, step: int, ro
 
 
 @pytest.mark.parametrize("message", [protocol.Heartbeat(-1, 0, 7), protocol.Heartbeat(16383, 2, 123456789),
-                                     protocol.StepReport(5, 6, 7)])
+                                     protocol.StepReport(5, 6, 7), Ack(3, ActionKind.PAUSE, 4, (3, 4), 2),
+                                     Ack(0, ActionKind.RESUME, -1, (), 0), Ack(9, ActionKind.ROLLBACK, 0, (0,), 1)])
 def test_hot_frames_are_decoded_without_json(message, monkeypatch: pytest.MonkeyPatch) -> None:
     frame = encode(message)
     if isinstance(message, protocol.Heartbeat):
@@ -173,6 +174,10 @@ def test_hot_frames_are_decoded_without_json(message, monkeypatch: pytest.Monkey
     ('{"v":3,"msg":"step_report","rank":1,"step":1.5,"round":0}', "expected an integer"),
     ('{"v":3,"msg":"step_report","rank":1,"step":true,"round":0}', "expected an integer"),
     ('{"v":2,"msg":"step_report","rank":1,"step":1,"round":0}', "unsupported protocol version 2"),
+    ('{"v":3,"msg":"ack","rank":1,"action":"self_destruct","step":1,"held_steps":[1],"round":1}',
+     "not one of pause, rollback"),
+    ('{"v":3,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[1,"2"],"round":1}', "a list of integers"),
+    ('{"v":3,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[1,],"round":1}', "not JSON"),
 ])
 def test_near_misses_of_the_hot_templates_get_the_full_checks(text: str, error: str) -> None:
     with pytest.raises(ProtocolError, match=error):
@@ -182,6 +187,8 @@ def test_near_misses_of_the_hot_templates_get_the_full_checks(text: str, error: 
 @pytest.mark.parametrize("text, message", [
     ('{"msg":"heartbeat","v":3,"rank":1,"incarnation":0,"step":2}', protocol.Heartbeat(1, 0, 2)),
     ('{"v":3,"msg":"step_report","rank":1,"step":2}', protocol.StepReport(1, 2, 0)),
+    ('{"v":3,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[0, 1],"round":1}',
+     Ack(1, ActionKind.PAUSE, 1, (0, 1), 1)),
     ('{"v": 3, "msg": "step_report", "rank": -0, "step": 12345678901234567890123, "round": 1}',
      protocol.StepReport(0, 12345678901234567890123, 1)),
 ])
