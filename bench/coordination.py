@@ -211,8 +211,9 @@ def run_real(n: int, rounds: int, secure: bool, tmp: Path) -> dict:
 
 # ---- simulated ranks ----------------------------------------------------------------------
 
-def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: str) -> None:
-    """``count`` ranks (DEALER sockets) starting at ``first``, driven from one thread."""
+def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: str, stats: str) -> None:
+    """``count`` ranks (DEALER sockets) starting at ``first``, driven from one thread; writes
+    how many frames of each kind it sent and received to ``stats`` (JSON)."""
     keys = job_keys(MindftConfig(key_file=Path(key_file) if key_file else None, insecure=not key_file))
     context = zmq.Context()
     context.setsockopt(zmq.LINGER, 1000)
@@ -253,6 +254,8 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
 
     assert ack_frame(first, ActionKind.ROLLBACK, 3, 7) == encode(Ack(first, ActionKind.ROLLBACK, 3, HELD, 7))
     position = 0  # every simulated rank stays at step 0
+    sent = {"heartbeat": 0, "ack": 0, "other": count}  # "other": the Register, then Done
+    received: dict[str, int] = {}
     while len(finished) < count:
         events = poller.poll(100)
         now = time.monotonic()
@@ -272,6 +275,8 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
                     if len(decoded) > 64:
                         decoded.clear()
                     decoded[frame] = message
+                name = type(message).__name__
+                received[name] = received.get(name, 0) + 1
                 if not isinstance(message, Action):
                     continue  # heartbeats and Progress: nothing to answer
                 kind = message.kind
@@ -286,10 +291,12 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
                     step = position if kind is ActionKind.PAUSE else message.step
                     sock.send(ack_frame(rank, kind, step, message.round))
                     last_sent[sock] = now
+                    sent["ack"] += 1
                     if kind is ActionKind.RESUME:
                         resumed[sock] += 1
                         if resumed[sock] >= rounds:
                             sock.send(encode(Done(rank, position)))
+                            sent["other"] += 1
         if now >= next_check:
             next_check = now + interval / 4
             for sock in sockets:
@@ -297,21 +304,36 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
                                              or now - max(last_heard[sock], last_beat[sock]) >= interval):
                     last_sent[sock] = last_beat[sock] = now
                     sock.send(encode_heartbeat(rank_of[sock], 0, position))
+                    sent["heartbeat"] += 1
     for sock in sockets:
         sock.close()
     context.term()
+    Path(stats).write_text(json.dumps({"sent": sent, "received": received}))
 
 
 def run_sim(n: int, rounds: int, secure: bool, tmp: Path) -> dict:
     controller, key_file, thread = start_controller(n, secure, tmp, SIM_TIMEOUTS)
     port = controller.endpoint.rsplit(":", 1)[1]
     share = -(-n // SIM_WORKERS)
+    stats = [tmp / f"sim-{n}-{first}.json" for first in range(0, n, share)]
     procs = [subprocess.Popen([sys.executable, __file__, "--sim-worker", str(first),
-                               str(min(share, n - first)), port, str(rounds), key_file],
+                               str(min(share, n - first)), port, str(rounds), key_file, str(path)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-             for first in range(0, n, share)]
+             for first, path in zip(range(0, n, share), stats)]
     cpu = finish(controller, thread, procs, rounds, f"simulated run with {n} ranks")
-    return summarize("simulated", n, controller, secure, cpu)
+    row = summarize("simulated", n, controller, secure, cpu)
+    # What the ranks sent and heard over the whole run (registration and the end included).
+    sent: dict[str, int] = {}
+    received: dict[str, int] = {}
+    for path in stats:
+        counts = json.loads(path.read_text())
+        for total, part in ((sent, counts["sent"]), (received, counts["received"])):
+            for name, value in part.items():
+                total[name] = total.get(name, 0) + value
+    row.update(frames_to_controller=sent, frames_from_controller=received,
+               heartbeat_share_in=sent.get("heartbeat", 0) / max(1, sum(sent.values())),
+               heartbeat_share_out=received.get("Heartbeat", 0) / max(1, sum(received.values())))
+    return row
 
 
 # ---- raw ZeroMQ floor ------------------------------------------------------------------------
@@ -419,7 +441,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer rounds")
     parser.add_argument("--real-rank", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--sim-worker", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--sim-worker", nargs=6, help=argparse.SUPPRESS)
     parser.add_argument("--floor-worker", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--sim-sizes", type=_sizes, help="simulated rank counts, comma-separated "
@@ -431,8 +453,8 @@ def main() -> None:
         real_rank_main(args.rounds)
         return
     if args.sim_worker:
-        first, count, port, rounds, key_file = args.sim_worker
-        sim_worker_main(int(first), int(count), int(port), int(rounds), key_file)
+        first, count, port, rounds, key_file, stats = args.sim_worker
+        sim_worker_main(int(first), int(count), int(port), int(rounds), key_file, stats)
         return
     if args.floor_worker:
         first, count, port = args.floor_worker
@@ -517,7 +539,9 @@ def _sizes(text: str) -> list[int]:
 
 def print_progress(row: dict) -> None:
     print(f"  {row['kind']:<9} n={row['ranks']:<5} curve={'yes' if row['secure'] else 'no '} "
-          f"median {row['median_s'] * 1e3:8.2f} ms  p90 {row['p90_s'] * 1e3:8.2f} ms", flush=True)
+          f"median {row['median_s'] * 1e3:8.2f} ms  min {row['min_s'] * 1e3:8.2f}  max {row['max_s'] * 1e3:8.2f}"
+          + (f"  heartbeats: {row['heartbeat_share_in']:.1%} of frames in, {row['heartbeat_share_out']:.1%} out"
+             if "heartbeat_share_in" in row else ""), flush=True)
 
 
 if __name__ == "__main__":
