@@ -1,7 +1,7 @@
 """Latency of one pause → rollback → resume round against the number of ranks.
 
 Protocol only (no model state): a real mindft Controller (on a thread of this process)
-and N ranks that acknowledge PAUSE, ROLLBACK and RESUME (protocol v2). Each round is started from
+and N ranks that acknowledge PAUSE, ROLLBACK and RESUME (protocol v3). Each round is started from
 NORMAL by a device reset of rank 0 reported together with its recovery (as the reset
 watcher would), so REPAIRING has nothing to wait for. The latency is the controller's
 own measurement: from the fault's arrival to the last RESUME acknowledgement (NORMAL
@@ -40,18 +40,20 @@ from mindft.exitcodes import ExitCode
 from mindft.flow import DeviceFaulty, DeviceRecovered, JobState, phase_times
 from mindft.keys import generate_keys, job_keys, secure_client
 from mindft.processor import Processor
-from mindft.protocol import Ack, Action, ActionKind, Done, FaultKind, Heartbeat, Register, decode, encode
+from mindft.protocol import Ack, Action, ActionKind, Done, FaultKind, Register, decode, encode, encode_heartbeat
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "coordination.json"
 TARGET_REAL_16 = 0.050
 TARGET_SIM_4096 = 1.0
+TARGET_SIM_16384 = 2.0
 SIM_WORKERS = 2
 # Generous liveness for the benchmark: a loaded 2-core box must not declare ranks dead.
 REAL_TIMEOUTS = Timeouts(heartbeat_interval=0.5, heartbeat_misses=20, register=120.0, pause=60.0,
                          repair=60.0, rollback=60.0, resume=60.0)
 SIM_TIMEOUTS = Timeouts(heartbeat_interval=2.0, heartbeat_misses=60, register=300.0, pause=120.0,
                         repair=120.0, rollback=120.0, resume=120.0)
+SIM_SIZES = [64, 256, 1024, 4096, 16384]
 TRIGGER_GAP = 0.01  # seconds between the end of a round and the next fault
 HELD = (0,)  # every rank holds the snapshot of step 0, so every round rolls back to it
 PHASES = (JobState.PAUSING, JobState.REPAIRING, JobState.ROLLBACK, JobState.RESUMING)
@@ -209,8 +211,9 @@ def run_real(n: int, rounds: int, secure: bool, tmp: Path) -> dict:
 
 # ---- simulated ranks ----------------------------------------------------------------------
 
-def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: str) -> None:
-    """``count`` ranks (DEALER sockets) starting at ``first``, driven from one thread."""
+def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: str, stats: str) -> None:
+    """``count`` ranks (DEALER sockets) starting at ``first``, driven from one thread; writes
+    how many frames of each kind it sent and received to ``stats`` (JSON)."""
     keys = job_keys(MindftConfig(key_file=Path(key_file) if key_file else None, insecure=not key_file))
     context = zmq.Context()
     context.setsockopt(zmq.LINGER, 1000)
@@ -230,7 +233,14 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
     resumed = dict.fromkeys(sockets, 0)
     finished: set[zmq.Socket] = set()  # got FINISH (after its Done)
     decoded: dict[bytes, object] = {}
-    next_beat, interval = time.monotonic(), SIM_TIMEOUTS.heartbeat_interval
+    interval = SIM_TIMEOUTS.heartbeat_interval
+    # Like a Processor, a rank heartbeats only after an interval in which it sent nothing, or
+    # heard nothing (then at most once per interval); the controller answers each heartbeat.
+    started = time.monotonic()
+    last_sent = dict.fromkeys(sockets, started)
+    last_heard = dict.fromkeys(sockets, started)
+    last_beat = dict.fromkeys(sockets, started)
+    next_check = started + interval / 4
     # Acks from a byte template (checked against encode() once): the simulation stands in
     # for thousands of processes, so its own per-message cost must stay small. Like a
     # follower, a rank acknowledges PAUSE with its position and held steps, ROLLBACK with
@@ -244,8 +254,13 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
 
     assert ack_frame(first, ActionKind.ROLLBACK, 3, 7) == encode(Ack(first, ActionKind.ROLLBACK, 3, HELD, 7))
     position = 0  # every simulated rank stays at step 0
+    sent = {"heartbeat": 0, "ack": 0, "other": count}  # "other": the Register, then Done
+    received: dict[str, int] = {}
     while len(finished) < count:
-        for sock, _ in poller.poll(100):
+        events = poller.poll(100)
+        now = time.monotonic()
+        for sock, _ in events:
+            last_heard[sock] = now
             while True:
                 try:
                     frame = sock.recv(zmq.NOBLOCK)
@@ -260,6 +275,8 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
                     if len(decoded) > 64:
                         decoded.clear()
                     decoded[frame] = message
+                name = type(message).__name__
+                received[name] = received.get(name, 0) + 1
                 if not isinstance(message, Action):
                     continue  # heartbeats and Progress: nothing to answer
                 kind = message.kind
@@ -273,31 +290,50 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
                     rank = rank_of[sock]
                     step = position if kind is ActionKind.PAUSE else message.step
                     sock.send(ack_frame(rank, kind, step, message.round))
+                    last_sent[sock] = now
+                    sent["ack"] += 1
                     if kind is ActionKind.RESUME:
                         resumed[sock] += 1
                         if resumed[sock] >= rounds:
                             sock.send(encode(Done(rank, position)))
-        now = time.monotonic()
-        if now >= next_beat:
-            next_beat = now + interval
+                            sent["other"] += 1
+        if now >= next_check:
+            next_check = now + interval / 4
             for sock in sockets:
-                if sock not in finished:
-                    sock.send(encode(Heartbeat(rank_of[sock], 0, position)))
+                if sock not in finished and (now - last_sent[sock] >= interval
+                                             or now - max(last_heard[sock], last_beat[sock]) >= interval):
+                    last_sent[sock] = last_beat[sock] = now
+                    sock.send(encode_heartbeat(rank_of[sock], 0, position))
+                    sent["heartbeat"] += 1
     for sock in sockets:
         sock.close()
     context.term()
+    Path(stats).write_text(json.dumps({"sent": sent, "received": received}))
 
 
 def run_sim(n: int, rounds: int, secure: bool, tmp: Path) -> dict:
     controller, key_file, thread = start_controller(n, secure, tmp, SIM_TIMEOUTS)
     port = controller.endpoint.rsplit(":", 1)[1]
     share = -(-n // SIM_WORKERS)
+    stats = [tmp / f"sim-{n}-{first}.json" for first in range(0, n, share)]
     procs = [subprocess.Popen([sys.executable, __file__, "--sim-worker", str(first),
-                               str(min(share, n - first)), port, str(rounds), key_file],
+                               str(min(share, n - first)), port, str(rounds), key_file, str(path)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-             for first in range(0, n, share)]
+             for first, path in zip(range(0, n, share), stats)]
     cpu = finish(controller, thread, procs, rounds, f"simulated run with {n} ranks")
-    return summarize("simulated", n, controller, secure, cpu)
+    row = summarize("simulated", n, controller, secure, cpu)
+    # What the ranks sent and heard over the whole run (registration and the end included).
+    sent: dict[str, int] = {}
+    received: dict[str, int] = {}
+    for path in stats:
+        counts = json.loads(path.read_text())
+        for total, part in ((sent, counts["sent"]), (received, counts["received"])):
+            for name, value in part.items():
+                total[name] = total.get(name, 0) + value
+    row.update(frames_to_controller=sent, frames_from_controller=received,
+               heartbeat_share_in=sent.get("heartbeat", 0) / max(1, sum(sent.values())),
+               heartbeat_share_out=received.get("Heartbeat", 0) / max(1, sum(received.values())))
+    return row
 
 
 # ---- raw ZeroMQ floor ------------------------------------------------------------------------
@@ -381,20 +417,23 @@ def summarize(kind: str, n: int, controller: Controller, secure: bool, cpu: list
 def print_table(rows: list[dict]) -> None:
     print(f"{'kind':<10} {'ranks':>6} {'curve':>5} {'rounds':>6} {'median ms':>10} {'p90 ms':>8} "
           f"{'pause':>7} {'rollbk':>7} {'resume':>7} {'ctl cpu':>8} {'µs/rank':>8} {'growth (latency/ranks)':>22} "
-          f"{'zmq floor ms':>12} {'x floor':>7}")
+          f"{'zmq floor ms':>12} {'floor growth':>12} {'x floor':>7}")
     previous = None
     for row in rows:
-        growth = ""
+        growth = floor_growth = ""
         if previous is not None and previous["secure"] == row["secure"]:
             growth = (f"x{row['median_s'] / previous['median_s']:.2f}/"
                       f"x{row['ranks'] / previous['ranks']:.0f}")
+            if row.get("floor_median_s") and previous.get("floor_median_s"):
+                floor_growth = f"x{row['floor_median_s'] / previous['floor_median_s']:.2f}"
         print(f"{row['kind']:<10} {row['ranks']:>6} {'yes' if row['secure'] else 'no':>5} "
               f"{row['rounds']:>6} {row['median_s'] * 1e3:>10.2f} {row['p90_s'] * 1e3:>8.2f} "
               f"{row['phase_median_s']['PAUSING'] * 1e3:>7.1f} {row['phase_median_s']['ROLLBACK'] * 1e3:>7.1f} "
               f"{row['phase_median_s']['RESUMING'] * 1e3:>7.1f} {row['controller_cpu_median_s'] * 1e3:>8.1f} "
               f"{row['median_s'] * 1e6 / row['ranks']:>8.1f} {growth:>22} "
-              + (f"{row['floor_median_s'] * 1e3:>12.2f} {row['median_s'] / row['floor_median_s']:>7.2f}"
-                 if row.get("floor_median_s") else f"{'':>12} {'':>7}"))
+              + (f"{row['floor_median_s'] * 1e3:>12.2f} {floor_growth:>12} "
+                 f"{row['median_s'] / row['floor_median_s']:>7.2f}"
+                 if row.get("floor_median_s") else f"{'':>12} {'':>12} {'':>7}"))
         previous = row
 
 
@@ -402,16 +441,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer rounds")
     parser.add_argument("--real-rank", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--sim-worker", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--sim-worker", nargs=6, help=argparse.SUPPRESS)
     parser.add_argument("--floor-worker", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--sim-sizes", type=_sizes, help="simulated rank counts, comma-separated "
+                        f"(default {','.join(map(str, SIM_SIZES))}; --quick: 64,256)")
+    parser.add_argument("--real-sizes", type=_sizes, help="real rank counts, comma-separated "
+                        "(default 2,4,8,16; --quick: 2,4; 0: none)")
     args = parser.parse_args()
     if args.real_rank:
         real_rank_main(args.rounds)
         return
     if args.sim_worker:
-        first, count, port, rounds, key_file = args.sim_worker
-        sim_worker_main(int(first), int(count), int(port), int(rounds), key_file)
+        first, count, port, rounds, key_file, stats = args.sim_worker
+        sim_worker_main(int(first), int(count), int(port), int(rounds), key_file, stats)
         return
     if args.floor_worker:
         first, count, port = args.floor_worker
@@ -421,9 +464,9 @@ def main() -> None:
     import logging
     import tempfile
     logging.basicConfig(level=logging.ERROR)
-    real_sizes = [2, 4] if args.quick else [2, 4, 8, 16]
-    sim_sizes = [64, 256] if args.quick else [64, 256, 1024, 4096]
-    sim_rounds = {64: 10, 256: 10, 1024: 5, 4096: 3}
+    real_sizes = args.real_sizes if args.real_sizes is not None else [2, 4] if args.quick else [2, 4, 8, 16]
+    real_sizes = [n for n in real_sizes if n > 0]
+    sim_sizes = args.sim_sizes or ([64, 256] if args.quick else SIM_SIZES)
     rows: list[dict] = []
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
@@ -431,30 +474,40 @@ def main() -> None:
             rows.append(run_real(n, 5 if args.quick else 20, False, Path(tmp)))
             print_progress(rows[-1])
         for n in sim_sizes:
-            rows.append(run_sim(n, 3 if args.quick else sim_rounds[n], False, Path(tmp)))
+            rows.append(run_sim(n, 3 if args.quick else sim_rounds(n), False, Path(tmp)))
             print_progress(rows[-1])
-            floor = run_floor(n, 3 if args.quick else sim_rounds[n])
-            rows[-1]["floor_median_s"] = floor["median_s"]
+            floor = run_floor(n, 3 if args.quick else sim_rounds(n))
+            rows[-1].update(floor_median_s=floor["median_s"], floor_all_s=floor["all_s"])
             print(f"  raw zmq floor n={n:<5} median {floor['median_s'] * 1e3:8.2f} ms", flush=True)
         # Side by side: the cost of CurveZMQ at the largest real size and a mid simulated size.
-        rows.append(run_real(real_sizes[-1], 5 if args.quick else 20, True, Path(tmp)))
-        print_progress(rows[-1])
-        rows.append(run_sim(256, 3 if args.quick else 5, True, Path(tmp)))
-        print_progress(rows[-1])
+        if real_sizes:
+            rows.append(run_real(real_sizes[-1], 5 if args.quick else 20, True, Path(tmp)))
+            print_progress(rows[-1])
+        if 256 in sim_sizes:
+            rows.append(run_sim(256, 3 if args.quick else 5, True, Path(tmp)))
+            print_progress(rows[-1])
     print()
     print_table([r for r in rows if not r["secure"]])
-    print()
-    print("CurveZMQ on vs off (same size):")
-    print_table([r for r in rows if not r["secure"] and r["ranks"] in (real_sizes[-1], 256)
-                 and (r["kind"], r["ranks"]) in {(s["kind"], s["ranks"]) for s in rows if s["secure"]}]
-                + [r for r in rows if r["secure"]])
+    if any(r["secure"] for r in rows):
+        print()
+        print("CurveZMQ on vs off (same size):")
+        print_table([r for r in rows if not r["secure"]
+                     and (r["kind"], r["ranks"]) in {(s["kind"], s["ranks"]) for s in rows if s["secure"]}]
+                    + [r for r in rows if r["secure"]])
     real16 = next((r for r in rows if r["kind"] == "real" and r["ranks"] == 16 and not r["secure"]), None)
-    sim4096 = next((r for r in rows if r["ranks"] == 4096 and not r["secure"]), None)
+    sim = {r["ranks"]: r for r in rows if r["kind"] == "simulated" and not r["secure"]}
     verdicts = {}
     if real16:
         verdicts["real_16_under_50ms"] = real16["median_s"] < TARGET_REAL_16
-    if sim4096:
-        verdicts["sim_4096_under_1s"] = sim4096["median_s"] < TARGET_SIM_4096
+    if 4096 in sim:
+        verdicts["sim_4096_under_1s"] = sim[4096]["median_s"] < TARGET_SIM_4096
+    if 16384 in sim:
+        verdicts["sim_16384_under_2s"] = sim[16384]["median_s"] < TARGET_SIM_16384
+    if 4096 in sim and 16384 in sim:
+        growth = sim[16384]["median_s"] / sim[4096]["median_s"]
+        floor_growth = sim[16384]["floor_median_s"] / sim[4096]["floor_median_s"]
+        print(f"growth 4096 → 16384 ranks: mindft x{growth:.2f}, bare zmq floor x{floor_growth:.2f}")
+        verdicts["growth_4096_to_16384_within_floor"] = growth <= floor_growth
     for name, ok in verdicts.items():
         print(f"target {name}: {'met' if ok else 'MISSED'}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
@@ -469,9 +522,26 @@ def main() -> None:
     print(f"wrote {RESULTS}")
 
 
+def sim_rounds(n: int) -> int:
+    """Rounds per simulated size: fewer where one round costs seconds of a 2-core box."""
+    return 10 if n <= 256 else 5 if n <= 4096 else 3
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or any(n < 0 for n in sizes):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of rank counts (e.g. 4096,16384)")
+    return sizes
+
+
 def print_progress(row: dict) -> None:
     print(f"  {row['kind']:<9} n={row['ranks']:<5} curve={'yes' if row['secure'] else 'no '} "
-          f"median {row['median_s'] * 1e3:8.2f} ms  p90 {row['p90_s'] * 1e3:8.2f} ms", flush=True)
+          f"median {row['median_s'] * 1e3:8.2f} ms  min {row['min_s'] * 1e3:8.2f}  max {row['max_s'] * 1e3:8.2f}"
+          + (f"  heartbeats: {row['heartbeat_share_in']:.1%} of frames in, {row['heartbeat_share_out']:.1%} out"
+             if "heartbeat_share_in" in row else ""), flush=True)
 
 
 if __name__ == "__main__":

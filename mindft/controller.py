@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 _BATCH = 10_000
 _NOBLOCK = int(zmq.NOBLOCK)
 _MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
+_RCVMORE = int(zmq.RCVMORE)
 
 
 @dataclass(frozen=True)
@@ -188,16 +189,23 @@ class Controller:
                 self._apply(self.job.device(item, now))
 
     def _drain_socket(self) -> None:
-        recv, clock, handle = self._socket.recv_multipart, self._clock, self.job.handle
+        # Two recv() calls and one RCVMORE check per message rather than recv_multipart, which
+        # costs twice as much per frame: at 16k ranks a phase brings 16k acknowledgements.
+        sock = self._socket
+        recv, more, clock, handle = sock.recv, sock.getsockopt, self._clock, self.job.handle
         for _ in range(_BATCH):
             try:
-                frames = recv(_NOBLOCK)
+                peer = recv(_NOBLOCK)
             except zmq.Again:
                 return
-            if len(frames) != 2:
-                self._drop(frames[0] if frames else b"?", f"expected 1 frame, got {len(frames) - 1}")
+            frame = recv(_NOBLOCK)  # a ROUTER delivers the peer's identity and at least one frame, atomically
+            if more(_RCVMORE):
+                parts = 1
+                while more(_RCVMORE):
+                    recv(_NOBLOCK)
+                    parts += 1
+                self._drop(peer, f"expected 1 frame, got {parts}")
                 continue
-            peer, frame = frames
             try:
                 message = decode(frame)
             except ProtocolError as error:
@@ -213,9 +221,7 @@ class Controller:
             if kind is Send:
                 self._send(effect.peer, encode(effect.message))
             elif kind is Broadcast:
-                frame = encode(effect.message)
-                for peer in effect.peers:
-                    self._send(peer, frame)
+                self._broadcast(effect.peers, encode(effect.message))
             elif kind is Transition:
                 log.info("controller state %s → %s (%s)", effect.source.value, effect.target.value, effect.reason)
                 if effect.target is JobState.NORMAL and effect.source is JobState.RESUMING:
@@ -244,6 +250,15 @@ class Controller:
             send(frame, _NOBLOCK)
         except zmq.ZMQError as error:  # peer gone or its pipe full: silence will tell
             log.debug("could not send to %r: %s", peer, error)
+
+    def _broadcast(self, peers: tuple[bytes, ...], frame: bytes) -> None:
+        send = self._socket.send
+        for peer in peers:
+            try:
+                send(peer, _MORE_NOBLOCK)
+                send(frame, _NOBLOCK)
+            except zmq.ZMQError as error:  # peer gone or its pipe full: silence will tell
+                log.debug("could not send to %r: %s", peer, error)
 
     def _drop(self, peer: bytes, reason: str) -> None:
         self.dropped_frames += 1

@@ -1,10 +1,12 @@
 """One rank's end of the control channel: the ZeroMQ shell around :class:`mindft.flow.Follower`.
 
 The training thread calls :class:`Processor`; one I/O thread owns the DEALER socket. Frames go
-to it through an inproc pipe; actions and progress come back under a condition. The I/O thread
-heartbeats the controller and, Paranoid-Pirate style, treats a controller silent for
-``timeouts.dead_after`` as unreachable: it reconnects (same identity), re-sends the
-registration, and gives up after ``timeouts.connect_retries`` silent periods in a row.
+to it through an inproc pipe; actions and progress come back under a condition. Any frame
+proves its sender alive, so the I/O thread sends a heartbeat only after an interval in which
+the rank sent nothing else (step reports count) or heard nothing; the controller answers
+each. Paranoid-Pirate style, it treats a controller silent for ``timeouts.dead_after`` as
+unreachable: it reconnects (same identity), re-sends the registration, and gives up after
+``timeouts.connect_retries`` silent periods in a row.
 
 :meth:`Processor.follow` is the only rank-side loop of the recovery flow: it asks the follower
 what each action means and carries it out through the rank's :class:`RankHooks`.
@@ -26,7 +28,8 @@ from mindft.config import MindftConfig
 from mindft.flow import REPORT_SUFFIX, Finished, Follower, RankHooks, Resumed
 from mindft.keys import CurveKeys, job_keys
 from mindft.protocol import (Action, ActionKind, Done, FaultKind, FaultReport, Heartbeat, Message, Progress,
-                             ProtocolError, Register, RegisterAck, decode, encode, encode_step_report)
+                             ProtocolError, Register, RegisterAck, decode, encode, encode_heartbeat,
+                             encode_step_report)
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,7 @@ class Processor:
         self.follower = Follower(self.rank, snapshot_every or config.snapshot_every)
         self.finished_job = False  # FINISH received: every rank is done
         self._report_socket: Optional[zmq.Socket] = None  # the training thread's, for step reports
+        self._reported_at = 0.0  # monotonic time of the last step report sent (read by the I/O thread)
         self._config = config
         self._timeouts = config.timeouts
         self._keys = keys if keys is not None else job_keys(config)
@@ -127,7 +131,8 @@ class Processor:
         try:
             sock.send(encode_step_report(self.rank, report.step, report.round), zmq.NOBLOCK)
         except zmq.Again:
-            pass
+            return
+        self._reported_at = time.monotonic()  # the controller heard from this rank: no heartbeat due
 
     def wait_window(self, step: int) -> Optional[Action]:
         """Before capturing ``step``: return at once when the window allows it, else wait.
@@ -293,7 +298,7 @@ class Processor:
         poller.register(sock, zmq.POLLIN)
         poller.register(self._pipe_in, zmq.POLLIN)
         register_frame: Optional[bytes] = None  # re-sent after every reconnect
-        last_heard = next_beat = time.monotonic()
+        last_heard = last_sent = last_beat = time.monotonic()
         silent_periods = 0
         heard = False
         # A rank started by hand (not by mindft-launch) has nobody to wait for: one silent period.
@@ -301,7 +306,13 @@ class Processor:
         try:
             while True:
                 now = time.monotonic()
-                timeout = interval if register_frame is None else max(0.0, min(next_beat, last_heard + dead_after) - now)
+                if register_frame is None:
+                    timeout = interval
+                else:
+                    # A heartbeat is due once the rank sent nothing (step reports included) or
+                    # heard nothing for an interval; the controller is lost after dead_after.
+                    beat_due = min(max(last_sent, self._reported_at), max(last_heard, last_beat)) + interval
+                    timeout = max(0.0, min(beat_due, last_heard + dead_after) - now)
                 ready = dict(poller.poll(timeout * 1000.0))
                 if self._pipe_in in ready:
                     while True:
@@ -316,6 +327,7 @@ class Processor:
                             register_frame, last_heard = frame, time.monotonic()
                         try:
                             sock.send(frame, zmq.NOBLOCK)
+                            last_sent = time.monotonic()
                         except zmq.Again:  # the silence check below reconnects and re-registers
                             log.warning("rank=%d send queue full; frame dropped", self.rank)
                 if sock in ready:
@@ -324,10 +336,11 @@ class Processor:
                 if register_frame is None:
                     continue  # not part of a job yet: nothing to heartbeat or time out
                 now = time.monotonic()
-                if now >= next_beat:
-                    next_beat = now + interval
+                if (now - max(last_sent, self._reported_at) >= interval
+                        or now - max(last_heard, last_beat) >= interval):
+                    last_sent = last_beat = now  # also when dropped: the next try is an interval later
                     try:
-                        sock.send(encode(Heartbeat(self.rank, self.incarnation, self.follower.position)), zmq.NOBLOCK)
+                        sock.send(encode_heartbeat(self.rank, self.incarnation, self.follower.position), zmq.NOBLOCK)
                     except zmq.Again:
                         pass
                 if now - last_heard > dead_after:
@@ -351,7 +364,7 @@ class Processor:
                     sock = self._open()
                     poller.register(sock, zmq.POLLIN)
                     sock.send(register_frame, zmq.NOBLOCK)
-                    last_heard = now
+                    last_heard = last_sent = last_beat = now
         finally:
             sock.close(channel.DEALER_LINGER_MS)
 

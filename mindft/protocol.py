@@ -6,17 +6,26 @@ UTF-8 JSON object ``{"v": PROTOCOL_VERSION, "msg": KIND, <fields>}``; :func:`enc
 and :func:`decode` are the only way in and out. :func:`decode` validates the version,
 the kind, the size and every field's type, and raises :class:`ProtocolError` (never
 anything else) so a receiver can log the reason and drop the frame.
+
+:func:`encode` writes fields in declaration order without spaces (the per-step
+:class:`StepReport` and :class:`Heartbeat` from byte templates). :func:`decode` recognises the
+frames the controller receives by the thousand (step reports, heartbeats, acks) in exactly
+that spelling without parsing JSON; any other spelling of the same message takes the full path
+to the same result.
 """
 from __future__ import annotations
 
 import dataclasses
 import enum
 import json
+import re
 import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Optional, Union
 
-PROTOCOL_VERSION = 2
+# 3: heartbeats are no longer broadcast; the controller answers a rank's Heartbeat with one
+# of its own, and a rank sends one only when it sent, or heard, nothing else for an interval.
+PROTOCOL_VERSION = 3
 # Large enough for an endpoint map of ~20k ranks; bigger frames are refused unread.
 MAX_FRAME = 4 * 1024 * 1024
 
@@ -81,7 +90,9 @@ class RegisterAck:
 
 @dataclass(frozen=True)
 class Heartbeat:
-    """Liveness, both ways (the controller sends rank=-1)."""
+    """Liveness when nothing else flows: a rank sends one after an interval in which it sent,
+    or heard, nothing else; the controller answers each with one of its own (rank=-1, ``step``
+    the slowest rank's progress) and broadcasts none."""
 
     KIND: ClassVar[str] = "heartbeat"
     rank: int
@@ -256,6 +267,10 @@ _DECODER = json.JSONDecoder()
 def encode(message: Message) -> bytes:
     """Serialize one message into one frame."""
     cls = type(message)
+    if cls is StepReport:
+        return _STEP_REPORT % (message.rank, message.step, message.round)
+    if cls is Heartbeat:
+        return _HEARTBEAT % (message.rank, message.incarnation, message.step)
     fields = _FIELDS.get(cls)
     if fields is None or cls is RankStatus:
         raise ProtocolError(f"cannot encode {cls.__name__}: not a mindft message")
@@ -270,7 +285,41 @@ def encode(message: Message) -> bytes:
 
 def encode_step_report(rank: int, step: int, round: int) -> bytes:
     """``encode(StepReport(rank, step, round))``, built from a template: the per-step hot path."""
-    return b'{"v":%d,"msg":"step_report","rank":%d,"step":%d,"round":%d}' % (PROTOCOL_VERSION, rank, step, round)
+    return _STEP_REPORT % (rank, step, round)
+
+
+def encode_heartbeat(rank: int, incarnation: int, step: int) -> bytes:
+    """``encode(Heartbeat(rank, incarnation, step))``, built from a template."""
+    return _HEARTBEAT % (rank, incarnation, step)
+
+
+_STEP_REPORT = b'{"v":%d,"msg":"step_report","rank":%%d,"step":%%d,"round":%%d}' % PROTOCOL_VERSION
+_HEARTBEAT = b'{"v":%d,"msg":"heartbeat","rank":%%d,"incarnation":%%d,"step":%%d}' % PROTOCOL_VERSION
+# The frames the controller receives by the thousand (step reports, heartbeats, acks), as
+# patterns of exactly the bytes encode() writes, each integer spelled the one way JSON allows:
+# a frame that matches is the message the full decoder would build from it, so it skips
+# json.loads and the per-field checks. Any other spelling takes the full path.
+_INT = rb"-?(?:0|[1-9][0-9]{0,17})"
+_FAST_HEAD = re.compile(rb'\{"v":%d,"msg":"(step_report|heartbeat|ack)","rank":(%s),' % (PROTOCOL_VERSION, _INT))
+_ACTION_BY_WIRE = {kind.value.encode(): kind for kind in ActionKind}
+
+
+def _fast_ack(rank: int, fields: re.Match) -> Optional[Ack]:
+    action = _ACTION_BY_WIRE.get(fields[1])
+    if action is None:
+        return None  # the full path names the valid actions
+    held = tuple(map(int, fields[3].split(b","))) if fields[3] else ()
+    return Ack(rank, action, int(fields[2]), held, int(fields[4]))
+
+
+_FAST: dict[bytes, tuple[re.Pattern, Any]] = {
+    b"step_report": (re.compile(rb'"step":(%s),"round":(%s)\}' % (_INT, _INT)),
+                     lambda rank, f: StepReport(rank, int(f[1]), int(f[2]))),
+    b"heartbeat": (re.compile(rb'"incarnation":(%s),"step":(%s)\}' % (_INT, _INT)),
+                   lambda rank, f: Heartbeat(rank, int(f[1]), int(f[2]))),
+    b"ack": (re.compile(rb'"action":"([a-z_]{1,32})","step":(%s),"held_steps":\[((?:%s(?:,%s)*)?)\],"round":(%s)\}'
+                        % (_INT, _INT, _INT, _INT)), _fast_ack),
+}
 
 
 def decode(frame: bytes) -> Message:
@@ -279,6 +328,14 @@ def decode(frame: bytes) -> Message:
         raise ProtocolError(f"frame must be bytes, got {type(frame).__name__}")
     if len(frame) > MAX_FRAME:
         raise ProtocolError(f"frame of {len(frame)} bytes exceeds MAX_FRAME={MAX_FRAME}")
+    if type(frame) is bytes and len(frame) <= 512:
+        head = _FAST_HEAD.match(frame)
+        if head is not None:
+            pattern, build = _FAST[head[1]]
+            fields = pattern.fullmatch(frame, head.end())
+            message = None if fields is None else build(int(head[2]), fields)
+            if message is not None:
+                return message
     try:
         body = _DECODER.decode(bytes(frame).decode())
     except (UnicodeDecodeError, ValueError, RecursionError) as error:

@@ -142,7 +142,7 @@ def test_enum_values_are_stable_wire_names() -> None:
                                             "hang", "unknown"]
     assert [k.value for k in ActionKind] == ["pause", "rollback", "resume", "dump_and_exit",
                                              "inject_fault", "finish", "leave_device"]
-    assert protocol.PROTOCOL_VERSION == 2
+    assert protocol.PROTOCOL_VERSION == 3
 
 
 @pytest.mark.parametrize("rank, step, round_", [(0, 0, 0), (3, 123456789, 2), (16383, 1, 99)])
@@ -150,3 +150,47 @@ def test_the_step_report_template_is_what_encode_writes(rank: int, step: int, ro
     message = protocol.StepReport(rank, step, round_)
     assert protocol.encode_step_report(rank, step, round_) == encode(message)
     assert decode(protocol.encode_step_report(rank, step, round_)) == message
+
+
+@pytest.mark.parametrize("message", [protocol.Heartbeat(-1, 0, 7), protocol.Heartbeat(16383, 2, 123456789),
+                                     protocol.StepReport(5, 6, 7), Ack(3, ActionKind.PAUSE, 4, (3, 4), 2),
+                                     Ack(0, ActionKind.RESUME, -1, (), 0), Ack(9, ActionKind.ROLLBACK, 0, (0,), 1)])
+def test_hot_frames_are_decoded_without_json(message, monkeypatch: pytest.MonkeyPatch) -> None:
+    frame = encode(message)
+    if isinstance(message, protocol.Heartbeat):
+        assert frame == protocol.encode_heartbeat(message.rank, message.incarnation, message.step)
+
+    class NoJson:
+        def decode(self, text: str) -> None:
+            raise AssertionError(f"the full JSON path was taken for {text}")
+    monkeypatch.setattr(protocol, "_DECODER", NoJson())
+    assert decode(frame) == message
+
+
+@pytest.mark.parametrize("text, error", [
+    ('{"v":3,"msg":"heartbeat","rank":1,"incarnation":0,"step":01}', "not JSON"),  # JSON has no leading zeros
+    ('{"v":3,"msg":"heartbeat","rank":1,"incarnation":0,"step":1,"x":2}', "unknown field"),
+    ('{"v":3,"msg":"heartbeat","rank":1,"incarnation":0}', "missing field 'step'"),
+    ('{"v":3,"msg":"step_report","rank":1,"step":1.5,"round":0}', "expected an integer"),
+    ('{"v":3,"msg":"step_report","rank":1,"step":true,"round":0}', "expected an integer"),
+    ('{"v":2,"msg":"step_report","rank":1,"step":1,"round":0}', "unsupported protocol version 2"),
+    ('{"v":3,"msg":"ack","rank":1,"action":"self_destruct","step":1,"held_steps":[1],"round":1}',
+     "not one of pause, rollback"),
+    ('{"v":3,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[1,"2"],"round":1}', "a list of integers"),
+    ('{"v":3,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[1,],"round":1}', "not JSON"),
+])
+def test_near_misses_of_the_hot_templates_get_the_full_checks(text: str, error: str) -> None:
+    with pytest.raises(ProtocolError, match=error):
+        decode(text.encode())
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"msg":"heartbeat","v":3,"rank":1,"incarnation":0,"step":2}', protocol.Heartbeat(1, 0, 2)),
+    ('{"v":3,"msg":"step_report","rank":1,"step":2}', protocol.StepReport(1, 2, 0)),
+    ('{"v":3,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[0, 1],"round":1}',
+     Ack(1, ActionKind.PAUSE, 1, (0, 1), 1)),
+    ('{"v": 3, "msg": "step_report", "rank": -0, "step": 12345678901234567890123, "round": 1}',
+     protocol.StepReport(0, 12345678901234567890123, 1)),
+])
+def test_other_spellings_of_hot_messages_decode_the_same(text: str, message) -> None:
+    assert decode(text.encode()) == message

@@ -104,7 +104,7 @@ class Job:
         self.result: Optional[Finish] = None
         self.dump_step = -1  # the step every rank dumps when the job fails (-1: each its newest)
         self.deadline = now + timeouts.register
-        self._next_beat = now
+        self._next_check = now  # when silent ranks are looked for next
         self.holding = False  # HoldRepairs: the fault manager is still collecting faults
         self._barrier_endpoints: dict[int, str] = {}
         self._out: list[Effect] = []
@@ -117,7 +117,7 @@ class Job:
         if kind is StepReport:
             self._on_step(peer, message, now)
         elif kind is Heartbeat:
-            self._sender(peer, message.rank, now, "heartbeat")
+            self._on_heartbeat(peer, message, now)
         elif kind is Ack:
             self._on_ack(peer, message, now)
         elif kind is FaultReport:
@@ -190,12 +190,11 @@ class Job:
         return self._flush()
 
     def tick(self, now: float) -> list[Effect]:
-        """Heartbeats, hang detection and phase deadlines due at ``now``."""
+        """Hang detection and phase deadlines due at ``now`` (no heartbeats: see :meth:`_on_heartbeat`)."""
         if self.state in TERMINAL_STATES:
             return self._flush()
-        if now >= self._next_beat:
-            self._next_beat = now + self.timeouts.heartbeat_interval
-            self._emit(Broadcast(self.ranks.peers(), Heartbeat(-1, 0, self.ranks.slowest)))
+        if now >= self._next_check:
+            self._next_check = now + self.timeouts.heartbeat_interval
             if self.state is not _S.STARTING:
                 dead_after = self.timeouts.dead_after
                 for record in self.ranks.silent(now, dead_after):
@@ -226,7 +225,7 @@ class Job:
         """When :meth:`tick` must be called next (inf once the job ended)."""
         if self.state in TERMINAL_STATES:
             return math.inf
-        return min(self._next_beat, self.deadline)
+        return min(self._next_check, self.deadline)
 
     def status(self, now: float, request_id: int = 0) -> StatusReply:
         """The job as ``mindft status`` shows it."""
@@ -243,6 +242,15 @@ class Job:
                            round=self.recovery.round, recoveries=len(self.recoveries), request_id=request_id)
 
     # ---- rank messages ----------------------------------------------------------------------
+
+    def _on_heartbeat(self, peer: Peer, message: Heartbeat, now: float) -> None:
+        # Any message from a rank proves it alive, so a rank heartbeats only after an interval in
+        # which it sent, or heard, nothing else; the answer goes to it alone (never a broadcast
+        # per beat), so a rank that hears nothing else still knows the controller is there.
+        # A peer that is not a live registered incarnation gets no answer: silence makes it
+        # reconnect and register again.
+        if self._sender(peer, message.rank, now, "heartbeat") is not None and self.state not in TERMINAL_STATES:
+            self._emit(Send(peer, Heartbeat(-1, 0, self.ranks.slowest)))
 
     def _sender(self, peer: Peer, rank: int, now: float, what: str) -> Optional[RankRecord]:
         record = self.ranks.get(rank)

@@ -66,7 +66,7 @@ class SimRank:
         self.actions: deque[Action] = deque()
         self.armed: Optional[FaultKind] = None
         self.exit_code: Optional[int] = None
-        self.next_beat = 0.0
+        self.last_sent = self.last_heard = self.last_beat = 0.0
         self.collective_step = 0
         self.released = False  # the collective it waits in completed
         self.communicator = job.join_communicator(self)
@@ -257,6 +257,7 @@ class SimJob:
 
     # ---- plumbing ----
     def to_job(self, rank: SimRank, message: object) -> None:
+        rank.last_sent = self.now
         self.up.append((rank.peer, message))
 
     def kill(self, rank: SimRank, why: str, restart: bool = True) -> None:
@@ -272,6 +273,7 @@ class SimJob:
     def _deliver(self, peers: tuple[bytes, ...], message: object) -> None:
         for rank in self.ranks.values():
             if rank.peer in peers and rank.alive:
+                rank.last_heard = self.now
                 if isinstance(message, Progress):
                     rank.follower.on_progress(message.step)
                 elif isinstance(message, Action):
@@ -387,9 +389,11 @@ class SimJob:
         step = 0.001 + self.random.random() * 0.05
         targets = [self.now + step, job.next_wakeup(), *(t[0] for t in self.timers)]
         self.now = max(self.now, min(targets))
-        for rank in self.ranks.values():  # each rank's I/O thread heartbeats
-            if rank.alive and rank.mode != "start" and self.now >= rank.next_beat:
-                rank.next_beat = self.now + self.timeouts.heartbeat_interval
+        interval = self.timeouts.heartbeat_interval
+        for rank in self.ranks.values():  # a rank's I/O thread heartbeats when nothing else flowed
+            if rank.alive and rank.mode != "start" and (self.now - rank.last_sent >= interval or
+                                                         self.now - max(rank.last_heard, rank.last_beat) >= interval):
+                rank.last_beat = self.now
                 self.to_job(rank, Heartbeat(rank.rank, rank.incarnation, rank.position))
         self._timers_due()
         self._device_plugin()

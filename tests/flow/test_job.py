@@ -138,6 +138,42 @@ def test_every_phase_times_out_into_failed_naming_who_and_the_dump_step(phase: s
     assert dump.step == 3 and "every rank dumps step 3" in reason  # the step dumped, not the faulty one
 
 
+def test_no_heartbeat_is_broadcast_a_heartbeat_is_answered_to_its_sender_alone() -> None:
+    d = Driver(3).start()
+    d.steps(2)
+    for t in (1.0, 2.0, 2.5):  # ticks send nothing: no broadcast per beat
+        for rank in range(3):
+            d.send(rank, StepReport(rank, 2))
+        assert d.at(t) == []
+    out = d.send(1, Heartbeat(1, 0, 2))
+    assert out == [Send(peer(1), Heartbeat(-1, 0, 2))]  # the slowest rank's progress
+    # A peer that is not a live registered incarnation hears nothing back: silence makes it re-register.
+    assert d.send(1, Heartbeat(1, 0, 2), incarnation=7) == []
+    assert d.send(5, Heartbeat(5, 0, 0)) == []
+
+
+def test_step_reports_keep_a_rank_alive_without_heartbeats() -> None:
+    d = Driver(2).start()
+    for step in range(1, 10):  # 9 s of training; dead_after is 3 s
+        d.at(float(step))
+        d.send(0, StepReport(0, step))
+        d.send(1, StepReport(1, step))
+    assert d.job.state is S.NORMAL and not any(isinstance(e, KillRank) for e in d.effects)
+    d.at(11.0)
+    d.send(0, StepReport(0, 10))  # rank 0 goes on; rank 1 neither reports nor heartbeats: hung
+    out = d.at(12.5)
+    assert d.job.state is S.PAUSING and [e.rank for e in out if isinstance(e, KillRank)] == [1]
+
+
+def test_a_dead_rank_and_an_ended_job_answer_no_heartbeat() -> None:
+    d = Driver(2).start()
+    d.job.process_exit(ProcessExited(1, -9, 101), d.now)
+    assert d.send(1, Heartbeat(1, 0, 0)) == []  # the old incarnation is dead
+    d.job.device(StopJob("test"), d.now)
+    assert d.job.state is S.FAILED
+    assert d.send(0, Heartbeat(0, 0, 0)) == []
+
+
 def test_a_silent_rank_is_killed_and_paused_around_then_restarted() -> None:
     d = Driver(2).start()
     d.steps(2)
