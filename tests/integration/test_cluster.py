@@ -33,7 +33,7 @@ def plan(argv: list[str], **environ: str) -> LaunchSpec:
 
 
 @pytest.fixture
-def cleanenvironment(monkeypatch: pytest.MonkeyPatch) -> None:
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in LAUNCH_VARIABLES:
         monkeypatch.delenv(name, raising=False)
 
