@@ -22,7 +22,7 @@ TFT_VARIABLE = "MS_ENABLE_TFT"
 DEFAULT_RESET_FILE = Path("/user/restore/reset/config/reset.json")
 DEFAULT_CONTROLLER_PORT = 29600
 BACKENDS = ("auto", "mindft", "mindio")
-RESTART_SCOPES = ("rank", "all")
+RESTART_SCOPES = ("auto", "rank", "all")
 
 # Option → allowed values, as MindSpore 2.10 and the MindCluster guides document them.
 _FLAG_VALUES = ("0", "1")
@@ -215,7 +215,7 @@ class MindftConfig:
     launcher_pid: int = 0  # mindft-launch's pid when it started this rank; 0: started some other way
     backend: str = "auto"
     snapshot_every: int = 1
-    restart_scope: str = "rank"  # "all": a restarted process cannot rejoin the others' collectives
+    restart_scope: str = "auto"  # "all": a lost process restarts every worker; auto: when a rank says so
     timeouts: Timeouts = field(default_factory=Timeouts)
 
     @property
@@ -298,8 +298,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("MINDFT_SNAPSHOT_EVERY", "snapshot (and replicate) every N-th step; the same on every "
            "rank, a fault then replays up to N steps", "1", "1..1000000"),
     EnvVar("MINDFT_RESTART_SCOPE", "what a fault that takes a process restarts: that rank alone, or every "
-           "worker (the ranks' collectives cannot be repaired in place, as MindSpore's MCCL on CPU); "
-           "mindft-launch sets all when it runs MindSpore's scheduler", "rank", ", ".join(RESTART_SCOPES)),
+           "worker (a restarted process cannot rejoin the others' collectives, as with MindSpore's MCCL); "
+           "auto: every worker once a rank registers with MindSpore's communicator initialised",
+           "auto", ", ".join(RESTART_SCOPES)),
     EnvVar("MINDFT_LAUNCHER_PID", "mindft-launch's pid (it sets it); a rank started without it gives up "
            "after one silent period when no controller answers", "0", "a pid"),
     EnvVar("MINDFT_RESTART_COUNT", "times this rank was restarted (mindft-launch sets it)", "0",
@@ -359,7 +360,7 @@ def load_config(environ: Mapping[str, str] = os.environ) -> MindftConfig:
     backend = environ.get("MINDFT_BACKEND", "").strip() or "auto"
     if backend not in BACKENDS:
         raise ConfigError(f"MINDFT_BACKEND: unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
-    restart_scope = environ.get("MINDFT_RESTART_SCOPE", "").strip() or "rank"
+    restart_scope = environ.get("MINDFT_RESTART_SCOPE", "").strip() or "auto"
     if restart_scope not in RESTART_SCOPES:
         raise ConfigError(f"MINDFT_RESTART_SCOPE: unknown scope {restart_scope!r}; valid: {', '.join(RESTART_SCOPES)}")
     return MindftConfig(

@@ -141,12 +141,6 @@ class LaunchSpec:
         """True when this node starts MindSpore's scheduler (node 0 of a job that uses it)."""
         return self.scheduler_port is not None and self.node_rank == 0
 
-    @property
-    def restart_all(self) -> bool:
-        """True when a fault that takes a process restarts every worker (MINDFT_RESTART_SCOPE):
-        by default when MindSpore's cluster runs, whose workers cannot rejoin a running one."""
-        scope = self.env.get("MINDFT_RESTART_SCOPE", "").strip()
-        return scope == "all" or (not scope and self.scheduler_port is not None)
 
 
 def cluster_environment(spec: LaunchSpec) -> dict[str, str]:
@@ -192,7 +186,6 @@ def rank_environment(spec: LaunchSpec, rank: int, restart_count: int) -> dict[st
         env["MS_ROLE"] = "MS_WORKER"
     if not spec.protected:
         return env
-    env["MINDFT_RESTART_SCOPE"] = "all" if spec.restart_all else "rank"
     if spec.state_dir is not None:
         env["MINDFT_STATE_DIR"] = str(spec.state_dir / f"rank{rank}")
     if spec.mindio and not env.get(MINDX_TASK_VARIABLE, "").strip():
@@ -499,7 +492,8 @@ def recovery_progress(status: StatusReply, seconds_in_state: float, timeouts: An
         if row.state in done:
             continue
         if status.state == "REPAIRING":
-            why = "process not back" if row.state in ("dead", "off_device") else "device not recovered"
+            back = row.state == "dead" or row.order == "start"  # off its device: started once the device is back
+            why = "process not back" if back else "device not recovered"
             pending.append(f"rank {row.rank} ({why})")
         else:
             pending.append(f"rank {row.rank}")
@@ -695,6 +689,7 @@ class Launcher:
         self.mindio_host: Optional[Any] = None
         self.scheduler: Optional[Scheduler] = Scheduler(spec) if spec.runs_scheduler else None
         self._signal: Optional[int] = None
+        self._last_status: Optional[StatusReply] = None  # other nodes: the controller's, polled
         self._orders: queue.SimpleQueue[tuple[str, int, int, bool, str]] = queue.SimpleQueue()
         self._signals_seen = 0
         self._last_hang_check = 0.0
@@ -796,7 +791,7 @@ class Launcher:
             return
         self._last_hang_check = now
         try:
-            status = self._status_client.status()
+            status = self._last_status = self._status_client.status()
         except ControllerUnreachable:
             return
         pids = self.agent.pids()
@@ -844,11 +839,20 @@ class Launcher:
                 self.agent.start_worker_list([rank])
                 self.write_job_file()
 
+    def _restart_all(self) -> bool:
+        """True when the controller restarts every worker after a lost process (it starts them):
+        MINDFT_RESTART_SCOPE, else what the ranks said when they registered (their collectives)."""
+        scope = self.spec.env.get("MINDFT_RESTART_SCOPE", "").strip()
+        if scope in ("all", "rank"):
+            return scope == "all"
+        status = self.runner.status() if self.runner is not None else self._last_status
+        return status is not None and status.restart_all
+
     def _renew_cluster(self) -> None:
         """Before the first worker of a restart of every worker: a new MindSpore scheduler, as
         the workers that come back cannot join the old cluster (MCCL on CPU)."""
         scheduler = self.scheduler
-        if scheduler is None or scheduler.serves_workers or not self.spec.restart_all or self.agent.running():
+        if scheduler is None or scheduler.serves_workers or not self._restart_all() or self.agent.running():
             return
         scheduler.exit_seen = True  # stopping it is no failure
         scheduler.stop(0.0, 0.0)
@@ -898,7 +902,7 @@ class Launcher:
                             f"it: see {worker.log_path}")
                 continue
             job_over = self._job_over()
-            if self.spec.restart_all and not job_over:
+            if self._restart_all() and not job_over:
                 # Its peers cannot go on without it: the controller restarts every worker together.
                 worker.awaiting_start = True
                 self._report_exit(rank, code, pid)

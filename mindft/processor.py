@@ -86,14 +86,14 @@ class Processor:
         with self._cond:
             return dict(self._endpoints)
 
-    def register(self, held_steps: Sequence[int] = ()) -> RegisterAck:
+    def register(self, held_steps: Sequence[int] = (), collectives: bool = False) -> RegisterAck:
         """Join the job and wait at the start barrier (or get an immediate ack after a restart).
 
         Raises :class:`ProcessorError` if the controller does not answer within
         ``timeouts.register``, stays unreachable, or ends the job meanwhile.
         """
         self._send(Register(self.rank, self.incarnation, os.getpid(), tuple(sorted(held_steps)),
-                            self.replica_endpoint), _REGISTER)
+                            self.replica_endpoint, collectives), _REGISTER)
         deadline = time.monotonic() + self._timeouts.register + self._timeouts.dead_after
         with self._cond:
             while self._ack is None:

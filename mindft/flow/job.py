@@ -84,18 +84,20 @@ class Recovery:
 class Job:
     """The whole flow for one job of ``world_size`` ranks; every method takes ``now`` (seconds).
 
-    ``restart_all``: the ranks' collectives cannot be repaired in place (a restarted process
-    cannot rejoin the others' communicator), so a fault that takes a process, or a rank
-    blocked in a collective, restarts every worker.
+    ``restart_scope``: "all" when the ranks' collectives cannot be repaired in place (a
+    restarted process cannot rejoin the others' communicator), so that a fault that takes a
+    process, or a rank blocked in a collective, restarts every worker; "rank" never; "auto"
+    from the first rank that registers saying it uses such collectives.
     """
 
     def __init__(self, world_size: int, timeouts: Timeouts, now: float, snapshot_every: int = 1,
-                 restart_all: bool = False) -> None:
+                 restart_scope: str = "auto") -> None:
         if snapshot_every < 1:
             raise ValueError(f"snapshot_every must be >= 1, got {snapshot_every}")
         self.timeouts = timeouts
         self.snapshot_every = snapshot_every
-        self.restart_all = restart_all
+        self.restart_scope = restart_scope
+        self.restart_all = restart_scope == "all"
         self.ranks = RankTable(world_size)
         self.state = JobState.STARTING
         self.recovery = Recovery()
@@ -239,7 +241,8 @@ class Job:
         else:
             reason = self._fault_summary() if self.state in RECOVERY_STATES else ""
         return StatusReply(state=self.state.value, step=self.ranks.slowest, ranks=rows, reason=reason,
-                           round=self.recovery.round, recoveries=len(self.recoveries), request_id=request_id)
+                           round=self.recovery.round, recoveries=len(self.recoveries), request_id=request_id,
+                           restart_all=self.restart_all)
 
     # ---- rank messages ----------------------------------------------------------------------
 
@@ -282,6 +285,12 @@ class Job:
             log.warning("dropped register from rank %d incarnation %d: older than %d", rank,
                         message.incarnation, old.incarnation)
             return
+        if old is not None and message.incarnation == old.incarnation and not old.alive:
+            # A process declared dead (hung) or told to stop still talks: only a new incarnation
+            # takes its place, or a restart of every worker would count it as restarted.
+            log.warning("dropped register from rank %d incarnation %d: that process was declared %s",
+                        rank, message.incarnation, old.state.value)
+            return
         if old is not None and message.incarnation == old.incarnation and old.alive:
             # The same process reconnected (Paranoid Pirate retry): refresh and answer, no fault.
             self.ranks.rebind(old, peer)
@@ -289,6 +298,10 @@ class Job:
             if self.state is not _S.STARTING:
                 self._emit(Send(peer, self._register_ack()))
             return
+        if message.collectives and self.restart_scope == "auto" and not self.restart_all:
+            self.restart_all = True
+            log.info("rank=%d uses collectives a restarted process cannot rejoin: a lost process restarts "
+                     "every worker", rank)
         restarts = message.incarnation if old is None else old.restarts + (message.incarnation > old.incarnation)
         record = RankRecord(rank=rank, peer=peer, incarnation=message.incarnation, pid=message.pid,
                             replica_endpoint=message.replica_endpoint, held=tuple(message.held_steps),

@@ -92,6 +92,15 @@ class TrainingState:
         return snapshot.meta
 
 
+def uses_collectives() -> bool:
+    """True once mindspore.communication.init() formed a communicator of several ranks: a
+    restarted process cannot rejoin it (MCCL on CPU), so a lost process restarts every worker."""
+    from mindspore.communication import get_group_size
+    from mindspore.communication._comm_helper import GlobalComm
+
+    return bool(GlobalComm.INITED) and get_group_size() > 1
+
+
 def rng_meta() -> Dict[str, Any]:
     """MindSpore's global generator state, JSON-able (ops that draw from it replay exactly)."""
     return {"rng_state": [int(v) for v in ms.get_rng_state().asnumpy().tolist()]}
@@ -181,7 +190,7 @@ class Session:
         self.processor = Processor(config, self._server.endpoint if self._server else "", keys=self._keys,
                                    snapshot_every=self.snapshot_every)
         try:
-            ack = self.processor.register(held_steps=self.store.steps)
+            ack = self.processor.register(held_steps=self.store.steps, collectives=uses_collectives())
         except ProcessorError as error:
             log.critical("%s", error)
             self.close()

@@ -117,7 +117,8 @@ class SimRank:
                 self.released = False
                 self._complete(self.collective_step)
             elif self.mode == "start":
-                self.sim.to_job(self, Register(self.rank, self.incarnation, 1000 + self.rank, tuple(self.snapshots)))
+                self.sim.to_job(self, Register(self.rank, self.incarnation, 1000 + self.rank, tuple(self.snapshots),
+                                               collectives=self.sim.collectives))
                 self.mode = "follow" if self.incarnation else "barrier"
             elif self.actions:
                 self._obey(self.actions.popleft())
@@ -202,7 +203,7 @@ class SimJob:
     def __post_init__(self) -> None:
         self.random = random.Random(self.seed)
         self.now = 0.0
-        self.job = Job(self.world_size, self.timeouts, self.now, self.snapshot_every, restart_all=self.collectives)
+        self.job = Job(self.world_size, self.timeouts, self.now, self.snapshot_every)
         self.communicator, self.members = 0, 0
         self.ranks: dict[int, SimRank] = {}
         self.ranks = {r: SimRank(self, r, 0, {0: 0}) for r in range(self.world_size)}

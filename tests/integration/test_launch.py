@@ -25,6 +25,7 @@ from mindft.resetwatch import fault_state, write_reset_file
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import launch_rank  # noqa: E402  (the rank script doubles as the reference implementation)
+from launched import free_port_pair  # noqa: E402
 
 RANK_SCRIPT = HERE / "launch_rank.py"
 PLAIN_SCRIPT = HERE / "plain_rank.py"
@@ -308,10 +309,7 @@ def test_two_nodes_share_one_controller_and_key(tmp_path: Path, scope: str) -> N
 
     With MINDFT_RESTART_SCOPE=all every worker on both nodes restarts: node 1 learns the
     controller's kills and starts from its status."""
-    import zmq
-
-    with zmq.Context.instance().socket(zmq.ROUTER) as probe:  # a free port for the controller
-        port = probe.bind_to_random_port("tcp://127.0.0.1")
+    port = free_port_pair()  # the controller's, below the ephemeral range
     keys = tmp_path / "keys.json"
     assert subprocess.run([sys.executable, "-c", "from mindft.cli import main; main()", "keygen", str(keys)],
                           capture_output=True, timeout=30).returncode == 0
