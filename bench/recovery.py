@@ -66,7 +66,9 @@ KINDS = {"a": "in-place rollback (mindft)", "b": "restart from agent memory (min
 
 def free_port_pair() -> int:
     """A port P with P and P + 1 free (the scheduler and mindft's controller)."""
-    for _ in range(500):
+    for attempt in range(600):
+        if attempt % 50 == 49:
+            time.sleep(1)  # the box's ports are taken by something else: wait for some to be freed
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
@@ -185,7 +187,9 @@ def checkpoint_worker(argv: list[str]) -> None:
     parser.add_argument("--resume-step", type=int, default=0)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(SCRIPT.parent))
+    # Not bench/ on the path: MindSpore's save_checkpoint imports a module named mindio if it
+    # can, and bench/mindio.py is one.
+    sys.path[:] = [str(SCRIPT.parent), *(p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent)]
     import mindspore as ms
     from mindspore.communication import get_rank, init
 
@@ -266,6 +270,9 @@ def run_checkpoint(args: argparse.Namespace, run_dir: Path) -> dict:
                 os.killpg(process.pid, signal.SIGKILL)
         for process in (*workers, scheduler):
             process.wait()
+        if sorted(w.returncode for w in workers) != [-signal.SIGKILL, 137]:
+            raise RuntimeError(f"(c) expected one rank to exit 137 (the fault), got "
+                               f"{[w.returncode for w in workers]}; see {logs}")
         held = [{int(p.name[4:-5]) for p in (checkpoints / f"rank{r}").glob("step*.ckpt")} for r in range(WORLD)]
         resume_step = max(set.intersection(*held), default=0)
         scheduler, workers = start(1, resume_step)
@@ -335,13 +342,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2, help="16 steps per epoch")
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--keep", type=Path, help="keep each run's directory (logs, launcher output) under KEEP")
-    parser.add_argument("--checkpoint-worker", action="store_true", help=argparse.SUPPRESS)
-    args, rest = parser.parse_known_args()
-    if args.checkpoint_worker:
-        checkpoint_worker(rest)
-        return
-    if rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args = parser.parse_args()
     if not 1 < args.fault_step <= 16 * args.epochs:
         parser.error(f"--fault-step {args.fault_step}: must be in 2..{16 * args.epochs} (steps of the job)")
     if args.checkpoint_every < 1:
@@ -396,4 +397,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--checkpoint-worker"]:  # a rank of (c), started by run_checkpoint
+        checkpoint_worker(sys.argv[2:])
+    else:
+        main()
