@@ -221,7 +221,7 @@ def checkpoint_worker(argv: list[str]) -> None:
         train_step(*batches[(step - 1) % len(batches)])
         line("step", step)
         if step % args.checkpoint_every == 0:
-            partial = own / f"step{step}.ckpt.part"  # a rank killed mid-write leaves no checkpoint
+            partial = own / f"partial-{step}.ckpt"  # a rank killed mid-write leaves no step*.ckpt
             ms.save_checkpoint([{"name": n, "data": p} for n, p in state.items()], str(partial))
             partial.rename(own / f"step{step}.ckpt")
     if args.out:
