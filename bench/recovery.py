@@ -66,12 +66,15 @@ KINDS = {"a": "in-place rollback (mindft)", "b": "restart from agent memory (min
 
 def free_port_pair() -> int:
     """A port P with P and P + 1 free (the scheduler and mindft's controller)."""
-    for attempt in range(600):
-        if attempt % 50 == 49:
-            time.sleep(1)  # the box's ports are taken by something else: wait for some to be freed
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        time.sleep(0.01)  # when the box's ports are all taken by something else: wait for some
+        try:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+        except OSError:
+            continue
         if port < 65535:
             try:
                 with socket.socket() as second:
@@ -82,7 +85,7 @@ def free_port_pair() -> int:
                 return port
             except OSError:
                 continue
-    raise RuntimeError("no two consecutive free ports")
+    raise RuntimeError("no two consecutive free ports in 10 minutes")
 
 
 def clean_env(**changes: str) -> dict[str, str]:
