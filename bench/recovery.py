@@ -60,8 +60,7 @@ RESTART_POINTS = ("created", "imported", "initialized", "built", "ready")
 PHASES = (("detect, kill, start", "fault", "created"), ("interpreter + imports", "created", "imported"),
           ("init() (cluster)", "imported", "initialized"), ("data + model", "initialized", "built"),
           ("restore / load", "built", "ready"), ("first step", "ready", "first_step"))
-KINDS = {"a": "in-place rollback (mindft)", "b": "restart from agent memory (mindft)",
-         "c": "kill all + disk checkpoint (TaskD)"}
+KINDS = {"a": "in-place rollback", "b": "restart, agent memory", "c": "kill all + checkpoint"}
 
 
 def free_port_pair() -> int:
@@ -317,14 +316,14 @@ def spread(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
 def print_table(rows: dict[str, list[dict]]) -> None:
     kinds = list(rows)
     width = 30
-    print(f"{'':<28}" + "".join(f"{'(' + k + ') ' + KINDS[k]:>{width + 8}}" for k in kinds))
+    print(f"{'':<32}" + "".join(f"{'(' + k + ') ' + KINDS[k]:>{width}}" for k in kinds))
 
     def line(label: str, pick, scale: float = 1.0, digits: int = 2) -> None:
         cells = []
         for k in kinds:
             values = [pick(r) for r in rows[k]]
             cells.append("—" if None in values else spread(values, scale, digits))
-        print(f"{label:<28}" + "".join(f"{c:>{width + 8}}" for c in cells))
+        print(f"{label:<32}" + "".join(f"{c:>{width}}" for c in cells))
 
     line("fault → resumed, s", lambda r: r["fault_to_resumed_s"], digits=3)
     line("fault → faulted step redone, s", lambda r: r["fault_to_caught_up_s"], digits=3)
