@@ -20,9 +20,9 @@ all-reduced by ``nn.DistributedGradReducer``, mindft's ``FaultTolerantLoop``).
 ``--fault-step/--fault-rank/--fault-kind`` inject one fault into the first incarnation
 of a rank, inside the step before its all-reduce (``uce``: a device error; ``exit``: as
 if killed -9; ``stop``: the process stops itself, as a hang), or after it (``uce-after``: a
-device error raised once the optimizer has applied the all-reduced gradients, so every rank
-reaches the step's end and the job can roll back in place; the other ranks linger
-``BOUNDARY_GRACE`` at that step's end so the PAUSE reaches them there). ``--step-seconds`` slows
+device error raised once the optimizer has applied the all-reduced gradients: every other rank
+reaches the step's end, where mindft holds it until every rank finished the step, so the job
+rolls back in place). ``--step-seconds`` slows
 each step down, to leave time for faults injected from outside. ``--timeline`` prints
 ``timeline ...`` lines (wall-clock times of start, imports, ``init()``, restore, each step)
 that bench/recovery.py reads.
@@ -117,28 +117,16 @@ def fault_drill(args: argparse.Namespace, optimizer: nn.Optimizer, timeline: Tim
     return hook
 
 
-# How long the other ranks linger after the update of the step a ``uce-after`` fault hits: data
-# parallelism keeps ranks in lockstep, so a peer passes the step boundary within milliseconds of
-# the fault and enters the next step's all-reduce, where no PAUSE can reach it (the job then
-# restarts every worker after timeouts.stall). Lingering makes the drill the fault it stands
-# for: one every rank can pause for at the boundary.
-BOUNDARY_GRACE = 0.2
-
-
 def fault_after_update(args: argparse.Namespace, optimizer: nn.Optimizer, timeline: Timeline):
     """An optimizer forward post-hook: once, after the update of --fault-step on --fault-rank
-    (the step's all-reduce is done on every rank), raise a device error; the other ranks wait
-    BOUNDARY_GRACE seconds before they reach the step boundary."""
+    (the step's all-reduce is done on every rank), raise a device error."""
     rank, fired = get_rank(), []
 
     def hook(cell: nn.Cell, inputs: object, outputs: object) -> None:
         step = int(optimizer.global_step.asnumpy().reshape(-1)[0])  # already counted by the update
-        if step != args.fault_step or fired or load_config().restart_count:
+        if step != args.fault_step or rank != args.fault_rank or load_config().restart_count or fired:
             return
         fired.append(step)  # a rollback in place replays this step in the same process
-        if rank != args.fault_rank:
-            time.sleep(BOUNDARY_GRACE)
-            return
         timeline("fault", step)
         raise DeviceFault(detail=f"injected into rank {rank} in step {step}, after its all-reduce")
     return hook

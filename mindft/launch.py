@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import queue
+import random
 import shutil
 import signal
 import socket
@@ -203,23 +204,6 @@ def mindio_gate_address(spec: LaunchSpec) -> str:
     """Where node 0's step gate listens: the port after MindIO's controller port, on every node alike."""
     host = f"[{spec.master_ip}]" if ":" in spec.master_ip else spec.master_ip
     return f"tcp://{host}:{spec.controller_port + 1}"
-
-
-def _free_port_pair(ip: str) -> int:
-    """A port p with p and p + 1 free on ``ip`` (MindIO's controller and the step gate)."""
-    for _ in range(100):
-        with socket.socket() as first:
-            first.bind((ip, 0))
-            port = first.getsockname()[1]
-            if port >= 65535:
-                continue
-            with socket.socket() as second:
-                try:
-                    second.bind((ip, port + 1))
-                except OSError:
-                    continue
-        return port
-    raise ConfigError(f"found no two adjacent free ports on {ip}; pass --master-port")
 
 
 def ascend_present() -> bool:
@@ -1209,12 +1193,27 @@ def resolve_world(nproc: Optional[int], nnodes: Optional[int], worker_num: Optio
     return nproc, nodes
 
 
-def free_port(ip: str) -> int:
-    """A TCP port free on ``ip`` right now (for the scheduler, which cannot bind port 0 itself)."""
+def free_port_pair(ip: str) -> int:
+    """A port p with p and p + 1 free on ``ip`` right now, for servers that cannot bind port 0
+    themselves (MindSpore's scheduler and mindft's controller; MindIO's controller and step gate).
+
+    Drawn at random below the kernel's ephemeral range: a port from that range can be taken by
+    any outgoing connection between this probe and the server's bind, and on a busy machine
+    the range itself runs out."""
     family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.bind((ip, 0))
-        return probe.getsockname()[1]
+    try:
+        ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    for port in random.sample(range(20000, max(20100, ephemeral_low - 2)), 200):
+        try:
+            with socket.socket(family) as first, socket.socket(family) as second:
+                first.bind((ip, port))
+                second.bind((ip, port + 1))
+            return port
+        except OSError:
+            continue
+    raise ConfigError(f"found no two adjacent free ports on {ip} in 20000..{ephemeral_low - 1}; pass --master-port")
 
 
 def resolve_ports(master_port: Optional[int], nnodes: int, master_ip: str, scheduler: bool,
@@ -1231,7 +1230,7 @@ def resolve_ports(master_port: Optional[int], nnodes: int, master_ip: str, sched
     if master_port is not None and master_port < 1024:
         raise UsageError(f"--master-port {master_port} must be in 1024..65535")
     if master_port is None:
-        scheduler_port = free_port(master_ip) if scheduler else None
+        scheduler_port = free_port_pair(master_ip) if scheduler else None
         return scheduler_port, tft_port or 0
     if tft_port is None and master_port == 65535:
         raise UsageError("--master-port 65535 leaves no port for the controller (--master-port + 1); "
@@ -1283,7 +1282,7 @@ def plan_launch(params: Mapping[str, Any], environ: Mapping[str, str]) -> Launch
                     "checkpoints (exit 3 on the live ranks)", max_restarts)
         max_restarts = 0
     if mindio and controller_port == 0:
-        controller_port = _free_port_pair(master_ip)  # MindIO's controller cannot pick its own port
+        controller_port = free_port_pair(master_ip)  # MindIO's controller cannot pick its own port
     insecure = (params["insecure"] or base.insecure) and protected  # MINDFT_INSECURE=1 is --insecure
     key_file = params["key_file"] if protected and not insecure else None
     if protected and nnodes > 1 and key_file is None and not insecure:

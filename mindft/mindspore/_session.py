@@ -189,8 +189,10 @@ class Session:
             adopted = self._adopt_replica()
         self.processor = Processor(config, self._server.endpoint if self._server else "", keys=self._keys,
                                    snapshot_every=self.snapshot_every)
+        collectives = uses_collectives()
+        self.processor.lockstep = collectives  # a fault at a boundary then rolls back in place
         try:
-            ack = self.processor.register(held_steps=self.store.steps, collectives=uses_collectives())
+            ack = self.processor.register(held_steps=self.store.steps, collectives=collectives)
         except ProcessorError as error:
             log.critical("%s", error)
             self.close()

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import os
-import random
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -12,6 +10,8 @@ import numpy as np
 import psutil
 import pytest
 
+from mindft import launch
+
 ROOT = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT = 300.0  # one 2-rank MindSpore job; ~15-25 s on 2 busy cores
 LAUNCH_VARIABLES = ("MINDFT_NPROC", "MINDFT_NNODES", "MINDFT_NODE_RANK", "VC_TASK_INDEX", "MINDFT_MASTER_ADDR",
@@ -19,20 +19,8 @@ LAUNCH_VARIABLES = ("MINDFT_NPROC", "MINDFT_NNODES", "MINDFT_NODE_RANK", "VC_TAS
 
 
 def free_port_pair() -> int:
-    """A port P with P and P + 1 free (the scheduler and the controller).
-
-    Drawn below the kernel's ephemeral range, so outgoing connections of other jobs on the
-    machine (thousands, in a coordination benchmark) neither exhaust nor take it."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]) - 2
-    for port in random.sample(range(20000, min(low, 40000)), 200):
-        try:
-            with socket.socket() as first, socket.socket() as second:
-                first.bind(("127.0.0.1", port))
-                second.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no two consecutive free ports below the ephemeral range")
+    """A port P with P and P + 1 free (the scheduler and the controller), as mindft-launch picks them."""
+    return launch.free_port_pair("127.0.0.1")
 
 
 class Processes:

@@ -195,3 +195,17 @@ def test_a_failed_device_leaves_same_step_dying_gasps_and_exit_3(tmp_path: Path,
     assert len(steps) == 1, f"dying gasps of different steps: {steps}"
     assert f"every rank dumps step {steps.pop()}" in out
     assert processes.leftovers() == []
+
+
+@pytest.mark.parametrize("api", ["model", "loop"])
+def test_a_uce_after_the_all_reduce_rolls_back_in_place(api: str, tmp_path: Path, processes: Processes,
+                                                        references) -> None:
+    """The cheapest rung: every rank finished the step's collectives; mindft holds each rank at the
+    step's end until all finished it, so every peer pauses there and no process restarts."""
+    code, output = launch(processes, tmp_path, "run", 2, *api_args(api), "--fault-step", "9", "--fault-rank", "1",
+                          "--fault-kind", "uce-after")
+    out = output.read_text()
+    assert code == 0, out[-4000:]
+    assert "rank 1 UCE in step" in out and "every live rank paused" in out
+    assert "restarting every worker" not in out and "restart 1/" not in out
+    assert_bit_identical(tmp_path / "run" / "out", references(api, 2), 2)
