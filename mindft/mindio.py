@@ -111,6 +111,8 @@ from mindft.keys import CurveKeys, secure_client, secure_server, start_authentic
 log = logging.getLogger(__name__)
 
 MINDX_TASK_VARIABLE = "MINDX_TASK_ID"
+# What MindIO's controller reports to MindCluster's MindX (clusterd) once all four are registered.
+MINDX_ACTIONS = ("report_fault_ranks", "report_stop_complete", "report_strategies", "report_result")
 # How long closing waits for the wheel's destroy calls (see the quirks above). A processor reports
 # its exit to the controller at once, then waits for the controller to go away: nothing is gained
 # by waiting long. The controller's own teardown takes 3-7 s.
@@ -229,13 +231,24 @@ class MindioController:
     runs MindIO on the job's private network (its own traffic stays CurveZMQ-secured).
     """
 
-    def __init__(self, world_size: int, ip: str, port: int) -> None:
+    def __init__(self, world_size: int, ip: str, port: int,
+                 mindx: Optional[Mapping[str, Callable[..., Any]]] = None) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         if not 1024 <= port <= 65535:
             raise ValueError(f"MindIO controller port must be in 1024..65535, got {port}")
+        if mindx is not None and sorted(mindx) != sorted(MINDX_ACTIONS):
+            raise ValueError(f"mindx must map exactly {', '.join(MINDX_ACTIONS)}; got {', '.join(sorted(mindx))}")
         self.world_size, self.ip, self.port = world_size, ip, port
+        self._mindx = dict(mindx) if mindx is not None else None
         self._api: Optional[ModuleType] = None
+
+    @property
+    def api(self) -> ModuleType:
+        """``mindio_ttp.controller_ttp`` once started (its ``tft_notify_controller_*`` calls)."""
+        if self._api is None:
+            raise MindioError("MindIO controller not started")
+        return self._api
 
     def start(self) -> None:
         """Start listening on ``ip:port``; returns once the controller is up."""
@@ -244,7 +257,13 @@ class MindioController:
         _set_mindio_environment()
         api = _import("mindio_ttp.controller_ttp")
         _unregister_atexit(api.tft_destroy_controller)
-        api.tft_init_controller(0, self.world_size, False, enable_arf=False)
+        if self._mindx is not None:
+            # Registered before init, as MindSpore's own stand-in does: the controller asks at
+            # start whether all four are there, and only then consults MindX on every fault.
+            for action, callback in self._mindx.items():
+                if api.tft_register_mindx_callback(action, callback) != 0:
+                    raise MindioError(f"MindIO refused the MindX callback {action!r}")
+        api.tft_init_controller(0, self.world_size, False, enable_arf=self._mindx is not None)
         try:
             api.tft_start_controller(self.ip, self.port, False, "")
         except SystemExit:  # the wheel raises SystemExit(2) when the port is taken or invalid
@@ -279,7 +298,7 @@ class MindioRank:
 
     def __init__(self, rank: int, world_size: int, ip: str, port: int, callbacks: RankCallbacks,
                  replica_ranks: Optional[Sequence[int]] = None, action_timeout: float = 180.0,
-                 exit_grace: float = DEFAULT_EXIT_GRACE) -> None:
+                 exit_grace: float = DEFAULT_EXIT_GRACE, arf: bool = False) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in 0..{world_size - 1} (world size {world_size})")
         replicas = list(range(world_size)) if replica_ranks is None else [int(r) for r in replica_ranks]
@@ -291,6 +310,7 @@ class MindioRank:
         self._replicas = replicas
         self._action_timeout = action_timeout
         self._exit_grace = exit_grace
+        self._arf = arf
         self._tft: Optional[ModuleType] = None
         self._stop = threading.Event()
         self._exit = threading.Event()
@@ -310,7 +330,7 @@ class MindioRank:
         kept = self._signal_handlers()
         try:
             tft.tft_init_processor(self.rank, self.world_size, False, False, "", enable_uce=True,
-                                   enable_arf=False)
+                                   enable_arf=self._arf)
         finally:
             self._put_back_signal_handlers(kept)
         tft.tft_register_stop_handler(self._on_stop, None)
@@ -320,6 +340,8 @@ class MindioRank:
         tft.tft_register_save_ckpt_handler(self._on_save_ckpt, None)
         tft.tft_register_rename_handler(self._on_rename, None)
         tft.tft_register_exit_handler(self._on_exit, None)
+        if self._arf:
+            tft.tft_register_rebuild_group_handler(self._on_rebuild_group, None)
         tft.tft_start_processor(self.ip, self.port)
         tft.tft_set_optimizer_replica(self.rank, [{"type": 1, "rank_list": self._replicas,
                                                    "replica_cnt": len(self._replicas),
@@ -378,6 +400,25 @@ class MindioRank:
         tft.tft_report_error(tft.ReportState.RS_NORMAL.value)
         return self._wait_for_recovery()
 
+    def rejoin(self) -> Optional[int]:
+        """A restarted process (after :meth:`start`): take part in MindIO's ARF repair of this rank.
+
+        None when MindIO's controller is not repairing this rank (it was not restarted through
+        ARF: nothing to rejoin). Otherwise reports the new process ready (``RS_INIT_FINISH``),
+        waits for the group rebuild, reports ``RS_PREREPAIR_FINISH`` and waits through the
+        repair and rollback handlers, as MindSpore does for an ARF-restarted rank; returns the
+        step to resume after.
+        """
+        tft = self._api()
+        if not self._arf or not tft.tft_is_reboot_node():
+            return None
+        log.warning("rank=%d rejoins through MindIO's process-level repair (ARF)", self.rank)
+        tft.tft_report_error(tft.ReportState.RS_INIT_FINISH.value)
+        if tft.tft_wait_next_action() != _RETRY or self._exit.is_set():
+            raise MindioExit(self._exit_code, self._exit_reason)
+        tft.tft_report_error(tft.ReportState.RS_PREREPAIR_FINISH.value)
+        return self._wait_for_recovery()
+
     def _wait_for_recovery(self) -> int:
         tft = self._api()
         action = tft.tft_wait_next_action()
@@ -428,6 +469,10 @@ class MindioRank:
             return  # sources serve their state from mindft's snapshots: nothing to push
         source = sources[targets.index(self.rank)] if len(sources) == len(targets) else sources[0]
         self._guarded(lambda: self._callbacks.restore(step, source))
+
+    def _on_rebuild_group(self, fault_ranks: Any, args: Any, ctx: Any) -> None:
+        """Rebuilding the communication group: mindft's ranks have no group of MindIO's to rebuild."""
+        log.info("rank=%d MindIO rebuilds the group for %s", self.rank, fault_ranks)
 
     def _on_rollback(self, step: int, args: Any, ctx: Any) -> None:
         log.info("rank=%d MindIO rollback to step %d", self.rank, step)
