@@ -949,8 +949,22 @@ class Launcher:
         if not controller_runs_here(spec.node_rank, spec.env):
             log.info("%s is set: MindCluster runs MindIO's controller; no step gate", MINDX_TASK_VARIABLE)
             return
+        config = self.controller_config()
+        timeouts = config.timeouts
+
+        def alive(rank: int) -> bool:
+            worker = self.agent.workers.get(rank)
+            return worker is not None and worker.pid is not None
+
+        # node 0 plays MindCluster's MindX for MindIO's controller: the reset file's hot resets go
+        # through MindIO's ARF; kills and restarts are queued as the controller's orders are.
+        standin = dict(kill=lambda rank, why: self._orders.put(("kill", rank, 0, False, why)),
+                       start=lambda rank, why: self._orders.put(("start", rank, 0, False, why)),
+                       alive=alive, leave_timeout=timeouts.leave, gather_timeout=timeouts.pause,
+                       repair_timeout=timeouts.repair)
         self.mindio_host = MindioHost(spec.world_size, spec.master_ip, spec.controller_port, self.keys,
-                                      gate_port=spec.controller_port + 1)
+                                      gate_port=spec.controller_port + 1, reset_file=config.reset_file,
+                                      poll_interval=timeouts.reset_poll_interval, standin=standin)
         self.mindio_host.start()
 
     def _supervise(self) -> int:
@@ -1007,6 +1021,8 @@ class Launcher:
                 if running:
                     self._check_hung()
                     self._report_progress()
+            elif self.mindio_host is not None and self._mindio_over(running):
+                return job_exit_code(None, self._final_codes())
             elif not running and all(w.final for w in self.agent.workers.values()):
                 if self._unprotected_failure is not None:
                     return job_exit_code(None, [self._unprotected_failure])
@@ -1014,6 +1030,21 @@ class Launcher:
             elif running:
                 self._check_hung()
             time.sleep(MONITOR_INTERVAL)
+
+    def _mindio_over(self, running: Sequence[int]) -> bool:
+        """On MindIO: watch the reset watcher; True once no rank runs and none will start again."""
+        host = self.mindio_host
+        failure = host.check(WATCHER_MAX_RESTARTS)
+        if failure is not None:
+            self._abort(failure)
+        if running:
+            return False
+        workers = self.agent.workers.values()
+        off = [w for w in workers if w.off_device and not w.final]
+        if not off:
+            return all(w.final for w in workers)
+        # Ranks off their chip come back on 'recovered' (the stand-in starts them) unless the job failed.
+        return host.standin is not None and host.standin.failed is not None
 
     def _check_scheduler(self) -> None:
         """A scheduler that fails while ranks still need it fails the job at once, loudly."""

@@ -135,6 +135,10 @@ class RecoveryRequested(Exception):
     """MindIO stopped this rank for a recovery: call :meth:`MindioRank.recover`."""
 
 
+class LeaveDevice(Exception):
+    """The device plugin resets this rank's chip: the process must exit (mindft-launch starts it again)."""
+
+
 class MindioExit(SystemExit):
     """MindIO ended the job (after a dying gasp where it could); ``code`` is the process exit code."""
 
@@ -258,6 +262,7 @@ class MindioController:
         api = _import("mindio_ttp.controller_ttp")
         _unregister_atexit(api.tft_destroy_controller)
         if self._mindx is not None:
+            os.environ.setdefault("MINDIO_WAIT_MINDX_TIME", MINDX_WAIT_SECONDS)
             # Registered before init, as MindSpore's own stand-in does: the controller asks at
             # start whether all four are there, and only then consults MindX on every fault.
             for action, callback in self._mindx.items():
@@ -555,7 +560,9 @@ class StepGate:
     A request ``{"rank", "done", "finished", "need"}`` records where the rank is (a rank that
     rolled back reports a lower ``done``) and is answered ``{"open": true}`` once every rank has
     done at least ``need`` steps (``need == -1``: every rank finished), else ``{"open": false}``
-    after :data:`GATE_HOLD_SECONDS`.
+    after :data:`GATE_HOLD_SECONDS`. For a hot reset the launcher :meth:`hold`\ s the gate (the
+    ranks gather at the newest step any of them finished: :meth:`gathered`) and tells the ranks
+    on the chip to :meth:`leave` (``{"leave": true}``).
     """
 
     def __init__(self, world_size: int, ip: str, keys: Optional[CurveKeys] = None, port: int = 0) -> None:
@@ -575,6 +582,12 @@ class StepGate:
         self.endpoint = f"tcp://{host}:{port}"
         self._done: Dict[int, int] = {}
         self._finished: Dict[int, bool] = {}
+        # A hot reset (the launcher's MindxStandIn) holds the ranks at one common step and tells
+        # the ranks on the chip to leave. Written from another thread: guarded by _lock.
+        self._lock = threading.Lock()
+        self._holding = False
+        self._leaving: set = set()
+        self._parked: Dict[int, int] = {}  # rank -> done, while refused and not let through since
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="mindft-step-gate", daemon=True)
         self._thread.start()
@@ -590,15 +603,65 @@ class StepGate:
             self._authenticator.stop()
         self._context.term()
 
+    def hold(self) -> None:
+        """Let no rank start a step beyond the newest any rank finished: the ranks gather at one step."""
+        with self._lock:
+            self._holding = True
+
+    def release(self) -> None:
+        """End :meth:`hold`."""
+        with self._lock:
+            self._holding = False
+
+    def leave(self, ranks: Sequence[int]) -> None:
+        """Answer ``ranks``' next requests ``{"leave": true}``: they must exit (their chip is reset)."""
+        with self._lock:
+            self._leaving.update(ranks)
+
+    def rejoin(self, rank: int) -> None:
+        """``rank`` starts again (a new process): serve it normally."""
+        with self._lock:
+            self._leaving.discard(rank)
+            self._parked.pop(rank, None)
+
+    @property
+    def joined(self) -> bool:
+        """Every rank has asked the gate at least once (it knows where each one is)."""
+        with self._lock:
+            return len(self._done) >= self.world_size
+
+    def gathered(self) -> Optional[int]:
+        """While holding: the step every rank waits at, once they all do (None before)."""
+        with self._lock:
+            parked = [self._parked.get(rank) for rank in range(self.world_size)]
+        if any(done is None for done in parked) or len(set(parked)) != 1:
+            return None
+        return parked[0]
+
     def _open(self, need: int) -> bool:
         if len(self._done) < self.world_size:
             return False
         if need == _ALL_FINISHED:
             return all(self._finished.values())
+        if self._holding and need >= max(self._done.values()):
+            return False  # only the ranks behind catch up
         return min(self._done.values()) >= need
 
+    def _answer(self, rank: int, need: int, deadline: float, now: float) -> Optional[bytes]:
+        """The answer to a waiting request, or None to keep it waiting."""
+        with self._lock:
+            if rank in self._leaving:
+                return b'{"leave": true}'
+            if self._open(need):
+                self._parked.pop(rank, None)
+                return b'{"open": true}'
+            if now >= deadline:
+                self._parked[rank] = self._done[rank]
+                return b'{"open": false}'
+        return None
+
     def _serve(self) -> None:
-        waiting: list = []  # (identity, need, deadline)
+        waiting: list = []  # (identity, rank, need, deadline)
         try:
             while not self._stop.is_set():
                 if self._socket.poll(_GATE_POLL_MS):
@@ -608,22 +671,22 @@ class StepGate:
                         rank, need = int(request["rank"]), int(request["need"])
                         if not 0 <= rank < self.world_size:
                             raise ValueError(f"rank {rank} not in 0..{self.world_size - 1}")
-                        self._done[rank] = int(request["done"])
-                        self._finished[rank] = bool(request["finished"])
+                        with self._lock:
+                            self._done[rank] = int(request["done"])
+                            self._finished[rank] = bool(request["finished"])
                     except (ValueError, KeyError, TypeError) as error:
                         log.warning("step gate refused a request: %s", error)
                         self._socket.send_multipart([identity, b'{"error": true}'])
                         continue
-                    waiting.append((identity, need, time.monotonic() + GATE_HOLD_SECONDS))
+                    waiting.append((identity, rank, need, time.monotonic() + GATE_HOLD_SECONDS))
                 now = time.monotonic()
                 still = []
-                for identity, need, deadline in waiting:
-                    if self._open(need):
-                        self._socket.send_multipart([identity, b'{"open": true}'])
-                    elif now >= deadline:
-                        self._socket.send_multipart([identity, b'{"open": false}'])
+                for identity, rank, need, deadline in waiting:
+                    answer = self._answer(rank, need, deadline, now)
+                    if answer is None:
+                        still.append((identity, rank, need, deadline))
                     else:
-                        still.append((identity, need, deadline))
+                        self._socket.send_multipart([identity, answer])
                 waiting = still
         finally:
             self._socket.close(0)
@@ -650,7 +713,8 @@ class StepGateClient:
     def wait(self, done: int, need: int, mindio: MindioRank, finished: bool = False) -> None:
         """Report ``done`` steps and block until every rank did ``need`` (-1: every rank finished).
 
-        Raises :class:`RecoveryRequested` / :class:`MindioExit` as soon as MindIO asks for them, and
+        Raises :class:`RecoveryRequested` / :class:`MindioExit` as soon as MindIO asks for them,
+        :class:`LeaveDevice` when the launcher says this rank's chip is reset, and
         :class:`MindioError` when the gate stays silent for :data:`GATE_UNREACHABLE_AFTER` s.
         """
         payload = json.dumps({"rank": self.rank, "done": done, "need": need, "finished": finished}).encode()
@@ -665,6 +729,8 @@ class StepGateClient:
                 if answer.get("error"):
                     raise MindioError(f"rank {self.rank}: the step gate at {self.endpoint} refused "
                                       f"the request")
+                if answer.get("leave"):
+                    raise LeaveDevice(f"rank {self.rank}: its chip is about to be reset (hot reset)")
                 if answer.get("open"):
                     return
                 continue
@@ -685,19 +751,323 @@ class StepGateClient:
             self._context = None
 
 
+# -- MindX's part, played by node 0's launcher ------------------------------------------------
+# MindIO's error-type codes in a MindX fault-rank map (controller.cpp).
+MINDX_UCE_ERROR, MINDX_PROCESS_ERROR = 0, 1
+# MINDIO_WAIT_MINDX_TIME: how long MindIO's controller waits for MindX. The stand-in answers at once
+# (inside the callback), so the only wait that runs out is the one after a dump, where MindIO waits
+# for MindX to stop the processes and, when MindX stays silent, orders them to exit itself.
+MINDX_WAIT_SECONDS = "1"
+GATHER_POLL = 0.02
+
+
+class StandInPhase(enum.Enum):
+    """Where one fault episode is, seen from MindX's side of MindIO's controller."""
+
+    IDLE = "idle"              # training; no fault being handled
+    STOPPING = "stopping"      # stop_train sent (or asked for): MindIO pauses every healthy rank
+    CHOOSING = "choosing"      # stop complete, fault ranks confirmed: MindIO offers its strategies
+    REPAIRING = "repairing"    # a strategy chosen (retry, recover = ARF, dump); waiting for its result
+    ENDED = "ended"            # MindIO dumps or exits: the job is over
+
+
+_STANDIN_TRANSITIONS = {
+    StandInPhase.IDLE: {StandInPhase.STOPPING, StandInPhase.ENDED},
+    StandInPhase.STOPPING: {StandInPhase.CHOOSING, StandInPhase.ENDED},
+    StandInPhase.CHOOSING: {StandInPhase.REPAIRING, StandInPhase.ENDED},
+    StandInPhase.REPAIRING: {StandInPhase.IDLE, StandInPhase.ENDED},
+    StandInPhase.ENDED: set(),
+}
+
+
+class MindxStandIn:
+    """MindCluster's MindX (clusterd + TaskD) as node 0's launcher plays it for MindIO's controller.
+
+    MindIO's controller, with these four callbacks registered (:data:`MINDX_ACTIONS`), asks MindX
+    at every fault: it reports the fault ranks, waits for ``stop_train``, reports the stop complete,
+    waits for the confirmed fault ranks, offers strategies (``retry`` = UCE repair in place,
+    ``recover`` = ARF: the faulty processes are restarted and repaired from a replica, ``dump``,
+    ``exit``) and reports the result. MindSpore answers the same way when it runs ARF without
+    MindCluster (``TftHandle._mindx_stub``); MindCluster's clusterd does it for a device fault it
+    sees. This stand-in answers each callback at once, from the controller's thread, and feeds
+    MindIO the device plugin's reset file:
+
+    * ``unrecovered`` for rank R: the step gate holds every rank at one common step; then
+      ``stop_train({R: process error})`` (MindIO pauses the healthy ranks) and R is told to leave
+      (it exits, its snapshots stay in the node agent's memory; killed after ``leave_timeout``);
+      the strategy is ``recover`` (MindIO's ARF), so MindIO waits for R's new process.
+    * ``recovered`` for R: once R's old process is gone, the launcher starts R again; the new
+      process rejoins through ARF (:meth:`MindioRank.rejoin`); MindIO repairs and rolls every
+      rank back to the gathered step.
+    * ``failed``/``isolate`` (or no ``recovered`` within ``repair_timeout``): the strategy becomes
+      ``dump``: MindIO has a live rank save, then orders every live rank to exit; each writes its
+      dying-gasp checkpoint of the gathered step, and the launcher writes R's from memory.
+    * A fault a rank reports itself (UCE) is answered ``retry``; a lost process (killed, not on a
+      reset chip) ``dump``: mindft-launch does not restart it on this backend.
+
+    ``kill(rank, why)`` / ``start(rank, why)`` queue orders for the launcher; ``alive(rank)``
+    says whether the rank's process still runs.
+    """
+
+    def __init__(self, gate: StepGate, kill: Callable[[int, str], None], start: Callable[[int, str], None],
+                 alive: Callable[[int], bool], leave_timeout: float = 30.0, gather_timeout: float = 60.0,
+                 repair_timeout: float = 180.0) -> None:
+        self._gate = gate
+        self._kill, self._start, self._alive = kill, start, alive
+        self.leave_timeout, self.gather_timeout, self.repair_timeout = leave_timeout, gather_timeout, repair_timeout
+        self._api: Optional[ModuleType] = None
+        self._lock = threading.Condition()
+        self.phase = StandInPhase.IDLE
+        self._initiated = False
+        self._off: Dict[int, str] = {}  # rank on a chip being reset -> "leaving" | "left" | "starting"
+        self._failed: Optional[str] = None
+        self.strategy: Optional[str] = None
+        self.result: Optional[str] = None  # why the job ended (set once MindIO dumps or exits)
+        self._threads: list = []
+
+    # -- wiring ----------------------------------------------------------------------------------
+    def callbacks(self) -> Dict[str, Callable[..., Any]]:
+        """The four MindX callbacks for :class:`MindioController` (``mindx=``)."""
+        return {"report_fault_ranks": self._on_fault_ranks, "report_stop_complete": self._on_stop_complete,
+                "report_strategies": self._on_strategies, "report_result": self._on_result}
+
+    def bind(self, api: ModuleType) -> None:
+        """The started controller's module (its ``tft_notify_controller_*`` calls)."""
+        self._api = api
+
+    @property
+    def failed(self) -> Optional[str]:
+        """Why the job cannot go on (a chip failed, MindIO gave up), or None."""
+        with self._lock:
+            return self._failed
+
+    @property
+    def off_device(self) -> tuple:
+        """Ranks whose chip is being reset (their process left or is leaving)."""
+        with self._lock:
+            return tuple(sorted(self._off))
+
+    def _move(self, phase: StandInPhase) -> None:
+        if phase is self.phase:
+            return
+        if phase not in _STANDIN_TRANSITIONS[self.phase]:
+            raise MindioError(f"MindX stand-in: no transition {self.phase.value} -> {phase.value}")
+        log.info("MindX stand-in: %s -> %s", self.phase.value, phase.value)
+        self.phase = phase
+        self._lock.notify_all()
+
+    def _spawn(self, target: Callable[..., None], *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, name="mindft-mindx", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    # -- device events (the reset watcher's thread) ------------------------------------------------
+    def on_device_event(self, event: Any) -> None:
+        """One event of :class:`mindft.resetwatch.ResetWatcher`."""
+        from mindft import resetwatch
+
+        if isinstance(event, resetwatch.DeviceFaulty):
+            with self._lock:
+                if event.rank in self._off or self.phase is StandInPhase.ENDED:
+                    return
+                self._off[event.rank] = "leaving"
+            log.warning("device plugin: rank %d's chip is faulty (%s, policy %s): hot reset through MindIO",
+                        event.rank, event.error_code, event.policy)
+            self._spawn(self._reset_episode, event.rank)
+        elif isinstance(event, resetwatch.DeviceRecovered):
+            with self._lock:
+                known = self._off.get(event.rank) in ("leaving", "left")
+                if known:
+                    self._off[event.rank] = "starting"
+            if known:
+                self._spawn(self._restart, event.rank)
+        elif isinstance(event, resetwatch.DeviceFailed):
+            self._fail(f"rank {event.rank}'s chip failed the hot reset ({event.reason})", event.rank)
+        elif isinstance(event, resetwatch.GracefulExit):
+            self._fail("Volcano asked every training process to exit (GracefulExit)", None, graceful=True)
+        else:
+            log.warning("reset file: %s is not acted on with MINDFT_BACKEND=mindio (mindft's own backend "
+                        "rolls every rank back on it)", type(event).__name__)
+
+    def _reset_episode(self, rank: int) -> None:
+        """Gather every rank at one step, stop them through MindIO, make ``rank`` leave its chip."""
+        deadline = time.monotonic() + self.gather_timeout
+        while not self._gate.joined and time.monotonic() < deadline:
+            time.sleep(GATHER_POLL)  # MindIO knows no rank before it started
+        self._gate.hold()
+        step = None
+        while step is None and time.monotonic() < deadline:
+            step = self._gate.gathered()
+            if step is None:
+                time.sleep(GATHER_POLL)
+        if step is None:
+            log.error("the ranks did not gather at one step within %.0f s; stopping them where they are",
+                      self.gather_timeout)
+        else:
+            log.warning("every rank waits after step %d; rank %d leaves its chip", step, rank)
+        with self._lock:
+            # One episode at a time: a fault already in MindIO's hands is finished first.
+            self._lock.wait_for(lambda: self.phase in (StandInPhase.IDLE, StandInPhase.ENDED,
+                                                       StandInPhase.STOPPING) or self._failed is not None,
+                                timeout=self.repair_timeout)
+            first = self.phase is StandInPhase.IDLE
+            if first:
+                self._move(StandInPhase.STOPPING)
+                self._initiated = True
+            ranks = {r: MINDX_PROCESS_ERROR for r in self._off}
+        if first:
+            self._notify("tft_notify_controller_stop_train", ranks)
+        self._gate.leave([rank])
+        self._spawn(self._enforce_leave, rank)
+        self._spawn(self._enforce_repair, rank)
+
+    def _enforce_leave(self, rank: int) -> None:
+        deadline = time.monotonic() + self.leave_timeout
+        while time.monotonic() < deadline and self._alive(rank):
+            time.sleep(GATHER_POLL)
+        with self._lock:
+            still = self._off.get(rank) == "leaving" and self._alive(rank)
+            if self._off.get(rank) == "leaving":
+                self._off[rank] = "left"
+        if still:
+            self._kill(rank, f"did not leave its chip within {self.leave_timeout:g} s (the device plugin "
+                             f"resets a chip only once its processes are gone)")
+
+    def _enforce_repair(self, rank: int) -> None:
+        with self._lock:
+            gone = self._lock.wait_for(lambda: rank not in self._off or self._failed is not None,
+                                       timeout=self.repair_timeout)
+        if not gone:
+            self._fail(f"rank {rank}'s chip was not recovered within {self.repair_timeout:g} s", rank)
+
+    def _restart(self, rank: int) -> None:
+        deadline = time.monotonic() + self.leave_timeout + 10.0
+        while self._alive(rank) and time.monotonic() < deadline:
+            time.sleep(GATHER_POLL)  # the plugin waits for the old process; so does the restart
+        with self._lock:
+            if self._failed is not None:
+                return
+            self._off.pop(rank, None)
+            last = not self._off
+            self._lock.notify_all()
+        self._gate.rejoin(rank)
+        if last:
+            self._gate.release()
+        self._start(rank, "its chip was reset (recovered)")
+
+    def _fail(self, reason: str, rank: Optional[int], graceful: bool = False) -> None:
+        with self._lock:
+            if self._failed is not None:
+                return
+            self._failed = reason
+            phase = self.phase
+            self._lock.notify_all()
+        log.error("MindX stand-in: %s; every rank writes its dying-gasp checkpoint", reason)
+        if phase is StandInPhase.REPAIRING and self.strategy == "recover":
+            self._notify("tft_notify_controller_change_strategy", "dump")  # MindIO leaves its ARF wait
+        elif phase is StandInPhase.IDLE and graceful:
+            self._gate.hold()
+            self._notify("tft_notify_controller_dump")  # MindIO's own "elegant dump"
+        elif phase is StandInPhase.IDLE and rank is not None:
+            with self._lock:
+                self._off.setdefault(rank, "leaving")
+            self._spawn(self._reset_episode, rank)
+        # STOPPING / CHOOSING: the strategy callback sees the failure and picks dump.
+
+    # -- MindIO's controller thread ------------------------------------------------------------------
+    def _notify(self, name: str, *args: Any) -> None:
+        api = self._api
+        if api is None:
+            log.error("MindX stand-in: %s before MindIO's controller started; ignored", name)
+            return
+        code = getattr(api, name)(*args)
+        if code != 0:
+            log.error("MindIO's controller refused %s%r (code %s)", name, args, code)
+
+    def _on_fault_ranks(self, errors: Mapping[int, int], codes: Any = None) -> None:
+        with self._lock:
+            if self.phase is not StandInPhase.IDLE:
+                return  # our own stop_train, or MindIO's second report of an episode under way
+            self._move(StandInPhase.STOPPING)
+            self._initiated = False
+            ranks = {**{int(r): int(t) for r, t in dict(errors).items()},
+                     **{r: MINDX_PROCESS_ERROR for r in self._off}}
+        log.warning("MindIO reports fault ranks %s; stopping the job", dict(errors))
+        self._notify("tft_notify_controller_stop_train", ranks)
+
+    def _on_stop_complete(self, code: int, message: str, errors: Mapping[int, int]) -> None:
+        with self._lock:
+            if code != 0:
+                log.error("MindIO could not stop the job (%s: %s)", code, message)
+                self._move(StandInPhase.ENDED)
+                self.result = f"MindIO could not stop the job: {message}"
+                return
+            self._move(StandInPhase.CHOOSING)
+            ranks = {**{int(r): int(t) for r, t in dict(errors).items()},
+                     **{r: MINDX_PROCESS_ERROR for r in self._off}}
+        self._notify("tft_notify_controller_on_global_rank", ranks, 1)
+
+    def _on_strategies(self, errors: Mapping[int, int], strategies: Sequence[str]) -> None:
+        offered = list(strategies)
+        with self._lock:
+            on_reset_chip = any(int(r) in self._off for r in dict(errors))
+            if self._failed is not None:
+                choice = "dump" if "dump" in offered else "exit"
+            elif on_reset_chip:
+                choice = "recover" if "recover" in offered else ("dump" if "dump" in offered else "exit")
+                if choice != "recover":
+                    log.error("MindIO offers %s, not ARF (recover): it cannot take the reset chip's ranks "
+                              "back; falling back to %s", offered, choice)
+            elif "retry" in offered:
+                choice = "retry"
+            else:
+                choice = "dump" if "dump" in offered else "exit"
+            self.strategy = choice
+            self._move(StandInPhase.ENDED if choice in ("dump", "exit") else StandInPhase.REPAIRING)
+            if choice in ("dump", "exit"):
+                self.result = self._failed or f"MindIO cannot repair ranks {sorted(dict(errors))} ({choice})"
+                self._failed = self._failed or self.result
+        log.warning("MindIO offers %s for fault ranks %s: %s", offered, dict(errors), choice)
+        self._notify("tft_notify_controller_change_strategy", choice)
+
+    def _on_result(self, code: int, message: str, errors: Mapping[int, int], strategy: str) -> None:
+        with self._lock:
+            if code == 0:
+                log.warning("MindIO: %s (%s)", message, strategy)
+                if self.phase is StandInPhase.REPAIRING:
+                    self._move(StandInPhase.IDLE)
+                return
+            log.error("MindIO: %s (code %s, strategy %s); asking for a dump", message, code, strategy)
+            self._failed = self._failed or f"MindIO's {strategy} failed: {message}"
+            self.result = self._failed
+            self.strategy = "dump"
+            self._move(StandInPhase.ENDED)
+        self._notify("tft_notify_controller_change_strategy", "dump")
+
+
 class MindioHost:
-    """What node 0's launcher runs for a job on MindIO: MindIO's controller and the step gate.
+    """What node 0's launcher runs for a job on MindIO: MindIO's controller, the step gate and MindX's part.
 
     ``port`` is MindIO's controller port (MS_TFT_PORT of the ranks); the gate listens on
-    ``gate_port`` (0: a free one), :attr:`gate_endpoint`, given to the ranks as ``MINDFT_STEP_GATE``. MindIO's own TCP is
-    neither authenticated nor encrypted; the gate uses the job's CurveZMQ key.
+    ``gate_port`` (0: a free one), :attr:`gate_endpoint`, given to the ranks as ``MINDFT_STEP_GATE``.
+    MindIO's own TCP is neither authenticated nor encrypted; the gate uses the job's CurveZMQ key.
+    With ``reset_file`` the device plugin's reset file is watched every ``poll_interval`` s and
+    fed to the :class:`MindxStandIn` (``standin`` holds its ``kill``/``start``/``alive`` and
+    timeouts), registered as MindIO's MindX.
     """
 
     def __init__(self, world_size: int, ip: str, port: int, keys: Optional[CurveKeys] = None,
-                 gate_port: int = 0) -> None:
-        self.controller = MindioController(world_size, ip, port)
+                 gate_port: int = 0, reset_file: Optional[Any] = None, poll_interval: float = 1.0,
+                 standin: Optional[Mapping[str, Any]] = None) -> None:
+        self._controller_args = (world_size, ip, port)
         self._gate_args = (world_size, ip, keys, gate_port)
+        self._standin_args = dict(standin or {})
+        self._reset = (reset_file, poll_interval)
         self.gate: Optional[StepGate] = None
+        self.standin: Optional[MindxStandIn] = None
+        self.controller: Optional[MindioController] = None
+        self.watcher: Optional[Any] = None
+        self.watcher_restarts = 0
 
     @property
     def gate_endpoint(self) -> str:
@@ -707,17 +1077,50 @@ class MindioHost:
         return self.gate.endpoint
 
     def start(self) -> None:
-        """Start the controller, then the gate."""
-        self.controller.start()
+        """Start the gate, MindIO's controller with the MindX stand-in, then the reset watcher."""
+        self.gate = StepGate(*self._gate_args)
         try:
-            self.gate = StepGate(*self._gate_args)
+            mindx = None
+            if self._standin_args:
+                self.standin = MindxStandIn(self.gate, **self._standin_args)
+                mindx = self.standin.callbacks()
+            self.controller = MindioController(*self._controller_args, mindx=mindx)
+            self.controller.start()
+            if self.standin is not None:
+                self.standin.bind(self.controller.api)
+                path, interval = self._reset
+                if path is not None:
+                    from mindft.resetwatch import ResetWatcher
+
+                    self.watcher = ResetWatcher(path, interval)
+                    self.watcher.start(self.standin.on_device_event)
+                    log.info("watching the device plugin's reset file %s every %gs (MindIO backend)", path,
+                             interval)
         except Exception:
-            self.controller.stop()
+            self.stop()
             raise
 
+    def check(self, max_restarts: int = 10) -> Optional[str]:
+        """Restart a reset watcher that died; the reason to fail the job once it died too often."""
+        watcher = self.watcher
+        if watcher is None or watcher.alive:
+            return None
+        if self.watcher_restarts >= max_restarts:
+            return (f"the reset-file watcher died {self.watcher_restarts + 1} times; device faults in "
+                    f"{watcher.path} can no longer be seen")
+        self.watcher_restarts += 1
+        log.warning("restarting the reset-file watcher (restart %d/%d)", self.watcher_restarts, max_restarts)
+        watcher.start(self.standin.on_device_event)
+        return None
+
     def stop(self) -> None:
-        """Stop both, bounded (idempotent)."""
+        """Stop all of it, bounded (idempotent)."""
+        if self.watcher is not None:
+            self.watcher.stop()
+            self.watcher = None
         if self.gate is not None:
             self.gate.close()
             self.gate = None
-        self.controller.stop()
+        if self.controller is not None:
+            self.controller.stop()
+            self.controller = None
