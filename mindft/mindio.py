@@ -823,6 +823,7 @@ class MindxStandIn:
         self._failed: Optional[str] = None
         self.strategy: Optional[str] = None
         self.result: Optional[str] = None  # why the job ended (set once MindIO dumps or exits)
+        self._closing = threading.Event()
         self._threads: list = []
 
     # -- wiring ----------------------------------------------------------------------------------
@@ -857,9 +858,24 @@ class MindxStandIn:
         self._lock.notify_all()
 
     def _spawn(self, target: Callable[..., None], *args: Any) -> None:
+        if self._closing.is_set():
+            return
         thread = threading.Thread(target=target, args=args, name="mindft-mindx", daemon=True)
         self._threads.append(thread)
         thread.start()
+
+    def _sleep(self) -> bool:
+        """Wait one poll; False once :meth:`close` was called."""
+        return not self._closing.wait(GATHER_POLL)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the stand-in's threads (the job is over); idempotent."""
+        self._closing.set()
+        with self._lock:
+            self._lock.notify_all()
+        for thread in self._threads:
+            thread.join(timeout)
+        self._threads = []
 
     # -- device events (the reset watcher's thread) ------------------------------------------------
     def on_device_event(self, event: Any) -> None:
@@ -892,14 +908,16 @@ class MindxStandIn:
     def _reset_episode(self, rank: int) -> None:
         """Gather every rank at one step, stop them through MindIO, make ``rank`` leave its chip."""
         deadline = time.monotonic() + self.gather_timeout
-        while not self._gate.joined and time.monotonic() < deadline:
-            time.sleep(GATHER_POLL)  # MindIO knows no rank before it started
+        while not self._gate.joined and time.monotonic() < deadline and self._sleep():
+            pass  # MindIO knows no rank before it started
         self._gate.hold()
         step = None
-        while step is None and time.monotonic() < deadline:
+        while step is None and time.monotonic() < deadline and not self._closing.is_set():
             step = self._gate.gathered()
             if step is None:
-                time.sleep(GATHER_POLL)
+                self._sleep()
+        if self._closing.is_set():
+            return
         if step is None:
             log.error("the ranks did not gather at one step within %.0f s; stopping them where they are",
                       self.gather_timeout)
@@ -908,8 +926,8 @@ class MindxStandIn:
         with self._lock:
             # One episode at a time: a fault already in MindIO's hands is finished first.
             self._lock.wait_for(lambda: self.phase in (StandInPhase.IDLE, StandInPhase.ENDED,
-                                                       StandInPhase.STOPPING) or self._failed is not None,
-                                timeout=self.repair_timeout)
+                                                       StandInPhase.STOPPING) or self._failed is not None
+                                or self._closing.is_set(), timeout=self.repair_timeout)
             first = self.phase is StandInPhase.IDLE
             if first:
                 self._move(StandInPhase.STOPPING)
@@ -923,8 +941,10 @@ class MindxStandIn:
 
     def _enforce_leave(self, rank: int) -> None:
         deadline = time.monotonic() + self.leave_timeout
-        while time.monotonic() < deadline and self._alive(rank):
-            time.sleep(GATHER_POLL)
+        while time.monotonic() < deadline and self._alive(rank) and self._sleep():
+            pass
+        if self._closing.is_set():
+            return
         with self._lock:
             still = self._off.get(rank) == "leaving" and self._alive(rank)
             if self._off.get(rank) == "leaving":
@@ -935,17 +955,17 @@ class MindxStandIn:
 
     def _enforce_repair(self, rank: int) -> None:
         with self._lock:
-            gone = self._lock.wait_for(lambda: rank not in self._off or self._failed is not None,
-                                       timeout=self.repair_timeout)
-        if not gone:
+            gone = self._lock.wait_for(lambda: rank not in self._off or self._failed is not None
+                                       or self._closing.is_set(), timeout=self.repair_timeout)
+        if not gone and not self._closing.is_set():
             self._fail(f"rank {rank}'s chip was not recovered within {self.repair_timeout:g} s", rank)
 
     def _restart(self, rank: int) -> None:
         deadline = time.monotonic() + self.leave_timeout + 10.0
-        while self._alive(rank) and time.monotonic() < deadline:
-            time.sleep(GATHER_POLL)  # the plugin waits for the old process; so does the restart
+        while self._alive(rank) and time.monotonic() < deadline and self._sleep():
+            pass  # the plugin waits for the old process; so does the restart
         with self._lock:
-            if self._failed is not None:
+            if self._failed is not None or self._closing.is_set():
                 return
             self._off.pop(rank, None)
             last = not self._off
@@ -1035,7 +1055,7 @@ class MindxStandIn:
             if code == 0:
                 log.warning("MindIO: %s (%s)", message, strategy)
                 if self.phase is StandInPhase.REPAIRING:
-                    self._move(StandInPhase.IDLE)
+                    self._move(StandInPhase.ENDED if self._failed is not None else StandInPhase.IDLE)
                 return
             log.error("MindIO: %s (code %s, strategy %s); asking for a dump", message, code, strategy)
             self._failed = self._failed or f"MindIO's {strategy} failed: {message}"
@@ -1118,6 +1138,8 @@ class MindioHost:
         if self.watcher is not None:
             self.watcher.stop()
             self.watcher = None
+        if self.standin is not None:
+            self.standin.close()
         if self.gate is not None:
             self.gate.close()
             self.gate = None
