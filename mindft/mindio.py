@@ -560,8 +560,8 @@ class StepGate:
     A request ``{"rank", "done", "finished", "need"}`` records where the rank is (a rank that
     rolled back reports a lower ``done``) and is answered ``{"open": true}`` once every rank has
     done at least ``need`` steps (``need == -1``: every rank finished), else ``{"open": false}``
-    after :data:`GATE_HOLD_SECONDS`. For a hot reset the launcher :meth:`hold`\ s the gate (the
-    ranks gather at the newest step any of them finished: :meth:`gathered`) and tells the ranks
+    after :data:`GATE_HOLD_SECONDS`. For a hot reset the launcher holds the gate (:meth:`hold`: the
+    ranks gather at the newest step any of them finished, :meth:`gathered`) and tells the ranks
     on the chip to :meth:`leave` (``{"leave": true}``).
     """
 
