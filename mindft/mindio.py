@@ -53,6 +53,22 @@ calls ``os._exit(1)``; here the training thread is interrupted and :class:`Mindi
 with a dying-gasp exit code, and a rank that does not get out within ``exit_grace`` seconds is
 ended with ``os._exit`` (a MindSpore CPU collective cannot be aborted).
 
+A hot reset (the device plugin's reset file), with MindX's callbacks registered (driven on CPU, 2 ranks)
+-------------------------------------------------------------------------------------------------------
+With the four MindX callbacks registered before ``tft_init_controller(..., enable_arf=True)`` and
+processors started with ``enable_arf=True``, MindIO's controller asks MindX at every fault
+(``report_fault_ranks`` → ``stop_train`` → ``report_stop_complete`` → ``on_global_rank`` →
+``report_strategies`` → ``change_strategy`` → ``report_result``); MindX may also start an episode
+with ``tft_notify_controller_stop_train({rank: 1})`` (1 = process error: that rank gets no
+stop/clean/prelock). Strategy ``recover`` (ARF): the controller marks the rank offline and waits
+(up to 10 min) for a new process of it; the new processor's registration carries a non-zero
+repair id (``tft_is_reboot_node()``), it reports ``RS_INIT_FINISH``, ``tft_wait_next_action``
+returns after the group rebuild (``rebuild_group`` handler), it reports ``RS_PREREPAIR_FINISH``
+and waits through ``repair`` (the new rank is a target) and ``rollback`` like every rank.
+``change_strategy("dump")`` during that wait makes it dump and exit instead. A process that
+leaves must NOT call ``tft_destroy_processor``: a processor that reports its exit makes the
+controller stop serving the job. :class:`MindxStandIn` is the MindX side node 0's launcher plays.
+
 Environment MindIO reads (set before the wheel is imported)
 -----------------------------------------------------------
 ``MINDIO_FOR_MINDSPORE=true`` (else the wheel imports torch; set here), ``TTP_LOG_STDOUT=1``

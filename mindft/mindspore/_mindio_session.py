@@ -16,8 +16,12 @@
   of the repair step r. The faulty rank never finished r when r is the step it faulted in: it
   restores its newest step below r and replays the difference (mindft's ranks restore their own
   state; MindIO's repair source, a replica's device memory, is not copied);
-* MindIO cannot restart a killed rank without MindCluster's ARF: it dumps and orders every live
-  rank to exit; each writes its own dying-gasp checkpoint and exits 3 (4 if it could not).
+* a hot reset (node 0's launcher reads the reset file and plays MindX for MindIO): the step gate
+  answers ``leave`` to the ranks on the chip; they exit 6 with their snapshots in the node
+  agent's memory (``MINDFT_STATE_DIR``) and, once restarted, rejoin through MindIO's ARF
+  (:meth:`mindft.mindio.MindioRank.rejoin`) and restore the repair step from that memory;
+* a rank killed otherwise is not restarted: MindIO dumps and orders every live rank to exit; each
+  writes its own dying-gasp checkpoint and exits 3 (4 if it could not).
 """
 from __future__ import annotations
 
