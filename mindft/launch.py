@@ -246,6 +246,7 @@ class Worker:
     # Its process is gone and its state is in the agent's memory: it starts again when the
     # controller says (its device is back after a hot reset, or every worker restarts).
     awaiting_start: bool = False
+    crashes: int = 0  # exits not ordered by the controller (bounded by --max-restarts)
 
     @property
     def pid(self) -> Optional[int]:
@@ -810,10 +811,11 @@ class Launcher:
                                                    f"killing it {then}")
                 self.agent.signal_workers([rank], signal.SIGKILL)
             elif order == "start" and worker.pid is None and not worker.final and self._signal is None:
-                if worker.restarts >= self.spec.max_restarts:
+                if worker.crashes > self.spec.max_restarts:
                     worker.awaiting_start, worker.final = False, True
                     self._report_lost(rank, worker.returncode or ExitCode.FAILED, 0,
-                                      f"rank {rank} used all {self.spec.max_restarts} restarts")
+                                      f"rank {rank} crashed {worker.crashes} times (--max-restarts "
+                                      f"{self.spec.max_restarts})")
                     continue
                 self._renew_cluster()
                 worker.awaiting_start = False
@@ -889,6 +891,7 @@ class Launcher:
             if self._restart_all() and not job_over:
                 # Its peers cannot go on without it: the controller restarts every worker together.
                 worker.awaiting_start = True
+                worker.crashes += 1
                 self._report_exit(rank, code, pid)
                 worker.returncode, worker.process = code, None
                 continue
@@ -985,8 +988,22 @@ class Launcher:
         if not controller_runs_here(spec.node_rank, spec.env):
             log.info("%s is set: MindCluster runs MindIO's controller; no step gate", MINDX_TASK_VARIABLE)
             return
+        config = self.controller_config()
+        timeouts = config.timeouts
+
+        def alive(rank: int) -> bool:
+            worker = self.agent.workers.get(rank)
+            return worker is not None and worker.pid is not None
+
+        # node 0 plays MindCluster's MindX for MindIO's controller: the reset file's hot resets go
+        # through MindIO's ARF; kills and restarts are queued as the controller's orders are.
+        standin = dict(kill=lambda rank, why: self._orders.put(("kill", rank, 0, False, why)),
+                       start=lambda rank, why: self._orders.put(("start", rank, 0, False, why)),
+                       alive=alive, leave_timeout=timeouts.leave, gather_timeout=timeouts.pause,
+                       repair_timeout=timeouts.repair)
         self.mindio_host = MindioHost(spec.world_size, spec.master_ip, spec.controller_port, self.keys,
-                                      gate_port=spec.controller_port + 1)
+                                      gate_port=spec.controller_port + 1, reset_file=config.reset_file,
+                                      poll_interval=timeouts.reset_poll_interval, standin=standin)
         self.mindio_host.start()
 
     def _supervise(self) -> int:
@@ -1041,6 +1058,8 @@ class Launcher:
                                     CONTROLLER_FINISH_TIMEOUT)
                         return job_exit_code(None, self._final_codes()) or ExitCode.FAILED
                 self._report_progress()
+            elif self.mindio_host is not None and self._mindio_over(running):
+                return job_exit_code(None, self._final_codes())
             elif not running and all(w.final for w in self.agent.workers.values()):
                 if self._unprotected_failure is not None:
                     return job_exit_code(None, [self._unprotected_failure])
@@ -1048,6 +1067,21 @@ class Launcher:
             else:
                 self._poll_orders()  # also while every local rank waits to be started
             time.sleep(MONITOR_INTERVAL)
+
+    def _mindio_over(self, running: Sequence[int]) -> bool:
+        """On MindIO: watch the reset watcher; True once no rank runs and none will start again."""
+        host = self.mindio_host
+        failure = host.check(WATCHER_MAX_RESTARTS)
+        if failure is not None:
+            self._abort(failure)
+        if running:
+            return False
+        workers = self.agent.workers.values()
+        off = [w for w in workers if w.awaiting_start and not w.final]
+        if not off:
+            return all(w.final for w in workers)
+        # Ranks off their chip come back on 'recovered' (the stand-in starts them) unless the job failed.
+        return host.standin is not None and host.standin.failed is not None
 
     def _check_scheduler(self) -> None:
         """A scheduler that fails while ranks still need it fails the job at once, loudly."""
