@@ -215,6 +215,7 @@ class MindftConfig:
     launcher_pid: int = 0  # mindft-launch's pid when it started this rank; 0: started some other way
     backend: str = "auto"
     snapshot_every: int = 1
+    replica_buddy: Optional[int] = None  # None: the next rank; -1: no replica (the node agent holds the state)
     restart_scope: str = "auto"  # "all": a lost process restarts every worker; auto: when a rank says so
     timeouts: Timeouts = field(default_factory=Timeouts)
 
@@ -301,6 +302,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "worker (a restarted process cannot rejoin the others' collectives, as with MindSpore's MCCL); "
            "auto: every worker once a rank registers with MindSpore's communicator initialised",
            "auto", ", ".join(RESTART_SCOPES)),
+    EnvVar("MINDFT_REPLICA_BUDDY", "the rank whose process keeps this rank's replica (mindft-launch: the "
+           "same local rank on the next node, -1 on one node, where the node agent's memory holds the state)",
+           "the next rank", "-1..world size - 1"),
     EnvVar("MINDFT_LAUNCHER_PID", "mindft-launch's pid (it sets it); a rank started without it gives up "
            "after one silent period when no controller answers", "0", "a pid"),
     EnvVar("MINDFT_RESTART_COUNT", "times this rank was restarted (mindft-launch sets it)", "0",
@@ -379,8 +383,15 @@ def load_config(environ: Mapping[str, str] = os.environ) -> MindftConfig:
         launcher_pid=_number(environ, "MINDFT_LAUNCHER_PID", int, 0, 0, 2**22),
         snapshot_every=_number(environ, "MINDFT_SNAPSHOT_EVERY", int, 1, 1, 1_000_000),
         restart_scope=restart_scope,
+        replica_buddy=_replica_buddy(environ, world_size),
         timeouts=timeouts,
     )
+
+
+def _replica_buddy(environ: Mapping[str, str], world_size: int) -> Optional[int]:
+    if not environ.get("MINDFT_REPLICA_BUDDY", "").strip():
+        return None
+    return _number(environ, "MINDFT_REPLICA_BUDDY", int, -1, -1, world_size - 1)
 
 
 MINDX_TASK_VARIABLE = "MINDX_TASK_ID"

@@ -189,6 +189,8 @@ def rank_environment(spec: LaunchSpec, rank: int, restart_count: int) -> dict[st
         return env
     if spec.state_dir is not None:
         env["MINDFT_STATE_DIR"] = str(spec.state_dir / f"rank{rank}")
+        # The agent's memory outlives the process; a replica is for the loss of the node.
+        env.setdefault("MINDFT_REPLICA_BUDDY", str((rank + spec.nproc) % spec.world_size if spec.nnodes > 1 else -1))
     if spec.mindio and not env.get(MINDX_TASK_VARIABLE, "").strip():
         env[STEP_GATE_VARIABLE] = mindio_gate_address(spec)
     if spec.insecure:
