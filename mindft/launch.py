@@ -80,6 +80,24 @@ def agent_memory() -> Path:
     return Path(tempfile.mkdtemp(prefix="mindft-state-", dir=base if base.is_dir() else None))
 
 
+def agent_memory_report(state_dir: Path) -> str:
+    """One line: the shared memory the ranks' snapshots took in the node agent (two slots each)."""
+    sizes = {}
+    for rank_dir in sorted(state_dir.glob("rank*")):
+        sizes[rank_dir.name] = sum(f.stat().st_size for f in rank_dir.rglob("*") if f.is_file())
+    if not sizes:
+        return f"the node agent held no snapshots ({state_dir})"
+    return (f"the node agent held {_size(sum(sizes.values()))} of snapshots for {len(sizes)} rank(s) "
+            f"(largest {_size(max(sizes.values()))}: two slots of the rank's state)")
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
 def resolve_ip(address: str) -> str:
     """The IP address of ``address`` (a host name such as a Volcano pod name, or an IP)."""
     try:
@@ -979,6 +997,7 @@ class Launcher:
                 if worker.pump is not None:
                     worker.pump.join(2.0)
             if self.spec.state_dir is not None:
+                self.console.line("mindft-launch", agent_memory_report(self.spec.state_dir))
                 shutil.rmtree(self.spec.state_dir, ignore_errors=True)
         return code
 

@@ -93,6 +93,7 @@ def test_a_rank_killed_mid_step_restarts_every_worker_from_memory(api: str, tmp_
     assert "started MindSpore's scheduler" in out and out.count("started MindSpore's scheduler") == 2
     # The restarted processes found their snapshots in the agent's memory: both hold step 11.
     assert "every rank holds step 11" in out
+    assert "the node agent held" in out and "for 2 rank(s)" in out  # reported, then freed
     assert_bit_identical(tmp_path / "run" / "out", references(api, 2), 2)
     assert processes.leftovers() == []
 
