@@ -18,8 +18,8 @@ the replicas identical, so every rank's file holds the same numbers.
 ``--loop`` trains the same model with a hand-written loop instead (gradients
 all-reduced by ``nn.DistributedGradReducer``, mindft's ``FaultTolerantLoop``).
 ``--fault-step/--fault-rank/--fault-kind`` inject one fault into the first incarnation
-of a rank, inside the step before its all-reduce (``uce``: a device error; ``exit``: as
-if killed -9; ``stop``: the process stops itself, as a hang), or after it (``uce-after``: a
+of a rank, inside the step before its all-reduce (``uce``: a device error; ``kill``: SIGKILL;
+``exit``: ``os._exit(137)``; ``stop``: the process stops itself, as a hang), or after it (``uce-after``: a
 device error raised once the optimizer has applied the all-reduced gradients: every other rank
 reaches the step's end, where mindft holds it until every rank finished the step, so the job
 rolls back in place). ``--step-seconds`` slows
@@ -110,7 +110,9 @@ def fault_drill(args: argparse.Namespace, optimizer: nn.Optimizer, timeline: Tim
             return
         timeline("fault", step)
         if args.fault_kind == "exit":
-            os._exit(137)  # as if killed -9
+            os._exit(137)  # as if killed -9, with an exit code a parent can check
+        if args.fault_kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
         if args.fault_kind == "stop":
             os.kill(os.getpid(), signal.SIGSTOP)  # hangs until killed
         raise DeviceFault(detail=f"injected into rank {rank} in step {step}, before its all-reduce")
@@ -181,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep this long in every step")
     parser.add_argument("--fault-step", type=int, default=-1)
     parser.add_argument("--fault-rank", type=int, default=0)
-    parser.add_argument("--fault-kind", choices=("uce", "exit", "stop", "uce-after"), default="uce")
+    parser.add_argument("--fault-kind", choices=("uce", "kill", "exit", "stop", "uce-after"), default="uce")
     parser.add_argument("--timeline", action="store_true", help="print timeline lines for bench/recovery.py")
     args = parser.parse_args(argv)
     timeline = Timeline(args.timeline)
