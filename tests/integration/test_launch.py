@@ -469,11 +469,10 @@ def test_progress_is_shown_while_waiting_for_a_repair(launch: Callable[..., Job]
 
 
 def test_ctrl_c_on_the_demo_stops_its_launcher_and_every_rank(tmp_path: Path) -> None:
-    pytest.importorskip("mindspore")
     demo = HERE.parents[1] / "examples" / "demo.py"
     out_path = tmp_path / "demo.out"
     with open(out_path, "wb") as out:
-        process = subprocess.Popen([sys.executable, str(demo), "--nproc", "2", "--steps", "100000",
+        process = subprocess.Popen([sys.executable, str(demo), "--nproc", "2", "--epochs", "1000",
                                     "--fault-rank", "1", "--workdir", str(tmp_path)], stdout=out, stderr=subprocess.STDOUT,
                                    start_new_session=True)
     job_file = tmp_path / "ref-run" / "job.json"

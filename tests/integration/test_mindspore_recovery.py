@@ -215,14 +215,15 @@ def test_unrecoverable_job_ends_in_dying_gasp_checkpoints(make_job) -> None:
 
 
 def test_sparse_snapshots_roll_back_further_and_replay_bit_identically(make_job, reference: Path) -> None:
-    """MINDFT_SNAPSHOT_EVERY=3: a fault in step 8 rolls both ranks back to step 6 and replays 7 and 8."""
+    """MINDFT_SNAPSHOT_EVERY=3: a fault in step 8 rolls both ranks back to one snapshot step (6, or 3
+    when the other rank had not reached step 6 yet: the window lets it lag) and replays from there."""
     job = make_job("train_mlp", 2)
     job.env["MINDFT_SNAPSHOT_EVERY"] = "3"
     procs = job.spawn_all("--fault-step", "8", "--fault-rank", "0")
     assert job.wait(procs) == [0, 0], job.tail()
     assert_recovered(job)
-    for log in job.logs:
-        assert "restored step 6" in log.read_text()
+    restored = {re.search(r"restored step (\d+)", log.read_text()).group(1) for log in job.logs}
+    assert restored in ({"6"}, {"3"}), restored  # the same snapshot step on both ranks
     assert_identical(job, reference)
 
 
