@@ -210,7 +210,7 @@ def test_failed_hot_reset_ends_with_every_ranks_dying_gasp_of_one_step(tmp_path:
     assert "rank 1 failed" in plugin, plugin
     step = int(re.search(r"every rank waits after step (\d+)", output).group(1))
     assert "exit 3 (dying-gasp checkpoint written)" in output  # rank 0, told by MindIO to exit
-    assert "rank 1 was off its device; the agent wrote its dying-gasp checkpoint from memory" in output
+    assert "rank 1 had no process; the agent wrote its dying-gasp checkpoint from memory" in output
     for rank in range(2):
         dumps = sorted((tmp_path / "dump").glob(f"mindft-rank{rank}-step*.ckpt"))
         assert [d.name for d in dumps] == [f"mindft-rank{rank}-step{step}.ckpt"], output[-4000:]
