@@ -563,7 +563,7 @@ class Job:
                 # A live rank whose fault needs nothing external (UCE, COMMUNICATION, UNKNOWN)
                 # is repaired as soon as it waits; devices and lost processes are waited for.
                 if rec.restart_all:
-                    self._start_if_ready(-1, None)
+                    self._start_every_worker_if_ready()
                 if self.holding or any(f.device_pending or f.process_pending for f in rec.faults.values()):
                     return
                 if any(not r.alive for r in self.ranks):
@@ -602,16 +602,18 @@ class Job:
                                                     reason=f"device reset: {fault.detail}",
                                                     round=self.recovery.round)))
 
-    def _start_if_ready(self, rank: int, fault: Optional[Fault]) -> None:
-        """Start a rank that left its device once the device is back; when every worker
-        restarts, start them all together once every one exited and every device is back."""
-        rec = self.recovery
-        if not rec.restart_all:
-            if fault is not None and fault.left_at >= 0 and fault.exited and not fault.device_pending and not fault.start_ordered:
-                fault.start_ordered = True
-                self._emit(StartRank(rank, "its device was reset and is back"))
-            return
-        stopped = {r: f for r, f in rec.faults.items() if f.left_at >= 0}
+    def _start_if_ready(self, rank: int, fault: Fault) -> None:
+        """Start a rank that left its device once the device is back (with every worker when
+        every worker restarts)."""
+        if self.recovery.restart_all:
+            self._start_every_worker_if_ready()
+        elif fault.left_at >= 0 and fault.exited and not fault.device_pending and not fault.start_ordered:
+            fault.start_ordered = True
+            self._emit(StartRank(rank, "its device was reset and is back"))
+
+    def _start_every_worker_if_ready(self) -> None:
+        """Start every stopped worker together once every one exited and every device is back."""
+        stopped = {r: f for r, f in self.recovery.faults.items() if f.left_at >= 0}
         if self.holding or not all(f.exited and not f.device_pending for f in stopped.values()):
             return
         for number, waiting in sorted(stopped.items()):
