@@ -254,8 +254,11 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
 
     assert ack_frame(first, ActionKind.ROLLBACK, 3, 7) == encode(Ack(first, ActionKind.ROLLBACK, 3, HELD, 7))
     position = 0  # every simulated rank stays at step 0
-    sent = {"heartbeat": 0, "ack": 0, "other": count}  # "other": the Register, then Done
-    received: dict[str, int] = {}
+    # Frames of each kind per period: "rounds" from a rank's first PAUSE until its Done,
+    # "setup" the registration before and the wait for FINISH after.
+    sent = {"setup": {"heartbeat": 0, "other": count}, "rounds": {"heartbeat": 0, "ack": 0}}
+    received: dict[str, dict[str, int]] = {"setup": {}, "rounds": {}}
+    in_rounds: set[zmq.Socket] = set()
     while len(finished) < count:
         events = poller.poll(100)
         now = time.monotonic()
@@ -275,8 +278,11 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
                     if len(decoded) > 64:
                         decoded.clear()
                     decoded[frame] = message
+                if type(message) is Action and message.kind is ActionKind.PAUSE and resumed[sock] == 0:
+                    in_rounds.add(sock)
                 name = type(message).__name__
-                received[name] = received.get(name, 0) + 1
+                counts = received["rounds" if sock in in_rounds else "setup"]
+                counts[name] = counts.get(name, 0) + 1
                 if not isinstance(message, Action):
                     continue  # heartbeats and Progress: nothing to answer
                 kind = message.kind
@@ -291,12 +297,13 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
                     step = position if kind is ActionKind.PAUSE else message.step
                     sock.send(ack_frame(rank, kind, step, message.round))
                     last_sent[sock] = now
-                    sent["ack"] += 1
+                    sent["rounds"]["ack"] += 1
                     if kind is ActionKind.RESUME:
                         resumed[sock] += 1
                         if resumed[sock] >= rounds:
                             sock.send(encode(Done(rank, position)))
-                            sent["other"] += 1
+                            sent["setup"]["other"] += 1
+                            in_rounds.discard(sock)
         if now >= next_check:
             next_check = now + interval / 4
             for sock in sockets:
@@ -304,7 +311,7 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
                                              or now - max(last_heard[sock], last_beat[sock]) >= interval):
                     last_sent[sock] = last_beat[sock] = now
                     sock.send(encode_heartbeat(rank_of[sock], 0, position))
-                    sent["heartbeat"] += 1
+                    sent["rounds" if sock in in_rounds else "setup"]["heartbeat"] += 1
     for sock in sockets:
         sock.close()
     context.term()
@@ -322,17 +329,24 @@ def run_sim(n: int, rounds: int, secure: bool, tmp: Path) -> dict:
              for first, path in zip(range(0, n, share), stats)]
     cpu = finish(controller, thread, procs, rounds, f"simulated run with {n} ranks")
     row = summarize("simulated", n, controller, secure, cpu)
-    # What the ranks sent and heard over the whole run (registration and the end included).
-    sent: dict[str, int] = {}
-    received: dict[str, int] = {}
+    # What the ranks sent and heard: during the rounds, and over the whole run.
+    sent: dict[str, dict[str, int]] = {"setup": {}, "rounds": {}}
+    received: dict[str, dict[str, int]] = {"setup": {}, "rounds": {}}
     for path in stats:
         counts = json.loads(path.read_text())
         for total, part in ((sent, counts["sent"]), (received, counts["received"])):
-            for name, value in part.items():
-                total[name] = total.get(name, 0) + value
+            for period, kinds in part.items():
+                for name, value in kinds.items():
+                    total[period][name] = total[period].get(name, 0) + value
+
+    def share(counts: dict[str, dict[str, int]], name: str, periods: tuple[str, ...]) -> float:
+        frames = [value for period in periods for value in counts[period].values()]
+        return sum(counts[period].get(name, 0) for period in periods) / max(1, sum(frames))
     row.update(frames_to_controller=sent, frames_from_controller=received,
-               heartbeat_share_in=sent.get("heartbeat", 0) / max(1, sum(sent.values())),
-               heartbeat_share_out=received.get("Heartbeat", 0) / max(1, sum(received.values())))
+               heartbeat_share_in=share(sent, "heartbeat", ("rounds",)),
+               heartbeat_share_out=share(received, "Heartbeat", ("rounds",)),
+               heartbeat_share_in_whole_run=share(sent, "heartbeat", ("setup", "rounds")),
+               heartbeat_share_out_whole_run=share(received, "Heartbeat", ("setup", "rounds")))
     return row
 
 
@@ -540,8 +554,9 @@ def _sizes(text: str) -> list[int]:
 def print_progress(row: dict) -> None:
     print(f"  {row['kind']:<9} n={row['ranks']:<5} curve={'yes' if row['secure'] else 'no '} "
           f"median {row['median_s'] * 1e3:8.2f} ms  min {row['min_s'] * 1e3:8.2f}  max {row['max_s'] * 1e3:8.2f}"
-          + (f"  heartbeats: {row['heartbeat_share_in']:.1%} of frames in, {row['heartbeat_share_out']:.1%} out"
-             if "heartbeat_share_in" in row else ""), flush=True)
+          + (f"  heartbeats in the rounds: {row['heartbeat_share_in']:.1%} of frames in, "
+             f"{row['heartbeat_share_out']:.1%} out (whole run: {row['heartbeat_share_in_whole_run']:.1%}, "
+             f"{row['heartbeat_share_out_whole_run']:.1%})" if "heartbeat_share_in" in row else ""), flush=True)
 
 
 if __name__ == "__main__":
