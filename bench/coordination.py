@@ -9,13 +9,19 @@ again), with the time in each phase.
 
 * real ranks: 2, 4, 8, 16 processes, each a mindft Processor (its own I/O thread) obeying
   the controller through ``Processor.follow`` and idle hooks (nothing to settle or restore);
-* simulated ranks: 64 … 4096 DEALER sockets spread over 2 worker processes, each driving
+* simulated ranks: 64 … 16384 DEALER sockets spread over 2 worker processes, each driving
   its sockets from one thread with zmq.Poller and the wire protocol: PAUSE acknowledged with
-  the steps held, ROLLBACK and RESUME acknowledged, Done after the last round, then FINISH.
+  the steps held, ROLLBACK and RESUME acknowledged, Done after the last round, then FINISH;
+  like a Processor, a simulated rank heartbeats only after an interval with nothing sent or
+  heard. Each worker counts the frames of each kind it sent and heard (the heartbeat share);
+* the bare-pyzmq floor at each simulated size, right after it: the same sockets doing three
+  broadcast + gather phases of fixed frames with no mindft logic.
 
-    python bench/coordination.py            # full table (a few minutes on 2 cores)
-    python bench/coordination.py --quick    # smaller sizes, fewer rounds
-Writes bench/results/coordination.json.
+    python bench/coordination.py            # full table (~10 minutes on 2 cores)
+    python bench/coordination.py --quick    # smaller sizes, fewer rounds (~30 s)
+    python bench/coordination.py --real-sizes 0 --sim-sizes 4096,16384   # the large sizes only
+Writes bench/results/coordination.json. 16384 ranks need ~20 000 file descriptors
+(``ulimit -n``) in the benchmark process and in each worker.
 """
 from __future__ import annotations
 
@@ -481,6 +487,7 @@ def main() -> None:
     real_sizes = args.real_sizes if args.real_sizes is not None else [2, 4] if args.quick else [2, 4, 8, 16]
     real_sizes = [n for n in real_sizes if n > 0]
     sim_sizes = args.sim_sizes or ([64, 256] if args.quick else SIM_SIZES)
+    ensure_descriptors(max(sim_sizes, default=0))
     rows: list[dict] = []
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
@@ -534,6 +541,21 @@ def main() -> None:
         "timeouts": {"real": dataclasses.asdict(REAL_TIMEOUTS), "simulated": dataclasses.asdict(SIM_TIMEOUTS)},
         "sim_workers": SIM_WORKERS, "rows": rows, "targets": verdicts}, indent=2))
     print(f"wrote {RESULTS}")
+
+
+def ensure_descriptors(ranks: int) -> None:
+    """Raise the open-file limit (inherited by the workers) for ``ranks`` sockets, or say why not."""
+    import resource
+    # The controller holds one TCP connection per rank; a worker one connection and one
+    # mailbox descriptor per socket it drives.
+    needed = max(ranks, 2 * -(-ranks // SIM_WORKERS)) + 1024
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= needed:
+        return
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        raise SystemExit(f"{ranks} simulated ranks need ~{needed} open files; the hard limit (ulimit -Hn) "
+                         f"is {hard}: raise it or pick smaller --sim-sizes")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 
 def sim_rounds(n: int) -> int:
