@@ -464,11 +464,15 @@ def main() -> None:
     parser.add_argument("--sim-worker", nargs=6, help=argparse.SUPPRESS)
     parser.add_argument("--floor-worker", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--repeat", type=int, default=1, help="runs per simulated size, each next to its "
+                        "own floor run (min/median/max over the runs)")
     parser.add_argument("--sim-sizes", type=_sizes, help="simulated rank counts, comma-separated "
                         f"(default {','.join(map(str, SIM_SIZES))}; --quick: 64,256)")
     parser.add_argument("--real-sizes", type=_sizes, help="real rank counts, comma-separated "
                         "(default 2,4,8,16; --quick: 2,4; 0: none)")
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, got {args.repeat}")
     if args.real_rank:
         real_rank_main(args.rounds)
         return
@@ -495,11 +499,14 @@ def main() -> None:
             rows.append(run_real(n, 5 if args.quick else 20, False, Path(tmp)))
             print_progress(rows[-1])
         for n in sim_sizes:
-            rows.append(run_sim(n, 3 if args.quick else sim_rounds(n), False, Path(tmp)))
-            print_progress(rows[-1])
-            floor = run_floor(n, 3 if args.quick else sim_rounds(n))
-            rows[-1].update(floor_median_s=floor["median_s"], floor_all_s=floor["all_s"])
-            print(f"  raw zmq floor n={n:<5} median {floor['median_s'] * 1e3:8.2f} ms", flush=True)
+            for repeat in range(args.repeat):  # each mindft run next to its floor: same machine load
+                rows.append(run_sim(n, 3 if args.quick else sim_rounds(n), False, Path(tmp)))
+                print_progress(rows[-1])
+                floor = run_floor(n, 3 if args.quick else sim_rounds(n))
+                rows[-1].update(floor_median_s=floor["median_s"], floor_all_s=floor["all_s"], repeat=repeat,
+                                loadavg=os.getloadavg())
+                print(f"  raw zmq floor n={n:<5} median {floor['median_s'] * 1e3:8.2f} ms  "
+                      f"(load {rows[-1]['loadavg'][0]:.1f})", flush=True)
         # Side by side: the cost of CurveZMQ at the largest real size and a mid simulated size.
         if real_sizes:
             rows.append(run_real(real_sizes[-1], 5 if args.quick else 20, True, Path(tmp)))
@@ -516,7 +523,7 @@ def main() -> None:
                      and (r["kind"], r["ranks"]) in {(s["kind"], s["ranks"]) for s in rows if s["secure"]}]
                     + [r for r in rows if r["secure"]])
     real16 = next((r for r in rows if r["kind"] == "real" and r["ranks"] == 16 and not r["secure"]), None)
-    sim = {r["ranks"]: r for r in rows if r["kind"] == "simulated" and not r["secure"]}
+    sim = print_repeats([r for r in rows if r["kind"] == "simulated" and not r["secure"]])
     verdicts = {}
     if real16:
         verdicts["real_16_under_50ms"] = real16["median_s"] < TARGET_REAL_16
@@ -571,6 +578,29 @@ def _sizes(text: str) -> list[int]:
     if not sizes or any(n < 0 for n in sizes):
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of rank counts (e.g. 4096,16384)")
     return sizes
+
+
+def print_repeats(rows: list[dict]) -> dict[int, dict]:
+    """Per simulated size, over its runs: min/median/max of the run medians, mindft and floor
+    side by side; returns one row per size holding the medians (for the targets)."""
+    sizes = sorted({r["ranks"] for r in rows})
+    if not sizes:
+        return {}
+    print()
+    print("simulated ranks over runs: min / median / max of each run's median")
+    print(f"{'ranks':>6} {'runs':>4} {'mindft ms':>26} {'bare zmq floor ms':>26} {'mindft / floor':>20}")
+    merged = {}
+    for n in sizes:
+        runs = [r for r in rows if r["ranks"] == n]
+        ours = sorted(r["median_s"] for r in runs)
+        floor = sorted(r["floor_median_s"] for r in runs)
+        ratio = sorted(r["median_s"] / r["floor_median_s"] for r in runs)
+
+        def spread(values: list[float], scale: float = 1e3, digits: int = 1) -> str:
+            return " / ".join(f"{v * scale:.{digits}f}" for v in (values[0], statistics.median(values), values[-1]))
+        print(f"{n:>6} {len(runs):>4} {spread(ours):>26} {spread(floor):>26} {spread(ratio, 1, 2):>20}")
+        merged[n] = {"median_s": statistics.median(ours), "floor_median_s": statistics.median(floor)}
+    return merged
 
 
 def print_progress(row: dict) -> None:
