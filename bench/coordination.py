@@ -82,7 +82,7 @@ def drive_rounds(controller: Controller, thread: threading.Thread, rounds: int, 
             raise RuntimeError(f"{what}: controller {controller.latest_status().state}")
 
     # Once, before any round: every rank registered (a status costs the controller O(ranks)).
-    while controller.latest_status().state != JobState.NORMAL.value:
+    while controller.latest_status(timeout=120.0).state != JobState.NORMAL.value:
         check("the ranks did not all register")
         time.sleep(0.1)
 
