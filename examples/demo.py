@@ -2,12 +2,17 @@
 
     pip install -e . && python examples/demo.py
 
-1. trains examples/train_mlp.py on 4 ranks with mindft-launch, no fault (the reference);
-2. trains it again and, mid-run, plays the Ascend device plugin: rank 2's chip is
-   reported faulty in the reset file (reset.json, as with ``-hotReset=1``), then
-   recovered. mindft pauses every rank, waits for the repair, rolls back to the last
-   step every rank holds, and resumes;
-3. compares the final weights of both runs: exit code 0 only if they are bit-identical.
+1. trains examples/train_dp.py, data-parallel on 4 ranks (MindSpore's scheduler, MCCL
+   all-reducing every step's gradients), with mindft-launch and no fault (the reference);
+2. trains it again and, mid-run, plays the Ascend device plugin as its code does
+   (``mindft simulate-device-plugin``): rank 2's chip is reported ``unrecovered`` in the
+   reset file (reset.json, as with ``-hotReset=1``); the chip is reset only once every
+   process on it has exited, then ``recovered`` is written. On CPU a restarted process
+   cannot rejoin the others' all-reduce, so mindft's ladder restarts every worker from
+   the node agents' memory: all leave at once, come back after ``recovered``, roll back
+   to the step they all hold and resume;
+3. prints the ladder's decision and a timeline, and compares the final weights of both
+   runs: exit code 0 only if they are bit-identical.
 """
 from __future__ import annotations
 
@@ -31,15 +36,15 @@ sys.path.insert(0, str(ROOT))  # runnable from a checkout even before `pip insta
 
 from mindft.keys import load_keys  # noqa: E402
 from mindft.channel import Client, ControllerUnreachable  # noqa: E402
-from mindft.resetwatch import fault_state, write_reset_file  # noqa: E402
 
-TRAIN = ROOT / "examples" / "train_mlp.py"
+TRAIN = ROOT / "examples" / "train_dp.py"
 RUN_TIMEOUT = 600.0
 STOP_TIMEOUT = 30.0  # for a launcher to stop its ranks (its own grace period is 10 s, then SIGKILL)
 # Which lines of a run to show (all with --verbose): the recovery story, not every loss value.
 _SHOW = {
     "[controller]": ("state ", "fault", "recover", "failed", "finished"),
-    "[mindft-launch]": ("rank(s)", "restart", "killed", "SIG", "exit 1", "exit 3", "device", "starting it again"),
+    "[mindft-launch]": ("rank(s)", "restart", "killed", "SIG", "exit 1", "exit 3", "device", "starting rank",
+                        "scheduler on"),
     "[resetwatch]": ("Device", "ignored", "unreadable"),
     "[rank": ("paus", "adopted", "agent's memory", "leaves its device", "restored", "resumed", "dump", "fault",
               "Error", "Traceback"),
@@ -58,11 +63,12 @@ def say(text: str) -> None:
     print(f"[demo] {text}", flush=True)
 
 
-def launcher_command(nproc: int, run_dir: Path, out: Path, steps: int, extra: list[str]) -> list[str]:
+def launcher_command(nproc: int, run_dir: Path, out: Path, epochs: int, step_seconds: float,
+                     extra: list[str]) -> list[str]:
     launcher = shutil.which("mindft-launch")
     head = [launcher] if launcher else [sys.executable, "-m", "mindft.launch"]
     return [*head, "--nproc", str(nproc), "--run-dir", str(run_dir), str(TRAIN),
-            "--steps", str(steps), "--out", str(out), *extra]
+            "--epochs", str(epochs), "--step-seconds", str(step_seconds), "--out", str(out), *extra]
 
 
 class Run:
@@ -73,6 +79,7 @@ class Run:
     def __init__(self, name: str, command: list[str], env: dict[str, str], verbose: bool) -> None:
         self.name = name
         self.lines: list[str] = []
+        self.times: list[float] = []  # when each line arrived (time.monotonic())
         self.started = time.monotonic()
         self.process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True, errors="replace", start_new_session=True)
@@ -84,6 +91,7 @@ class Run:
     def _pump(self) -> None:
         assert self.process.stdout is not None
         for line in self.process.stdout:
+            self.times.append(time.monotonic())
             self.lines.append(line)
             if self._verbose or interesting(line):
                 print(f"  {self.name} | {line}", end="", flush=True)
@@ -143,15 +151,39 @@ def wait_for(client: Client, run: Run, predicate, what: str, timeout: float = 30
     raise SystemExit(f"[demo] timed out waiting for {what}")
 
 
-def hot_reset(client: Client, run: Run, reset_file: Path, rank: int, seconds: float) -> None:
-    """Play the device plugin: the chip of ``rank`` is faulty, then recovered after ``seconds``."""
-    write_reset_file(reset_file, fault_state([rank], "unrecovered", policy="reset"))
-    say(f"device plugin: rank {rank} Status=unrecovered ErrorCodeHex=0x80E01801 Policy=reset "
-        f"— hot-resetting the chip for {seconds:g}s")
-    wait_for(client, run, lambda s: s.state in ("REPAIRING", "FAILED"), "the job to pause", 120.0)
-    time.sleep(seconds)
-    write_reset_file(reset_file, fault_state([rank], "recovered", policy="reset"))
-    say(f"device plugin: rank {rank} Status=recovered")
+def hot_reset(job_file: Path, rank: int, seconds: float, events: dict[str, float]) -> None:
+    """Play the device plugin (``mindft simulate-device-plugin --job``): ``unrecovered``; the
+    reset once the chip's process exited (isolated if it stays 60 s); ``recovered``."""
+    command = [sys.executable, "-m", "mindft.cli", "simulate-device-plugin", "--job", str(job_file),
+               "--rank", str(rank), "--hold", str(seconds), "--json"]
+    plugin = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    assert plugin.stdout is not None
+    for line in plugin.stdout:
+        event = json.loads(line)
+        events.setdefault(event["event"], time.monotonic())
+        say(f"device plugin: rank {rank} {event['event']}"
+            + (f" (pid {event['pid']})" if "pid" in event else "")
+            + (f" — resetting the chip for {seconds:g}s" if event["event"] == "process left the chip" else ""))
+    if plugin.wait() != 0:
+        raise SystemExit("[demo] the device plugin simulation failed")
+
+
+# What the timeline shows, from the faulted run's output: (label, words on the line).
+TIMELINE = (("ladder: every worker restarts from the agents' memory", "restarting every worker"),
+            ("new MindSpore scheduler started", "started MindSpore's scheduler"),
+            ("every rank registered again", "every rank holds step"),
+            ("every rank restored the rollback step", "every rank restored step"),
+            ("training resumed", "every rank resumed after step"))
+
+
+def timeline(run: Run, since: float, plugin: dict[str, float]) -> list[tuple[float, str]]:
+    """(seconds after the fault, what happened) for the first recovery of ``run``."""
+    marks = [(at - since, f"device plugin: {name}") for name, at in plugin.items()]
+    for label, words in TIMELINE:
+        at = next((t for t, line in zip(run.times, run.lines) if t >= since and words in line), None)
+        if at is not None:
+            marks.append((at - since, label))
+    return sorted(marks)
 
 
 def load_weights(directory: Path) -> dict[str, dict[str, np.ndarray]]:
@@ -219,7 +251,10 @@ def main(argv: Optional[list[str]] = None) -> int:
 def _demo(argv: Optional[list[str]]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nproc", type=int, default=4, help="ranks (default 4)")
-    parser.add_argument("--steps", type=int, default=60, help="training steps (default 60)")
+    parser.add_argument("--epochs", type=int, default=6, help="epochs of 256 samples (default 6: 48 steps on 4 "
+                                                                  "ranks)")
+    parser.add_argument("--step-seconds", type=float, default=0.15,
+                        help="each step sleeps this long, so the fault lands mid-run (default 0.15)")
     parser.add_argument("--fault", choices=("hot-reset", "kill"), default="hot-reset",
                         help="hot-reset: the device plugin resets the chip (default); kill: SIGKILL the "
                              "rank's process, mindft-launch restarts it from the node agent's memory")
@@ -230,24 +265,25 @@ def _demo(argv: Optional[list[str]]) -> int:
                         help="how long the chip stays 'unrecovered' (default 1.5)")
     parser.add_argument("--workdir", type=Path, help="keep outputs here (default: a temporary directory)")
     parser.add_argument("--verbose", action="store_true", help="show every line of both runs")
-    parser.add_argument("train_args", nargs="*", help="extra arguments for train_mlp.py (after --)")
+    parser.add_argument("train_args", nargs="*", help="extra arguments for train_dp.py (after --)")
     args = parser.parse_args(argv)
     if not TRAIN.exists():
         say(f"{TRAIN} is missing")
         return 2
-    if not 0 <= args.fault_rank < args.nproc or not 0 < args.fault_step < args.steps:
-        parser.error("need 0 <= --fault-rank < --nproc and 0 < --fault-step < --steps")
+    steps = args.epochs * (256 // args.nproc // 8)
+    if not 0 <= args.fault_rank < args.nproc or not 0 < args.fault_step < steps:
+        parser.error(f"need 0 <= --fault-rank < --nproc and 0 < --fault-step < {steps} (the steps of --epochs)")
     work = args.workdir or Path(tempfile.mkdtemp(prefix="mindft-demo-"))
     work.mkdir(parents=True, exist_ok=True)
     base_env = dict(os.environ, MS_ENABLE_TFT=os.environ.get("MS_ENABLE_TFT", "{RSC:1}"),
                     MINDFT_HEARTBEAT_INTERVAL="0.2", MINDFT_RESET_POLL_INTERVAL="0.1")
     base_env.pop("MINDFT_KEY_FILE", None)
 
-    say(f"1/3 reference: {args.nproc} ranks, {args.steps} steps, no fault")
+    say(f"1/3 reference: {args.nproc} ranks, data-parallel, {steps} steps, no fault")
     ref_env = dict(base_env, MINDFT_RESET_FILE=str(work / "ref-reset" / "reset.json"),
                    MINDFT_DUMP_DIR=str(work / "ref-dump"))
-    reference = Run("reference", launcher_command(args.nproc, work / "ref-run", work / "ref", args.steps,
-                                                  args.train_args), ref_env, args.verbose)
+    reference = Run("reference", launcher_command(args.nproc, work / "ref-run", work / "ref", args.epochs,
+                                                  args.step_seconds, args.train_args), ref_env, args.verbose)
     code = reference.wait()
     say(f"reference run finished: exit {code} in {reference.seconds:.1f}s")
     if code != 0:
@@ -261,17 +297,19 @@ def _demo(argv: Optional[list[str]]) -> int:
     else:
         say(f"2/3 the same training; at step {args.fault_step} rank {args.fault_rank}'s process is killed")
     fault_env = dict(base_env, MINDFT_RESET_FILE=str(reset_file), MINDFT_DUMP_DIR=str(work / "fault-dump"))
-    faulted = Run("faulted", launcher_command(args.nproc, work / "fault-run", work / "fault", args.steps,
-                                              args.train_args), fault_env, args.verbose)
+    faulted = Run("faulted", launcher_command(args.nproc, work / "fault-run", work / "fault", args.epochs,
+                                              args.step_seconds, args.train_args), fault_env, args.verbose)
+    plugin: dict[str, float] = {}
     try:
         client = controller_of(work / "fault-run", 60.0)
         status = wait_for(client, faulted, lambda s: s.step >= args.fault_step, f"step {args.fault_step}")
+        fault_at = time.monotonic()
         if args.fault == "kill":
             pid = next(r.pid for r in status.ranks if r.rank == args.fault_rank)
             os.kill(pid, signal.SIGKILL)
             say(f"sent SIGKILL to rank {args.fault_rank} (pid {pid})")
         else:
-            hot_reset(client, faulted, reset_file, args.fault_rank, args.reset_seconds)
+            hot_reset(work / "fault-run" / "job.json", args.fault_rank, args.reset_seconds, plugin)
     except Exception:
         faulted.stop()
         raise
@@ -280,6 +318,9 @@ def _demo(argv: Optional[list[str]]) -> int:
     recoveries = [line.strip() for line in faulted.lines if "recovery" in line and "done in" in line]
     for line in recoveries:
         say(line.split("] ", 1)[-1])
+    say("timeline (seconds after the fault):")
+    for seconds, what in timeline(faulted, fault_at, plugin):
+        print(f"  {seconds:7.2f}  {what}", flush=True)
     if code != 0 or not recoveries:
         say("the faulted run did not recover; last lines:")
         print("".join(faulted.lines[-40:]), end="")

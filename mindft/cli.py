@@ -457,3 +457,7 @@ def simulate_device_plugin(ranks: Sequence[int], reset_file: Optional[Path], job
     except OSError as error:
         click.echo(f"mindft: cannot write the reset file {path}: {error}", err=True)
         sys.exit(EXIT_FAILED)
+
+
+if __name__ == "__main__":
+    main()

@@ -22,6 +22,7 @@ TFT_VARIABLE = "MS_ENABLE_TFT"
 DEFAULT_RESET_FILE = Path("/user/restore/reset/config/reset.json")
 DEFAULT_CONTROLLER_PORT = 29600
 BACKENDS = ("auto", "mindft", "mindio")
+RESTART_SCOPES = ("auto", "rank", "all")
 
 # Option → allowed values, as MindSpore 2.10 and the MindCluster guides document them.
 _FLAG_VALUES = ("0", "1")
@@ -186,6 +187,7 @@ class Timeouts:
     rollback: float = 180.0
     resume: float = 60.0
     leave: float = 30.0  # for a rank told to leave its device to exit (the device plugin waits 60 s)
+    stall: float = 3.0   # restart_all jobs: a rank not paused by then is blocked in a collective
     connect_retries: int = 10
     reset_poll_interval: float = 1.0
 
@@ -213,6 +215,8 @@ class MindftConfig:
     launcher_pid: int = 0  # mindft-launch's pid when it started this rank; 0: started some other way
     backend: str = "auto"
     snapshot_every: int = 1
+    replica_buddy: Optional[int] = None  # None: the next rank; -1: no replica (the node agent holds the state)
+    restart_scope: str = "auto"  # "all": a lost process restarts every worker; auto: when a rank says so
     timeouts: Timeouts = field(default_factory=Timeouts)
 
     @property
@@ -262,6 +266,10 @@ _TIMEOUT_VARS: tuple[_Timeout, ...] = (
     _Timeout("MINDFT_LEAVE_TIMEOUT", "leave", float, 0.1, 3600,
              "seconds a rank told to leave its device for a hot reset gets to exit before it is killed "
              "(the device plugin gives up after 60 s)"),
+    _Timeout("MINDFT_STALL_TIMEOUT", "stall", float, 0.1, 3600,
+             "seconds a rank of a job whose collectives cannot be repaired in place (MINDFT_RESTART_SCOPE=all) "
+             "gets to pause before it counts as blocked in a collective and every worker restarts; well below "
+             "the collective's own timeout (MCCL/HCCL: 30 s)"),
     _Timeout("MINDFT_CONNECT_RETRIES", "connect_retries", int, 1, 300,
              "controller connection attempts (cf. TTP_RETRY_TIMES)"),
     _Timeout("MINDFT_RESET_POLL_INTERVAL", "reset_poll_interval", float, 0.01, 60,
@@ -290,6 +298,13 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "runs on mindio_ttp on an Ascend device)", "auto", ", ".join(BACKENDS)),
     EnvVar("MINDFT_SNAPSHOT_EVERY", "snapshot (and replicate) every N-th step; the same on every "
            "rank, a fault then replays up to N steps", "1", "1..1000000"),
+    EnvVar("MINDFT_RESTART_SCOPE", "what a fault that takes a process restarts: that rank alone, or every "
+           "worker (a restarted process cannot rejoin the others' collectives, as with MindSpore's MCCL); "
+           "auto: every worker once a rank registers with MindSpore's communicator initialised",
+           "auto", ", ".join(RESTART_SCOPES)),
+    EnvVar("MINDFT_REPLICA_BUDDY", "the rank whose process keeps this rank's replica (mindft-launch: the "
+           "same local rank on the next node, -1 on one node, where the node agent's memory holds the state)",
+           "the next rank", "-1..world size - 1"),
     EnvVar("MINDFT_LAUNCHER_PID", "mindft-launch's pid (it sets it); a rank started without it gives up "
            "after one silent period when no controller answers", "0", "a pid"),
     EnvVar("MINDFT_RESTART_COUNT", "times this rank was restarted (mindft-launch sets it)", "0",
@@ -349,6 +364,9 @@ def load_config(environ: Mapping[str, str] = os.environ) -> MindftConfig:
     backend = environ.get("MINDFT_BACKEND", "").strip() or "auto"
     if backend not in BACKENDS:
         raise ConfigError(f"MINDFT_BACKEND: unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
+    restart_scope = environ.get("MINDFT_RESTART_SCOPE", "").strip() or "auto"
+    if restart_scope not in RESTART_SCOPES:
+        raise ConfigError(f"MINDFT_RESTART_SCOPE: unknown scope {restart_scope!r}; valid: {', '.join(RESTART_SCOPES)}")
     return MindftConfig(
         tft=tft,
         backend=backend,
@@ -364,8 +382,16 @@ def load_config(environ: Mapping[str, str] = os.environ) -> MindftConfig:
         restart_count=_number(environ, "MINDFT_RESTART_COUNT", int, 0, 0, 1000),
         launcher_pid=_number(environ, "MINDFT_LAUNCHER_PID", int, 0, 0, 2**22),
         snapshot_every=_number(environ, "MINDFT_SNAPSHOT_EVERY", int, 1, 1, 1_000_000),
+        restart_scope=restart_scope,
+        replica_buddy=_replica_buddy(environ, world_size),
         timeouts=timeouts,
     )
+
+
+def _replica_buddy(environ: Mapping[str, str], world_size: int) -> Optional[int]:
+    if not environ.get("MINDFT_REPLICA_BUDDY", "").strip():
+        return None
+    return _number(environ, "MINDFT_REPLICA_BUDDY", int, -1, -1, world_size - 1)
 
 
 MINDX_TASK_VARIABLE = "MINDX_TASK_ID"

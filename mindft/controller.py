@@ -58,6 +58,7 @@ class Controller:
                  on_start: Optional[Callable[[int, str], None]] = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
+        self._wake_lock = threading.Lock()  # first: _close() needs it if the bind below fails
         self._on_kill = on_kill
         self._on_start = on_start
         self._keys = job_keys(config)
@@ -73,11 +74,11 @@ class Controller:
         self._wake_address = f"inproc://mindft-controller-wake-{id(self)}"
         self._wake_in = self._context.socket(zmq.PULL)
         self._wake_in.bind(self._wake_address)
-        self._wake_lock = threading.Lock()
         self._wake_out: Optional[zmq.Socket] = self._context.socket(zmq.PUSH)
         self._wake_out.connect(self._wake_address)
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.job = Job(config.world_size, config.timeouts, clock(), snapshot_every=config.snapshot_every)
+        self.job = Job(config.world_size, config.timeouts, clock(), snapshot_every=config.snapshot_every,
+                       restart_scope=config.restart_scope)
         self.result: Optional[JobResult] = None
         self.dropped_frames = 0
         self._stopped = False

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import queue
+import random
 import shutil
 import signal
 import socket
@@ -77,6 +78,24 @@ def agent_memory() -> Path:
     """A fresh directory for the ranks' snapshots: on /dev/shm (memory, not disk) where it exists."""
     base = Path("/dev/shm")
     return Path(tempfile.mkdtemp(prefix="mindft-state-", dir=base if base.is_dir() else None))
+
+
+def agent_memory_report(state_dir: Path) -> str:
+    """One line: the shared memory the ranks' snapshots took in the node agent (two slots each)."""
+    sizes = {}
+    for rank_dir in sorted(state_dir.glob("rank*")):
+        sizes[rank_dir.name] = sum(f.stat().st_size for f in rank_dir.rglob("*") if f.is_file())
+    if not sizes:
+        return f"the node agent held no snapshots ({state_dir})"
+    return (f"the node agent held {_size(sum(sizes.values()))} of snapshots for {len(sizes)} rank(s) "
+            f"(largest {_size(max(sizes.values()))}: two slots of the rank's state)")
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
 
 
 def resolve_ip(address: str) -> str:
@@ -142,6 +161,7 @@ class LaunchSpec:
         return self.scheduler_port is not None and self.node_rank == 0
 
 
+
 def cluster_environment(spec: LaunchSpec) -> dict[str, str]:
     """What msrun sets in every process of MindSpore's cluster (none without a scheduler).
 
@@ -187,6 +207,8 @@ def rank_environment(spec: LaunchSpec, rank: int, restart_count: int) -> dict[st
         return env
     if spec.state_dir is not None:
         env["MINDFT_STATE_DIR"] = str(spec.state_dir / f"rank{rank}")
+        # The agent's memory outlives the process; a replica is for the loss of the node.
+        env.setdefault("MINDFT_REPLICA_BUDDY", str((rank + spec.nproc) % spec.world_size if spec.nnodes > 1 else -1))
     if spec.mindio and not env.get(MINDX_TASK_VARIABLE, "").strip():
         env[STEP_GATE_VARIABLE] = mindio_gate_address(spec)
     if spec.insecure:
@@ -202,23 +224,6 @@ def mindio_gate_address(spec: LaunchSpec) -> str:
     """Where node 0's step gate listens: the port after MindIO's controller port, on every node alike."""
     host = f"[{spec.master_ip}]" if ":" in spec.master_ip else spec.master_ip
     return f"tcp://{host}:{spec.controller_port + 1}"
-
-
-def _free_port_pair(ip: str) -> int:
-    """A port p with p and p + 1 free on ``ip`` (MindIO's controller and the step gate)."""
-    for _ in range(100):
-        with socket.socket() as first:
-            first.bind((ip, 0))
-            port = first.getsockname()[1]
-            if port >= 65535:
-                continue
-            with socket.socket() as second:
-                try:
-                    second.bind((ip, port + 1))
-                except OSError:
-                    continue
-        return port
-    raise ConfigError(f"found no two adjacent free ports on {ip}; pass --master-port")
 
 
 def ascend_present() -> bool:
@@ -258,7 +263,10 @@ class Worker:
     pump: Optional[threading.Thread] = None
     returncode: Optional[int] = None
     final: bool = False  # exited for good (done, dumped, out of restarts or stopped)
-    off_device: bool = False  # left its device for a hot reset: started again when the controller says
+    # Its process is gone and its state is in the agent's memory: it starts again when the
+    # controller says (its device is back after a hot reset, or every worker restarts).
+    awaiting_start: bool = False
+    crashes: int = 0  # exits not ordered by the controller (bounded by --max-restarts)
 
     @property
     def pid(self) -> Optional[int]:
@@ -393,6 +401,8 @@ class Scheduler:
         self.log_path = spec.log_dir / "scheduler.log"
         self.process: Optional[subprocess.Popen] = None
         self.exit_seen = False  # its exit was handled by the supervise loop
+        # False once a worker of its cluster exited: restarted workers need a new scheduler.
+        self.serves_workers = False
 
     @property
     def address(self) -> str:
@@ -413,6 +423,7 @@ class Scheduler:
                 [sys.executable, *SCHEDULER_COMMAND], env=scheduler_environment(self.spec),
                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                 start_new_session=True, close_fds=True)
+        self.serves_workers = True
         log.info("started MindSpore's scheduler on %s (pid %d), log %s", self.address, self.process.pid,
                  self.log_path)
 
@@ -486,7 +497,8 @@ def recovery_progress(status: StatusReply, seconds_in_state: float, timeouts: An
         if row.state in done:
             continue
         if status.state == "REPAIRING":
-            why = "process not back" if row.state == "dead" else "device not recovered"
+            back = row.state == "dead" or row.order == "start"  # off its device: started once the device is back
+            why = "process not back" if back else "device not recovered"
             pending.append(f"rank {row.rank} ({why})")
         else:
             pending.append(f"rank {row.rank}")
@@ -682,6 +694,7 @@ class Launcher:
         self.mindio_host: Optional[Any] = None
         self.scheduler: Optional[Scheduler] = Scheduler(spec) if spec.runs_scheduler else None
         self._signal: Optional[int] = None
+        self._last_status: Optional[StatusReply] = None  # other nodes: the controller's, polled
         self._orders: queue.SimpleQueue[tuple[str, int, int, bool, str]] = queue.SimpleQueue()
         self._signals_seen = 0
         self._last_hang_check = 0.0
@@ -772,9 +785,10 @@ class Launcher:
             self._notify(ProcessExit(rank=rank, returncode=code, pid=pid, will_restart=False),
                          f"rank {rank} is lost")
 
-    def _check_hung(self) -> None:
-        # The controller sees a silent rank; only the launcher can kill it so it can restart.
-        # On node 0 the controller orders that kill in-process (_follow_orders); other nodes ask.
+    def _poll_orders(self) -> None:
+        """Nodes other than 0 learn the controller's kills and starts from its status: a hung
+        rank (killed so it can restart), and the ``order`` of each row on this node. On node 0
+        the same orders arrive in-process (:meth:`_follow_orders`)."""
         if not self.spec.protected or self.spec.mindio or self.runner is not None:
             return
         now = time.monotonic()
@@ -782,12 +796,19 @@ class Launcher:
             return
         self._last_hang_check = now
         try:
-            status = self._status_client.status()
+            status = self._last_status = self._status_client.status()
         except ControllerUnreachable:
             return
         pids = self.agent.pids()
         for row in status.ranks:
-            if row.rank in pids and row.pid == pids[row.rank] and row.state.lower() in HUNG_STATES:
+            worker = self.agent.workers.get(row.rank)
+            if worker is None:
+                continue
+            if row.order == "kill" and row.pid == pids.get(row.rank):
+                self._orders.put(("kill", row.rank, row.pid, False, "the controller stops it for the recovery"))
+            elif row.order == "start" and worker.awaiting_start and worker.pid is None:
+                self._orders.put(("start", row.rank, 0, False, "the controller starts it for the recovery"))
+            elif row.rank in pids and row.pid == pids[row.rank] and row.state.lower() in HUNG_STATES:
                 log.warning("controller reports rank %d (pid %d) %s; killing it so it can restart",
                             row.rank, row.pid, row.state)
                 self.agent.signal_workers([row.rank], signal.SIGKILL)
@@ -804,24 +825,51 @@ class Launcher:
                 log.warning("the controller asked to %s rank %d, which runs on another node: its "
                             "launcher must do it", order, rank)
             elif order == "kill" and worker.pid is not None and (not pid or pid == worker.pid):
-                worker.off_device = worker.off_device or not restart
-                then = "so it can restart" if restart else "(it starts again when its device is back)"
-                self.console.line("mindft-launch", f"controller reports rank {rank} (pid {worker.pid}): {why}; "
+                worker.awaiting_start = worker.awaiting_start or not restart
+                then = "so it can restart" if restart else "(it starts again when the controller says)"
+                self.console.line("mindft-launch", f"controller: rank {rank} (pid {worker.pid}): {why}; "
                                                    f"killing it {then}")
                 self.agent.signal_workers([rank], signal.SIGKILL)
             elif order == "start" and worker.pid is None and not worker.final and self._signal is None:
-                worker.off_device = False
+                if worker.crashes > self.spec.max_restarts:
+                    worker.awaiting_start, worker.final = False, True
+                    self._report_lost(rank, worker.returncode or ExitCode.FAILED, 0,
+                                      f"rank {rank} crashed {worker.crashes} times (--max-restarts "
+                                      f"{self.spec.max_restarts})")
+                    continue
+                self._renew_cluster()
+                worker.awaiting_start = False
                 worker.restarts += 1
-                self.console.line("mindft-launch", f"rank {rank}'s device is back: starting it again "
-                                                   f"(incarnation {worker.restarts})")
+                self.console.line("mindft-launch", f"controller: {why}: starting rank {rank} "
+                                                   f"(restart {worker.restarts}/{self.spec.max_restarts})")
                 self.agent.start_worker_list([rank])
                 self.write_job_file()
+
+    def _restart_all(self) -> bool:
+        """True when the controller restarts every worker after a lost process (it starts them):
+        MINDFT_RESTART_SCOPE, else what the ranks said when they registered (their collectives)."""
+        scope = self.spec.env.get("MINDFT_RESTART_SCOPE", "").strip()
+        if scope in ("all", "rank"):
+            return scope == "all"
+        status = self.runner.status() if self.runner is not None else self._last_status
+        return status is not None and status.restart_all
+
+    def _renew_cluster(self) -> None:
+        """Before the first worker of a restart of every worker: a new MindSpore scheduler, as
+        the workers that come back cannot join the old cluster (MCCL on CPU)."""
+        scheduler = self.scheduler
+        if scheduler is None or scheduler.serves_workers or not self._restart_all() or self.agent.running():
+            return
+        scheduler.exit_seen = True  # stopping it is no failure
+        scheduler.stop(0.0, 0.0)
+        scheduler.exit_seen = False
+        scheduler.start()
 
     def _handle_exits(self) -> None:
         for rank, code in self.agent.monitor().items():
             worker = self.agent.workers[rank]
             if code is None or worker.final or worker.process is None:
-                continue  # running, gone for good, or off its device waiting to start again
+                continue  # running, gone for good, or waiting for the controller to start it
             pid = worker.process.pid
             self.console.line("mindft-launch", f"rank {rank} (pid {pid}) {describe_exit(code)}")
             if code == ExitCode.OK or self._signal is not None:
@@ -833,11 +881,15 @@ class Launcher:
                 if self._unprotected_failure is None:
                     self._unprotected_failure = code
                 continue
-            if code == ExitCode.LEFT_DEVICE or worker.off_device:
-                # It left its device for a hot reset: the controller starts it when the device is back.
-                worker.off_device = True
-                self.console.line("mindft-launch", f"rank {rank} left its device for a hot reset; "
-                                                   f"it starts again when the device is back")
+            if self.scheduler is not None:
+                self.scheduler.serves_workers = False  # the cluster lost a worker for good
+            if code == ExitCode.LEFT_DEVICE or worker.awaiting_start:
+                # Left its device for a hot reset, or killed so every worker restarts: the
+                # controller starts it again (when its device is back, with every worker).
+                worker.awaiting_start = True
+                self.console.line("mindft-launch", f"rank {rank} " + (
+                    "left its device for a hot reset" if code == ExitCode.LEFT_DEVICE else "stopped")
+                    + "; it starts again when the controller says")
                 self._report_exit(rank, code, pid)
                 worker.returncode, worker.process = code, None
                 continue
@@ -856,6 +908,13 @@ class Launcher:
                             f"it: see {worker.log_path}")
                 continue
             job_over = self._job_over()
+            if self._restart_all() and not job_over:
+                # Its peers cannot go on without it: the controller restarts every worker together.
+                worker.awaiting_start = True
+                worker.crashes += 1
+                self._report_exit(rank, code, pid)
+                worker.returncode, worker.process = code, None
+                continue
             if not job_over:
                 self._report_exit(rank, code, pid)
             if worker.restarts >= self.spec.max_restarts or job_over:
@@ -938,6 +997,7 @@ class Launcher:
                 if worker.pump is not None:
                     worker.pump.join(2.0)
             if self.spec.state_dir is not None:
+                self.console.line("mindft-launch", agent_memory_report(self.spec.state_dir))
                 shutil.rmtree(self.spec.state_dir, ignore_errors=True)
         return code
 
@@ -949,8 +1009,22 @@ class Launcher:
         if not controller_runs_here(spec.node_rank, spec.env):
             log.info("%s is set: MindCluster runs MindIO's controller; no step gate", MINDX_TASK_VARIABLE)
             return
+        config = self.controller_config()
+        timeouts = config.timeouts
+
+        def alive(rank: int) -> bool:
+            worker = self.agent.workers.get(rank)
+            return worker is not None and worker.pid is not None
+
+        # node 0 plays MindCluster's MindX for MindIO's controller: the reset file's hot resets go
+        # through MindIO's ARF; kills and restarts are queued as the controller's orders are.
+        standin = dict(kill=lambda rank, why: self._orders.put(("kill", rank, 0, False, why)),
+                       start=lambda rank, why: self._orders.put(("start", rank, 0, False, why)),
+                       alive=alive, leave_timeout=timeouts.leave, gather_timeout=timeouts.pause,
+                       repair_timeout=timeouts.repair)
         self.mindio_host = MindioHost(spec.world_size, spec.master_ip, spec.controller_port, self.keys,
-                                      gate_port=spec.controller_port + 1)
+                                      gate_port=spec.controller_port + 1, reset_file=config.reset_file,
+                                      poll_interval=timeouts.reset_poll_interval, standin=standin)
         self.mindio_host.start()
 
     def _supervise(self) -> int:
@@ -1004,16 +1078,31 @@ class Launcher:
                         log.warning("every rank exited but the controller has no result after %gs",
                                     CONTROLLER_FINISH_TIMEOUT)
                         return job_exit_code(None, self._final_codes()) or ExitCode.FAILED
-                if running:
-                    self._check_hung()
-                    self._report_progress()
+                self._report_progress()
+            elif self.mindio_host is not None and self._mindio_over(running):
+                return job_exit_code(None, self._final_codes())
             elif not running and all(w.final for w in self.agent.workers.values()):
                 if self._unprotected_failure is not None:
                     return job_exit_code(None, [self._unprotected_failure])
                 return job_exit_code(None, self._final_codes())
-            elif running:
-                self._check_hung()
+            else:
+                self._poll_orders()  # also while every local rank waits to be started
             time.sleep(MONITOR_INTERVAL)
+
+    def _mindio_over(self, running: Sequence[int]) -> bool:
+        """On MindIO: watch the reset watcher; True once no rank runs and none will start again."""
+        host = self.mindio_host
+        failure = host.check(WATCHER_MAX_RESTARTS)
+        if failure is not None:
+            self._abort(failure)
+        if running:
+            return False
+        workers = self.agent.workers.values()
+        off = [w for w in workers if w.awaiting_start and not w.final]
+        if not off:
+            return all(w.final for w in workers)
+        # Ranks off their chip come back on 'recovered' (the stand-in starts them) unless the job failed.
+        return host.standin is not None and host.standin.failed is not None
 
     def _check_scheduler(self) -> None:
         """A scheduler that fails while ranks still need it fails the job at once, loudly."""
@@ -1067,18 +1156,19 @@ class Launcher:
             self.console.line("mindft-launch", line)
 
     def _final_codes(self) -> list[Optional[int]]:
-        self._dump_for_ranks_off_their_device()
+        self._dump_for_ranks_without_process()
         return [w.returncode for w in self.agent.workers.values()]
 
-    def _dump_for_ranks_off_their_device(self) -> None:
-        """The job failed while ranks were off their devices (a hot reset that failed): their
-        snapshots are in this agent's memory, so the agent writes their dying-gasp checkpoints."""
+    def _dump_for_ranks_without_process(self) -> None:
+        """The job failed while ranks had no process (off their devices for a hot reset that
+        failed, or stopped so every worker restarts): their snapshots are in this agent's memory,
+        so the agent writes their dying-gasp checkpoints."""
         from mindft.snapshot import SnapshotError, SnapshotStore
 
         for rank, worker in self.agent.workers.items():
-            if not worker.off_device or worker.pid is not None or self.spec.state_dir is None:
+            if not worker.awaiting_start or worker.pid is not None or self.spec.state_dir is None:
                 continue
-            worker.off_device, worker.final = False, True
+            worker.awaiting_start, worker.final = False, True
             config = load_config(rank_environment(self.spec, rank, worker.restarts))
             step = getattr(getattr(self.runner, "controller", None), "job", None)
             step = getattr(step, "dump_step", -1) if step is not None else -1
@@ -1087,11 +1177,11 @@ class Launcher:
                     path = store.dump(config.dump_dir, rank, config.world_size, step)
             except SnapshotError as error:
                 worker.returncode = ExitCode.DUMP_FAILED
-                self.console.line("mindft-launch", f"rank {rank} was off its device; its dying-gasp checkpoint "
+                self.console.line("mindft-launch", f"rank {rank} had no process; its dying-gasp checkpoint "
                                                    f"could NOT be written from the agent's memory: {error}")
                 continue
             worker.returncode = ExitCode.DUMPED
-            self.console.line("mindft-launch", f"rank {rank} was off its device; the agent wrote its dying-gasp "
+            self.console.line("mindft-launch", f"rank {rank} had no process; the agent wrote its dying-gasp "
                                                f"checkpoint from memory: {path}")
 
 
@@ -1158,12 +1248,27 @@ def resolve_world(nproc: Optional[int], nnodes: Optional[int], worker_num: Optio
     return nproc, nodes
 
 
-def free_port(ip: str) -> int:
-    """A TCP port free on ``ip`` right now (for the scheduler, which cannot bind port 0 itself)."""
+def free_port_pair(ip: str) -> int:
+    """A port p with p and p + 1 free on ``ip`` right now, for servers that cannot bind port 0
+    themselves (MindSpore's scheduler and mindft's controller; MindIO's controller and step gate).
+
+    Drawn at random below the kernel's ephemeral range: a port from that range can be taken by
+    any outgoing connection between this probe and the server's bind, and on a busy machine
+    the range itself runs out."""
     family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.bind((ip, 0))
-        return probe.getsockname()[1]
+    try:
+        ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    for port in random.sample(range(20000, max(20100, ephemeral_low - 2)), 200):
+        try:
+            with socket.socket(family) as first, socket.socket(family) as second:
+                first.bind((ip, port))
+                second.bind((ip, port + 1))
+            return port
+        except OSError:
+            continue
+    raise ConfigError(f"found no two adjacent free ports on {ip} in 20000..{ephemeral_low - 1}; pass --master-port")
 
 
 def resolve_ports(master_port: Optional[int], nnodes: int, master_ip: str, scheduler: bool,
@@ -1180,7 +1285,7 @@ def resolve_ports(master_port: Optional[int], nnodes: int, master_ip: str, sched
     if master_port is not None and master_port < 1024:
         raise UsageError(f"--master-port {master_port} must be in 1024..65535")
     if master_port is None:
-        scheduler_port = free_port(master_ip) if scheduler else None
+        scheduler_port = free_port_pair(master_ip) if scheduler else None
         return scheduler_port, tft_port or 0
     if tft_port is None and master_port == 65535:
         raise UsageError("--master-port 65535 leaves no port for the controller (--master-port + 1); "
@@ -1232,7 +1337,7 @@ def plan_launch(params: Mapping[str, Any], environ: Mapping[str, str]) -> Launch
                     "checkpoints (exit 3 on the live ranks)", max_restarts)
         max_restarts = 0
     if mindio and controller_port == 0:
-        controller_port = _free_port_pair(master_ip)  # MindIO's controller cannot pick its own port
+        controller_port = free_port_pair(master_ip)  # MindIO's controller cannot pick its own port
     insecure = (params["insecure"] or base.insecure) and protected  # MINDFT_INSECURE=1 is --insecure
     key_file = params["key_file"] if protected and not insecure else None
     if protected and nnodes > 1 and key_file is None and not insecure:

@@ -53,6 +53,22 @@ calls ``os._exit(1)``; here the training thread is interrupted and :class:`Mindi
 with a dying-gasp exit code, and a rank that does not get out within ``exit_grace`` seconds is
 ended with ``os._exit`` (a MindSpore CPU collective cannot be aborted).
 
+A hot reset (the device plugin's reset file), with MindX's callbacks registered (driven on CPU, 2 ranks)
+-------------------------------------------------------------------------------------------------------
+With the four MindX callbacks registered before ``tft_init_controller(..., enable_arf=True)`` and
+processors started with ``enable_arf=True``, MindIO's controller asks MindX at every fault
+(``report_fault_ranks`` → ``stop_train`` → ``report_stop_complete`` → ``on_global_rank`` →
+``report_strategies`` → ``change_strategy`` → ``report_result``); MindX may also start an episode
+with ``tft_notify_controller_stop_train({rank: 1})`` (1 = process error: that rank gets no
+stop/clean/prelock). Strategy ``recover`` (ARF): the controller marks the rank offline and waits
+(up to 10 min) for a new process of it; the new processor's registration carries a non-zero
+repair id (``tft_is_reboot_node()``), it reports ``RS_INIT_FINISH``, ``tft_wait_next_action``
+returns after the group rebuild (``rebuild_group`` handler), it reports ``RS_PREREPAIR_FINISH``
+and waits through ``repair`` (the new rank is a target) and ``rollback`` like every rank.
+``change_strategy("dump")`` during that wait makes it dump and exit instead. A process that
+leaves must NOT call ``tft_destroy_processor``: a processor that reports its exit makes the
+controller stop serving the job. :class:`MindxStandIn` is the MindX side node 0's launcher plays.
+
 Environment MindIO reads (set before the wheel is imported)
 -----------------------------------------------------------
 ``MINDIO_FOR_MINDSPORE=true`` (else the wheel imports torch; set here), ``TTP_LOG_STDOUT=1``
@@ -111,6 +127,8 @@ from mindft.keys import CurveKeys, secure_client, secure_server, start_authentic
 log = logging.getLogger(__name__)
 
 MINDX_TASK_VARIABLE = "MINDX_TASK_ID"
+# What MindIO's controller reports to MindCluster's MindX (clusterd) once all four are registered.
+MINDX_ACTIONS = ("report_fault_ranks", "report_stop_complete", "report_strategies", "report_result")
 # How long closing waits for the wheel's destroy calls (see the quirks above). A processor reports
 # its exit to the controller at once, then waits for the controller to go away: nothing is gained
 # by waiting long. The controller's own teardown takes 3-7 s.
@@ -131,6 +149,10 @@ class MindioError(RuntimeError):
 
 class RecoveryRequested(Exception):
     """MindIO stopped this rank for a recovery: call :meth:`MindioRank.recover`."""
+
+
+class LeaveDevice(Exception):
+    """The device plugin resets this rank's chip: the process must exit (mindft-launch starts it again)."""
 
 
 class MindioExit(SystemExit):
@@ -229,13 +251,24 @@ class MindioController:
     runs MindIO on the job's private network (its own traffic stays CurveZMQ-secured).
     """
 
-    def __init__(self, world_size: int, ip: str, port: int) -> None:
+    def __init__(self, world_size: int, ip: str, port: int,
+                 mindx: Optional[Mapping[str, Callable[..., Any]]] = None) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         if not 1024 <= port <= 65535:
             raise ValueError(f"MindIO controller port must be in 1024..65535, got {port}")
+        if mindx is not None and sorted(mindx) != sorted(MINDX_ACTIONS):
+            raise ValueError(f"mindx must map exactly {', '.join(MINDX_ACTIONS)}; got {', '.join(sorted(mindx))}")
         self.world_size, self.ip, self.port = world_size, ip, port
+        self._mindx = dict(mindx) if mindx is not None else None
         self._api: Optional[ModuleType] = None
+
+    @property
+    def api(self) -> ModuleType:
+        """``mindio_ttp.controller_ttp`` once started (its ``tft_notify_controller_*`` calls)."""
+        if self._api is None:
+            raise MindioError("MindIO controller not started")
+        return self._api
 
     def start(self) -> None:
         """Start listening on ``ip:port``; returns once the controller is up."""
@@ -244,7 +277,14 @@ class MindioController:
         _set_mindio_environment()
         api = _import("mindio_ttp.controller_ttp")
         _unregister_atexit(api.tft_destroy_controller)
-        api.tft_init_controller(0, self.world_size, False, enable_arf=False)
+        if self._mindx is not None:
+            os.environ.setdefault("MINDIO_WAIT_MINDX_TIME", MINDX_WAIT_SECONDS)
+            # Registered before init, as MindSpore's own stand-in does: the controller asks at
+            # start whether all four are there, and only then consults MindX on every fault.
+            for action, callback in self._mindx.items():
+                if api.tft_register_mindx_callback(action, callback) != 0:
+                    raise MindioError(f"MindIO refused the MindX callback {action!r}")
+        api.tft_init_controller(0, self.world_size, False, enable_arf=self._mindx is not None)
         try:
             api.tft_start_controller(self.ip, self.port, False, "")
         except SystemExit:  # the wheel raises SystemExit(2) when the port is taken or invalid
@@ -279,7 +319,7 @@ class MindioRank:
 
     def __init__(self, rank: int, world_size: int, ip: str, port: int, callbacks: RankCallbacks,
                  replica_ranks: Optional[Sequence[int]] = None, action_timeout: float = 180.0,
-                 exit_grace: float = DEFAULT_EXIT_GRACE) -> None:
+                 exit_grace: float = DEFAULT_EXIT_GRACE, arf: bool = False) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in 0..{world_size - 1} (world size {world_size})")
         replicas = list(range(world_size)) if replica_ranks is None else [int(r) for r in replica_ranks]
@@ -291,6 +331,7 @@ class MindioRank:
         self._replicas = replicas
         self._action_timeout = action_timeout
         self._exit_grace = exit_grace
+        self._arf = arf
         self._tft: Optional[ModuleType] = None
         self._stop = threading.Event()
         self._exit = threading.Event()
@@ -310,7 +351,7 @@ class MindioRank:
         kept = self._signal_handlers()
         try:
             tft.tft_init_processor(self.rank, self.world_size, False, False, "", enable_uce=True,
-                                   enable_arf=False)
+                                   enable_arf=self._arf)
         finally:
             self._put_back_signal_handlers(kept)
         tft.tft_register_stop_handler(self._on_stop, None)
@@ -320,6 +361,8 @@ class MindioRank:
         tft.tft_register_save_ckpt_handler(self._on_save_ckpt, None)
         tft.tft_register_rename_handler(self._on_rename, None)
         tft.tft_register_exit_handler(self._on_exit, None)
+        if self._arf:
+            tft.tft_register_rebuild_group_handler(self._on_rebuild_group, None)
         tft.tft_start_processor(self.ip, self.port)
         tft.tft_set_optimizer_replica(self.rank, [{"type": 1, "rank_list": self._replicas,
                                                    "replica_cnt": len(self._replicas),
@@ -378,6 +421,25 @@ class MindioRank:
         tft.tft_report_error(tft.ReportState.RS_NORMAL.value)
         return self._wait_for_recovery()
 
+    def rejoin(self) -> Optional[int]:
+        """A restarted process (after :meth:`start`): take part in MindIO's ARF repair of this rank.
+
+        None when MindIO's controller is not repairing this rank (it was not restarted through
+        ARF: nothing to rejoin). Otherwise reports the new process ready (``RS_INIT_FINISH``),
+        waits for the group rebuild, reports ``RS_PREREPAIR_FINISH`` and waits through the
+        repair and rollback handlers, as MindSpore does for an ARF-restarted rank; returns the
+        step to resume after.
+        """
+        tft = self._api()
+        if not self._arf or not tft.tft_is_reboot_node():
+            return None
+        log.warning("rank=%d rejoins through MindIO's process-level repair (ARF)", self.rank)
+        tft.tft_report_error(tft.ReportState.RS_INIT_FINISH.value)
+        if tft.tft_wait_next_action() != _RETRY or self._exit.is_set():
+            raise MindioExit(self._exit_code, self._exit_reason)
+        tft.tft_report_error(tft.ReportState.RS_PREREPAIR_FINISH.value)
+        return self._wait_for_recovery()
+
     def _wait_for_recovery(self) -> int:
         tft = self._api()
         action = tft.tft_wait_next_action()
@@ -428,6 +490,10 @@ class MindioRank:
             return  # sources serve their state from mindft's snapshots: nothing to push
         source = sources[targets.index(self.rank)] if len(sources) == len(targets) else sources[0]
         self._guarded(lambda: self._callbacks.restore(step, source))
+
+    def _on_rebuild_group(self, fault_ranks: Any, args: Any, ctx: Any) -> None:
+        """Rebuilding the communication group: mindft's ranks have no group of MindIO's to rebuild."""
+        log.info("rank=%d MindIO rebuilds the group for %s", self.rank, fault_ranks)
 
     def _on_rollback(self, step: int, args: Any, ctx: Any) -> None:
         log.info("rank=%d MindIO rollback to step %d", self.rank, step)
@@ -510,7 +576,9 @@ class StepGate:
     A request ``{"rank", "done", "finished", "need"}`` records where the rank is (a rank that
     rolled back reports a lower ``done``) and is answered ``{"open": true}`` once every rank has
     done at least ``need`` steps (``need == -1``: every rank finished), else ``{"open": false}``
-    after :data:`GATE_HOLD_SECONDS`.
+    after :data:`GATE_HOLD_SECONDS`. For a hot reset the launcher holds the gate (:meth:`hold`: the
+    ranks gather at the newest step any of them finished, :meth:`gathered`) and tells the ranks
+    on the chip to :meth:`leave` (``{"leave": true}``).
     """
 
     def __init__(self, world_size: int, ip: str, keys: Optional[CurveKeys] = None, port: int = 0) -> None:
@@ -530,6 +598,12 @@ class StepGate:
         self.endpoint = f"tcp://{host}:{port}"
         self._done: Dict[int, int] = {}
         self._finished: Dict[int, bool] = {}
+        # A hot reset (the launcher's MindxStandIn) holds the ranks at one common step and tells
+        # the ranks on the chip to leave. Written from another thread: guarded by _lock.
+        self._lock = threading.Lock()
+        self._holding = False
+        self._leaving: set = set()
+        self._parked: Dict[int, int] = {}  # rank -> done, while refused and not let through since
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="mindft-step-gate", daemon=True)
         self._thread.start()
@@ -545,15 +619,65 @@ class StepGate:
             self._authenticator.stop()
         self._context.term()
 
+    def hold(self) -> None:
+        """Let no rank start a step beyond the newest any rank finished: the ranks gather at one step."""
+        with self._lock:
+            self._holding = True
+
+    def release(self) -> None:
+        """End :meth:`hold`."""
+        with self._lock:
+            self._holding = False
+
+    def leave(self, ranks: Sequence[int]) -> None:
+        """Answer ``ranks``' next requests ``{"leave": true}``: they must exit (their chip is reset)."""
+        with self._lock:
+            self._leaving.update(ranks)
+
+    def rejoin(self, rank: int) -> None:
+        """``rank`` starts again (a new process): serve it normally."""
+        with self._lock:
+            self._leaving.discard(rank)
+            self._parked.pop(rank, None)
+
+    @property
+    def joined(self) -> bool:
+        """Every rank has asked the gate at least once (it knows where each one is)."""
+        with self._lock:
+            return len(self._done) >= self.world_size
+
+    def gathered(self) -> Optional[int]:
+        """While holding: the step every rank waits at, once they all do (None before)."""
+        with self._lock:
+            parked = [self._parked.get(rank) for rank in range(self.world_size)]
+        if any(done is None for done in parked) or len(set(parked)) != 1:
+            return None
+        return parked[0]
+
     def _open(self, need: int) -> bool:
         if len(self._done) < self.world_size:
             return False
         if need == _ALL_FINISHED:
             return all(self._finished.values())
+        if self._holding and need >= max(self._done.values()):
+            return False  # only the ranks behind catch up
         return min(self._done.values()) >= need
 
+    def _answer(self, rank: int, need: int, deadline: float, now: float) -> Optional[bytes]:
+        """The answer to a waiting request, or None to keep it waiting."""
+        with self._lock:
+            if rank in self._leaving:
+                return b'{"leave": true}'
+            if self._open(need):
+                self._parked.pop(rank, None)
+                return b'{"open": true}'
+            if now >= deadline:
+                self._parked[rank] = self._done[rank]
+                return b'{"open": false}'
+        return None
+
     def _serve(self) -> None:
-        waiting: list = []  # (identity, need, deadline)
+        waiting: list = []  # (identity, rank, need, deadline)
         try:
             while not self._stop.is_set():
                 if self._socket.poll(_GATE_POLL_MS):
@@ -563,22 +687,22 @@ class StepGate:
                         rank, need = int(request["rank"]), int(request["need"])
                         if not 0 <= rank < self.world_size:
                             raise ValueError(f"rank {rank} not in 0..{self.world_size - 1}")
-                        self._done[rank] = int(request["done"])
-                        self._finished[rank] = bool(request["finished"])
+                        with self._lock:
+                            self._done[rank] = int(request["done"])
+                            self._finished[rank] = bool(request["finished"])
                     except (ValueError, KeyError, TypeError) as error:
                         log.warning("step gate refused a request: %s", error)
                         self._socket.send_multipart([identity, b'{"error": true}'])
                         continue
-                    waiting.append((identity, need, time.monotonic() + GATE_HOLD_SECONDS))
+                    waiting.append((identity, rank, need, time.monotonic() + GATE_HOLD_SECONDS))
                 now = time.monotonic()
                 still = []
-                for identity, need, deadline in waiting:
-                    if self._open(need):
-                        self._socket.send_multipart([identity, b'{"open": true}'])
-                    elif now >= deadline:
-                        self._socket.send_multipart([identity, b'{"open": false}'])
+                for identity, rank, need, deadline in waiting:
+                    answer = self._answer(rank, need, deadline, now)
+                    if answer is None:
+                        still.append((identity, rank, need, deadline))
                     else:
-                        still.append((identity, need, deadline))
+                        self._socket.send_multipart([identity, answer])
                 waiting = still
         finally:
             self._socket.close(0)
@@ -605,7 +729,8 @@ class StepGateClient:
     def wait(self, done: int, need: int, mindio: MindioRank, finished: bool = False) -> None:
         """Report ``done`` steps and block until every rank did ``need`` (-1: every rank finished).
 
-        Raises :class:`RecoveryRequested` / :class:`MindioExit` as soon as MindIO asks for them, and
+        Raises :class:`RecoveryRequested` / :class:`MindioExit` as soon as MindIO asks for them,
+        :class:`LeaveDevice` when the launcher says this rank's chip is reset, and
         :class:`MindioError` when the gate stays silent for :data:`GATE_UNREACHABLE_AFTER` s.
         """
         payload = json.dumps({"rank": self.rank, "done": done, "need": need, "finished": finished}).encode()
@@ -620,6 +745,8 @@ class StepGateClient:
                 if answer.get("error"):
                     raise MindioError(f"rank {self.rank}: the step gate at {self.endpoint} refused "
                                       f"the request")
+                if answer.get("leave"):
+                    raise LeaveDevice(f"rank {self.rank}: its chip is about to be reset (hot reset)")
                 if answer.get("open"):
                     return
                 continue
@@ -640,19 +767,343 @@ class StepGateClient:
             self._context = None
 
 
+# -- MindX's part, played by node 0's launcher ------------------------------------------------
+# MindIO's error-type codes in a MindX fault-rank map (controller.cpp).
+MINDX_UCE_ERROR, MINDX_PROCESS_ERROR = 0, 1
+# MINDIO_WAIT_MINDX_TIME: how long MindIO's controller waits for MindX. The stand-in answers at once
+# (inside the callback), so the only wait that runs out is the one after a dump, where MindIO waits
+# for MindX to stop the processes and, when MindX stays silent, orders them to exit itself.
+MINDX_WAIT_SECONDS = "1"
+GATHER_POLL = 0.02
+
+
+class StandInPhase(enum.Enum):
+    """Where one fault episode is, seen from MindX's side of MindIO's controller."""
+
+    IDLE = "idle"              # training; no fault being handled
+    STOPPING = "stopping"      # stop_train sent (or asked for): MindIO pauses every healthy rank
+    CHOOSING = "choosing"      # stop complete, fault ranks confirmed: MindIO offers its strategies
+    REPAIRING = "repairing"    # a strategy chosen (retry, recover = ARF, dump); waiting for its result
+    ENDED = "ended"            # MindIO dumps or exits: the job is over
+
+
+_STANDIN_TRANSITIONS = {
+    StandInPhase.IDLE: {StandInPhase.STOPPING, StandInPhase.ENDED},
+    StandInPhase.STOPPING: {StandInPhase.CHOOSING, StandInPhase.ENDED},
+    StandInPhase.CHOOSING: {StandInPhase.REPAIRING, StandInPhase.ENDED},
+    StandInPhase.REPAIRING: {StandInPhase.IDLE, StandInPhase.ENDED},
+    StandInPhase.ENDED: set(),
+}
+
+
+class MindxStandIn:
+    """MindCluster's MindX (clusterd + TaskD) as node 0's launcher plays it for MindIO's controller.
+
+    MindIO's controller, with these four callbacks registered (:data:`MINDX_ACTIONS`), asks MindX
+    at every fault: it reports the fault ranks, waits for ``stop_train``, reports the stop complete,
+    waits for the confirmed fault ranks, offers strategies (``retry`` = UCE repair in place,
+    ``recover`` = ARF: the faulty processes are restarted and repaired from a replica, ``dump``,
+    ``exit``) and reports the result. MindSpore answers the same way when it runs ARF without
+    MindCluster (``TftHandle._mindx_stub``); MindCluster's clusterd does it for a device fault it
+    sees. This stand-in answers each callback at once, from the controller's thread, and feeds
+    MindIO the device plugin's reset file:
+
+    * ``unrecovered`` for rank R: the step gate holds every rank at one common step; then
+      ``stop_train({R: process error})`` (MindIO pauses the healthy ranks) and R is told to leave
+      (it exits, its snapshots stay in the node agent's memory; killed after ``leave_timeout``);
+      the strategy is ``recover`` (MindIO's ARF), so MindIO waits for R's new process.
+    * ``recovered`` for R: once R's old process is gone, the launcher starts R again; the new
+      process rejoins through ARF (:meth:`MindioRank.rejoin`); MindIO repairs and rolls every
+      rank back to the gathered step.
+    * ``failed``/``isolate`` (or no ``recovered`` within ``repair_timeout``): the strategy becomes
+      ``dump``: MindIO has a live rank save, then orders every live rank to exit; each writes its
+      dying-gasp checkpoint of the gathered step, and the launcher writes R's from memory.
+    * A fault a rank reports itself (UCE) is answered ``retry``; a lost process (killed, not on a
+      reset chip) ``dump``: mindft-launch does not restart it on this backend.
+
+    ``kill(rank, why)`` / ``start(rank, why)`` queue orders for the launcher; ``alive(rank)``
+    says whether the rank's process still runs.
+    """
+
+    def __init__(self, gate: StepGate, kill: Callable[[int, str], None], start: Callable[[int, str], None],
+                 alive: Callable[[int], bool], leave_timeout: float = 30.0, gather_timeout: float = 60.0,
+                 repair_timeout: float = 180.0) -> None:
+        self._gate = gate
+        self._kill, self._start, self._alive = kill, start, alive
+        self.leave_timeout, self.gather_timeout, self.repair_timeout = leave_timeout, gather_timeout, repair_timeout
+        self._api: Optional[ModuleType] = None
+        self._lock = threading.Condition()
+        self.phase = StandInPhase.IDLE
+        self._initiated = False
+        self._off: Dict[int, str] = {}  # rank on a chip being reset -> "leaving" | "left" | "starting"
+        self._failed: Optional[str] = None
+        self.strategy: Optional[str] = None
+        self.result: Optional[str] = None  # why the job ended (set once MindIO dumps or exits)
+        self._closing = threading.Event()
+        self._threads: list = []
+
+    # -- wiring ----------------------------------------------------------------------------------
+    def callbacks(self) -> Dict[str, Callable[..., Any]]:
+        """The four MindX callbacks for :class:`MindioController` (``mindx=``)."""
+        return {"report_fault_ranks": self._on_fault_ranks, "report_stop_complete": self._on_stop_complete,
+                "report_strategies": self._on_strategies, "report_result": self._on_result}
+
+    def bind(self, api: ModuleType) -> None:
+        """The started controller's module (its ``tft_notify_controller_*`` calls)."""
+        self._api = api
+
+    @property
+    def failed(self) -> Optional[str]:
+        """Why the job cannot go on (a chip failed, MindIO gave up), or None."""
+        with self._lock:
+            return self._failed
+
+    @property
+    def off_device(self) -> tuple:
+        """Ranks whose chip is being reset (their process left or is leaving)."""
+        with self._lock:
+            return tuple(sorted(self._off))
+
+    def _move(self, phase: StandInPhase) -> None:
+        if phase is self.phase:
+            return
+        if phase not in _STANDIN_TRANSITIONS[self.phase]:
+            raise MindioError(f"MindX stand-in: no transition {self.phase.value} -> {phase.value}")
+        log.info("MindX stand-in: %s -> %s", self.phase.value, phase.value)
+        self.phase = phase
+        self._lock.notify_all()
+
+    def _spawn(self, target: Callable[..., None], *args: Any) -> None:
+        if self._closing.is_set():
+            return
+        thread = threading.Thread(target=target, args=args, name="mindft-mindx", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _sleep(self) -> bool:
+        """Wait one poll; False once :meth:`close` was called."""
+        return not self._closing.wait(GATHER_POLL)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the stand-in's threads (the job is over); idempotent."""
+        self._closing.set()
+        with self._lock:
+            self._lock.notify_all()
+        for thread in self._threads:
+            thread.join(timeout)
+        self._threads = []
+
+    # -- device events (the reset watcher's thread) ------------------------------------------------
+    def on_device_event(self, event: Any) -> None:
+        """One event of :class:`mindft.resetwatch.ResetWatcher`."""
+        from mindft import resetwatch
+
+        if isinstance(event, resetwatch.DeviceFaulty):
+            with self._lock:
+                if event.rank in self._off or self.phase is StandInPhase.ENDED:
+                    return
+                self._off[event.rank] = "leaving"
+            log.warning("device plugin: rank %d's chip is faulty (%s, policy %s): hot reset through MindIO",
+                        event.rank, event.error_code, event.policy)
+            self._spawn(self._reset_episode, event.rank)
+        elif isinstance(event, resetwatch.DeviceRecovered):
+            with self._lock:
+                known = self._off.get(event.rank) in ("leaving", "left")
+                if known:
+                    self._off[event.rank] = "starting"
+            if known:
+                self._spawn(self._restart, event.rank)
+        elif isinstance(event, resetwatch.DeviceFailed):
+            self._fail(f"rank {event.rank}'s chip failed the hot reset ({event.reason})", event.rank)
+        elif isinstance(event, resetwatch.GracefulExit):
+            self._fail("Volcano asked every training process to exit (GracefulExit)", None, graceful=True)
+        else:
+            log.warning("reset file: %s is not acted on with MINDFT_BACKEND=mindio (mindft's own backend "
+                        "rolls every rank back on it)", type(event).__name__)
+
+    def _reset_episode(self, rank: int) -> None:
+        """Gather every rank at one step, stop them through MindIO, make ``rank`` leave its chip."""
+        deadline = time.monotonic() + self.gather_timeout
+        while not self._gate.joined and time.monotonic() < deadline and self._sleep():
+            pass  # MindIO knows no rank before it started
+        self._gate.hold()
+        step = None
+        while step is None and time.monotonic() < deadline and not self._closing.is_set():
+            step = self._gate.gathered()
+            if step is None:
+                self._sleep()
+        if self._closing.is_set():
+            return
+        if step is None:
+            log.error("the ranks did not gather at one step within %.0f s; stopping them where they are",
+                      self.gather_timeout)
+        else:
+            log.warning("every rank waits after step %d; rank %d leaves its chip", step, rank)
+        with self._lock:
+            # One episode at a time: a fault already in MindIO's hands is finished first.
+            self._lock.wait_for(lambda: self.phase in (StandInPhase.IDLE, StandInPhase.ENDED,
+                                                       StandInPhase.STOPPING) or self._failed is not None
+                                or self._closing.is_set(), timeout=self.repair_timeout)
+            first = self.phase is StandInPhase.IDLE
+            if first:
+                self._move(StandInPhase.STOPPING)
+                self._initiated = True
+            ranks = {r: MINDX_PROCESS_ERROR for r in self._off}
+        if first:
+            self._notify("tft_notify_controller_stop_train", ranks)
+        self._gate.leave([rank])
+        self._spawn(self._enforce_leave, rank)
+        self._spawn(self._enforce_repair, rank)
+
+    def _enforce_leave(self, rank: int) -> None:
+        deadline = time.monotonic() + self.leave_timeout
+        while time.monotonic() < deadline and self._alive(rank) and self._sleep():
+            pass
+        if self._closing.is_set():
+            return
+        with self._lock:
+            still = self._off.get(rank) == "leaving" and self._alive(rank)
+            if self._off.get(rank) == "leaving":
+                self._off[rank] = "left"
+        if still:
+            self._kill(rank, f"did not leave its chip within {self.leave_timeout:g} s (the device plugin "
+                             f"resets a chip only once its processes are gone)")
+
+    def _enforce_repair(self, rank: int) -> None:
+        with self._lock:
+            gone = self._lock.wait_for(lambda: rank not in self._off or self._failed is not None
+                                       or self._closing.is_set(), timeout=self.repair_timeout)
+        if not gone and not self._closing.is_set():
+            self._fail(f"rank {rank}'s chip was not recovered within {self.repair_timeout:g} s", rank)
+
+    def _restart(self, rank: int) -> None:
+        deadline = time.monotonic() + self.leave_timeout + 10.0
+        while self._alive(rank) and time.monotonic() < deadline and self._sleep():
+            pass  # the plugin waits for the old process; so does the restart
+        with self._lock:
+            if self._failed is not None or self._closing.is_set():
+                return
+            self._off.pop(rank, None)
+            last = not self._off
+            self._lock.notify_all()
+        self._gate.rejoin(rank)
+        if last:
+            self._gate.release()
+        self._start(rank, "its chip was reset (recovered)")
+
+    def _fail(self, reason: str, rank: Optional[int], graceful: bool = False) -> None:
+        with self._lock:
+            if self._failed is not None:
+                return
+            self._failed = reason
+            phase = self.phase
+            self._lock.notify_all()
+        log.error("MindX stand-in: %s; every rank writes its dying-gasp checkpoint", reason)
+        if phase is StandInPhase.REPAIRING and self.strategy == "recover":
+            self._notify("tft_notify_controller_change_strategy", "dump")  # MindIO leaves its ARF wait
+        elif phase is StandInPhase.IDLE and graceful:
+            self._gate.hold()
+            self._notify("tft_notify_controller_dump")  # MindIO's own "elegant dump"
+        elif phase is StandInPhase.IDLE and rank is not None:
+            with self._lock:
+                self._off.setdefault(rank, "leaving")
+            self._spawn(self._reset_episode, rank)
+        # STOPPING / CHOOSING: the strategy callback sees the failure and picks dump.
+
+    # -- MindIO's controller thread ------------------------------------------------------------------
+    def _notify(self, name: str, *args: Any) -> None:
+        api = self._api
+        if api is None:
+            log.error("MindX stand-in: %s before MindIO's controller started; ignored", name)
+            return
+        code = getattr(api, name)(*args)
+        if code != 0:
+            log.error("MindIO's controller refused %s%r (code %s)", name, args, code)
+
+    def _on_fault_ranks(self, errors: Mapping[int, int], codes: Any = None) -> None:
+        with self._lock:
+            if self.phase is not StandInPhase.IDLE:
+                return  # our own stop_train, or MindIO's second report of an episode under way
+            self._move(StandInPhase.STOPPING)
+            self._initiated = False
+            ranks = {**{int(r): int(t) for r, t in dict(errors).items()},
+                     **{r: MINDX_PROCESS_ERROR for r in self._off}}
+        log.warning("MindIO reports fault ranks %s; stopping the job", dict(errors))
+        self._notify("tft_notify_controller_stop_train", ranks)
+
+    def _on_stop_complete(self, code: int, message: str, errors: Mapping[int, int]) -> None:
+        with self._lock:
+            if code != 0:
+                log.error("MindIO could not stop the job (%s: %s)", code, message)
+                self._move(StandInPhase.ENDED)
+                self.result = f"MindIO could not stop the job: {message}"
+                return
+            self._move(StandInPhase.CHOOSING)
+            ranks = {**{int(r): int(t) for r, t in dict(errors).items()},
+                     **{r: MINDX_PROCESS_ERROR for r in self._off}}
+        self._notify("tft_notify_controller_on_global_rank", ranks, 1)
+
+    def _on_strategies(self, errors: Mapping[int, int], strategies: Sequence[str]) -> None:
+        offered = list(strategies)
+        with self._lock:
+            on_reset_chip = any(int(r) in self._off for r in dict(errors))
+            if self._failed is not None:
+                choice = "dump" if "dump" in offered else "exit"
+            elif on_reset_chip:
+                choice = "recover" if "recover" in offered else ("dump" if "dump" in offered else "exit")
+                if choice != "recover":
+                    log.error("MindIO offers %s, not ARF (recover): it cannot take the reset chip's ranks "
+                              "back; falling back to %s", offered, choice)
+            elif "retry" in offered:
+                choice = "retry"
+            else:
+                choice = "dump" if "dump" in offered else "exit"
+            self.strategy = choice
+            self._move(StandInPhase.ENDED if choice in ("dump", "exit") else StandInPhase.REPAIRING)
+            if choice in ("dump", "exit"):
+                self.result = self._failed or f"MindIO cannot repair ranks {sorted(dict(errors))} ({choice})"
+                self._failed = self._failed or self.result
+        log.warning("MindIO offers %s for fault ranks %s: %s", offered, dict(errors), choice)
+        self._notify("tft_notify_controller_change_strategy", choice)
+
+    def _on_result(self, code: int, message: str, errors: Mapping[int, int], strategy: str) -> None:
+        with self._lock:
+            if code == 0:
+                log.warning("MindIO: %s (%s)", message, strategy)
+                if self.phase is StandInPhase.REPAIRING:
+                    self._move(StandInPhase.ENDED if self._failed is not None else StandInPhase.IDLE)
+                return
+            log.error("MindIO: %s (code %s, strategy %s); asking for a dump", message, code, strategy)
+            self._failed = self._failed or f"MindIO's {strategy} failed: {message}"
+            self.result = self._failed
+            self.strategy = "dump"
+            self._move(StandInPhase.ENDED)
+        self._notify("tft_notify_controller_change_strategy", "dump")
+
+
 class MindioHost:
-    """What node 0's launcher runs for a job on MindIO: MindIO's controller and the step gate.
+    """What node 0's launcher runs for a job on MindIO: MindIO's controller, the step gate and MindX's part.
 
     ``port`` is MindIO's controller port (MS_TFT_PORT of the ranks); the gate listens on
-    ``gate_port`` (0: a free one), :attr:`gate_endpoint`, given to the ranks as ``MINDFT_STEP_GATE``. MindIO's own TCP is
-    neither authenticated nor encrypted; the gate uses the job's CurveZMQ key.
+    ``gate_port`` (0: a free one), :attr:`gate_endpoint`, given to the ranks as ``MINDFT_STEP_GATE``.
+    MindIO's own TCP is neither authenticated nor encrypted; the gate uses the job's CurveZMQ key.
+    With ``reset_file`` the device plugin's reset file is watched every ``poll_interval`` s and
+    fed to the :class:`MindxStandIn` (``standin`` holds its ``kill``/``start``/``alive`` and
+    timeouts), registered as MindIO's MindX.
     """
 
     def __init__(self, world_size: int, ip: str, port: int, keys: Optional[CurveKeys] = None,
-                 gate_port: int = 0) -> None:
-        self.controller = MindioController(world_size, ip, port)
+                 gate_port: int = 0, reset_file: Optional[Any] = None, poll_interval: float = 1.0,
+                 standin: Optional[Mapping[str, Any]] = None) -> None:
+        self._controller_args = (world_size, ip, port)
         self._gate_args = (world_size, ip, keys, gate_port)
+        self._standin_args = dict(standin or {})
+        self._reset = (reset_file, poll_interval)
         self.gate: Optional[StepGate] = None
+        self.standin: Optional[MindxStandIn] = None
+        self.controller: Optional[MindioController] = None
+        self.watcher: Optional[Any] = None
+        self.watcher_restarts = 0
 
     @property
     def gate_endpoint(self) -> str:
@@ -662,17 +1113,52 @@ class MindioHost:
         return self.gate.endpoint
 
     def start(self) -> None:
-        """Start the controller, then the gate."""
-        self.controller.start()
+        """Start the gate, MindIO's controller with the MindX stand-in, then the reset watcher."""
+        self.gate = StepGate(*self._gate_args)
         try:
-            self.gate = StepGate(*self._gate_args)
+            mindx = None
+            if self._standin_args:
+                self.standin = MindxStandIn(self.gate, **self._standin_args)
+                mindx = self.standin.callbacks()
+            self.controller = MindioController(*self._controller_args, mindx=mindx)
+            self.controller.start()
+            if self.standin is not None:
+                self.standin.bind(self.controller.api)
+                path, interval = self._reset
+                if path is not None:
+                    from mindft.resetwatch import ResetWatcher
+
+                    self.watcher = ResetWatcher(path, interval)
+                    self.watcher.start(self.standin.on_device_event)
+                    log.info("watching the device plugin's reset file %s every %gs (MindIO backend)", path,
+                             interval)
         except Exception:
-            self.controller.stop()
+            self.stop()
             raise
 
+    def check(self, max_restarts: int = 10) -> Optional[str]:
+        """Restart a reset watcher that died; the reason to fail the job once it died too often."""
+        watcher = self.watcher
+        if watcher is None or watcher.alive:
+            return None
+        if self.watcher_restarts >= max_restarts:
+            return (f"the reset-file watcher died {self.watcher_restarts + 1} times; device faults in "
+                    f"{watcher.path} can no longer be seen")
+        self.watcher_restarts += 1
+        log.warning("restarting the reset-file watcher (restart %d/%d)", self.watcher_restarts, max_restarts)
+        watcher.start(self.standin.on_device_event)
+        return None
+
     def stop(self) -> None:
-        """Stop both, bounded (idempotent)."""
+        """Stop all of it, bounded (idempotent)."""
+        if self.watcher is not None:
+            self.watcher.stop()
+            self.watcher = None
+        if self.standin is not None:
+            self.standin.close()
         if self.gate is not None:
             self.gate.close()
             self.gate = None
-        self.controller.stop()
+        if self.controller is not None:
+            self.controller.stop()
+            self.controller = None

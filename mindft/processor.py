@@ -56,6 +56,7 @@ class Processor:
         self.replica_endpoint = replica_endpoint
         self.follower = Follower(self.rank, snapshot_every or config.snapshot_every)
         self.finished_job = False  # FINISH received: every rank is done
+        self.lockstep = False  # end_step waits for every rank to finish the step (see end_step)
         self._report_socket: Optional[zmq.Socket] = None  # the training thread's, for step reports
         self._reported_at = 0.0  # monotonic time of the last step report sent (read by the I/O thread)
         self._config = config
@@ -86,14 +87,14 @@ class Processor:
         with self._cond:
             return dict(self._endpoints)
 
-    def register(self, held_steps: Sequence[int] = ()) -> RegisterAck:
+    def register(self, held_steps: Sequence[int] = (), collectives: bool = False) -> RegisterAck:
         """Join the job and wait at the start barrier (or get an immediate ack after a restart).
 
         Raises :class:`ProcessorError` if the controller does not answer within
         ``timeouts.register``, stays unreachable, or ends the job meanwhile.
         """
         self._send(Register(self.rank, self.incarnation, os.getpid(), tuple(sorted(held_steps)),
-                            self.replica_endpoint), _REGISTER)
+                            self.replica_endpoint, collectives), _REGISTER)
         deadline = time.monotonic() + self._timeouts.register + self._timeouts.dead_after
         with self._cond:
             while self._ack is None:
@@ -139,11 +140,17 @@ class Processor:
 
         Returns an action if one arrives first (the caller follows it).
         """
-        follower = self.follower
-        if follower.may_capture(step) and not self._actions:
+        return self._wait_until(lambda: self.follower.may_capture(step))
+
+    def wait_peers(self, step: int) -> Optional[Action]:
+        """Wait until every rank finished ``step`` (lockstep); an action that arrives first is returned."""
+        return self._wait_until(lambda: self.follower.slowest >= step)
+
+    def _wait_until(self, ready: Callable[[], bool]) -> Optional[Action]:
+        if ready() and not self._actions:
             return None
         with self._cond:
-            while not follower.may_capture(step):
+            while not ready():
                 if self._actions:
                     return self._actions.popleft()
                 self._raise_if_broken()
@@ -210,7 +217,12 @@ class Processor:
     def end_step(self, step: int, hooks: RankHooks, capture: Callable[[int], None]) -> Optional[int]:
         """The end of ``step``: on a capture step wait for the window and ``capture(step)``, then
         report the step and obey a pending action. Returns the step a recovery rolled training
-        back to (or resumed after), None to go straight on."""
+        back to (or resumed after), None to go straight on.
+
+        With :attr:`lockstep` the rank then waits until every rank finished ``step``: in a job
+        whose collectives cannot be repaired in place, a rank that faults at a step boundary
+        finds every peer at the same boundary (not blocked in the next step's all-reduce), so
+        the recovery rolls back in place instead of restarting every worker."""
         if self.follower.is_capture_step(step):
             while (action := self.wait_window(step)) is not None:
                 resumed = self.follow(hooks, action)
@@ -218,6 +230,12 @@ class Processor:
                     return resumed
             capture(step)
         self.finished(step)
+        if self.lockstep:
+            while (action := self.wait_peers(step)) is not None:
+                resumed = self.follow(hooks, action)
+                if resumed is not None:
+                    return resumed
+            return None
         action = self.poll_action()
         return None if action is None else self.follow(hooks, action)
 

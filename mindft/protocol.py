@@ -75,6 +75,9 @@ class Register:
     pid: int
     held_steps: tuple[int, ...] = ()
     replica_endpoint: str = ""
+    # The rank's training uses a communicator a restarted process cannot rejoin (MindSpore's,
+    # initialised by mindspore.communication.init()): a lost process restarts every worker.
+    collectives: bool = False
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,7 @@ class RankStatus:
     pid: int
     incarnation: int = 0
     replica_endpoint: str = ""  # where a restarted rank's buddy serves its replica
+    order: str = ""  # what the rank's node agent must do now: "kill", "start" or nothing
 
 
 @dataclass(frozen=True)
@@ -206,6 +210,7 @@ class StatusReply:
     round: int = 0
     recoveries: int = 0
     request_id: int = 0
+    restart_all: bool = False  # a lost process restarts every worker (the launchers wait for StartRank)
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,9 @@ def test_load_config_reads_msrun_variables_and_overrides() -> None:
     ({"MINDFT_INSECURE": "yes"}, ["MINDFT_INSECURE", "expected an integer"]),
     ({"MINDFT_SNAPSHOT_EVERY": "0"}, ["MINDFT_SNAPSHOT_EVERY", "1..1000000"]),
     ({"MS_ENABLE_TFT": "{RSC:1,ARF:1}"}, ["MS_ENABLE_TFT", "RSC", "ARF"]),
+    ({"MINDFT_RESTART_SCOPE": "node"}, ["MINDFT_RESTART_SCOPE", "'node'", "auto, rank, all"]),
+    ({"MINDFT_STALL_TIMEOUT": "0"}, ["MINDFT_STALL_TIMEOUT", "0.1..3600"]),
+    ({"MS_WORKER_NUM": "2", "MINDFT_REPLICA_BUDDY": "2"}, ["MINDFT_REPLICA_BUDDY", "-1..1"]),
 ])
 def test_load_config_rejects_bad_environment(environ: dict[str, str], fragments: list[str]) -> None:
     with pytest.raises(ConfigError) as caught:

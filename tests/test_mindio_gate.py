@@ -122,3 +122,33 @@ time.sleep(60)        # the training thread is stuck (a collective that cannot b
     result = subprocess.run([sys.executable, "-c", code], timeout=30, capture_output=True, text=True)
     assert result.returncode == ExitCode.DUMPED, result.stderr
     assert time.monotonic() - started < 20
+
+
+def test_a_held_gate_gathers_the_ranks_at_the_newest_step_and_sends_the_chips_ranks_away(gate) -> None:
+    from mindft.mindio import LeaveDevice
+
+    server, (rank0, rank1), _ = gate
+    flags = Flags()
+    first, first_outcome = wait_in_thread(rank0, 4, 3, flags)  # rank 0 finished 4, wants to start 5
+    rank1.wait(3, 3, flags)  # rank 1 is one step behind
+    first.join(5)
+    assert first_outcome == ["open"]
+    server.hold()
+    assert server.gathered() is None  # nobody is waiting yet
+    ahead, ahead_outcome = wait_in_thread(rank0, 5, 5, flags)  # rank 0 finished 5: held there
+    rank1.wait(4, 4, flags)  # the rank behind catches up to 5 (it may start step 5)...
+    behind, behind_outcome = wait_in_thread(rank1, 5, 5, flags)  # ...and is held after it
+    deadline = time.monotonic() + 5
+    while server.gathered() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.gathered() == 5
+    assert ahead.is_alive() and behind.is_alive()
+    server.leave([1])
+    behind.join(5)
+    assert isinstance(behind_outcome[0], LeaveDevice)
+    assert ahead.is_alive()  # the healthy rank stays held
+    server.rejoin(1)
+    server.release()
+    rank1.wait(5, 5, flags)  # the restarted rank, at the gathered step: everyone did 5
+    ahead.join(5)
+    assert ahead_outcome == ["open"]

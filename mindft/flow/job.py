@@ -4,6 +4,12 @@
     any recovery state → PAUSING on a further fault (a new round, the union of faults)
     any non-terminal state → FAILED;  NORMAL → DONE
 
+The recovery ladder, cheapest rung first: every rank pauses at a step boundary and rolls
+back in place; if the job's collectives cannot be repaired in place (``restart_all``: MCCL
+on CPU) and a fault takes a process, or a rank stays blocked (in a collective) past
+``timeouts.stall``, every worker is killed and started again from the node agents' memory;
+failing both, every rank dumps the same step and the job exits non-zero.
+
 There is no per-step barrier: ranks report each finished step without waiting, and the
 job broadcasts the slowest rank's progress when it rises. The step every rank rolls back
 to is decided only when a fault happens, from the snapshots the ranks say they hold once
@@ -53,8 +59,11 @@ class Fault:
     detail: str
     device_pending: bool = False   # until the device plugin reports the chip recovered
     process_pending: bool = False  # until a new incarnation registers
-    left_at: float = -1.0          # when the rank was told to leave its device (-1: not told)
+    left_at: float = -1.0          # when the rank was told to leave its device or killed (-1: neither)
     exited: bool = False           # its process is gone (after leaving, it is started when the device is back)
+    kill_ordered: bool = False     # KillRank was emitted for its process
+    start_ordered: bool = False    # StartRank was emitted for the process that left
+    collateral: bool = False       # no fault of its own: restarted with every worker
 
     def describe(self, rank: int) -> str:
         return f"rank {rank} {self.kind.name} in step {self.step}" + (f" ({self.detail})" if self.detail else "")
@@ -69,16 +78,26 @@ class Recovery:
     faults: dict[int, Fault] = field(default_factory=dict)
     waiting: set[int] = field(default_factory=set)  # ranks whose acknowledgement the phase still needs
     repair_step: int = -1
+    restart_all: bool = False  # this recovery restarts every worker (the ladder's second rung)
 
 
 class Job:
-    """The whole flow for one job of ``world_size`` ranks; every method takes ``now`` (seconds)."""
+    """The whole flow for one job of ``world_size`` ranks; every method takes ``now`` (seconds).
 
-    def __init__(self, world_size: int, timeouts: Timeouts, now: float, snapshot_every: int = 1) -> None:
+    ``restart_scope``: "all" when the ranks' collectives cannot be repaired in place (a
+    restarted process cannot rejoin the others' communicator), so that a fault that takes a
+    process, or a rank blocked in a collective, restarts every worker; "rank" never; "auto"
+    from the first rank that registers saying it uses such collectives.
+    """
+
+    def __init__(self, world_size: int, timeouts: Timeouts, now: float, snapshot_every: int = 1,
+                 restart_scope: str = "auto") -> None:
         if snapshot_every < 1:
             raise ValueError(f"snapshot_every must be >= 1, got {snapshot_every}")
         self.timeouts = timeouts
         self.snapshot_every = snapshot_every
+        self.restart_scope = restart_scope
+        self.restart_all = restart_scope == "all"
         self.ranks = RankTable(world_size)
         self.state = JobState.STARTING
         self.recovery = Recovery()
@@ -190,14 +209,15 @@ class Job:
                         self._start_if_ready(record.rank, fault)
                         continue
                     self._emit(KillRank(record.rank, record.pid, f"HANG: no message for {now - record.last_seen:.2f} s "
-                                                                  f"(timeouts.dead_after={dead_after:g} s)"))
+                                                                  f"(timeouts.dead_after={dead_after:g} s)",
+                                        restart=not self.restart_all))
                     self._add_fault(record, FaultKind.HANG, record.progress + 1,
                                     f"silent for {now - record.last_seen:.2f} s", now, dead=True)
         for rank, fault in list(self.recovery.faults.items()):
             if 0 <= fault.left_at and not fault.exited and now - fault.left_at > self.timeouts.leave:
                 record = self.ranks.get(rank)
-                fault.left_at = now  # one kill per period, until its exit is reported
-                self._emit(KillRank(rank, record.pid, f"did not leave its device within {self.timeouts.leave:g} s "
+                fault.left_at, fault.kill_ordered = now, True  # one kill per period, until its exit is reported
+                self._emit(KillRank(rank, record.pid, f"did not exit within {self.timeouts.leave:g} s "
                                                       f"(timeouts.leave)", restart=False))
         if self.state not in TERMINAL_STATES and now >= self.deadline:
             self._phase_timeout(now)
@@ -213,14 +233,16 @@ class Job:
         """The job as ``mindft status`` shows it."""
         rows = tuple(RankStatus(rank=r.rank, state=r.state.value, step=r.progress,
                                 last_heartbeat_age=round(max(0.0, now - r.last_seen), 3), restarts=r.restarts,
-                                pid=r.pid, incarnation=r.incarnation, replica_endpoint=r.replica_endpoint)
+                                pid=r.pid, incarnation=r.incarnation, replica_endpoint=r.replica_endpoint,
+                                order=self._order(r.rank))
                      for r in sorted(self.ranks, key=lambda r: r.rank))
         if self.result is not None:
             reason = self.result.reason
         else:
             reason = self._fault_summary() if self.state in RECOVERY_STATES else ""
         return StatusReply(state=self.state.value, step=self.ranks.slowest, ranks=rows, reason=reason,
-                           round=self.recovery.round, recoveries=len(self.recoveries), request_id=request_id)
+                           round=self.recovery.round, recoveries=len(self.recoveries), request_id=request_id,
+                           restart_all=self.restart_all)
 
     # ---- rank messages ----------------------------------------------------------------------
 
@@ -263,6 +285,12 @@ class Job:
             log.warning("dropped register from rank %d incarnation %d: older than %d", rank,
                         message.incarnation, old.incarnation)
             return
+        if old is not None and message.incarnation == old.incarnation and not old.alive:
+            # A process declared dead (hung) or told to stop still talks: only a new incarnation
+            # takes its place, or a restart of every worker would count it as restarted.
+            log.warning("dropped register from rank %d incarnation %d: that process was declared %s",
+                        rank, message.incarnation, old.state.value)
+            return
         if old is not None and message.incarnation == old.incarnation and old.alive:
             # The same process reconnected (Paranoid Pirate retry): refresh and answer, no fault.
             self.ranks.rebind(old, peer)
@@ -270,6 +298,10 @@ class Job:
             if self.state is not _S.STARTING:
                 self._emit(Send(peer, self._register_ack()))
             return
+        if message.collectives and self.restart_scope == "auto" and not self.restart_all:
+            self.restart_all = True
+            log.info("rank=%d uses collectives a restarted process cannot rejoin: a lost process restarts "
+                     "every worker", rank)
         restarts = message.incarnation if old is None else old.restarts + (message.incarnation > old.incarnation)
         record = RankRecord(rank=rank, peer=peer, incarnation=message.incarnation, pid=message.pid,
                             replica_endpoint=message.replica_endpoint, held=tuple(message.held_steps),
@@ -299,7 +331,7 @@ class Job:
                             f"re-registered as incarnation {message.incarnation}", now)
         else:
             fault.process_pending = False
-            fault.left_at, fault.exited = -1.0, False  # a new process: on the device again
+            fault.left_at, fault.exited, fault.kill_ordered, fault.start_ordered = -1.0, False, False, False
             if fault.kind is FaultKind.HANG:
                 fault.kind = FaultKind.PROCESS_DIED
             log.info("rank=%d restarted (incarnation %d): %s repaired", rank, message.incarnation, fault.kind.name)
@@ -310,6 +342,15 @@ class Job:
         record.held_round = self.recovery.round
         self.recovery.waiting.discard(rank)
         self._advance(now)
+
+    def _order(self, rank: int) -> str:
+        """What the rank's node agent must still do for the recovery ("kill", "start" or "")."""
+        fault = self.recovery.faults.get(rank) if self.state in RECOVERY_STATES else None
+        if fault is None:
+            return ""
+        if fault.kill_ordered and not fault.exited:
+            return "kill"
+        return "start" if fault.start_ordered and fault.process_pending else ""
 
     def _register_ack(self) -> RegisterAck:
         endpoints = {r.rank: r.replica_endpoint for r in sorted(self.ranks, key=lambda r: r.rank)}
@@ -401,14 +442,14 @@ class Job:
         if fault is not None and fault.left_at >= 0:
             # It left its device as told: it comes back when the device does.
             if fault.exited:
-                return True, f"rank {event.rank} had left its device"
+                return True, f"rank {event.rank} had stopped as told"
             record.state, fault.exited = RankState.OFF_DEVICE, True
-            log.info("rank=%d left its device after %.2f s (exit code %d)", event.rank, now - fault.left_at,
-                     event.returncode)
+            log.info("rank=%d process exited %.2f s after it was told to stop (exit code %d)", event.rank,
+                     now - fault.left_at, event.returncode)
             self._start_if_ready(event.rank, fault)
-            return True, f"rank {event.rank} left its device"
+            return True, f"rank {event.rank} stopped as told"
         self._add_fault(record, FaultKind.PROCESS_DIED, record.progress + 1,
-                        f"process {event.pid} exited with code {event.returncode}", now, dead=True)
+                        f"process {event.pid} exited with code {event.returncode}", now, dead=True, exited=True)
         return True, f"rank {event.rank} marked dead"
 
     def _on_wire_device_event(self, peer: Peer, message: DeviceEvent, now: float) -> None:
@@ -429,7 +470,7 @@ class Job:
     # ---- the recovery -----------------------------------------------------------------------
 
     def _add_fault(self, record: RankRecord, kind: FaultKind, step: int, detail: str, now: float, *,
-                   dead: bool = False, device: bool = False) -> None:
+                   dead: bool = False, device: bool = False, exited: bool = False) -> None:
         state, rank = self.state, record.rank
         if state in TERMINAL_STATES:
             return
@@ -444,12 +485,15 @@ class Job:
         if state is _S.NORMAL:
             rec.faults.clear()
             rec.started = now
+            rec.restart_all = False
         log.warning("rank=%d fault %s in step %d in state %s: %s", rank, kind.name, step, state.value, detail)
         fault = rec.faults.get(rank)
-        if fault is None:
-            rec.faults[rank] = fault = Fault(kind, step, detail, device_pending=device, process_pending=dead)
+        if fault is None or fault.collateral:
+            rec.faults[rank] = fault = Fault(kind, step, detail, device_pending=device, process_pending=dead,
+                                             exited=exited)
             restart = True  # a new fault always (re)starts the recovery with the union of faults
         else:
+            fault.exited = fault.exited or exited
             # Already part of this recovery: record what else it needs; start a new round only
             # if the flow was already past the point where that need is waited for.
             restart = not dead and not device and state in (_S.ROLLBACK, _S.RESUMING)
@@ -462,10 +506,12 @@ class Job:
                 fault.device_pending = True
                 fault.kind = FaultKind.DEVICE_RESET
                 restart = restart or state not in (_S.PAUSING, _S.REPAIRING)
-        if restart:
-            self._enter_pausing(fault.describe(rank), now)
-        else:
+        if not restart:
             self._advance(now)
+        elif self.restart_all and (dead or device or rec.restart_all):
+            self._restart_every_worker(fault.describe(rank), now)
+        else:
+            self._enter_pausing(fault.describe(rank), now)
 
     def _enter_pausing(self, why: str, now: float) -> None:
         rec = self.recovery
@@ -473,9 +519,33 @@ class Job:
         rec.round += 1
         rec.waiting = {r.rank for r in self.ranks if r.alive}
         rec.repair_step = -1
-        self.deadline = now + self.timeouts.pause
+        # A rank blocked in a collective never pauses: past timeouts.stall every worker restarts.
+        self.deadline = now + (min(self.timeouts.pause, self.timeouts.stall) if self.restart_all
+                               else self.timeouts.pause)
         self._emit(Broadcast(self.ranks.peers(), Action(ActionKind.PAUSE, self.ranks.slowest, reason=why,
                                                         round=rec.round)))
+        self._advance(now)
+
+    def _restart_every_worker(self, why: str, now: float) -> None:
+        """The second rung: kill every process (their snapshots stay in the node agents' memory),
+        start them all again once every one exited and every device is back, roll back."""
+        rec = self.recovery
+        self._move(Event.FAULT, f"{why}; restarting every worker from the node agents' memory", now)
+        rec.round += 1
+        rec.restart_all = True
+        rec.waiting = set()
+        rec.repair_step = -1
+        for record in sorted(self.ranks, key=lambda r: r.rank):
+            fault = rec.faults.get(record.rank)
+            if fault is None:
+                fault = rec.faults[record.rank] = Fault(FaultKind.UNKNOWN, record.progress + 1, "", collateral=True)
+            fault.process_pending, fault.start_ordered = True, False
+            if fault.left_at < 0:
+                fault.left_at = now
+            if record.alive:
+                self._emit(KillRank(record.rank, record.pid, f"every worker restarts: {why}", restart=False))
+                record.state, fault.exited, fault.kill_ordered = RankState.DEAD, False, True
+        self.deadline = now + self.timeouts.repair
         self._advance(now)
 
     def _advance(self, now: float) -> None:
@@ -492,6 +562,8 @@ class Job:
             elif state is _S.REPAIRING:
                 # A live rank whose fault needs nothing external (UCE, COMMUNICATION, UNKNOWN)
                 # is repaired as soon as it waits; devices and lost processes are waited for.
+                if rec.restart_all:
+                    self._start_if_ready(-1, None)
                 if self.holding or any(f.device_pending or f.process_pending for f in rec.faults.values()):
                     return
                 if any(not r.alive for r in self.ranks):
@@ -530,9 +602,22 @@ class Job:
                                                     reason=f"device reset: {fault.detail}",
                                                     round=self.recovery.round)))
 
-    def _start_if_ready(self, rank: int, fault: Fault) -> None:
-        if fault.left_at >= 0 and fault.exited and not fault.device_pending:
-            self._emit(StartRank(rank, "its device was reset and is back"))
+    def _start_if_ready(self, rank: int, fault: Optional[Fault]) -> None:
+        """Start a rank that left its device once the device is back; when every worker
+        restarts, start them all together once every one exited and every device is back."""
+        rec = self.recovery
+        if not rec.restart_all:
+            if fault is not None and fault.left_at >= 0 and fault.exited and not fault.device_pending and not fault.start_ordered:
+                fault.start_ordered = True
+                self._emit(StartRank(rank, "its device was reset and is back"))
+            return
+        stopped = {r: f for r, f in rec.faults.items() if f.left_at >= 0}
+        if self.holding or not all(f.exited and not f.device_pending for f in stopped.values()):
+            return
+        for number, waiting in sorted(stopped.items()):
+            if not waiting.start_ordered:
+                waiting.start_ordered = True
+                self._emit(StartRank(number, "every worker restarts from the node agents' memory"))
 
     def _finish_recovery(self, now: float) -> None:
         rec = self.recovery
@@ -572,13 +657,18 @@ class Job:
                 if self._barrier_endpoints.get(r.rank) != r.replica_endpoint}
 
     def _fault_summary(self) -> str:
-        return "; ".join(f.describe(r) for r, f in sorted(self.recovery.faults.items())) or "none"
+        return "; ".join(f.describe(r) for r, f in sorted(self.recovery.faults.items()) if not f.collateral) or "none"
 
     def _phase_timeout(self, now: float) -> None:
         state, rec = self.state, self.recovery
         name = _TIMEOUT_NAME.get(state)
         if name is None:
             self.deadline = math.inf
+            return
+        if state is _S.PAUSING and self.restart_all:
+            stalled = ", ".join(f"rank {r}" for r in sorted(rec.waiting))
+            self._restart_every_worker(f"{stalled} did not pause within {self.timeouts.stall:g} s "
+                                       f"(timeouts.stall): blocked in a collective", now)
             return
         limit = getattr(self.timeouts, name)
         if state is _S.STARTING:

@@ -16,13 +16,18 @@
   of the repair step r. The faulty rank never finished r when r is the step it faulted in: it
   restores its newest step below r and replays the difference (mindft's ranks restore their own
   state; MindIO's repair source, a replica's device memory, is not copied);
-* MindIO cannot restart a killed rank without MindCluster's ARF: it dumps and orders every live
-  rank to exit; each writes its own dying-gasp checkpoint and exits 3 (4 if it could not).
+* a hot reset (node 0's launcher reads the reset file and plays MindX for MindIO): the step gate
+  answers ``leave`` to the ranks on the chip; they exit 6 with their snapshots in the node
+  agent's memory (``MINDFT_STATE_DIR``) and, once restarted, rejoin through MindIO's ARF
+  (:meth:`mindft.mindio.MindioRank.rejoin`) and restore the repair step from that memory;
+* a rank killed otherwise is not restarted: MindIO dumps and orders every live rank to exit; each
+  writes its own dying-gasp checkpoint and exits 3 (4 if it could not).
 """
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, Mapping, NoReturn, Optional
@@ -34,8 +39,8 @@ from mindft.config import ConfigError, MindftConfig, load_config
 from mindft.exitcodes import ExitCode
 from mindft.faults import classify, describe
 from mindft.keys import job_keys
-from mindft.mindio import (STEP_GATE_VARIABLE, FaultKind, MindioError, MindioExit, MindioRank, RankCallbacks,
-                           RecoveryRequested, StepGateClient)
+from mindft.mindio import (STEP_GATE_VARIABLE, FaultKind, LeaveDevice, MindioError, MindioExit, MindioRank,
+                           RankCallbacks, RecoveryRequested, StepGateClient)
 from mindft.mindspore._session import MAX_FAULTS_PER_STEP, TrainingState, rng_meta, set_rng
 from mindft.snapshot import SnapshotError, SnapshotStore
 
@@ -43,6 +48,16 @@ log = logging.getLogger(__name__)
 
 # Seconds a rank ordered to exit by MindIO may take to write its checkpoint before it is ended.
 EXIT_GRACE = 60.0
+
+
+def _end_process(code: int) -> NoReturn:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    logging.shutdown()
+    os._exit(int(code))
 
 
 class MindioSession:
@@ -85,11 +100,7 @@ class MindioSession:
         if not self.enabled:
             return self.step
         config = self.config
-        if config.restart_count > 0:
-            log.critical("rank=%d is a restarted process (incarnation %d): MindIO cannot take a rank "
-                         "back without MindCluster's ARF; run with MINDFT_BACKEND=mindft to restart "
-                         "ranks from their peers' replicas", config.rank, config.restart_count)
-            raise SystemExit(ExitCode.FAILED)
+        restarted = config.restart_count > 0
         gate = os.environ.get(STEP_GATE_VARIABLE, "").strip()
         if gate:
             try:
@@ -101,12 +112,23 @@ class MindioSession:
         else:
             log.info("rank=%d no step gate (%s unset): the job's collectives must keep the ranks within "
                      "one step of each other", config.rank, STEP_GATE_VARIABLE)
-        self.store = SnapshotStore()
+        try:
+            # In the node agent's memory (mindft-launch): a rank that leaves its chip for a hot reset
+            # finds its snapshots again, and the agent can dump them if the chip never comes back.
+            self.store = SnapshotStore(home=config.state_dir, resume=restarted)
+        except SnapshotError as error:
+            log.critical("rank=%d %s", config.rank, error)
+            raise SystemExit(ExitCode.USAGE) from None
         self.meta = dict(meta or {})
-        self._capture(0)
+        if restarted:
+            log.warning("rank=%d restarted (incarnation %d): steps %s are in the node agent's memory",
+                        config.rank, config.restart_count, list(self.store.steps))
+        else:
+            self._capture(0)
         callbacks = RankCallbacks(settle=self._settle, restore=self._restore, dump=self._dump)
         self.mindio = MindioRank(config.rank, config.world_size, config.controller_ip, config.controller_port,
-                                 callbacks, action_timeout=config.timeouts.repair, exit_grace=EXIT_GRACE)
+                                 callbacks, action_timeout=config.timeouts.repair, exit_grace=EXIT_GRACE,
+                                 arf=True)
         try:
             self.mindio.start()
         except (MindioError, RuntimeError) as error:
@@ -114,9 +136,47 @@ class MindioSession:
                          config.controller_ip, config.controller_port, error)
             self.close()
             raise SystemExit(ExitCode.FAILED) from None
+        if restarted:
+            self._rejoin()
         log.info("rank=%d fault tolerance on MindIO TFT (controller %s:%d)", config.rank, config.controller_ip,
                  config.controller_port)
         return self.step
+
+    def _rejoin(self) -> None:
+        """A restarted process: MindIO's ARF repairs this rank (its own snapshot from the agent's memory)."""
+        self._restored = False
+        try:
+            repair_step = self.mindio.rejoin()
+        except (MindioExit, MindioError) as error:
+            self._leave(error)
+        if repair_step is None:
+            log.critical("rank=%d is a restarted process (incarnation %d) but MindIO is not repairing it "
+                         "(no ARF under way): MindIO takes a rank back only through ARF, which mindft-launch "
+                         "starts for a hot reset; run with MINDFT_BACKEND=mindft to restart ranks from their "
+                         "peers' replicas", self.config.rank, self.config.restart_count)
+            self.close()
+            raise SystemExit(ExitCode.FAILED)
+        if not self._restored:
+            self._restore(repair_step, None)
+        log.warning("rank=%d rejoined through MindIO's ARF: resumed after step %d (MindIO's repair step %d)",
+                    self.config.rank, self.step, repair_step)
+
+    def _leave_device(self, why: BaseException) -> NoReturn:
+        """The chip is about to be reset: exit with the snapshots settled in the node agent's memory.
+
+        MindIO's processor is NOT destroyed: a processor that reports its exit makes MindIO's
+        controller give up on the job. So the process ends at once (``os._exit``), as MindCluster
+        ends it for ARF: unwinding with the processor's threads alive aborts the interpreter
+        ("terminate called without an active exception", SIGABRT).
+        """
+        self.store.wait()
+        log.warning("rank=%d leaves its device (%s); steps %s stay in the node agent's memory",
+                    self.config.rank, why, list(self.store.steps))
+        if self._gate is not None:
+            self._gate.close()
+            self._gate = None
+        self.store.close()
+        _end_process(ExitCode.LEFT_DEVICE)
 
     def close(self) -> None:
         """Leave the job: close MindIO's processor (bounded), the gate and the snapshots (idempotent)."""
@@ -143,6 +203,8 @@ class MindioSession:
         except RecoveryRequested:
             self._recover(self.mindio.recover)
             return self.step
+        except LeaveDevice as error:
+            self._leave_device(error)
         except (MindioExit, MindioError) as error:
             self._leave(error)
         return None
@@ -161,6 +223,8 @@ class MindioSession:
             if self._gate is not None:
                 self._gate.wait(self.step, self.step, self.mindio)
             self.mindio.begin_update(self.step + 1)
+        except LeaveDevice as error:
+            self._leave_device(error)
         except (MindioExit, MindioError) as error:
             self._leave(error)
 

@@ -92,6 +92,24 @@ class TrainingState:
         return snapshot.meta
 
 
+def replica_buddy(config: MindftConfig) -> Optional[int]:
+    """The rank that holds this rank's replica (MINDFT_REPLICA_BUDDY; default the next rank),
+    None when there is none: alone, or on one node where the node agent's memory holds the
+    state (a copy on the same node guards against nothing more, and costs every step)."""
+    if config.world_size == 1 or config.replica_buddy == -1:
+        return None
+    return (config.rank + 1) % config.world_size if config.replica_buddy is None else config.replica_buddy
+
+
+def uses_collectives() -> bool:
+    """True once mindspore.communication.init() formed a communicator of several ranks: a
+    restarted process cannot rejoin it (MCCL on CPU), so a lost process restarts every worker."""
+    from mindspore.communication import get_group_size
+    from mindspore.communication._comm_helper import GlobalComm
+
+    return bool(GlobalComm.INITED) and get_group_size() > 1
+
+
 def rng_meta() -> Dict[str, Any]:
     """MindSpore's global generator state, JSON-able (ops that draw from it replay exactly)."""
     return {"rng_state": [int(v) for v in ms.get_rng_state().asnumpy().tolist()]}
@@ -133,6 +151,7 @@ class Session:
         self.processor: Optional[Processor] = None
         self.store: Optional[SnapshotStore] = None
         self._server: Optional[ReplicaServer] = None
+        self._buddy = replica_buddy(self.config)
         self._keys = None
         self._armed: Optional[DeviceFault] = None
         self._faults_at: Dict[int, int] = {}
@@ -169,7 +188,7 @@ class Session:
         except SnapshotError as error:
             log.critical("rank=%d %s", config.rank, error)
             raise SystemExit(ExitCode.USAGE) from None
-        if config.world_size > 1:
+        if self._buddy is not None:
             self._server = ReplicaServer(config.controller_ip, self._keys)
         adopted = False
         if restarted and self.store.steps:
@@ -180,8 +199,10 @@ class Session:
             adopted = self._adopt_replica()
         self.processor = Processor(config, self._server.endpoint if self._server else "", keys=self._keys,
                                    snapshot_every=self.snapshot_every)
+        collectives = uses_collectives()
+        self.processor.lockstep = collectives  # a fault at a boundary then rolls back in place
         try:
-            ack = self.processor.register(held_steps=self.store.steps)
+            ack = self.processor.register(held_steps=self.store.steps, collectives=collectives)
         except ProcessorError as error:
             log.critical("%s", error)
             self.close()
@@ -337,7 +358,7 @@ class Session:
     def _capture(self, step: int) -> None:
         meta = {"step": step, **self.meta, **rng_meta()}
         self.store.capture(step, self.state.arrays(), meta)
-        if self.config.world_size > 1:
+        if self._buddy is not None:
             # A restarted rank adopts its buddy's copy of its newest step: push it now.
             self.store.wait()
             self._push(step)
@@ -345,7 +366,7 @@ class Session:
             self.store.wait()
 
     def _push(self, step: int) -> None:
-        buddy = (self.config.rank + 1) % self.config.world_size
+        buddy = self._buddy
         endpoint = self.processor.endpoints.get(buddy)
         if not endpoint:
             log.error("rank=%d no replica endpoint for buddy rank %d", self.config.rank, buddy)
@@ -371,9 +392,8 @@ class Session:
         It must know its held steps before it registers, so it asks the controller
         where its buddy serves replicas with a status request first.
         """
-        config = self.config
-        buddy = (config.rank + 1) % config.world_size
-        if config.world_size == 1:
+        config, buddy = self.config, self._buddy
+        if buddy is None:
             return False
         try:
             status = request(config.controller_address, self._keys, StatusRequest(), config.timeouts.dead_after)

@@ -13,7 +13,7 @@ def random_job(seed: int) -> SimJob:
     """One schedule: world size, steps, cadence and up to three faults, all from ``seed``."""
     pick = random.Random(seed)
     world, steps = pick.randint(2, 4), pick.randint(3, 9)
-    job = SimJob(world, steps, seed=seed, snapshot_every=pick.choice((1, 1, 2, 3)))
+    job = SimJob(world, steps, seed=seed, snapshot_every=pick.choice((1, 1, 2, 3)), collectives=pick.random() < 0.5)
     for _ in range(pick.choice((0, 1, 1, 2, 3))):
         rank, step = pick.randrange(world), pick.randint(1, steps)
         what = pick.random()

@@ -7,6 +7,11 @@ step, time passing), so one seed is one interleaving. Faults are scheduled with
 process dies there and the launcher restarts it, its snapshots kept by the node agent) and
 :meth:`SimJob.device_reset_at` (the device plugin resets its chip). :meth:`SimJob.run` checks
 the flow's invariants as it goes and raises :class:`Violation` on the first broken one.
+
+With ``collectives=True`` every step ends in an all-reduce, as in data-parallel training
+with MCCL on CPU: a rank's step completes only when every rank of its communicator is in
+the same step's collective; a rank blocked there obeys nothing; a process started while
+processes of the running communicator live cannot join it (only a whole new set can).
 """
 from __future__ import annotations
 
@@ -62,6 +67,9 @@ class SimRank:
         self.armed: Optional[FaultKind] = None
         self.exit_code: Optional[int] = None
         self.last_sent = self.last_heard = self.last_beat = 0.0
+        self.collective_step = 0
+        self.released = False  # the collective it waits in completed
+        self.communicator = job.join_communicator(self)
 
     # ---- RankHooks ----
     def settle(self) -> list[int]:
@@ -95,6 +103,8 @@ class SimRank:
         return self.mode not in ("exited", "dead")
 
     def enabled(self) -> bool:
+        if self.mode == "collective":
+            return self.released or self.sim.release_collective(self.collective_step, self.communicator)
         if self.mode == "start" or (self.actions and self.mode in ("barrier", "train", "follow", "window", "finish")):
             return True
         if self.mode == "train":
@@ -103,8 +113,12 @@ class SimRank:
 
     def act(self) -> None:
         try:
-            if self.mode == "start":
-                self.sim.to_job(self, Register(self.rank, self.incarnation, 1000 + self.rank, tuple(self.snapshots)))
+            if self.mode == "collective":
+                self.released = False
+                self._complete(self.collective_step)
+            elif self.mode == "start":
+                self.sim.to_job(self, Register(self.rank, self.incarnation, 1000 + self.rank, tuple(self.snapshots),
+                                               collectives=self.sim.collectives))
                 self.mode = "follow" if self.incarnation else "barrier"
             elif self.actions:
                 self._obey(self.actions.popleft())
@@ -138,7 +152,8 @@ class SimRank:
             self.mode = "finish"
             return
         if (self.rank, step, self.incarnation) in sim.kills:
-            sim.kill(self, f"killed in step {step}")
+            # mindft-launch restarts a crashed rank at once, unless every worker restarts together.
+            sim.kill(self, f"killed in step {step}", restart=not sim.collectives)
             return
         fault = self.armed or sim.faults.pop((self.rank, step), None)
         if fault is not None:
@@ -146,6 +161,13 @@ class SimRank:
             self.sim.to_job(self, FaultReport(self.rank, step, fault, "simulated"))
             self.mode = "follow"
             return
+        if sim.collectives:
+            self.mode, self.collective_step = "collective", step
+            return
+        self._complete(step)
+
+    def _complete(self, step: int) -> None:
+        self.mode = "train"
         self.model += step
         self.position = step
         if self.follower.is_capture_step(step):
@@ -176,11 +198,14 @@ class SimJob:
     kills: set[tuple[int, int, int]] = field(default_factory=set)
     device_resets: dict[tuple[int, int], float] = field(default_factory=dict)  # (rank, step) -> reset seconds
     device_failures: set[tuple[int, int]] = field(default_factory=set)
+    collectives: bool = False
 
     def __post_init__(self) -> None:
         self.random = random.Random(self.seed)
         self.now = 0.0
         self.job = Job(self.world_size, self.timeouts, self.now, self.snapshot_every)
+        self.communicator, self.members = 0, 0
+        self.ranks: dict[int, SimRank] = {}
         self.ranks = {r: SimRank(self, r, 0, {0: 0}) for r in range(self.world_size)}
         self.up: deque[tuple[bytes, object]] = deque()     # rank -> job, one FIFO (ZeroMQ fair-queues)
         self.timers: list[tuple[float, str, object]] = []  # (when, kind, payload)
@@ -207,6 +232,29 @@ class SimJob:
             self.device_failures.add((rank, step))
             self.failing = True
         return self
+
+    # ---- the communicator ----
+    def join_communicator(self, rank: SimRank) -> int:
+        """The communicator a new process joins: the forming one, a new one when no process of
+        the current one lives (a new scheduler), else none (-1: its collectives never complete)."""
+        if self.members < self.world_size:
+            self.members += 1
+            return self.communicator
+        if any(r.alive and r.communicator == self.communicator for r in self.ranks.values() if r is not rank):
+            return -1
+        self.communicator, self.members = self.communicator + 1, 1
+        return self.communicator
+
+    def release_collective(self, step: int, communicator: int) -> bool:
+        """True (and every participant released) once every rank waits in ``step``'s collective."""
+        ranks = self.ranks.values()
+        if communicator < 0 or len(self.ranks) < self.world_size or not all(
+                r.mode == "collective" and r.collective_step == step and r.communicator == communicator
+                for r in ranks):
+            return False
+        for rank in ranks:
+            rank.released = True
+        return True
 
     # ---- plumbing ----
     def to_job(self, rank: SimRank, message: object) -> None:

@@ -111,3 +111,36 @@ def test_seeded_schedules() -> None:
 def test_a_seed_replays_the_same_schedule() -> None:
     first, second = finished(random_job(1234)), finished(random_job(1234))
     assert first.transitions == second.transitions
+
+
+# ---- data-parallel jobs: every step ends in a collective that a restarted process cannot rejoin ----
+
+def test_collectives_a_killed_rank_restarts_every_worker_from_agent_memory() -> None:
+    job = finished(SimJob(3, 8, seed=11, collectives=True).kill_at(1, 4))
+    assert [r.incarnation for r in job.ranks.values()] == [1, 1, 1]
+    assert len(job.job.recoveries) == 1 and job.job.recovery.restart_all
+
+
+def test_collectives_a_fault_before_the_all_reduce_restarts_every_worker_after_the_stall() -> None:
+    job = finished(SimJob(3, 8, seed=12, collectives=True).fail_at(1, 4))
+    # Its peers wait in step 4's all-reduce and never pause: timeouts.stall, then every worker restarts.
+    assert [r.incarnation for r in job.ranks.values()] == [1, 1, 1]
+    assert job.job.recoveries[0] >= job.timeouts.stall
+
+
+def test_collectives_a_hot_reset_stops_every_worker_and_starts_them_when_the_chip_is_back() -> None:
+    job = finished(SimJob(2, 8, seed=13, collectives=True).device_reset_at(1, 4, seconds=2.0))
+    assert [r.incarnation for r in job.ranks.values()] == [1, 1]
+    assert job.job.recoveries[0] >= 2.0
+
+
+def test_collectives_a_failed_device_dumps_one_step() -> None:
+    job = finished(SimJob(3, 8, seed=14, collectives=True).device_reset_at(0, 4, fails=True))
+    assert job.outcome.exit_code == ExitCode.FAILED and "every rank dumps step" in job.outcome.reason
+
+
+def test_the_explorer_catches_restarting_one_rank_of_a_collective_job(monkeypatch) -> None:
+    from mindft.flow.job import Job
+    monkeypatch.setattr(Job, "_restart_every_worker", Job._enter_pausing)
+    with pytest.raises(AssertionError, match="FAILED though every fault was recoverable|did not end"):
+        explore(range(300))

@@ -318,3 +318,40 @@ def test_transitions_are_reported_with_their_reasons() -> None:
 @pytest.mark.parametrize("progress, every, held", [(0, 1, {0}), (5, 1, {4, 5}), (7, 3, {3, 6}), (2, 3, {0})])
 def test_held_after(progress: int, every: int, held: set[int]) -> None:
     assert held_after(progress, every) == held
+
+
+def test_collectives_at_registration_make_a_lost_process_restart_every_worker() -> None:
+    d = Driver(world=3)
+    for rank in range(3):
+        d.send(rank, Register(rank, 0, 100 + rank, (0,), collectives=True))
+    d.steps(4)
+    assert d.job.restart_all and d.job.status(d.now).restart_all
+    d.effects.clear()
+    d.job.process_exit(ProcessExited(1, -9, 101), d.now)
+    out = d.job.process_exit(ProcessExited(1, -9, 101), d.now)  # reported twice: no second kill
+    kills = [e for e in d.job.process_exit(ProcessExited(1, -9, 101), d.now) + out if isinstance(e, KillRank)]
+    assert kills == []
+    # Rank 1's process died: ranks 0 and 2 are killed, none started before every one exited.
+    status = {row.rank: row.order for row in d.job.status(d.now).ranks}
+    assert status == {0: "kill", 1: "", 2: "kill"}
+    # Rank 2 still talks (a slow kill): its register is not taken for a restarted process.
+    d.send(2, Register(2, 0, 102, (0, 4)))
+    assert d.job.ranks.get(2).incarnation == 0 and d.job.state is S.REPAIRING
+    for rank in (0, 2):
+        d.effects += d.job.process_exit(ProcessExited(rank, -9, 100 + rank), d.now)
+    starts = sorted(e.rank for e in d.effects if isinstance(e, StartRank))
+    assert starts == [0, 1, 2]
+    assert {row.order for row in d.job.status(d.now).ranks} == {"start"}
+    for rank in range(3):
+        d.send(rank, Register(rank, 1, 200 + rank, (3, 4)), incarnation=1)
+    assert d.job.state is S.ROLLBACK and d.actions(ActionKind.ROLLBACK)[-1].step == 4
+
+
+def test_without_collectives_a_lost_process_restarts_only_its_rank() -> None:
+    d = Driver(world=3).start()
+    d.steps(4)
+    d.effects.clear()
+    d.job.process_exit(ProcessExited(1, -9, 101), d.now)
+    assert not d.job.restart_all
+    assert [e for e in d.job.tick(d.now) if isinstance(e, KillRank)] == []
+    assert all(row.order == "" for row in d.job.status(d.now).ranks)

@@ -10,27 +10,20 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
 
-import numpy as np
-import psutil
 import pytest
 
 from mindft.keys import generate_keys
+from launched import LAUNCH_VARIABLES, ROOT, Processes, assert_identical, environment, free_port_pair, weights
 from mindft.launch import (LaunchSpec, UsageError, main, plan_launch, rank_environment,
                            scheduler_environment)
 
-ROOT = Path(__file__).resolve().parents[2]
 DP_SCRIPT = ROOT / "examples" / "train_dp.py"
 PLAIN_SCRIPT = Path(__file__).resolve().parent / "plain_rank.py"
-RUN_TIMEOUT = 300.0  # one 2-rank MindSpore job; ~15-25 s on 2 busy cores
-LAUNCH_VARIABLES = ("MINDFT_NPROC", "MINDFT_NNODES", "MINDFT_NODE_RANK", "VC_TASK_INDEX", "MINDFT_MASTER_ADDR",
-                    "MINDFT_MASTER_PORT", "MINDFT_SCHEDULER", "MINDFT_KEY_FILE", "MINDFT_INSECURE", "MS_TFT_PORT")
 
 
 def plan(argv: list[str], **environ: str) -> LaunchSpec:
@@ -123,110 +116,12 @@ def test_environment_of_workers_and_scheduler_is_msruns(clean_environment: None,
 
 # --- real jobs -------------------------------------------------------------------------------
 
-def _free_port_pair() -> int:
-    """A port P with P and P + 1 free (the scheduler and the controller)."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        if port < 65535:
-            try:
-                with socket.socket() as second:
-                    second.bind(("127.0.0.1", port + 1))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError("no two consecutive free ports")
-
-
-class Processes:
-    """Every command a test starts; the whole process tree of each is killed at the end."""
-
-    def __init__(self) -> None:
-        self.started: list[subprocess.Popen] = []
-        self.seen: dict[int, psutil.Process] = {}
-
-    def run(self, argv: list[str], env: dict[str, str], output: Path,
-            timeout: float = RUN_TIMEOUT) -> tuple[int, str]:
-        with open(output, "wb") as out:
-            process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                       start_new_session=True)
-        self.started.append(process)
-        deadline = time.monotonic() + timeout
-        while process.poll() is None and time.monotonic() < deadline:
-            self._remember(process.pid)
-            time.sleep(0.2)
-        if process.poll() is None:
-            self.kill_all()
-            pytest.fail(f"{argv[2]} did not finish in {timeout}s:\n{output.read_text(errors='replace')[-4000:]}")
-        return process.returncode, output.read_text(errors="replace")
-
-    def _remember(self, pid: int) -> None:
-        # Ranks and schedulers start sessions of their own: only the tree finds them all.
-        try:
-            for child in psutil.Process(pid).children(recursive=True):
-                self.seen.setdefault(child.pid, child)
-        except psutil.NoSuchProcess:
-            pass
-
-    def leftovers(self) -> list[str]:
-        """The command lines of processes seen during the run that are still alive."""
-        alive = []
-        for process in self.seen.values():
-            try:
-                if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(" ".join(process.cmdline()[:3]))
-            except psutil.NoSuchProcess:
-                pass
-        return alive
-
-    def kill_all(self) -> None:
-        for process in self.started:
-            self._remember(process.pid)
-        for process in [*self.seen.values(), *(psutil.Process(p.pid) for p in self.started if p.poll() is None)]:
-            try:
-                process.kill()
-            except psutil.NoSuchProcess:
-                pass
-        for process in self.started:
-            if process.poll() is None:
-                process.wait(10)
-
-
-@pytest.fixture
-def processes() -> Iterator[Processes]:
-    tracker = Processes()
-    yield tracker
-    tracker.kill_all()
-
-
-def _environment(tmp_path: Path, **changes: str) -> dict[str, str]:
-    env = dict(os.environ)
-    for name in (*LAUNCH_VARIABLES, "MS_ENABLE_TFT", "MS_ROLE", "MS_SCHED_HOST", "MS_SCHED_PORT"):
-        env.pop(name, None)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    env["MINDFT_RESET_FILE"] = str(tmp_path / "reset.json")
-    env.update(changes)
-    return env
-
-
-def _weights(directory: Path, rank: int) -> dict[str, np.ndarray]:
-    with np.load(directory / f"rank{rank}.npz") as data:
-        return {name: data[name] for name in data.files}
-
-
-def _assert_identical(a: dict[str, np.ndarray], b: dict[str, np.ndarray], what: str) -> None:
-    assert sorted(a) == sorted(b), what
-    for name in a:
-        assert a[name].dtype == b[name].dtype and a[name].tobytes() == b[name].tobytes(), f"{what}: {name} differs"
-
-
 def test_dp_script_under_msrun_and_mindft_launch_ends_bit_identical(tmp_path: Path, processes: Processes) -> None:
     """Same flags, only the command name changes; MCCL all-reduces the gradients in both."""
     runs: dict[str, tuple[int, str]] = {}
-    for command, env in (("msrun", _environment(tmp_path)),
-                         ("mindft-launch", _environment(tmp_path, MS_ENABLE_TFT="{RSC:1}"))):
-        port = _free_port_pair()
+    for command, env in (("msrun", environment(tmp_path)),
+                         ("mindft-launch", environment(tmp_path, MS_ENABLE_TFT="{RSC:1}"))):
+        port = free_port_pair()
         flags = ["--worker_num", "2", "--local_worker_num", "2", "--master_addr", "127.0.0.1",
                  "--master_port", str(port), "--log_dir", str(tmp_path / f"{command}-logs"), "--join", "True",
                  "--cluster_time_out", "120"]
@@ -243,11 +138,11 @@ def test_dp_script_under_msrun_and_mindft_launch_ends_bit_identical(tmp_path: Pa
     assert "after the job ended" not in launched  # the scheduler finished by itself once the ranks left
     assert (tmp_path / "mindft-launch-logs" / "scheduler.log").is_file()
     for rank in (0, 1):
-        _assert_identical(_weights(tmp_path / "msrun-out", rank), _weights(tmp_path / "mindft-launch-out", rank),
+        assert_identical(weights(tmp_path / "msrun-out", rank), weights(tmp_path / "mindft-launch-out", rank),
                           f"rank {rank}: msrun vs mindft-launch")
     # Each rank trained on its own shard: equal replicas mean the gradients really were all-reduced.
-    ours = _weights(tmp_path / "mindft-launch-out", 0)
-    _assert_identical(ours, _weights(tmp_path / "mindft-launch-out", 1), "rank 0 vs rank 1")
+    ours = weights(tmp_path / "mindft-launch-out", 0)
+    assert_identical(ours, weights(tmp_path / "mindft-launch-out", 1), "rank 0 vs rank 1")
     assert int(ours["global_step"].reshape(-1)[0]) == 32  # 256 samples / 2 ranks / batch 8, 2 epochs
     assert processes.leftovers() == []
 
@@ -255,7 +150,7 @@ def test_dp_script_under_msrun_and_mindft_launch_ends_bit_identical(tmp_path: Pa
 def test_a_dead_scheduler_fails_the_job_at_once(tmp_path: Path, processes: Processes) -> None:
     """Without its scheduler MindSpore's cluster cannot communicate: the launcher stops every rank, exit 1."""
     run_dir = tmp_path / "run"
-    env = _environment(tmp_path, PLAIN_SLEEP="120")  # ranks that would run for two minutes
+    env = environment(tmp_path, PLAIN_SLEEP="120")  # ranks that would run for two minutes
     started = time.monotonic()
     with open(tmp_path / "launcher.out", "wb") as out:
         launcher = subprocess.Popen([sys.executable, "-m", "mindft.launch", "--nproc", "2", "--run-dir", str(run_dir),
@@ -281,7 +176,7 @@ def test_a_dead_scheduler_fails_the_job_at_once(tmp_path: Path, processes: Proce
 def test_a_scheduler_no_rank_joined_is_stopped_with_the_job(tmp_path: Path, processes: Processes) -> None:
     """Ranks that never call init() leave the scheduler waiting for nobody: it is stopped, not waited for."""
     code, out = processes.run([sys.executable, "-m", "mindft.launch", "--nproc", "2", "--run-dir",
-                               str(tmp_path / "run"), str(PLAIN_SCRIPT)], _environment(tmp_path),
+                               str(tmp_path / "run"), str(PLAIN_SCRIPT)], environment(tmp_path),
                               tmp_path / "launcher.out", timeout=120)
     assert code == 0, out
     assert "plain rank 0 done" in out and "plain rank 1 done" in out

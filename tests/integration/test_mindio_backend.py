@@ -133,3 +133,84 @@ def test_killed_rank_ends_the_job_with_dying_gasp_checkpoints(tmp_path: Path) ->
     assert manifest["rank"] == 0 and manifest["step"] in (4, 5)
     assert seconds < 90, f"the job took {seconds:.0f} s to end"  # a bound against hangs, not a benchmark
 
+
+
+HOT_RESET_STEPS = 400  # long enough (~10 s on 2 ranks here) for the plugin to strike mid-training
+
+
+@pytest.fixture(scope="module")
+def long_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Fault-free weights of train_mlp, 2 ranks, HOT_RESET_STEPS steps, mindft off."""
+    require_mindio()
+    out = tmp_path_factory.mktemp("reference-long")
+    code = f"""
+import os, sys
+sys.path.insert(0, {str(EXAMPLES)!r})
+import train_mlp
+for rank in range(2):
+    os.environ.update(MS_WORKER_NUM="2", MS_NODE_ID=str(rank))
+    train_mlp.main(["--steps", "{HOT_RESET_STEPS}", "--out", {str(out / "train_mlp" / "2")!r}])
+"""
+    subprocess.run([sys.executable, "-c", code], env=_env(), check=True, timeout=240, stdout=subprocess.DEVNULL)
+    return out
+
+
+def hot_reset(tmp: Path, outcome: str) -> tuple[int, str, str]:
+    """train_mlp on 2 ranks under mindft-launch on MindIO; once rank 1 passed step 20, ``mindft
+    simulate-device-plugin --job`` resets rank 1's chip (it waits, as the plugin does, for the
+    chip's process to exit) and writes ``outcome``. (launcher exit code, its output, the plugin's)."""
+    reset_file = tmp / "reset" / "reset.json"
+    env = _env(MINDFT_BACKEND="mindio", MS_ENABLE_TFT="{RSC:1}", MINDFT_DUMP_DIR=str(tmp / "dump"),
+               MINDFT_RESET_FILE=str(reset_file), MINDFT_RESET_POLL_INTERVAL="0.1")
+    command = [sys.executable, "-m", "mindft.launch", "--nproc", "2", "--run-dir", str(tmp / "run"),
+               str(EXAMPLES / "train_mlp.py"), "--steps", str(HOT_RESET_STEPS), "--out", str(tmp / "out")]
+    log_path = tmp / "launch.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                   start_new_session=True)
+        try:
+            deadline = time.monotonic() + JOB_TIMEOUT
+            while "[rank 1] rank 1 step 20 loss" not in log_path.read_text(errors="replace"):
+                if process.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"training did not reach step 20:\n{log_path.read_text()[-4000:]}")
+                time.sleep(0.05)
+            plugin = subprocess.run([sys.executable, "-c", "from mindft.cli import main; main()",
+                                     "simulate-device-plugin", "--job", str(tmp / "run" / "job.json"), "--rank", "1",
+                                     "--hold", "0.5", "--policy", "reset", "--outcome", outcome],
+                                    env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT)
+            code = process.wait(JOB_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+            pytest.fail(f"the hot reset job hung:\n{log_path.read_text()[-4000:]}")
+    return code, log_path.read_text(errors="replace"), plugin.stdout + plugin.stderr
+
+
+def test_hot_reset_through_the_reset_file_goes_through_mindio_arf_bit_identically(tmp_path: Path,
+                                                                                 long_reference: Path) -> None:
+    code, output, plugin = hot_reset(tmp_path, "recovered")
+    assert code == ExitCode.OK, output[-4000:]
+    # The plugin reset the chip only after rank 1's process had left it (well within its 60 s).
+    assert "rank 1 process left the chip" in plugin and "rank 1 recovered" in plugin, plugin
+    gathered = {int(s) for s in re.findall(r"every rank waits after step (\d+); rank 1 leaves its chip", output)}
+    assert len(gathered) == 1, output[-4000:]
+    step = gathered.pop()
+    assert "MindIO offers ['exit', 'dump', 'recover'] for fault ranks {1: 1}: recover" in output
+    assert "rank 1 left its device for a hot reset" in output
+    assert f"[rank 1] rank=1 rejoined through MindIO's ARF: resumed after step {step} (MindIO's repair step {step})" \
+        in output, output[-4000:]
+    assert f"[rank 0] rank=0 resumed after step {step} (MindIO's repair step {step})" in output
+    assert_identical(tmp_path, long_reference, "train_mlp", 2)
+
+
+def test_failed_hot_reset_ends_with_every_ranks_dying_gasp_of_one_step(tmp_path: Path) -> None:
+    require_mindio()
+    code, output, plugin = hot_reset(tmp_path, "failed")
+    assert code == ExitCode.DUMPED, output[-4000:]
+    assert "rank 1 failed" in plugin, plugin
+    step = int(re.search(r"every rank waits after step (\d+)", output).group(1))
+    assert "exit 3 (dying-gasp checkpoint written)" in output  # rank 0, told by MindIO to exit
+    assert "rank 1 was off its device; the agent wrote its dying-gasp checkpoint from memory" in output
+    for rank in range(2):
+        dumps = sorted((tmp_path / "dump").glob(f"mindft-rank{rank}-step*.ckpt"))
+        assert [d.name for d in dumps] == [f"mindft-rank{rank}-step{step}.ckpt"], output[-4000:]

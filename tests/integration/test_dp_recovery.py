@@ -1,0 +1,212 @@
+"""Data-parallel MindSpore jobs under mindft-launch survive faults and end bit-identical.
+
+examples/train_dp.py as a user runs it: MindSpore's scheduler, MCCL all-reducing the
+gradients of every step (``Model.train``, or a hand-written loop with
+``DistributedGradReducer``). On CPU a process that left cannot rejoin the running
+communicator, and a rank that stops inside a step leaves its peers blocked in the
+all-reduce: the ladder's second rung restarts every worker from the node agents' memory
+with a new scheduler, and every rank rolls back to the step they all hold.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mindspore as ms
+import numpy as np
+import pytest
+
+from launched import ROOT, Processes, assert_identical, environment, free_port_pair, weights
+from mindft.channel import Client, ControllerUnreachable
+from mindft.exitcodes import ExitCode
+from mindft.keys import load_keys
+
+pytestmark = pytest.mark.timeout(600)
+
+DP_SCRIPT = ROOT / "examples" / "train_dp.py"
+EPOCHS = 2  # 256 samples, batch 8 per rank: 32 steps on 2 ranks, 16 on 4
+FAST_FAULTS = {"MINDFT_HEARTBEAT_INTERVAL": "0.1", "MINDFT_HEARTBEAT_MISSES": "20", "MINDFT_STALL_TIMEOUT": "2",
+               "MINDFT_RESET_POLL_INTERVAL": "0.1"}
+
+
+def launch(processes: Processes, tmp: Path, name: str, world: int, *script_args: str,
+           wait: bool = True, **env: str) -> tuple[subprocess.Popen, Path]:
+    """mindft-launch with msrun's flags on one node; returns the launcher and its output file."""
+    port = free_port_pair()
+    run_dir = tmp / name
+    argv = [sys.executable, "-m", "mindft.launch", "--worker_num", str(world), "--local_worker_num", str(world),
+            "--master_port", str(port), "--run-dir", str(run_dir), "--cluster_time_out", "120",
+            str(DP_SCRIPT), "--epochs", str(EPOCHS), "--out", str(run_dir / "out"), *script_args]
+    environ = environment(tmp, MS_ENABLE_TFT="{RSC:1}", MINDFT_DUMP_DIR=str(run_dir / "dump"),
+                          MINDFT_RESET_FILE=str(run_dir / "reset.json"), **FAST_FAULTS, **env)
+    output = tmp / f"{name}.out"
+    if wait:
+        code, _ = processes.run(argv, environ, output)
+        return code, output  # type: ignore[return-value]
+    with open(output, "wb") as out:
+        launcher = subprocess.Popen(argv, env=environ, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                                    start_new_session=True)
+    processes.started.append(launcher)
+    return launcher, output
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Fault-free final weights per (API, world size), computed once."""
+    cache: dict[tuple[str, int], Path] = {}
+    tmp = tmp_path_factory.mktemp("dp-reference")
+
+    def reference(api: str, world: int) -> Path:
+        if (api, world) not in cache:
+            tracker = Processes()
+            try:
+                code, output = launch(tracker, tmp, f"{api}-{world}", world, *(["--loop"] if api == "loop" else []))
+            finally:
+                tracker.kill_all()
+            assert code == 0, output.read_text()[-3000:]
+            cache[(api, world)] = tmp / f"{api}-{world}" / "out"
+        return cache[(api, world)]
+    return reference  # type: ignore[return-value]
+
+
+def assert_bit_identical(run_out: Path, reference: Path, world: int) -> None:
+    for rank in range(world):
+        assert_identical(weights(run_out, rank), weights(reference, rank), f"rank {rank} vs the fault-free run")
+
+
+def api_args(api: str) -> list[str]:
+    return ["--loop"] if api == "loop" else []
+
+
+@pytest.mark.parametrize("api", ["model", "loop"])
+def test_a_rank_killed_mid_step_restarts_every_worker_from_memory(api: str, tmp_path: Path, processes: Processes,
+                                                                   references) -> None:
+    code, output = launch(processes, tmp_path, "run", 2, *api_args(api), "--fault-step", "12", "--fault-rank", "1",
+                          "--fault-kind", "kill")
+    out = output.read_text()
+    assert code == 0, out[-4000:]
+    assert "rank 1 (pid" in out and "killed by SIGKILL" in out
+    assert "restarting every worker from the node agents' memory" in out
+    assert "started MindSpore's scheduler" in out and out.count("started MindSpore's scheduler") == 2
+    # The restarted processes found their snapshots in the agent's memory: both hold step 11.
+    assert "every rank holds step 11" in out
+    assert "the node agent held" in out and "for 2 rank(s)" in out  # reported, then freed
+    assert_bit_identical(tmp_path / "run" / "out", references(api, 2), 2)
+    assert processes.leftovers() == []
+
+
+@pytest.mark.parametrize("api", ["model", "loop"])
+def test_a_uce_before_the_all_reduce_restarts_every_worker_after_the_stall(api: str, tmp_path: Path,
+                                                                             processes: Processes, references) -> None:
+    code, output = launch(processes, tmp_path, "run", 2, *api_args(api), "--fault-step", "9", "--fault-rank", "0",
+                          "--fault-kind", "uce")
+    out = output.read_text()
+    assert code == 0, out[-4000:]
+    # Rank 1 waits in step 9's all-reduce for rank 0 and never pauses: no MCCL timeout is waited for.
+    assert "rank 0 UCE in step 9" in out and "did not pause within 2 s (timeouts.stall)" in out
+    assert "every rank holds step 8" in out
+    assert_bit_identical(tmp_path / "run" / "out", references(api, 2), 2)
+
+
+def test_a_stopped_rank_is_a_hang_and_every_worker_restarts(tmp_path: Path, processes: Processes,
+                                                            references) -> None:
+    code, output = launch(processes, tmp_path, "run", 2, "--fault-step", "7", "--fault-rank", "1",
+                          "--fault-kind", "stop")
+    out = output.read_text()
+    assert code == 0, out[-4000:]
+    assert "HANG" in out and "restarting every worker" in out
+    assert_bit_identical(tmp_path / "run" / "out", references("model", 2), 2)
+    assert processes.leftovers() == []
+
+
+def test_four_ranks_recover_a_killed_rank_bit_identically(tmp_path: Path, processes: Processes, references) -> None:
+    code, output = launch(processes, tmp_path, "run", 4, "--fault-step", "6", "--fault-rank", "2",
+                          "--fault-kind", "exit")
+    out = output.read_text()
+    assert code == 0, out[-4000:]
+    assert "every rank holds step 5" in out
+    assert_bit_identical(tmp_path / "run" / "out", references("model", 4), 4)
+
+
+def _status(job_file: Path):
+    info = json.loads(job_file.read_text())
+    keys = None if info["insecure"] else load_keys(Path(info["key_file"]))
+    return Client(info["controller"], keys, timeout=2.0).status()
+
+
+def _wait_for(job_file: Path, launcher: subprocess.Popen, output: Path, ready, what: str, timeout: float = 240.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert launcher.poll() is None, f"the job ended before {what}:\n{output.read_text()[-4000:]}"
+        if job_file.exists():
+            try:
+                status = _status(job_file)
+            except ControllerUnreachable:
+                status = None
+            if status is not None and ready(status):
+                return status
+        time.sleep(0.1)
+    pytest.fail(f"no {what} within {timeout} s:\n{output.read_text()[-4000:]}")
+
+
+def _plugin(job_file: Path, rank: int, outcome: str, tmp: Path) -> subprocess.CompletedProcess:
+    """The device plugin's hot reset of ``rank``'s chip, as `mindft simulate-device-plugin` plays it."""
+    return subprocess.run([sys.executable, "-m", "mindft.cli", "simulate-device-plugin", "--job", str(job_file),
+                           "--rank", str(rank), "--hold", "1", "--outcome", outcome, "--process-deadline", "30"],
+                          env=environment(tmp), capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_two_faults_a_crash_then_a_hot_reset_end_bit_identical(tmp_path: Path, processes: Processes,
+                                                                references) -> None:
+    launcher, output = launch(processes, tmp_path, "run", 2, "--loop", "--step-seconds", "0.2", "--fault-step", "4",
+                              "--fault-rank", "1", "--fault-kind", "exit", wait=False)
+    job_file = tmp_path / "run" / "job.json"
+    _wait_for(job_file, launcher, output, lambda s: s.recoveries >= 1 and s.state == "NORMAL" and s.step >= 8,
+              "recovery from the crash")
+    plugin = _plugin(job_file, 0, "recovered", tmp_path)
+    assert plugin.returncode == 0, plugin.stdout + plugin.stderr
+    # The plugin reset the chip only after rank 0's process had left it, then wrote 'recovered'.
+    assert "unrecovered" in plugin.stdout and "recovered" in plugin.stdout
+    code = launcher.wait(240)
+    out = output.read_text()
+    assert code == 0, out[-4000:]
+    assert "rank 0 DEVICE_RESET" in out and "2 recoveries" in out
+    assert_bit_identical(tmp_path / "run" / "out", references("loop", 2), 2)
+    assert processes.leftovers() == []
+
+
+def test_a_failed_device_leaves_same_step_dying_gasps_and_exit_3(tmp_path: Path, processes: Processes) -> None:
+    launcher, output = launch(processes, tmp_path, "run", 2, "--step-seconds", "0.2", wait=False)
+    job_file = tmp_path / "run" / "job.json"
+    _wait_for(job_file, launcher, output, lambda s: s.state == "NORMAL" and s.step >= 6, "training")
+    plugin = _plugin(job_file, 1, "failed", tmp_path)
+    assert plugin.returncode == 0, plugin.stdout + plugin.stderr
+    code = launcher.wait(240)
+    out = output.read_text()
+    assert code == ExitCode.DUMPED, out[-4000:]
+    dumps = sorted((tmp_path / "run" / "dump").rglob("*.ckpt"))
+    assert len(dumps) == 2, dumps
+    steps = set()
+    for path in dumps:
+        checkpoint = ms.load_checkpoint(str(path))
+        steps.add(int(np.asarray(checkpoint["global_step"].asnumpy()).reshape(-1)[0]))
+    assert len(steps) == 1, f"dying gasps of different steps: {steps}"
+    assert f"every rank dumps step {steps.pop()}" in out
+    assert processes.leftovers() == []
+
+
+@pytest.mark.parametrize("api", ["model", "loop"])
+def test_a_uce_after_the_all_reduce_rolls_back_in_place(api: str, tmp_path: Path, processes: Processes,
+                                                        references) -> None:
+    """The cheapest rung: every rank finished the step's collectives; mindft holds each rank at the
+    step's end until all finished it, so every peer pauses there and no process restarts."""
+    code, output = launch(processes, tmp_path, "run", 2, *api_args(api), "--fault-step", "9", "--fault-rank", "1",
+                          "--fault-kind", "uce-after")
+    out = output.read_text()
+    assert code == 0, out[-4000:]
+    assert "rank 1 UCE in step" in out and "every live rank paused" in out
+    assert "restarting every worker" not in out and "restart 1/" not in out
+    assert_bit_identical(tmp_path / "run" / "out", references(api, 2), 2)
