@@ -9,13 +9,19 @@ again), with the time in each phase.
 
 * real ranks: 2, 4, 8, 16 processes, each a mindft Processor (its own I/O thread) obeying
   the controller through ``Processor.follow`` and idle hooks (nothing to settle or restore);
-* simulated ranks: 64 … 4096 DEALER sockets spread over 2 worker processes, each driving
+* simulated ranks: 64 … 16384 DEALER sockets spread over 2 worker processes, each driving
   its sockets from one thread with zmq.Poller and the wire protocol: PAUSE acknowledged with
-  the steps held, ROLLBACK and RESUME acknowledged, Done after the last round, then FINISH.
+  the steps held, ROLLBACK and RESUME acknowledged, Done after the last round, then FINISH;
+  like a Processor, a simulated rank heartbeats only after an interval with nothing sent or
+  heard. Each worker counts the frames of each kind it sent and heard (the heartbeat share);
+* the bare-pyzmq floor at each simulated size, right after it: the same sockets doing three
+  broadcast + gather phases of fixed frames with no mindft logic.
 
-    python bench/coordination.py            # full table (a few minutes on 2 cores)
-    python bench/coordination.py --quick    # smaller sizes, fewer rounds
-Writes bench/results/coordination.json.
+    python bench/coordination.py            # full table (~10 minutes on 2 cores)
+    python bench/coordination.py --quick    # smaller sizes, fewer rounds (~30 s)
+    python bench/coordination.py --real-sizes 0 --sim-sizes 4096,16384   # the large sizes only
+Writes bench/results/coordination.json. 16384 ranks need ~20 000 file descriptors
+(``ulimit -n``) in the benchmark process and in each worker.
 """
 from __future__ import annotations
 
@@ -76,7 +82,7 @@ def drive_rounds(controller: Controller, thread: threading.Thread, rounds: int, 
             raise RuntimeError(f"{what}: controller {controller.latest_status().state}")
 
     # Once, before any round: every rank registered (a status costs the controller O(ranks)).
-    while controller.latest_status().state != JobState.NORMAL.value:
+    while controller.latest_status(timeout=120.0).state != JobState.NORMAL.value:
         check("the ranks did not all register")
         time.sleep(0.1)
 
@@ -254,8 +260,11 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
 
     assert ack_frame(first, ActionKind.ROLLBACK, 3, 7) == encode(Ack(first, ActionKind.ROLLBACK, 3, HELD, 7))
     position = 0  # every simulated rank stays at step 0
-    sent = {"heartbeat": 0, "ack": 0, "other": count}  # "other": the Register, then Done
-    received: dict[str, int] = {}
+    # Frames of each kind per period: "rounds" from a rank's first PAUSE until its Done,
+    # "setup" the registration before and the wait for FINISH after.
+    sent = {"setup": {"heartbeat": 0, "other": count}, "rounds": {"heartbeat": 0, "ack": 0}}
+    received: dict[str, dict[str, int]] = {"setup": {}, "rounds": {}}
+    in_rounds: set[zmq.Socket] = set()
     while len(finished) < count:
         events = poller.poll(100)
         now = time.monotonic()
@@ -275,8 +284,11 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
                     if len(decoded) > 64:
                         decoded.clear()
                     decoded[frame] = message
+                if type(message) is Action and message.kind is ActionKind.PAUSE and resumed[sock] == 0:
+                    in_rounds.add(sock)
                 name = type(message).__name__
-                received[name] = received.get(name, 0) + 1
+                counts = received["rounds" if sock in in_rounds else "setup"]
+                counts[name] = counts.get(name, 0) + 1
                 if not isinstance(message, Action):
                     continue  # heartbeats and Progress: nothing to answer
                 kind = message.kind
@@ -291,12 +303,13 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
                     step = position if kind is ActionKind.PAUSE else message.step
                     sock.send(ack_frame(rank, kind, step, message.round))
                     last_sent[sock] = now
-                    sent["ack"] += 1
+                    sent["rounds"]["ack"] += 1
                     if kind is ActionKind.RESUME:
                         resumed[sock] += 1
                         if resumed[sock] >= rounds:
                             sock.send(encode(Done(rank, position)))
-                            sent["other"] += 1
+                            sent["setup"]["other"] += 1
+                            in_rounds.discard(sock)
         if now >= next_check:
             next_check = now + interval / 4
             for sock in sockets:
@@ -304,7 +317,7 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
                                              or now - max(last_heard[sock], last_beat[sock]) >= interval):
                     last_sent[sock] = last_beat[sock] = now
                     sock.send(encode_heartbeat(rank_of[sock], 0, position))
-                    sent["heartbeat"] += 1
+                    sent["rounds" if sock in in_rounds else "setup"]["heartbeat"] += 1
     for sock in sockets:
         sock.close()
     context.term()
@@ -322,17 +335,24 @@ def run_sim(n: int, rounds: int, secure: bool, tmp: Path) -> dict:
              for first, path in zip(range(0, n, share), stats)]
     cpu = finish(controller, thread, procs, rounds, f"simulated run with {n} ranks")
     row = summarize("simulated", n, controller, secure, cpu)
-    # What the ranks sent and heard over the whole run (registration and the end included).
-    sent: dict[str, int] = {}
-    received: dict[str, int] = {}
+    # What the ranks sent and heard: during the rounds, and over the whole run.
+    sent: dict[str, dict[str, int]] = {"setup": {}, "rounds": {}}
+    received: dict[str, dict[str, int]] = {"setup": {}, "rounds": {}}
     for path in stats:
         counts = json.loads(path.read_text())
         for total, part in ((sent, counts["sent"]), (received, counts["received"])):
-            for name, value in part.items():
-                total[name] = total.get(name, 0) + value
+            for period, kinds in part.items():
+                for name, value in kinds.items():
+                    total[period][name] = total[period].get(name, 0) + value
+
+    def share(counts: dict[str, dict[str, int]], name: str, periods: tuple[str, ...]) -> float:
+        frames = [value for period in periods for value in counts[period].values()]
+        return sum(counts[period].get(name, 0) for period in periods) / max(1, sum(frames))
     row.update(frames_to_controller=sent, frames_from_controller=received,
-               heartbeat_share_in=sent.get("heartbeat", 0) / max(1, sum(sent.values())),
-               heartbeat_share_out=received.get("Heartbeat", 0) / max(1, sum(received.values())))
+               heartbeat_share_in=share(sent, "heartbeat", ("rounds",)),
+               heartbeat_share_out=share(received, "Heartbeat", ("rounds",)),
+               heartbeat_share_in_whole_run=share(sent, "heartbeat", ("setup", "rounds")),
+               heartbeat_share_out_whole_run=share(received, "Heartbeat", ("setup", "rounds")))
     return row
 
 
@@ -444,11 +464,15 @@ def main() -> None:
     parser.add_argument("--sim-worker", nargs=6, help=argparse.SUPPRESS)
     parser.add_argument("--floor-worker", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--repeat", type=int, default=1, help="runs per simulated size, each next to its "
+                        "own floor run (min/median/max over the runs)")
     parser.add_argument("--sim-sizes", type=_sizes, help="simulated rank counts, comma-separated "
                         f"(default {','.join(map(str, SIM_SIZES))}; --quick: 64,256)")
     parser.add_argument("--real-sizes", type=_sizes, help="real rank counts, comma-separated "
                         "(default 2,4,8,16; --quick: 2,4; 0: none)")
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, got {args.repeat}")
     if args.real_rank:
         real_rank_main(args.rounds)
         return
@@ -467,6 +491,7 @@ def main() -> None:
     real_sizes = args.real_sizes if args.real_sizes is not None else [2, 4] if args.quick else [2, 4, 8, 16]
     real_sizes = [n for n in real_sizes if n > 0]
     sim_sizes = args.sim_sizes or ([64, 256] if args.quick else SIM_SIZES)
+    ensure_descriptors(max(sim_sizes, default=0))
     rows: list[dict] = []
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
@@ -474,11 +499,14 @@ def main() -> None:
             rows.append(run_real(n, 5 if args.quick else 20, False, Path(tmp)))
             print_progress(rows[-1])
         for n in sim_sizes:
-            rows.append(run_sim(n, 3 if args.quick else sim_rounds(n), False, Path(tmp)))
-            print_progress(rows[-1])
-            floor = run_floor(n, 3 if args.quick else sim_rounds(n))
-            rows[-1].update(floor_median_s=floor["median_s"], floor_all_s=floor["all_s"])
-            print(f"  raw zmq floor n={n:<5} median {floor['median_s'] * 1e3:8.2f} ms", flush=True)
+            for repeat in range(args.repeat):  # each mindft run next to its floor: same machine load
+                rows.append(run_sim(n, 3 if args.quick else sim_rounds(n), False, Path(tmp)))
+                print_progress(rows[-1])
+                floor = run_floor(n, 3 if args.quick else sim_rounds(n))
+                rows[-1].update(floor_median_s=floor["median_s"], floor_all_s=floor["all_s"], repeat=repeat,
+                                loadavg=os.getloadavg())
+                print(f"  raw zmq floor n={n:<5} median {floor['median_s'] * 1e3:8.2f} ms  "
+                      f"(load {rows[-1]['loadavg'][0]:.1f})", flush=True)
         # Side by side: the cost of CurveZMQ at the largest real size and a mid simulated size.
         if real_sizes:
             rows.append(run_real(real_sizes[-1], 5 if args.quick else 20, True, Path(tmp)))
@@ -495,7 +523,7 @@ def main() -> None:
                      and (r["kind"], r["ranks"]) in {(s["kind"], s["ranks"]) for s in rows if s["secure"]}]
                     + [r for r in rows if r["secure"]])
     real16 = next((r for r in rows if r["kind"] == "real" and r["ranks"] == 16 and not r["secure"]), None)
-    sim = {r["ranks"]: r for r in rows if r["kind"] == "simulated" and not r["secure"]}
+    sim = print_repeats([r for r in rows if r["kind"] == "simulated" and not r["secure"]])
     verdicts = {}
     if real16:
         verdicts["real_16_under_50ms"] = real16["median_s"] < TARGET_REAL_16
@@ -522,6 +550,21 @@ def main() -> None:
     print(f"wrote {RESULTS}")
 
 
+def ensure_descriptors(ranks: int) -> None:
+    """Raise the open-file limit (inherited by the workers) for ``ranks`` sockets, or say why not."""
+    import resource
+    # The controller holds one TCP connection per rank; a worker one connection and one
+    # mailbox descriptor per socket it drives.
+    needed = max(ranks, 2 * -(-ranks // SIM_WORKERS)) + 1024
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= needed:
+        return
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        raise SystemExit(f"{ranks} simulated ranks need ~{needed} open files; the hard limit (ulimit -Hn) "
+                         f"is {hard}: raise it or pick smaller --sim-sizes")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
 def sim_rounds(n: int) -> int:
     """Rounds per simulated size: fewer where one round costs seconds of a 2-core box."""
     return 10 if n <= 256 else 5 if n <= 4096 else 3
@@ -537,11 +580,35 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
+def print_repeats(rows: list[dict]) -> dict[int, dict]:
+    """Per simulated size, over its runs: min/median/max of the run medians, mindft and floor
+    side by side; returns one row per size holding the medians (for the targets)."""
+    sizes = sorted({r["ranks"] for r in rows})
+    if not sizes:
+        return {}
+    print()
+    print("simulated ranks over runs: min / median / max of each run's median")
+    print(f"{'ranks':>6} {'runs':>4} {'mindft ms':>26} {'bare zmq floor ms':>26} {'mindft / floor':>20}")
+    merged = {}
+    for n in sizes:
+        runs = [r for r in rows if r["ranks"] == n]
+        ours = sorted(r["median_s"] for r in runs)
+        floor = sorted(r["floor_median_s"] for r in runs)
+        ratio = sorted(r["median_s"] / r["floor_median_s"] for r in runs)
+
+        def spread(values: list[float], scale: float = 1e3, digits: int = 1) -> str:
+            return " / ".join(f"{v * scale:.{digits}f}" for v in (values[0], statistics.median(values), values[-1]))
+        print(f"{n:>6} {len(runs):>4} {spread(ours):>26} {spread(floor):>26} {spread(ratio, 1, 2):>20}")
+        merged[n] = {"median_s": statistics.median(ours), "floor_median_s": statistics.median(floor)}
+    return merged
+
+
 def print_progress(row: dict) -> None:
     print(f"  {row['kind']:<9} n={row['ranks']:<5} curve={'yes' if row['secure'] else 'no '} "
           f"median {row['median_s'] * 1e3:8.2f} ms  min {row['min_s'] * 1e3:8.2f}  max {row['max_s'] * 1e3:8.2f}"
-          + (f"  heartbeats: {row['heartbeat_share_in']:.1%} of frames in, {row['heartbeat_share_out']:.1%} out"
-             if "heartbeat_share_in" in row else ""), flush=True)
+          + (f"  heartbeats in the rounds: {row['heartbeat_share_in']:.1%} of frames in, "
+             f"{row['heartbeat_share_out']:.1%} out (whole run: {row['heartbeat_share_in_whole_run']:.1%}, "
+             f"{row['heartbeat_share_out_whole_run']:.1%})" if "heartbeat_share_in" in row else ""), flush=True)
 
 
 if __name__ == "__main__":

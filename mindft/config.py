@@ -249,7 +249,7 @@ class _Timeout:
 
 _TIMEOUT_VARS: tuple[_Timeout, ...] = (
     _Timeout("MINDFT_HEARTBEAT_INTERVAL", "heartbeat_interval", float, 0.01, 60,
-             "seconds between heartbeats"),
+             "seconds a rank may send, or hear, nothing else before it heartbeats"),
     _Timeout("MINDFT_HEARTBEAT_MISSES", "heartbeat_misses", int, 1, 1000,
              "missed heartbeats before a rank is declared dead or hung"),
     _Timeout("MINDFT_REGISTER_TIMEOUT", "register", float, 1, 86400,
