@@ -49,8 +49,9 @@ class Processor:
     The incarnation defaults to ``config.restart_count`` (set by mindft-launch); the socket
     identity is ``rank<R>.inc<I>``, so a restarted rank is a new peer.
 
-    The snapshot cadence is the job's (RegisterAck, Cadence), unless ``snapshot_every`` is
-    given here: then this rank keeps that one (every rank must be given the same).
+    The snapshot cadence is the job's (RegisterAck, Cadence), unless it is fixed, by
+    ``snapshot_every`` here or MINDFT_SNAPSHOT_EVERY: then this rank keeps that one (every
+    rank must be given the same; mindft-launch gives the controller the same environment).
     :attr:`reports_costs` says whether the job wants this rank's :meth:`report_cost`.
     """
 
@@ -60,8 +61,8 @@ class Processor:
         self.incarnation = config.restart_count if incarnation is None else incarnation
         self.replica_endpoint = replica_endpoint
         self.follower = Follower(self.rank, snapshot_every or config.snapshot_every or 1)
-        self._own_cadence = snapshot_every is not None
-        self.reports_costs = not self._own_cadence and config.snapshot_every is None
+        self._own_cadence = snapshot_every is not None or config.snapshot_every is not None
+        self.reports_costs = not self._own_cadence
         self.finished_job = False  # FINISH received: every rank is done
         self.lockstep = False  # end_step waits for every rank to finish the step (see end_step)
         self._report_socket: Optional[zmq.Socket] = None  # the training thread's, for step reports
