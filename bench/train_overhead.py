@@ -8,12 +8,15 @@ in one run, so both see the same machine state; the overhead is the median over
 rounds of the ratio of adjacent blocks' mean step times (robust to background load);
 each block includes the wait for its last snapshot, so no copy escapes the timing. A third column copies synchronously (no overlap with the next
 step's forward/backward pass) to show what the overlap buys, and a fourth snapshots
-every N-th step only (``snapshot_every``).
+every N-th step only (a fixed ``MINDFT_SNAPSHOT_EVERY``). The budget column lets the
+controller choose the cadence from the measured costs (``MINDFT_OVERHEAD_BUDGET``, default
+1%): it runs in longer blocks (``--budget-steps``) next to plain blocks of the same length,
+since it snapshots only every N-th step; its ratio is the median over rounds too.
 
 Then a fault is raised inside a step: the time from ROLLBACK received to training
 resumed (restore of ~300 MB into the live parameters, acks) is reported.
 
-    python bench/train_overhead.py [--batch-sizes 64 256] [--rounds 8] [--steps 4] [--every 4]
+    python bench/train_overhead.py [--batch-sizes 64 256] [--rounds 8] [--steps 4] [--every 4] [--budget-steps 24]
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ from mindspore import nn
 
 from mindft.config import MindftConfig, TFTOptions, Timeouts
 from mindft.faults import DeviceFault
+from mindft.flow.cadence import Schedule
 from mindft.mindspore import FaultTolerantLoop
 
 RESULTS = Path(__file__).parent / "results" / "train_overhead.json"
@@ -70,7 +74,11 @@ def timed(fn, *args) -> float:
     return time.perf_counter() - start
 
 
-def measure(batch: int, rounds: int, steps: int, every: int, port: int) -> dict:
+def load() -> str:
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+def measure(batch: int, rounds: int, steps: int, every: int, port: int, budget_steps: int) -> dict:
     net, optimizer, train_step = build()
     params = sum(p.size for p in net.trainable_params())
     state_bytes = sum(p.asnumpy().nbytes for p in train_step.get_parameters())
@@ -83,32 +91,48 @@ def measure(batch: int, rounds: int, steps: int, every: int, port: int) -> dict:
 
     config = MindftConfig(tft=TFTOptions(uce=True), controller_port=port, insecure=True,
                           timeouts=Timeouts(heartbeat_interval=0.5))
-    times: dict[str, list[float]] = {"plain": [], "mindft": [], "mindft_sync": [], "mindft_sparse": []}
+    times: dict[str, list[float]] = {"plain": [], "mindft": [], "mindft_sync": [], "mindft_sparse": [],
+                                     "plain_long": [], "mindft_budget": []}
+    load_before = load()
     with FaultTolerantLoop(net, optimizer, config) as loop:
         session = loop.session
+        processor = session.processor
+        # Bench-only: keep the cadence the controller announces for the budget blocks, and
+        # put fixed cadences in place for the others.
+        announced = [processor.follower.schedule]
+        processor._set_cadence = lambda wire: wire and announced.__setitem__(0, Schedule.from_wire(wire))
+        fixed = {"mindft": Schedule.fixed(1), "mindft_sync": Schedule.fixed(1), "mindft_sparse": Schedule.fixed(every)}
         for _ in range(3):  # warm-up: kernels, snapshot buffers, page faults
             run(x, y)
             loop.step(run, x, y)
-        paired: dict[str, list[float]] = {"mindft": [], "mindft_sync": [], "mindft_sparse": []}
+        processor.follower.schedule = announced[0]
+        for _ in range(2 * budget_steps):  # the controller learns the costs and picks the cadence
+            loop.step(run, x, y)
+            processor.follower.schedule = announced[0]
+        paired: dict[str, list[float]] = {"mindft": [], "mindft_sync": [], "mindft_sparse": [], "mindft_budget": []}
         for _ in range(rounds):
             block: dict[str, float] = {}
             for mode in times:
-                # Bench-only switches: overlap the copy or not, snapshot every step or every N.
+                # Bench-only switches: overlap the copy or not, the cadence.
                 session._overlap = mode != "mindft_sync"
-                session.snapshot_every = every if mode == "mindft_sparse" else 1
+                count = budget_steps if mode in ("plain_long", "mindft_budget") else steps
+                session._step_exit = None  # the other modes' blocks in between are no step of this one
                 start = time.perf_counter()
-                for _ in range(steps):
-                    if mode == "plain":
+                for _ in range(count):
+                    if mode.startswith("plain"):
                         run(x, y)
                     else:
+                        processor.follower.schedule = fixed.get(mode) or announced[0]
                         loop.step(run, x, y)
                 session.store.wait()  # the block pays for its last capture too
-                block[mode] = (time.perf_counter() - start) / steps
+                block[mode] = (time.perf_counter() - start) / count
                 times[mode].append(block[mode])
             # Adjacent blocks see the same background load: their ratio cancels slow drift.
             for mode in paired:
-                paired[mode].append(block[mode] / block["plain"])
-        session._overlap, session.snapshot_every = True, 1
+                paired[mode].append(block[mode] / block["plain_long" if mode == "mindft_budget" else "plain"])
+        budget_every = announced[0].segments[-1][1]
+        processor.follower.schedule = Schedule.fixed(1)
+        session._overlap = True
         capture = timed(lambda: (session.store.capture(session.step, session.state.arrays()),
                                  session.store.wait()))
 
@@ -120,8 +144,8 @@ def measure(batch: int, rounds: int, steps: int, every: int, port: int) -> dict:
         fault_to_resumed = timed(loop.step, faulty, x, y)
         assert session.step == before, "the faulted step was not rolled back"
         rollback_to_resumed = session.last_recovery["rollback_to_resume_s"]
-    plain, guarded, sync, sparse = (statistics.median(times[k])
-                                    for k in ("plain", "mindft", "mindft_sync", "mindft_sparse"))
+    plain, guarded, sync, sparse, budget = (statistics.median(times[k])
+                                            for k in ("plain", "mindft", "mindft_sync", "mindft_sparse", "mindft_budget"))
     return {
         "batch": batch, "parameters": params, "state_bytes": state_bytes,
         "steps_per_mode": len(times["plain"]) * steps,
@@ -132,6 +156,11 @@ def measure(batch: int, rounds: int, steps: int, every: int, port: int) -> dict:
         "capture_alone_ms": capture * 1e3,
         "rollback_to_resumed_ms": rollback_to_resumed * 1e3,
         "fault_to_resumed_ms": fault_to_resumed * 1e3,
+        "budget_every": budget_every, "budget_steps": budget_steps, "mindft_budget_ms": budget * 1e3,
+        "ratio_budget": statistics.median(paired["mindft_budget"]),
+        "ratio_budget_min": min(paired["mindft_budget"]), "ratio_budget_max": max(paired["mindft_budget"]),
+        "ratio_min": min(paired["mindft"]), "ratio_max": max(paired["mindft"]),
+        "load_before": load_before, "load_after": load(),
     }
 
 
@@ -141,6 +170,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10, help="alternations of the four modes")
     parser.add_argument("--steps", type=int, default=4, help="steps per mode per round")
     parser.add_argument("--every", type=int, default=4, help="N of the snapshot-every-N column")
+    parser.add_argument("--budget-steps", type=int, default=24, help="steps per budget (and its plain) block")
     args = parser.parse_args()
     ms.set_device("CPU")
     port = free_port()
@@ -152,7 +182,7 @@ def main() -> None:
             if controller.poll() is not None:
                 port = free_port()
                 controller = start_controller(port)
-            rows.append(measure(batch, args.rounds, args.steps, args.every, port))
+            rows.append(measure(batch, args.rounds, args.steps, args.every, port, args.budget_steps))
             controller.wait(30)
     finally:
         if controller.poll() is None:
@@ -161,7 +191,7 @@ def main() -> None:
     every = rows[0]["snapshot_every"]
     header = (f"{'batch':>5} {'plain ms':>9} {'mindft ms':>10} {'ratio':>6} {'sync ms':>8} {'ratio':>6} "
               f"{f'every {every} ms':>11} {'ratio':>6} {'capture ms':>10} {'rollback→resumed ms':>20} "
-              f"{'fault→resumed ms':>17}")
+              f"{'fault→resumed ms':>17} {'budget N':>8} {'ratio (min-max)':>20} {'load before/after':>30}")
     print(f"model: {rows[0]['parameters'] / 1e6:.1f}M parameters, {rows[0]['state_bytes'] / 2**20:.0f} MiB "
           f"of state (weights + Adam moments); {rows[0]['steps_per_mode']} steps per mode in alternating "
           f"blocks of {args.steps}; step times: median block means; ratios: median over rounds of adjacent "
@@ -171,7 +201,9 @@ def main() -> None:
         print(f"{r['batch']:>5} {r['plain_ms']:>9.1f} {r['mindft_ms']:>10.1f} {r['ratio']:>6.3f} "
               f"{r['mindft_sync_ms']:>8.1f} {r['ratio_sync']:>6.3f} {r['mindft_sparse_ms']:>11.1f} "
               f"{r['ratio_sparse']:>6.3f} {r['capture_alone_ms']:>10.1f} "
-              f"{r['rollback_to_resumed_ms']:>20.1f} {r['fault_to_resumed_ms']:>17.1f}")
+              f"{r['rollback_to_resumed_ms']:>20.1f} {r['fault_to_resumed_ms']:>17.1f} {r['budget_every']:>8} "
+              f"{r['ratio_budget']:.3f} ({r['ratio_budget_min']:.3f}-{r['ratio_budget_max']:.3f}) "
+              f"{r['load_before']:>14} / {r['load_after']}")
     worst = max(r["ratio"] for r in rows)
     print("mindft: snapshot after every step, copy overlapped with the next step's forward/backward; "
           f"sync: copy not overlapped; every {every}: snapshot every {every}th step (overlapped)")

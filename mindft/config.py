@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import json
 import logging
 import os
 import re
@@ -214,7 +215,9 @@ class MindftConfig:
     restart_count: int = 0
     launcher_pid: int = 0  # mindft-launch's pid when it started this rank; 0: started some other way
     backend: str = "auto"
-    snapshot_every: int = 1
+    snapshot_every: Optional[int] = None  # MINDFT_SNAPSHOT_EVERY; None: the job chooses within the budget
+    overhead_budget: float = 0.01
+    max_replay_steps: int = 100
     replica_buddy: Optional[int] = None  # None: the next rank; -1: no replica (the node agent holds the state)
     restart_scope: str = "auto"  # "all": a lost process restarts every worker; auto: when a rank says so
     timeouts: Timeouts = field(default_factory=Timeouts)
@@ -296,8 +299,14 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "(the mindio_ttp wheel) with mindft's snapshots; auto picks mindio only where the wheel is "
            "installed and the job asks for it (MINDX_TASK_ID set, or MS_ENABLE_TFT options MindSpore "
            "runs on mindio_ttp on an Ascend device)", "auto", ", ".join(BACKENDS)),
-    EnvVar("MINDFT_SNAPSHOT_EVERY", "snapshot (and replicate) every N-th step; the same on every "
-           "rank, a fault then replays up to N steps", "1", "1..1000000"),
+    EnvVar("MINDFT_SNAPSHOT_EVERY", "snapshot (and replicate) every N-th step, fixed; the same on every "
+           "rank, a fault then replays up to N steps; unset: the controller chooses N within "
+           "MINDFT_OVERHEAD_BUDGET", "unset", "1..1000000"),
+    EnvVar("MINDFT_OVERHEAD_BUDGET", "the slowdown snapshots may cost when MINDFT_SNAPSHOT_EVERY is unset: "
+           "the controller snapshots every N-th step, N = ceil(snapshot time / (budget x step time)) from "
+           "the slowest ranks' measurements, the same N on every rank", "0.01", "0.0001..1"),
+    EnvVar("MINDFT_MAX_REPLAY_STEPS", "the largest N the budget may choose: the most steps a recovery "
+           "replays", "100", "1..1000000"),
     EnvVar("MINDFT_RESTART_SCOPE", "what a fault that takes a process restarts: that rank alone, or every "
            "worker (a restarted process cannot rejoin the others' collectives, as with MindSpore's MCCL); "
            "auto: every worker once a rank registers with MindSpore's communicator initialised",
@@ -381,7 +390,10 @@ def load_config(environ: Mapping[str, str] = os.environ) -> MindftConfig:
         state_dir=Path(environ["MINDFT_STATE_DIR"].strip()) if environ.get("MINDFT_STATE_DIR", "").strip() else None,
         restart_count=_number(environ, "MINDFT_RESTART_COUNT", int, 0, 0, 1000),
         launcher_pid=_number(environ, "MINDFT_LAUNCHER_PID", int, 0, 0, 2**22),
-        snapshot_every=_number(environ, "MINDFT_SNAPSHOT_EVERY", int, 1, 1, 1_000_000),
+        snapshot_every=(_number(environ, "MINDFT_SNAPSHOT_EVERY", int, 1, 1, 1_000_000)
+                        if environ.get("MINDFT_SNAPSHOT_EVERY", "").strip() else None),
+        overhead_budget=_number(environ, "MINDFT_OVERHEAD_BUDGET", float, 0.01, 0.0001, 1),
+        max_replay_steps=_number(environ, "MINDFT_MAX_REPLAY_STEPS", int, 100, 1, 1_000_000),
         restart_scope=restart_scope,
         replica_buddy=_replica_buddy(environ, world_size),
         timeouts=timeouts,
@@ -392,6 +404,33 @@ def _replica_buddy(environ: Mapping[str, str], world_size: int) -> Optional[int]
     if not environ.get("MINDFT_REPLICA_BUDDY", "").strip():
         return None
     return _number(environ, "MINDFT_REPLICA_BUDDY", int, -1, -1, world_size - 1)
+
+
+def ato_failure_rate(tft: TFTOptions) -> float:
+    """Faults per step from MindSpore's ATO statistics, or 0 when they do not apply.
+
+    With ``ATO:1`` MindSpore 2.10 keeps ``{"failure_count", "total_steps"}`` in ``ATO_PATH``
+    (default ``./ato_info.json``) and, once ``failure_count`` reaches ``ATO_THRESHOLD``
+    (default 10), advises the checkpoint interval sqrt(2 t_ckpt / (failure_rate t_step)).
+    mindft reads the same file with the same rules; a missing or unreadable file gives 0.
+    """
+    if not tft.ato:
+        return 0.0
+    path = Path(tft.ato_path or "./ato_info.json")
+    threshold = tft.ato_threshold if tft.ato_threshold is not None else 10
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+        failures, steps = int(info.get("failure_count") or 0), int(info.get("total_steps") or 0)
+    except FileNotFoundError:
+        return 0.0
+    except (OSError, ValueError, TypeError, AttributeError) as error:
+        log.warning("ATO_PATH %s unreadable (%s): no failure rate for the snapshot cadence", path, error)
+        return 0.0
+    if failures < threshold or steps <= 0:
+        log.info("ATO_PATH %s: %d failures in %d steps, below ATO_THRESHOLD=%d: not used", path, failures,
+                 steps, threshold)
+        return 0.0
+    return failures / steps
 
 
 MINDX_TASK_VARIABLE = "MINDX_TASK_ID"

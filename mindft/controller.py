@@ -20,8 +20,9 @@ from typing import Any, Callable, Optional
 import zmq
 
 from mindft import channel
-from mindft.config import ConfigError, MindftConfig, load_config
+from mindft.config import ConfigError, MindftConfig, ato_failure_rate, load_config
 from mindft.exitcodes import ExitCode
+from mindft.flow.cadence import Budget
 from mindft.flow import (Broadcast, DeviceInput, Effect, Finish, Job, JobState, KillRank, ProcessExited, Send,
                          StartRank, Transition, phase_times)
 from mindft.keys import job_keys, start_authenticator
@@ -42,6 +43,13 @@ class JobResult:
 
     exit_code: int
     reason: str
+
+
+def job_budget(config: MindftConfig) -> Optional[Budget]:
+    """The job's cadence budget: None when MINDFT_SNAPSHOT_EVERY fixes the cadence."""
+    if config.snapshot_every is not None:
+        return None
+    return Budget(config.overhead_budget, config.max_replay_steps, ato_failure_rate(config.tft))
 
 
 class Controller:
@@ -77,8 +85,8 @@ class Controller:
         self._wake_out: Optional[zmq.Socket] = self._context.socket(zmq.PUSH)
         self._wake_out.connect(self._wake_address)
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.job = Job(config.world_size, config.timeouts, clock(), snapshot_every=config.snapshot_every,
-                       restart_scope=config.restart_scope)
+        self.job = Job(config.world_size, config.timeouts, clock(), snapshot_every=config.snapshot_every or 1,
+                       restart_scope=config.restart_scope, budget=job_budget(config))
         self.result: Optional[JobResult] = None
         self.dropped_frames = 0
         self._stopped = False

@@ -26,8 +26,9 @@ import zmq
 from mindft import channel
 from mindft.config import MindftConfig
 from mindft.flow import REPORT_SUFFIX, Finished, Follower, RankHooks, Resumed
+from mindft.flow.cadence import Schedule, ScheduleError
 from mindft.keys import CurveKeys, job_keys
-from mindft.protocol import (Action, ActionKind, Done, FaultKind, FaultReport, Heartbeat, Message, Progress,
+from mindft.protocol import (Action, ActionKind, Cadence, CostReport, Done, FaultKind, FaultReport, Heartbeat, Message, Progress,
                              ProtocolError, Register, RegisterAck, decode, encode, encode_heartbeat,
                              encode_step_report)
 
@@ -47,6 +48,11 @@ class Processor:
 
     The incarnation defaults to ``config.restart_count`` (set by mindft-launch); the socket
     identity is ``rank<R>.inc<I>``, so a restarted rank is a new peer.
+
+    The snapshot cadence is the job's (RegisterAck, Cadence), unless it is fixed, by
+    ``snapshot_every`` here or MINDFT_SNAPSHOT_EVERY: then this rank keeps that one (every
+    rank must be given the same; mindft-launch gives the controller the same environment).
+    :attr:`reports_costs` says whether the job wants this rank's :meth:`report_cost`.
     """
 
     def __init__(self, config: MindftConfig, replica_endpoint: str = "", *, incarnation: Optional[int] = None,
@@ -54,7 +60,9 @@ class Processor:
         self.rank = config.rank
         self.incarnation = config.restart_count if incarnation is None else incarnation
         self.replica_endpoint = replica_endpoint
-        self.follower = Follower(self.rank, snapshot_every or config.snapshot_every)
+        self.follower = Follower(self.rank, snapshot_every or config.snapshot_every or 1)
+        self._own_cadence = snapshot_every is not None or config.snapshot_every is not None
+        self.reports_costs = not self._own_cadence
         self.finished_job = False  # FINISH received: every rank is done
         self.lockstep = False  # end_step waits for every rank to finish the step (see end_step)
         self._report_socket: Optional[zmq.Socket] = None  # the training thread's, for step reports
@@ -180,6 +188,24 @@ class Processor:
                     raise TimeoutError(f"rank {self.rank}: no action from the controller within {timeout:g} s")
                 self._cond.wait(left)
             return self._actions.popleft()
+
+    def report_cost(self, step_time: float, capture_time: float) -> None:
+        """Tell the job what a step and a snapshot cost this rank (seconds), for its cadence."""
+        self._send(CostReport(self.rank, round(step_time, 6), round(capture_time, 6)))
+
+    def _set_cadence(self, wire: tuple[int, ...]) -> None:
+        if not wire or self._own_cadence:
+            return
+        try:
+            schedule = Schedule.from_wire(wire)
+        except ScheduleError as error:
+            log.warning("rank=%d ignored a bad cadence from the controller: %s", self.rank, error)
+            return
+        differs = self.follower.on_cadence(schedule)
+        if differs is not None:  # the flow never announces this; say so loudly if it ever does
+            log.error("rank=%d the new snapshot cadence changes step %d, already decided", self.rank, differs)
+        else:
+            log.info("rank=%d snapshot cadence %s", self.rank, schedule.segments[-1])
 
     def report_fault(self, kind: FaultKind, detail: str = "", step: Optional[int] = None) -> None:
         """Tell the controller this rank hit ``kind`` inside ``step`` (default: the next one)."""
@@ -411,8 +437,12 @@ class Processor:
                 elif kind is Action:
                     self._endpoints.update(message.endpoints)
                     self._actions.append(message)
+                elif kind is Cadence:
+                    self._set_cadence(message.schedule)
+                    continue
                 elif kind is RegisterAck:
                     self._endpoints = dict(message.endpoints)
+                    self._set_cadence(message.cadence)
                     self._ack = message
                 else:
                     log.warning("rank=%d ignored unexpected %s", self.rank, kind.__name__)

@@ -25,7 +25,9 @@ from typing import Any, ClassVar, Mapping, Optional, Union
 
 # 3: heartbeats are no longer broadcast; the controller answers a rank's Heartbeat with one
 # of its own, and a rank sends one only when it sent, or heard, nothing else for an interval.
-PROTOCOL_VERSION = 3
+# 4: the job decides the snapshot cadence: ranks send CostReport, the job announces Cadence
+# (and RegisterAck carries it).
+PROTOCOL_VERSION = 4
 # Large enough for an endpoint map of ~20k ranks; bigger frames are refused unread.
 MAX_FRAME = 4 * 1024 * 1024
 
@@ -89,6 +91,7 @@ class RegisterAck:
     endpoints: dict[int, str]
     state: str
     step: int = 0  # the step every rank has finished (the job's progress)
+    cadence: tuple[int, ...] = ()  # the snapshot schedule, as in Cadence (empty: keep your own)
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,28 @@ class Progress:
 
     KIND: ClassVar[str] = "progress"
     step: int
+
+
+@dataclass(frozen=True)
+class CostReport:
+    """What protection costs this rank, smoothed over recent steps: seconds of training per
+    step without snapshots, and seconds a snapshot costs the step (its copy, checksum and
+    replica push, overlapped or not). Sent only when the figures move noticeably."""
+
+    KIND: ClassVar[str] = "cost_report"
+    rank: int
+    step_time: float
+    capture_time: float
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """The snapshot schedule every rank follows: ``schedule`` is start/every pairs (from step
+    ``start`` on, every ``every``-th step is a capture step), the newest starting past any
+    step a rank can have decided about when it was announced."""
+
+    KIND: ClassVar[str] = "cadence"
+    schedule: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -260,7 +285,7 @@ class Reply:
 
 
 Message = Union[Register, RegisterAck, Heartbeat, StepReport, Progress, FaultReport, Action, Ack, Done,
-                StatusRequest, StatusReply, DeviceEvent, InjectRequest, ProcessExit, Reply]
+                StatusRequest, StatusReply, DeviceEvent, InjectRequest, ProcessExit, Reply, CostReport, Cadence]
 
 MESSAGE_TYPES: tuple[type, ...] = typing.get_args(Message)
 _BY_KIND: dict[str, type] = {cls.KIND: cls for cls in MESSAGE_TYPES}

@@ -248,6 +248,7 @@ class SnapshotStore:
         self._future: Optional[Future] = None
         self._pending_step = -1
         self._completed = 0  # captures and adopts completed, so restore can tell if one overtook it
+        self.last_fill_seconds = 0.0  # how long the newest capture's copy and checksum took
 
     def capture(self, step: int, arrays: Mapping[str, Any], meta: Optional[Mapping[str, Any]] = None) -> None:
         """Start copying ``arrays`` (and JSON-able ``meta``) as the snapshot of ``step`` in the background.
@@ -411,9 +412,11 @@ class SnapshotStore:
     def _fill_slot(self, index: int, step: int, sources: Mapping[str, np.ndarray], meta: Dict[str, Any],
                    algorithm: str, expected: Optional[Mapping[str, int]]) -> None:
         slot = self._slots[index]
+        started = time.perf_counter()
         try:
             hasher = _HASHERS[algorithm]
             checksums = {name: _fill(slot.buffers[name], src, hasher) for name, src in sources.items()}
+            self.last_fill_seconds = time.perf_counter() - started
         except BaseException:
             log.exception("capture of step %d failed; keeping the previous snapshot", step)
             raise

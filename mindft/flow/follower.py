@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NoReturn, Optional, Protocol, Sequence, Union
 
+from mindft.flow.cadence import Schedule
 from mindft.protocol import Ack, Action, ActionKind, FaultKind, StepReport
 
 
@@ -117,28 +118,43 @@ class RankHooks(Protocol):
 class Follower:
     """One rank's view of the flow: its progress, the recovery round, the slowest rank.
 
-    ``snapshot_every`` and ``keep`` (snapshots held) define the window: a rank may overwrite
-    its oldest snapshot by capturing ``step`` only once every rank has finished
-    ``step - (keep - 1) * snapshot_every``, so some step is always held by every rank.
+    The :class:`~mindft.flow.cadence.Schedule` (every ``snapshot_every``-th step until the
+    job announces another) and ``keep`` (snapshots held) define the window: a rank may
+    overwrite its oldest snapshot by capturing ``step`` only once every rank has finished
+    the (keep - 1)-th capture step before it, so some step is always held by every rank.
     """
 
     def __init__(self, rank: int, snapshot_every: int = 1, keep: int = 2) -> None:
         if snapshot_every < 1 or keep < 2:
             raise ValueError(f"need snapshot_every >= 1 and keep >= 2, got {snapshot_every}, {keep}")
         self.rank = rank
-        self.snapshot_every = snapshot_every
+        self.schedule = Schedule.fixed(snapshot_every)
         self.keep = keep
         self.position = 0    # steps this rank has finished
+        self.deciding = 0    # the newest step whose capture this rank decided (it may wait at its window)
         self.slowest = 0     # the step every rank has finished, as last heard
         self.round = 0
         self.recovering = False
 
+    @property
+    def snapshot_every(self) -> int:
+        """The cadence in force at the next step."""
+        return self.schedule.every_at(self.position + 1)
+
     def is_capture_step(self, step: int) -> bool:
-        return step % self.snapshot_every == 0
+        self.deciding = max(self.deciding, step)
+        return self.schedule.is_capture(step)
 
     def may_capture(self, step: int) -> bool:
         """True when capturing ``step`` keeps a step that every rank holds."""
-        return self.slowest >= step - (self.keep - 1) * self.snapshot_every
+        return self.slowest >= self.schedule.before(step, self.keep - 1)
+
+    def on_cadence(self, schedule: Schedule) -> Optional[int]:
+        """The job's schedule replaces this rank's. Returns the first step this rank already
+        decided differently (None: none, the normal case; the job never announces that)."""
+        differs = schedule.agrees(self.schedule, max(self.deciding, self.position))
+        self.schedule = schedule
+        return differs
 
     def finished(self, step: int) -> StepReport:
         """This rank finished ``step``: the fire-and-forget report to send."""
@@ -183,13 +199,13 @@ class Follower:
             return self._ack(ActionKind.PAUSE, self.position, hooks.settle()), None
         if kind is Restore:
             held = hooks.restore(command.step)
-            self.position = command.step
+            self.position = self.deciding = command.step
             return self._ack(ActionKind.ROLLBACK, command.step, held), None
         if kind is Resume:
             if self.position != command.step:  # joined after this round's ROLLBACK
                 hooks.restore(command.step)
             hooks.resume(command.step)
-            self.position = command.step
+            self.position = self.deciding = command.step
             return self._ack(ActionKind.RESUME, command.step, ()), Resumed(command.step)
         if kind is DumpAndExit:
             hooks.dump_and_exit(command.step, command.reason)

@@ -24,12 +24,13 @@ from typing import Optional
 
 from mindft.config import Timeouts
 from mindft.exitcodes import ExitCode
+from mindft.flow.cadence import Budget, Schedule, choose_every, worth_changing
 from mindft.flow.effects import (Broadcast, DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, Effect,
                                  Finish, HoldRepairs, KillRank, Peer, ProcessExited, RollbackAll, Send, StartRank,
                                  StopJob, Transition)
 from mindft.flow.ranks import RankRecord, RankState, RankTable
 from mindft.flow.states import RECOVERY_STATES, TERMINAL_STATES, Event, JobState, next_state
-from mindft.protocol import (Ack, Action, ActionKind, DeviceEvent, DeviceStatus, Done, FaultKind, FaultReport,
+from mindft.protocol import (Ack, Action, ActionKind, Cadence, CostReport, DeviceEvent, DeviceStatus, Done, FaultKind, FaultReport,
                              Heartbeat, InjectRequest, Message, Progress, ProcessExit, RankStatus, Register,
                              RegisterAck, Reply, StatusReply, StatusRequest, StepReport)
 
@@ -88,10 +89,13 @@ class Job:
     restarted process cannot rejoin the others' communicator), so that a fault that takes a
     process, or a rank blocked in a collective, restarts every worker; "rank" never; "auto"
     from the first rank that registers saying it uses such collectives.
+
+    ``budget`` (None: the cadence stays ``snapshot_every``): the job chooses how often ranks
+    snapshot from the costs they report (:meth:`_on_cost`), and announces each change.
     """
 
     def __init__(self, world_size: int, timeouts: Timeouts, now: float, snapshot_every: int = 1,
-                 restart_scope: str = "auto") -> None:
+                 restart_scope: str = "auto", budget: Optional[Budget] = None) -> None:
         if snapshot_every < 1:
             raise ValueError(f"snapshot_every must be >= 1, got {snapshot_every}")
         self.timeouts = timeouts
@@ -110,6 +114,10 @@ class Job:
         self.holding = False  # HoldRepairs: the fault manager is still collecting faults
         self._barrier_endpoints: dict[int, str] = {}
         self._out: list[Effect] = []
+        self.schedule = Schedule.fixed(snapshot_every)  # the snapshot cadence every rank follows
+        self.budget = budget
+        self.costs: dict[int, tuple[float, float]] = {}  # rank -> (step seconds, snapshot seconds)
+        self._retune_due = False  # a cost report came while a change was still pending
 
     # ---- inputs -----------------------------------------------------------------------------
 
@@ -140,6 +148,8 @@ class Job:
             self._emit(Send(peer, Reply(ok, detail, message.request_id)))
         elif kind is DeviceEvent:
             self._on_wire_device_event(peer, message, now)
+        elif kind is CostReport:
+            self._on_cost(peer, message, now)
         else:
             log.warning("dropped %s from peer %r: not addressed to the controller", kind.__name__, peer[:32])
         return self._flush()
@@ -273,6 +283,8 @@ class Job:
         if message.round != self.recovery.round:
             return  # sent before this rank saw the current round: its progress was reset since
         if self.ranks.advance(record, message.step) and self.state is _S.NORMAL:
+            if self._retune_due:
+                self._retune()  # before the Progress that lets ranks past the switch point
             self._emit(Broadcast(self.ranks.peers(), Progress(self.ranks.slowest)))
 
     def _on_register(self, peer: Peer, message: Register, now: float) -> None:
@@ -355,7 +367,7 @@ class Job:
     def _register_ack(self) -> RegisterAck:
         endpoints = {r.rank: r.replica_endpoint for r in sorted(self.ranks, key=lambda r: r.rank)}
         return RegisterAck(world_size=self.ranks.world_size, endpoints=endpoints, state=self.state.value,
-                           step=self.ranks.slowest)
+                           step=self.ranks.slowest, cadence=self.schedule.wire())
 
     def _start_training(self, now: float) -> None:
         self._move(Event.ALL_REGISTERED, f"all {self.ranks.world_size} ranks registered", now)
@@ -649,9 +661,45 @@ class Job:
             if exact or record.held_round == self.recovery.round:
                 held = frozenset(record.held)
             else:
-                held = held_after(record.progress, self.snapshot_every)
+                held = self.schedule.held_after(record.progress)
             common = held if common is None else common & held
         return max(common) if common else -1
+
+    # ---- the snapshot cadence -----------------------------------------------------------------
+
+    def _on_cost(self, peer: Peer, message: CostReport, now: float) -> None:
+        record = self._sender(peer, message.rank, now, "cost report")
+        if record is None:
+            return
+        self.costs[record.rank] = (message.step_time, message.capture_time)
+        if self.budget is not None and self.state is _S.NORMAL:
+            self._retune()
+
+    def _retune(self) -> None:
+        """Choose the cadence from the slowest ranks' figures; announce a change.
+
+        Every rank must switch at the same step, one no rank has decided about yet. A rank
+        hears of progress only through Progress (and RESUME), and the change is broadcast
+        before any Progress beyond ``slowest`` on the same ordered link, so no rank can have
+        got past :meth:`Schedule.switch_point` of ``slowest`` when the change reaches it.
+        """
+        slowest = self.ranks.slowest
+        if self.schedule.pending(slowest):
+            self._retune_due = True  # one change at a time: decide again once it is reached
+            return
+        self._retune_due = False
+        step_time = max(step for step, _ in self.costs.values())
+        capture_time = max(capture for _, capture in self.costs.values())
+        every = choose_every(step_time, capture_time, self.budget)
+        current = self.schedule.segments[-1][1]
+        if not worth_changing(current, every):
+            return
+        start = self.schedule.switch_point(slowest)
+        self.schedule = self.schedule.then(start, every)
+        log.info("snapshot cadence %d -> every %d steps from step %d (step %.4f s, snapshot %.4f s, slowest "
+                 "ranks; budget %g, at most %d steps replayed)", current, every, start, step_time, capture_time,
+                 self.budget.overhead, self.budget.max_replay)
+        self._emit(Broadcast(self.ranks.peers(), Cadence(self.schedule.wire())))
 
     def _changed_endpoints(self) -> dict[int, str]:
         """Replica endpoints that differ from the start barrier's map (restarted ranks)."""

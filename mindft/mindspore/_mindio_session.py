@@ -65,14 +65,15 @@ class MindioSession:
 
     ``overlap`` is accepted for interface parity and ignored: MindIO must only hear of a step
     whose snapshot is complete, so every capture finishes before ``tft_end_updating_os``.
-    ``snapshot_every`` must be 1 (MindIO may pick any completed step as the repair step).
+    ``snapshot_every`` must be 1 (MindIO may pick any completed step as the repair step): with
+    this backend MINDFT_SNAPSHOT_EVERY unset means 1, not a budget.
     """
 
     def __init__(self, state: TrainingState, optimizer: Optional[nn.Cell],
                  config: Optional[MindftConfig] = None, overlap: Optional[bool] = None,
                  snapshot_every: Optional[int] = None) -> None:
         self.config = config if config is not None else load_config()
-        every = snapshot_every if snapshot_every is not None else self.config.snapshot_every
+        every = snapshot_every if snapshot_every is not None else (self.config.snapshot_every or 1)
         if every != 1:
             raise ConfigError(f"MINDFT_SNAPSHOT_EVERY={every}: the mindio backend snapshots every step "
                               f"(MindIO may choose any completed step to repair); use 1 or "

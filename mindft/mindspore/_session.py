@@ -36,6 +36,41 @@ EXIT_DUMPED = int(ExitCode.DUMPED)
 MAX_FAULTS_PER_STEP = 3
 # Controller states in which a restarted rank that holds nothing may simply start training.
 _RUNNING_STATES = ("STARTING", "NORMAL")
+# The measured costs the job chooses the cadence from: smoothed with this weight per sample,
+# reported when one moves by more than COST_CHANGE (relative), at most every COST_REPORT_INTERVAL s.
+COST_SMOOTHING = 0.3
+COST_CHANGE = 0.2
+COST_REPORT_INTERVAL = 1.0
+
+
+class CostMeter:
+    """What a training step and a snapshot cost this rank, smoothed, and when to report them."""
+
+    def __init__(self) -> None:
+        self.step_time: Optional[float] = None
+        self.capture_time: Optional[float] = None
+        self._sent: Optional[Tuple[float, float]] = None
+        self._sent_at = -1e9
+
+    def _smooth(self, old: Optional[float], sample: float) -> float:
+        return sample if old is None else old + COST_SMOOTHING * (sample - old)
+
+    def step(self, seconds: float) -> None:
+        self.step_time = self._smooth(self.step_time, max(seconds, 0.0))
+
+    def capture(self, seconds: float) -> None:
+        self.capture_time = self._smooth(self.capture_time, max(seconds, 0.0))
+
+    def due(self, now: float) -> Optional[Tuple[float, float]]:
+        """The figures to report now, if any (then they count as sent)."""
+        if self.step_time is None or self.capture_time is None:
+            return None
+        figures = (self.step_time, self.capture_time)
+        if self._sent is not None and (now - self._sent_at < COST_REPORT_INTERVAL or all(
+                abs(new - old) <= COST_CHANGE * old for new, old in zip(figures, self._sent))):
+            return None
+        self._sent, self._sent_at = figures, now
+        return figures
 
 
 class RewindRequired(RuntimeError):
@@ -134,6 +169,8 @@ class Session:
 
     ``snapshot_every=N`` captures (and replicates) only every N-th step: every rank of
     a job must use the same N; a fault then replays up to N steps (CheckFreq's trade).
+    Without it (and without MINDFT_SNAPSHOT_EVERY) the job chooses N within the overhead
+    budget from what this rank measures (:class:`CostMeter`) and reports.
     """
 
     def __init__(self, state: TrainingState, optimizer: Optional[nn.Cell],
@@ -142,7 +179,12 @@ class Session:
         if snapshot_every is not None and snapshot_every < 1:
             raise ValueError(f"snapshot_every must be >= 1, got {snapshot_every}")
         self.config = config if config is not None else load_config()
-        self.snapshot_every = snapshot_every if snapshot_every is not None else self.config.snapshot_every
+        self._snapshot_every = snapshot_every
+        self.snapshot_every = snapshot_every or self.config.snapshot_every or 1  # the initial cadence
+        self.costs = CostMeter()
+        self._step_exit: Optional[float] = None  # when end_step last returned (training resumed)
+        self._hook_wait = 0.0  # seconds the optimizer waited for a capture during this step
+        self._overlapped_capture = 0.0  # the synchronous part of an overlapped capture still copying
         self.state = state
         self.enabled = self.config.tft.enabled
         self.step = 0
@@ -198,7 +240,7 @@ class Session:
         elif restarted:
             adopted = self._adopt_replica()
         self.processor = Processor(config, self._server.endpoint if self._server else "", keys=self._keys,
-                                   snapshot_every=self.snapshot_every)
+                                   snapshot_every=self._snapshot_every)
         collectives = uses_collectives()
         self.processor.lockstep = collectives  # a fault at a boundary then rolls back in place
         try:
@@ -271,10 +313,24 @@ class Session:
             self._overlap = False
         self.meta = dict(meta or {})
         before = self.step
+        entered = time.perf_counter()
+        if self._step_exit is not None:
+            # The step's own time: training, not the wait for a capture (that is the capture's cost).
+            self.costs.step(entered - self._step_exit - self._hook_wait)
+        self._hook_wait = 0.0
         try:
             return self._after(processor.end_step(self.step, self, self._capture), before)
         except ProcessorError as error:
             self.dump_and_exit(-1, f"lost the controller: {error}")
+        finally:
+            self._step_exit = time.perf_counter()
+            if processor.reports_costs:
+                figures = self.costs.due(self._step_exit)
+                if figures is not None:
+                    try:
+                        processor.report_cost(*figures)
+                    except ProcessorError:
+                        pass  # the next end_step finds the controller lost
 
     def _after(self, resumed: Optional[int], before: int) -> Optional[int]:
         return resumed if resumed is not None and resumed != before else None
@@ -286,6 +342,7 @@ class Session:
         """
         if self.processor is None:
             raise error
+        self._step_exit = None  # the time until training resumes is no step's
         step = self.step + 1
         kind = classify(error)
         count = self._faults_at.get(step, 0) + 1
@@ -356,6 +413,14 @@ class Session:
     # ---- snapshots -----------------------------------------------------------------------
 
     def _capture(self, step: int) -> None:
+        started = time.perf_counter()
+        if self._overlapped_capture:
+            # The previous capture copied in the background: count its copy whole (on a busy
+            # machine the overlap hides little of it), plus what it blocked synchronously.
+            self.store.wait()
+            self.costs.capture(self._overlapped_capture + self.store.last_fill_seconds)
+            self._overlapped_capture = 0.0
+            started = time.perf_counter()
         meta = {"step": step, **self.meta, **rng_meta()}
         self.store.capture(step, self.state.arrays(), meta)
         if self._buddy is not None:
@@ -364,6 +429,10 @@ class Session:
             self._push(step)
         elif not self._overlap:
             self.store.wait()
+        else:
+            self._overlapped_capture = max(time.perf_counter() - started, 1e-9)
+            return
+        self.costs.capture(time.perf_counter() - started)
 
     def _push(self, step: int) -> None:
         buddy = self._buddy
@@ -383,7 +452,9 @@ class Session:
         """Optimizer forward pre-hook: the parameters must not change while they are copied."""
         self._hook_seen = True
         if self.store is not None:
+            started = time.perf_counter()
             self.store.wait()
+            self._hook_wait += time.perf_counter() - started
         return None
 
     def _adopt_replica(self) -> bool:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import random
 
+from mindft.flow.cadence import Budget
 from mindft.protocol import FaultKind
 from sim import SimJob
 
@@ -10,10 +11,15 @@ KINDS = (FaultKind.UCE, FaultKind.COMMUNICATION, FaultKind.UNKNOWN)
 
 
 def random_job(seed: int) -> SimJob:
-    """One schedule: world size, steps, cadence and up to three faults, all from ``seed``."""
+    """One schedule: world size, steps, cadence (fixed, or chosen by the job within a budget:
+    then longer, so it changes) and up to three faults, all from ``seed``."""
     pick = random.Random(seed)
     world, steps = pick.randint(2, 4), pick.randint(3, 9)
-    job = SimJob(world, steps, seed=seed, snapshot_every=pick.choice((1, 1, 2, 3)), collectives=pick.random() < 0.5)
+    budget = Budget(max_replay=pick.choice((2, 3, 4, 6))) if pick.random() < 0.4 else None
+    if budget is not None:
+        steps *= 2
+    job = SimJob(world, steps, seed=seed, snapshot_every=pick.choice((1, 1, 2, 3)), collectives=pick.random() < 0.5,
+                 budget=budget)
     for _ in range(pick.choice((0, 1, 1, 2, 3))):
         rank, step = pick.randrange(world), pick.randint(1, steps)
         what = pick.random()

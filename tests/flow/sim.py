@@ -12,6 +12,10 @@ With ``collectives=True`` every step ends in an all-reduce, as in data-parallel 
 with MCCL on CPU: a rank's step completes only when every rank of its communicator is in
 the same step's collective; a rank blocked there obeys nothing; a process started while
 processes of the running communicator live cannot join it (only a whole new set can).
+
+With a ``budget`` the job chooses the snapshot cadence: ranks report made-up step and
+snapshot costs now and then, and every rank checks that a cadence the job announces never
+changes a capture step it already decided about.
 """
 from __future__ import annotations
 
@@ -26,7 +30,9 @@ from mindft.exitcodes import ExitCode
 from mindft.flow import (TRANSITIONS, Armed, Broadcast, DeviceFailed, DeviceFaulty, DeviceRecovered, Finish,
                          Finished, Follower, Job, JobState, KillRank, ProcessExited, Resumed, Send, StartRank,
                          Transition)
-from mindft.protocol import Action, Done, FaultKind, FaultReport, Heartbeat, Progress, Register
+from mindft.flow.cadence import Budget, Schedule
+from mindft.protocol import (Action, Cadence, CostReport, Done, FaultKind, FaultReport, Heartbeat, Progress, Register,
+                             RegisterAck)
 
 TIMEOUTS = Timeouts(heartbeat_interval=0.5, heartbeat_misses=6, register=30.0, pause=10.0, repair=20.0,
                     rollback=10.0, resume=10.0)
@@ -70,6 +76,15 @@ class SimRank:
         self.collective_step = 0
         self.released = False  # the collective it waits in completed
         self.communicator = job.join_communicator(self)
+
+    def on_cadence(self, message: Cadence | RegisterAck) -> None:
+        wire = message.schedule if isinstance(message, Cadence) else message.cadence
+        if not wire:
+            return
+        differs = self.follower.on_cadence(Schedule.from_wire(wire))
+        if differs is not None:
+            raise Violation(f"rank {self.rank} (deciding step {self.follower.deciding}) told a cadence "
+                            f"{wire} that changes step {differs}, already decided")
 
     # ---- RankHooks ----
     def settle(self) -> list[int]:
@@ -170,6 +185,11 @@ class SimRank:
         self.mode = "train"
         self.model += step
         self.position = step
+        sim = self.sim
+        if sim.budget is not None and sim.random.random() < 0.3:
+            # Made-up costs whose cadence (snapshot / (budget * step)) spans 1..max_replay and beyond.
+            sim.to_job(self, CostReport(self.rank, sim.random.uniform(0.5, 1.5),
+                                        sim.random.uniform(0.001, 0.06) * sim.budget.overhead * 100))
         if self.follower.is_capture_step(step):
             self.window_step, self.mode = step, "window"
             if self.follower.may_capture(step):
@@ -199,11 +219,12 @@ class SimJob:
     device_resets: dict[tuple[int, int], float] = field(default_factory=dict)  # (rank, step) -> reset seconds
     device_failures: set[tuple[int, int]] = field(default_factory=set)
     collectives: bool = False
+    budget: Optional[Budget] = None
 
     def __post_init__(self) -> None:
         self.random = random.Random(self.seed)
         self.now = 0.0
-        self.job = Job(self.world_size, self.timeouts, self.now, self.snapshot_every)
+        self.job = Job(self.world_size, self.timeouts, self.now, self.snapshot_every, budget=self.budget)
         self.communicator, self.members = 0, 0
         self.ranks: dict[int, SimRank] = {}
         self.ranks = {r: SimRank(self, r, 0, {0: 0}) for r in range(self.world_size)}
@@ -279,8 +300,10 @@ class SimJob:
                     rank.follower.on_progress(message.step)
                 elif isinstance(message, Action):
                     rank.actions.append(message)
-                elif not isinstance(message, Heartbeat) and rank.mode == "barrier":
-                    rank.mode = "train"  # RegisterAck after the start barrier
+                elif isinstance(message, (Cadence, RegisterAck)):
+                    rank.on_cadence(message)
+                    if isinstance(message, RegisterAck) and rank.mode == "barrier":
+                        rank.mode = "train"  # RegisterAck after the start barrier
 
     def _apply(self, effects: list) -> None:
         if self.finished_at is not None and any(isinstance(e, (Send, Broadcast)) for e in effects):

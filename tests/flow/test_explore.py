@@ -144,3 +144,23 @@ def test_the_explorer_catches_restarting_one_rank_of_a_collective_job(monkeypatc
     monkeypatch.setattr(Job, "_restart_every_worker", Job._enter_pausing)
     with pytest.raises(AssertionError, match="FAILED though every fault was recoverable|did not end"):
         explore(range(300))
+
+
+# ---- the cadence chosen by the job within an overhead budget ----
+
+def test_budget_jobs_change_cadence_and_stay_exact() -> None:
+    from mindft.flow.cadence import Budget
+    changed = 0
+    for seed in range(40):
+        job = finished(SimJob(3, 24, seed=seed, budget=Budget(max_replay=5)).fail_at(1, 17))
+        changed += len(job.job.schedule.segments) > 1
+    assert changed >= 20  # most runs switched cadence at least once, and every model is exact
+
+
+def test_the_explorer_catches_a_cadence_switch_too_early(monkeypatch) -> None:
+    # Switching at the next capture step after the slowest rank: a fast rank has already
+    # decided it (or a later step) under the old cadence.
+    from mindft.flow.cadence import Schedule
+    monkeypatch.setattr(Schedule, "switch_point", lambda self, slowest, keep=2: self.after(self.at_or_before(slowest)))
+    with pytest.raises(AssertionError, match="already decided"):
+        explore(range(2000))

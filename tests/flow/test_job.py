@@ -355,3 +355,36 @@ def test_without_collectives_a_lost_process_restarts_only_its_rank() -> None:
     assert not d.job.restart_all
     assert [e for e in d.job.tick(d.now) if isinstance(e, KillRank)] == []
     assert all(row.order == "" for row in d.job.status(d.now).ranks)
+
+
+def test_the_budget_cadence_is_announced_past_every_decided_step_and_before_progress() -> None:
+    from mindft.flow.cadence import Budget
+    from mindft.protocol import Cadence, CostReport
+    d = Driver(2)
+    d.job = Job(2, T, d.now, budget=Budget(overhead=0.01, max_replay=50))
+    d.start()
+    d.steps(4)
+    d.effects.clear()
+    d.send(0, CostReport(0, 0.10, 0.010))  # every 10th step by rank 0's figures
+    out = d.send(1, CostReport(1, 0.14, 0.025))  # the slowest figures: 18 (step 0.14, snapshot 0.025)
+    cadences = [e.message for e in d.effects if isinstance(e, Broadcast) and isinstance(e.message, Cadence)]
+    assert cadences == [Cadence((0, 1, 7, 10))]  # slowest 4: ranks may be deciding 6; 7 is free
+    assert out == [] and d.job.schedule.segments == ((0, 1), (7, 10))
+    # One change at a time: figures that ask for 18 wait until every rank reached step 7,
+    # and the new cadence goes out before the Progress that lets ranks past its switch point.
+    d.steps(6)
+    assert not any(isinstance(e.message, Cadence) for e in d.effects[1:] if isinstance(e, Broadcast))
+    d.effects.clear()
+    d.steps(7)
+    kinds = [type(e.message).__name__ for e in d.effects if isinstance(e, Broadcast)]
+    assert kinds == ["Cadence", "Progress"], kinds
+    assert d.job.schedule.segments == ((0, 1), (7, 10), (37, 18))
+    assert d.job._register_ack().cadence == (0, 1, 7, 10, 37, 18)
+
+
+def test_a_fixed_cadence_ignores_cost_reports() -> None:
+    from mindft.protocol import CostReport
+    d = Driver(2, every=4).start()
+    d.steps(8)
+    d.send(0, CostReport(0, 0.1, 0.5))
+    assert d.job.schedule.segments == ((0, 4),)

@@ -6,6 +6,7 @@ Configured from the environment (load_config plus COORD_* variables):
   COORD_STEP_TIME  seconds per step (default 0.02)
   COORD_FAULT_AT   "STEP:KIND": report a fault of KIND inside STEP (once per job)
   COORD_ROLLBACK_FAULT  "1": report a fault instead of restoring on the first ROLLBACK
+  COORD_COST       "STEP_S:SNAPSHOT_S": report these costs after step 2 (the job then picks the cadence)
   COORD_IGNORE     "pause", "rollback" or "resume": stall COORD_STALL seconds (default 4) in that
                    phase instead of answering, so the phase times out
 
@@ -42,6 +43,8 @@ class Rank:
         self.rollback_fault = os.environ.get("COORD_ROLLBACK_FAULT") == "1"
         self.ignore = os.environ.get("COORD_IGNORE", "")
         self.stall = float(os.environ.get("COORD_STALL", "4"))
+        cost = os.environ.get("COORD_COST", "")
+        self.cost = tuple(float(v) for v in cost.split(":")) if cost else None
         self.rank = self.config.rank
         self.replica = self.dir / f"replica-{self.rank}.json"
         self.snapshots: dict[int, int] = {0: 0}
@@ -64,6 +67,7 @@ class Rank:
         return sorted(self.snapshots)
 
     def capture(self, step: int) -> None:
+        self.event("capture", captured=step)
         self.snapshots[step] = self.state
         for old in sorted(self.snapshots)[:-2]:
             del self.snapshots[old]
@@ -144,6 +148,8 @@ class Rank:
                 self.state += step
                 self.step = step
                 self.processor.end_step(step, self, self.capture)  # a rollback moves self.step back
+                if self.cost and step == 2 and self.processor.reports_costs:
+                    self.processor.report_cost(*self.cost)
             if self.processor.finish(self.step, self) is None:
                 break
         self.event("done", state=self.state)

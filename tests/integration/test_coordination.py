@@ -553,3 +553,23 @@ def test_stand_alone_controller_help_and_ctrl_c() -> None:
             proc.wait()
     assert proc.returncode == ExitCode.INTERRUPTED
     assert "Traceback" not in err and "interrupted" in err
+
+
+def test_the_job_chooses_one_cadence_for_every_rank(make_job) -> None:
+    # 20 ms steps and 1 ms snapshots: the 1% budget asks for every 5th step. Both ranks switch
+    # at the step the controller announces, capture the same steps, and roll back to one of them.
+    job = make_job(2, steps=40)
+    job.spawn_all(r0={"COORD_COST": "0.02:0.001"}, r1={"COORD_COST": "0.018:0.0008", "COORD_FAULT_AT": "33:uce"})
+    result = job.result()
+    assert result.exit_code == EXIT_OK, result.reason
+    assert_all_done(job)
+    segments = job.controller.job.schedule.segments
+    assert len(segments) == 2 and segments[1][1] == 5, segments
+    switch = segments[1][0]
+    captured = [[e["captured"] for e in job.events(rank) if e["event"] == "capture"] for rank in range(2)]
+    assert captured[0] == captured[1], captured
+    after = sorted(set(s for s in captured[0] if s >= switch))
+    assert after and all(s % 5 == switch % 5 for s in after) and after[-1] >= 35, after
+    assert all(s == 1 + i for i, s in enumerate(sorted(set(s for s in captured[0] if s < switch)))), captured[0]
+    restored = [e["step"] for e in job.events(1) if e["event"] == "restored"]
+    assert len(restored) == 1 and restored[0] in after and restored[0] <= 32, restored

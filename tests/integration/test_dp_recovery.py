@@ -29,7 +29,8 @@ pytestmark = pytest.mark.timeout(600)
 DP_SCRIPT = ROOT / "examples" / "train_dp.py"
 EPOCHS = 2  # 256 samples, batch 8 per rank: 32 steps on 2 ranks, 16 on 4
 FAST_FAULTS = {"MINDFT_HEARTBEAT_INTERVAL": "0.1", "MINDFT_HEARTBEAT_MISSES": "20", "MINDFT_STALL_TIMEOUT": "2",
-               "MINDFT_RESET_POLL_INTERVAL": "0.1"}
+               "MINDFT_RESET_POLL_INTERVAL": "0.1",
+               "MINDFT_SNAPSHOT_EVERY": "1"}  # the rollback steps asserted below assume a snapshot every step
 
 
 def launch(processes: Processes, tmp: Path, name: str, world: int, *script_args: str,

@@ -77,8 +77,10 @@ def reference() -> dict[str, np.ndarray]:
 
 
 @pytest.fixture
-def controller() -> Iterator[tuple[Controller, MindftConfig]]:
-    config = MindftConfig(tft=TFTOptions(uce=True), controller_port=0, insecure=True, timeouts=FAST)
+def controller(request) -> Iterator[tuple[Controller, MindftConfig]]:
+    # A snapshot every step (these tests check its mechanics), or the budget's cadence.
+    every = getattr(request, "param", {"snapshot_every": 1})
+    config = MindftConfig(tft=TFTOptions(uce=True), controller_port=0, insecure=True, timeouts=FAST, **every)
     ctl = Controller(config)
     ctl.start()
     port = int(ctl.endpoint.rsplit(":", 1)[1])
@@ -130,6 +132,25 @@ def test_capture_overlaps_in_pynative_and_falls_back_to_synchronous_under_jit(co
         assert loop.session.store.steps == (9, 10)
     assert_same(trainer.state(), reference)
     assert ctl.join(10).exit_code == ExitCode.OK
+
+
+@pytest.mark.parametrize("controller", [{"overhead_budget": 0.0001, "max_replay_steps": 3}], indirect=True)
+def test_the_session_reports_its_costs_and_follows_the_budget_cadence(controller) -> None:
+    # A budget of 0.01% asks for a snapshot far less often than 3 steps allow: the cadence the
+    # controller announces is every 3rd step, and the rank snapshots on it.
+    ctl, config = controller
+    trainer = Trainer()
+    with FaultTolerantLoop(trainer.net, trainer.optimizer, config) as loop:
+        for step, batch in loop.batches(trainer.batch, 30):
+            loop.step(trainer.train_step, *batch)
+        loop.session.store.wait()
+        schedule = loop.session.processor.follower.schedule
+        assert schedule.segments[-1][1] == 3 and schedule.segments[-1][0] <= 24, schedule
+        assert loop.session.store.steps == tuple(sorted(schedule.held_after(30))), schedule
+        assert loop.session.costs.step_time > 0 and loop.session.costs.capture_time > 0
+    assert_same(trainer.state(), Trainer().plain(30))
+    assert ctl.join(10).exit_code == ExitCode.OK
+    assert ctl.job.schedule == schedule
 
 
 def test_fault_injected_by_the_controller_is_recovered(controller, reference) -> None:

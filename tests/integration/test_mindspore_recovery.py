@@ -83,7 +83,8 @@ class Job:
                         MS_WORKER_NUM=str(world_size), MINDFT_DUMP_DIR=str(tmp / "dump"),
                         MINDFT_HEARTBEAT_INTERVAL=str(timeouts.heartbeat_interval),
                         MINDFT_HEARTBEAT_MISSES=str(timeouts.heartbeat_misses),
-                        MINDFT_REPAIR_TIMEOUT=str(timeouts.repair))
+                        MINDFT_REPAIR_TIMEOUT=str(timeouts.repair),
+                        MINDFT_SNAPSHOT_EVERY="1")  # the rollback steps asserted below assume it
         self.env.update({"MINDFT_KEY_FILE": str(key_file)} if secure else {"MINDFT_INSECURE": "1"})
         self.procs: list[subprocess.Popen] = []
         self.logs: list[Path] = []

@@ -1,0 +1,183 @@
+"""Which steps are snapshotted: the cadence schedule, and how the job picks a cadence.
+
+A :class:`Schedule` is a list of segments ``(start, every)``: from step ``start`` on, steps
+``start, start + every, ...`` are capture steps, until the next segment's start (itself a
+capture step). Step 0 is always one (the state training starts from). Every rank and the
+job use the same schedule, so they agree on every capture step; the job only ever appends a
+segment that starts past any step a rank can already have decided about
+(:meth:`Schedule.switch_point`), so a change never rewrites a decision already taken.
+
+:func:`choose_every` is the overhead budget: snapshot every N-th step with
+N = ceil(capture_time / (budget * step_time)), at most ``max_replay`` (the steps a recovery
+may replay), and, when a failure rate is known (MindSpore's ATO statistics), at most
+Young's interval sqrt(2 * capture_time / (failure_rate * step_time)).
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+# A new cadence replaces the current one only if it differs by this factor (either way):
+# measured figures wobble, and every change is announced to every rank.
+HYSTERESIS = 1.25
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How the job chooses its cadence: ``overhead`` is the slowdown allowed (0.01: 1%),
+    ``max_replay`` the most steps a recovery may replay, ``failure_rate`` faults per step
+    (MindSpore's ATO statistics; 0: unknown)."""
+
+    overhead: float = 0.01
+    max_replay: int = 100
+    failure_rate: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.overhead <= 1 or self.max_replay < 1 or self.failure_rate < 0:
+            raise ValueError(f"need 0 < overhead <= 1, max_replay >= 1, failure_rate >= 0; got {self}")
+
+
+def choose_every(step_time: float, capture_time: float, budget: Budget) -> int:
+    """The cadence that keeps ``capture_time`` per snapshot within the budget of ``step_time``."""
+    if step_time <= 0 or capture_time <= 0:
+        return 1 if capture_time <= 0 else budget.max_replay
+    every = math.ceil(capture_time / (budget.overhead * step_time) - 1e-9)
+    if budget.failure_rate > 0:
+        every = min(every, max(1, round(math.sqrt(2 * capture_time / (budget.failure_rate * step_time)))))
+    return max(1, min(every, budget.max_replay))
+
+
+def worth_changing(current: int, proposed: int) -> bool:
+    """True when ``proposed`` differs enough from ``current`` to announce it."""
+    return proposed != current and (proposed >= current * HYSTERESIS or proposed * HYSTERESIS <= current)
+
+
+class ScheduleError(ValueError):
+    """A schedule is malformed, or a new one rewrites steps already decided."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The capture steps: segments ``(start, every)`` in increasing ``start``, the first at 0."""
+
+    segments: tuple[tuple[int, int], ...] = ((0, 1),)
+
+    def __post_init__(self) -> None:
+        segments = self.segments
+        if not segments or segments[0][0] != 0:
+            raise ScheduleError(f"a schedule starts at step 0, got {segments}")
+        for (start, every), (following, _) in zip(segments, segments[1:] + ((math.inf, 1),)):
+            if every < 1 or following <= start:
+                raise ScheduleError(f"segments need every >= 1 and increasing starts, got {segments}")
+            if following != math.inf and (following - start) % every:
+                raise ScheduleError(f"segment start {following} is not a capture step of ({start}, {every})")
+        object.__setattr__(self, "_starts", [start for start, _ in segments])
+
+    @classmethod
+    def fixed(cls, every: int) -> Schedule:
+        if every < 1:
+            raise ScheduleError(f"snapshot_every must be >= 1, got {every}")
+        return cls(((0, every),))
+
+    # ---- the wire form: start0, every0, start1, every1, ... --------------------------------
+
+    def wire(self) -> tuple[int, ...]:
+        return tuple(v for segment in self.segments for v in segment)
+
+    @classmethod
+    def from_wire(cls, values: Sequence[int]) -> Schedule:
+        if len(values) % 2 or not values:
+            raise ScheduleError(f"a schedule on the wire is start/every pairs, got {list(values)}")
+        return cls(tuple((values[i], values[i + 1]) for i in range(0, len(values), 2)))
+
+    # ---- queries ----------------------------------------------------------------------------
+
+    def _segment(self, step: int) -> tuple[int, int]:
+        return self.segments[bisect.bisect_right(self._starts, step) - 1]  # type: ignore[attr-defined]
+
+    def every_at(self, step: int) -> int:
+        """The cadence in force at ``step`` (>= 0)."""
+        return self._segment(max(step, 0))[1]
+
+    def is_capture(self, step: int) -> bool:
+        if step < 0:
+            return False
+        start, every = self._segment(step)
+        return (step - start) % every == 0
+
+    def at_or_before(self, step: int) -> int:
+        """The newest capture step <= ``step`` (-1 when ``step`` < 0)."""
+        if step < 0:
+            return -1
+        start, every = self._segment(step)
+        return step - (step - start) % every
+
+    def before(self, step: int, count: int = 1) -> int:
+        """The ``count``-th capture step before ``step`` (-1 when there are not that many)."""
+        for _ in range(count):
+            step = self.at_or_before(step - 1)
+            if step < 0:
+                return -1
+        return step
+
+    def after(self, step: int, count: int = 1) -> int:
+        """The ``count``-th capture step after ``step``."""
+        for _ in range(count):
+            index = bisect.bisect_right(self._starts, step)  # type: ignore[attr-defined]
+            start, every = self.segments[index - 1] if step >= 0 else self.segments[0]
+            candidate = start + ((max(step, start - 1) - start) // every + 1) * every
+            if index < len(self.segments):
+                candidate = min(candidate, self.segments[index][0])
+            step = candidate
+        return step
+
+    def held_after(self, progress: int, keep: int = 2) -> frozenset[int]:
+        """The capture steps a rank that finished ``progress`` steps holds once settled."""
+        newest = self.at_or_before(progress)
+        held = [newest] if newest >= 0 else []
+        while len(held) < keep and held and held[-1] > 0:
+            held.append(self.before(held[-1]))
+        return frozenset(s for s in held if s >= 0)
+
+    # ---- changes ----------------------------------------------------------------------------
+
+    def pending(self, slowest: int) -> bool:
+        """True while a change announced earlier has not been reached by every rank."""
+        return self.segments[-1][0] > slowest
+
+    def switch_point(self, slowest: int, keep: int = 2) -> int:
+        """The first step a new cadence may start at, given that no rank has heard of progress
+        beyond ``slowest``: such a rank may capture up to the (keep-1)-th capture step after
+        the newest one <= ``slowest``, then reach the next capture step and wait there at its
+        window. Every step up to that one may already be decided; the next capture step not."""
+        return self.after(self.at_or_before(slowest), keep + 1)
+
+    def then(self, start: int, every: int) -> Schedule:
+        """This schedule with cadence ``every`` from capture step ``start`` on."""
+        if not self.is_capture(start) or start <= self.segments[-1][0]:
+            raise ScheduleError(f"a new cadence must start at a capture step after {self.segments[-1][0]}, "
+                                f"got {start}")
+        return Schedule(self.segments + ((start, every),))
+
+    def agrees(self, other: Schedule, upto: int) -> Optional[int]:
+        """The first step <= ``upto`` on which the two schedules differ (None: none)."""
+        index = 0
+        for mine, theirs in zip(self.segments, other.segments):
+            if mine != theirs:
+                break
+            index += 1
+        starts = [s.segments[index][0] for s in (self, other) if index < len(s.segments)]
+        if not starts or min(starts) > upto:
+            return None
+        step = min(starts) - 1
+        for _ in range(100_000):  # identical capture steps under different segments end the search
+            mine, theirs = self.after(step), other.after(step)
+            if mine != theirs:
+                first = min(mine, theirs)
+                return first if first <= upto else None
+            if mine > upto:
+                return None
+            step = mine
+        return None
