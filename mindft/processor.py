@@ -53,7 +53,8 @@ class Processor:
                  keys: Optional[CurveKeys] = None, snapshot_every: Optional[int] = None) -> None:
         self.rank = config.rank
         self.incarnation = config.restart_count if incarnation is None else incarnation
-        self.replica_endpoint = replica_endpoint
+        # None of its own: the node agent's keeper holds this node's replicas (mindft-launch sets it).
+        self.replica_endpoint = replica_endpoint or config.replica_endpoint
         self.follower = Follower(self.rank, snapshot_every or config.snapshot_every)
         self.finished_job = False  # FINISH received: every rank is done
         self.lockstep = False  # end_step waits for every rank to finish the step (see end_step)

@@ -10,7 +10,7 @@ from mindft import protocol
 from mindft.protocol import (MAX_FRAME, MESSAGE_TYPES, PROTOCOL_VERSION, Ack, Action, ActionKind,
                              DeviceEvent, DeviceStatus, Done, FaultKind, FaultReport, Heartbeat,
                              InjectRequest, ProcessExit, ProtocolError, RankStatus, Register,
-                             Progress, RegisterAck, Reply, StatusReply, StatusRequest, StepReport,
+                             Progress, RegisterAck, ReplicaReport, Reply, StatusReply, StatusRequest, StepReport,
                              decode, encode)
 
 SAMPLES = [
@@ -30,12 +30,14 @@ SAMPLES = [
     StatusRequest(),
     StatusRequest(request_id=12345),
     StatusReply(state="REPAIRING", step=8, ranks=(RankStatus(0, "paused", 8, 0.25, 0, 11),
-                                                  RankStatus(1, "dead", 9, 3.5, 1, 12, incarnation=1)),
+                                                  RankStatus(1, "dead", 9, 3.5, 1, 12, incarnation=1,
+                                                             replicated=7, replica_lost=True)),
                 reason="rank 1 HANG at step 9", round=2, recoveries=1, request_id=12345),
     DeviceEvent(rank=1, status=DeviceStatus.FAULTY, error_code="0x80E01801", policy="reset"),
     InjectRequest(rank=0, fault=FaultKind.COMMUNICATION, detail="test"),
     ProcessExit(rank=1, returncode=-9, pid=77, will_restart=False, request_id=3),
     Reply(ok=False, detail="no rank 9"),
+    ReplicaReport(node=1, ranks=(2, 3), steps=(8, -1), lost=(3,), request_id=9),
 ]
 
 
@@ -142,7 +144,7 @@ def test_enum_values_are_stable_wire_names() -> None:
                                             "hang", "unknown"]
     assert [k.value for k in ActionKind] == ["pause", "rollback", "resume", "dump_and_exit",
                                              "inject_fault", "finish", "leave_device"]
-    assert protocol.PROTOCOL_VERSION == 3
+    assert protocol.PROTOCOL_VERSION == 4
 
 
 @pytest.mark.parametrize("rank, step, round_", [(0, 0, 0), (3, 123456789, 2), (16383, 1, 99)])
@@ -168,16 +170,16 @@ def test_hot_frames_are_decoded_without_json(message, monkeypatch: pytest.Monkey
 
 
 @pytest.mark.parametrize("text, error", [
-    ('{"v":3,"msg":"heartbeat","rank":1,"incarnation":0,"step":01}', "not JSON"),  # JSON has no leading zeros
-    ('{"v":3,"msg":"heartbeat","rank":1,"incarnation":0,"step":1,"x":2}', "unknown field"),
-    ('{"v":3,"msg":"heartbeat","rank":1,"incarnation":0}', "missing field 'step'"),
-    ('{"v":3,"msg":"step_report","rank":1,"step":1.5,"round":0}', "expected an integer"),
-    ('{"v":3,"msg":"step_report","rank":1,"step":true,"round":0}', "expected an integer"),
+    ('{"v":4,"msg":"heartbeat","rank":1,"incarnation":0,"step":01}', "not JSON"),  # JSON has no leading zeros
+    ('{"v":4,"msg":"heartbeat","rank":1,"incarnation":0,"step":1,"x":2}', "unknown field"),
+    ('{"v":4,"msg":"heartbeat","rank":1,"incarnation":0}', "missing field 'step'"),
+    ('{"v":4,"msg":"step_report","rank":1,"step":1.5,"round":0}', "expected an integer"),
+    ('{"v":4,"msg":"step_report","rank":1,"step":true,"round":0}', "expected an integer"),
     ('{"v":2,"msg":"step_report","rank":1,"step":1,"round":0}', "unsupported protocol version 2"),
-    ('{"v":3,"msg":"ack","rank":1,"action":"self_destruct","step":1,"held_steps":[1],"round":1}',
+    ('{"v":4,"msg":"ack","rank":1,"action":"self_destruct","step":1,"held_steps":[1],"round":1}',
      "not one of pause, rollback"),
-    ('{"v":3,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[1,"2"],"round":1}', "a list of integers"),
-    ('{"v":3,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[1,],"round":1}', "not JSON"),
+    ('{"v":4,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[1,"2"],"round":1}', "a list of integers"),
+    ('{"v":4,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[1,],"round":1}', "not JSON"),
 ])
 def test_near_misses_of_the_hot_templates_get_the_full_checks(text: str, error: str) -> None:
     with pytest.raises(ProtocolError, match=error):
@@ -185,11 +187,11 @@ def test_near_misses_of_the_hot_templates_get_the_full_checks(text: str, error: 
 
 
 @pytest.mark.parametrize("text, message", [
-    ('{"msg":"heartbeat","v":3,"rank":1,"incarnation":0,"step":2}', protocol.Heartbeat(1, 0, 2)),
-    ('{"v":3,"msg":"step_report","rank":1,"step":2}', protocol.StepReport(1, 2, 0)),
-    ('{"v":3,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[0, 1],"round":1}',
+    ('{"msg":"heartbeat","v":4,"rank":1,"incarnation":0,"step":2}', protocol.Heartbeat(1, 0, 2)),
+    ('{"v":4,"msg":"step_report","rank":1,"step":2}', protocol.StepReport(1, 2, 0)),
+    ('{"v":4,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[0, 1],"round":1}',
      Ack(1, ActionKind.PAUSE, 1, (0, 1), 1)),
-    ('{"v": 3, "msg": "step_report", "rank": -0, "step": 12345678901234567890123, "round": 1}',
+    ('{"v": 4, "msg": "step_report", "rank": -0, "step": 12345678901234567890123, "round": 1}',
      protocol.StepReport(0, 12345678901234567890123, 1)),
 ])
 def test_other_spellings_of_hot_messages_decode_the_same(text: str, message) -> None:
