@@ -309,7 +309,7 @@ class Sender:
                 self._await_ack()
                 self._judge(time.monotonic())
         except Exception:
-            log.exception("replication: the sender thread died; replicas are no longer sent")
+            log.exception("the sender thread died; replicas are no longer sent")
             with self._lock:
                 for track in self._tracks.values():
                     track.lost = True
@@ -355,7 +355,7 @@ class Sender:
             self.keeper = self._find_keeper()
             if self.keeper is None:
                 return
-            log.info("replication: node %d streams its ranks' snapshots to the keeper at %s", self.node, self.keeper)
+            log.info("node %d streams its ranks' snapshots to the keeper at %s", self.node, self.keeper)
         # The rank whose replica is furthest behind goes first.
         track = min(candidates, key=lambda t: t.behind_since if t.behind_since is not None else now)
         index, capture = track.pending
@@ -422,7 +422,7 @@ class Sender:
 
     def _reset(self, why: str) -> None:
         """Drop the connection and whatever it holds; look the keeper up again before the next push."""
-        log.warning("replication: no confirmation from the keeper at %s (%s); reconnecting", self.keeper, why)
+        log.warning("no confirmation from the keeper at %s (%s); reconnecting", self.keeper, why)
         if self._socket is not None:
             self._socket.close(linger=0)
             self._socket = None
@@ -447,7 +447,7 @@ class Sender:
             return
         reply = self._socket.recv_multipart()
         if reply[0] != b"ok" or len(reply) < 2:
-            log.warning("replication: the keeper at %s refused rank %d step %d: %s", self.keeper, track.rank,
+            log.warning("the keeper at %s refused rank %d step %d: %s", self.keeper, track.rank,
                         step, b" ".join(reply[1:])[:200].decode(errors="replace"))
             self._in_flight = None
             return
@@ -462,7 +462,7 @@ class Sender:
             newer = [at for number, at in track.noticed if number > capture]
             track.behind_since = newer[0] if newer else None
         if first:
-            log.info("replication: rank=%d step %d is held by the keeper at %s (%.3f s after it was noticed)",
+            log.info("rank=%d step %d is held by the keeper at %s (%.3f s after it was noticed)",
                      track.rank, step, self.keeper, now - sent)
 
     def _judge(self, now: float) -> None:
@@ -513,7 +513,7 @@ class Sender:
             try:
                 self._report(report)
             except Exception as error:  # the controller may be busy or gone: the next report says it again
-                log.debug("replication: report to the controller failed: %s", error)
+                log.debug("report to the controller failed: %s", error)
                 self._reported = None
 
 
@@ -549,7 +549,7 @@ class NodeReplication:
         try:
             status = self._request(self._address, self._keys, self._status_request(), FIND_INTERVAL * 2)
         except Exception as error:
-            log.debug("replication: cannot ask the controller for the buddy node's keeper: %s", error)
+            log.debug("cannot ask the controller for the buddy node's keeper: %s", error)
             return None
         for row in getattr(status, "ranks", ()):
             if row.rank in self._buddy_ranks and row.replica_endpoint.startswith("tcp://"):
