@@ -204,3 +204,16 @@ def test_node_replication_finds_the_buddy_keeper_through_the_controller(tmp_path
     until(lambda: node1.keeper.held == {0: 2}, "rank 0's replica on node 1")
     until(lambda: "ReplicaReport" in asked, "a report to the controller")
     assert "holding 1 replica(s) of the previous node ({0: 2}" in node1.summary()
+
+
+def test_under_mindft_launch_with_a_keeper_the_ranks_announce_it_and_push_nothing(tmp_path: Path) -> None:
+    from mindft.config import load_config
+    from mindft.launch import LaunchSpec, rank_environment
+
+    spec = LaunchSpec(command=("train.py",), nproc=2, nnodes=2, node_rank=1, state_dir=tmp_path,
+                      key_file=tmp_path / "keys.json", replica_endpoint="tcp://127.0.0.1:4000")
+    config = load_config(rank_environment(spec, 3, 0))
+    assert config.replica_buddy == -1 and config.replica_endpoint == "tcp://127.0.0.1:4000"
+    pushing = load_config(rank_environment(LaunchSpec(command=("train.py",), nproc=2, nnodes=2, node_rank=1,
+                                                      state_dir=tmp_path, key_file=tmp_path / "keys.json"), 3, 0))
+    assert pushing.replica_buddy == 1 and pushing.replica_endpoint == ""
