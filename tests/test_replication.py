@@ -217,3 +217,21 @@ def test_under_mindft_launch_with_a_keeper_the_ranks_announce_it_and_push_nothin
     pushing = load_config(rank_environment(LaunchSpec(command=("train.py",), nproc=2, nnodes=2, node_rank=1,
                                                       state_dir=tmp_path, key_file=tmp_path / "keys.json"), 3, 0))
     assert pushing.replica_buddy == 1 and pushing.replica_endpoint == ""
+
+
+def test_a_slot_a_capture_claims_while_it_is_read_is_not_sent(tmp_path: Path, keys, parts,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The manifest changed between the look before and after the read: the bytes may be torn."""
+    import mindft.replication as replication
+
+    store = SnapshotStore(home=tmp_path / "rank0")
+    parts.append(store)
+    capture(store, 1)
+    sender = Sender({0: tmp_path / "rank0"}, keys, lambda: None)
+    sender.close()  # its thread must not look at the manifest meanwhile: _read is called here
+    track = sender._tracks[0]
+    index = next(i for i in (0, 1) if (tmp_path / "rank0" / f"slot{i}.json").exists())
+    assert sender._read(track, index) is not None
+    looks = iter([(1, 1, 1, b"before"), (2, 2, 2, b"after")])
+    monkeypatch.setattr(replication, "_identity", lambda path: next(looks))
+    assert sender._read(track, index) is None
