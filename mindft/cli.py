@@ -252,6 +252,11 @@ def status(job: Optional[Path], address: Optional[str], key_file: Optional[Path]
     header = ("RANK", "STATE", "STEP", "LAST HEARTBEAT", "RESTARTS", "PID")
     rows = [(str(r.rank), r.state, str(r.step), _age(r.last_heartbeat_age), str(r.restarts), str(r.pid))
             for r in reply.ranks]
+    if any(r.replicated >= 0 or r.replica_lost for r in reply.ranks):
+        # The node agents replicate: the newest step the buddy node holds, and lost protection.
+        header += ("REPLICA",)
+        rows = [row + ((str(r.replicated) if r.replicated >= 0 else "none")
+                       + (" LOST PROTECTION" if r.replica_lost else ""),) for row, r in zip(rows, reply.ranks)]
     widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
     for row in (header, *rows):
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())

@@ -219,6 +219,8 @@ class MindftConfig:
     overhead_budget: float = 0.01
     max_replay_steps: int = 100
     replica_buddy: Optional[int] = None  # None: the next rank; -1: no replica (the node agent holds the state)
+    agent_replication: bool = True  # mindft-launch on several nodes: the node agents stream the replicas
+    replica_endpoint: str = ""  # the node agent's replica keeper, announced by the rank when it registers
     restart_scope: str = "auto"  # "all": a lost process restarts every worker; auto: when a rank says so
     timeouts: Timeouts = field(default_factory=Timeouts)
 
@@ -314,6 +316,11 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("MINDFT_REPLICA_BUDDY", "the rank whose process keeps this rank's replica (mindft-launch: the "
            "same local rank on the next node, -1 on one node, where the node agent's memory holds the state)",
            "the next rank", "-1..world size - 1"),
+    EnvVar("MINDFT_AGENT_REPLICATION", "mindft-launch on several nodes: 1, the node agents stream each rank's "
+           "newest snapshot to the next node's agent in the background (the ranks push nothing); 0, each rank "
+           "pushes its replica to its buddy rank after every capture, on the step's critical path", "1", "0, 1"),
+    EnvVar("MINDFT_REPLICA_ENDPOINT", "the node agent's replica keeper, which a rank announces when it registers "
+           "(mindft-launch sets it with agent replication)", "", "tcp://HOST:PORT"),
     EnvVar("MINDFT_LAUNCHER_PID", "mindft-launch's pid (it sets it); a rank started without it gives up "
            "after one silent period when no controller answers", "0", "a pid"),
     EnvVar("MINDFT_RESTART_COUNT", "times this rank was restarted (mindft-launch sets it)", "0",
@@ -396,8 +403,18 @@ def load_config(environ: Mapping[str, str] = os.environ) -> MindftConfig:
         max_replay_steps=_number(environ, "MINDFT_MAX_REPLAY_STEPS", int, 100, 1, 1_000_000),
         restart_scope=restart_scope,
         replica_buddy=_replica_buddy(environ, world_size),
+        agent_replication=_number(environ, "MINDFT_AGENT_REPLICATION", int, 1, 0, 1) == 1,
+        replica_endpoint=_replica_endpoint(environ),
         timeouts=timeouts,
     )
+
+
+def _replica_endpoint(environ: Mapping[str, str]) -> str:
+    endpoint = environ.get("MINDFT_REPLICA_ENDPOINT", "").strip()
+    if endpoint and not (endpoint.startswith("tcp://") and endpoint.rpartition(":")[2].isdigit()):
+        raise ConfigError(f"MINDFT_REPLICA_ENDPOINT: {endpoint!r} is not tcp://HOST:PORT "
+                          f"(mindft-launch sets it; unset it otherwise)")
+    return endpoint
 
 
 def _replica_buddy(environ: Mapping[str, str], world_size: int) -> Optional[int]:

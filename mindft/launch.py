@@ -138,6 +138,9 @@ class LaunchSpec:
     # True when MindIO TFT coordinates the job (MINDFT_BACKEND): node 0 runs MindIO's controller
     # and the step gate instead of mindft's controller, and a lost rank is not restarted.
     mindio: bool = False
+    # This node agent's replica keeper (mindft.replication) when the agents replicate (several
+    # nodes, MINDFT_AGENT_REPLICATION=1): the ranks announce it and push nothing themselves.
+    replica_endpoint: Optional[str] = None
 
     @property
     def world_size(self) -> int:
@@ -207,8 +210,13 @@ def rank_environment(spec: LaunchSpec, rank: int, restart_count: int) -> dict[st
         return env
     if spec.state_dir is not None:
         env["MINDFT_STATE_DIR"] = str(spec.state_dir / f"rank{rank}")
-        # The agent's memory outlives the process; a replica is for the loss of the node.
-        env.setdefault("MINDFT_REPLICA_BUDDY", str((rank + spec.nproc) % spec.world_size if spec.nnodes > 1 else -1))
+        if spec.replica_endpoint:
+            env["MINDFT_REPLICA_ENDPOINT"] = spec.replica_endpoint
+            env["MINDFT_REPLICA_BUDDY"] = "-1"  # the node agents replicate, off the step
+        else:
+            # The agent's memory outlives the process; a replica is for the loss of the node.
+            env.setdefault("MINDFT_REPLICA_BUDDY",
+                           str((rank + spec.nproc) % spec.world_size if spec.nnodes > 1 else -1))
     if spec.mindio and not env.get(MINDX_TASK_VARIABLE, "").strip():
         env[STEP_GATE_VARIABLE] = mindio_gate_address(spec)
     if spec.insecure:
@@ -554,6 +562,19 @@ def job_exit_code(controller_code: Optional[int], final_codes: Iterable[Optional
     return ExitCode.OK
 
 
+def start_replication(spec: LaunchSpec, keys: Any) -> Optional[Any]:
+    """This node agent's replica keeper and sender (mindft.replication) when the job needs them:
+    several nodes, mindft's own backend, MINDFT_AGENT_REPLICATION not 0; else None."""
+    if not spec.protected or spec.mindio or spec.nnodes < 2 or spec.state_dir is None:
+        return None
+    if not load_config(spec.env).agent_replication:
+        return None
+    from mindft.replication import NodeReplication
+
+    return NodeReplication(spec.state_dir, spec.local_ranks, spec.nproc, spec.nnodes, spec.node_rank,
+                           spec.master_ip, spec.controller_address, keys)
+
+
 class _ControllerRunner:
     """The controller and the reset watcher, in threads of the launcher (node 0 only).
 
@@ -692,6 +713,7 @@ class Launcher:
         self._connect()
         self.runner: Optional[_ControllerRunner] = None
         self.mindio_host: Optional[Any] = None
+        self.replication: Optional[Any] = None  # mindft.replication.NodeReplication
         self.scheduler: Optional[Scheduler] = Scheduler(spec) if spec.runs_scheduler else None
         self._signal: Optional[int] = None
         self._last_status: Optional[StatusReply] = None  # other nodes: the controller's, polled
@@ -977,6 +999,10 @@ class Launcher:
             if spec.protected:
                 spec = self.spec = self.agent.spec = dataclasses.replace(spec, state_dir=agent_memory())
                 log.info("the ranks' snapshots live in %s (shared memory held for the job)", spec.state_dir)
+                self.replication = start_replication(spec, self.keys)
+                if self.replication is not None:
+                    spec = self.spec = self.agent.spec = dataclasses.replace(
+                        spec, replica_endpoint=self.replication.endpoint)
             if self.scheduler is not None:
                 self.scheduler.start()  # first, as msrun: workers connect to it from init()
             self.agent.start_all_workers()
@@ -996,6 +1022,9 @@ class Launcher:
             for worker in self.agent.workers.values():
                 if worker.pump is not None:
                     worker.pump.join(2.0)
+            if self.replication is not None:
+                self.replication.close()
+                self.console.line("mindft-launch", self.replication.summary())
             if self.spec.state_dir is not None:
                 self.console.line("mindft-launch", agent_memory_report(self.spec.state_dir))
                 shutil.rmtree(self.spec.state_dir, ignore_errors=True)

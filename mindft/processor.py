@@ -59,7 +59,8 @@ class Processor:
                  keys: Optional[CurveKeys] = None, snapshot_every: Optional[int] = None) -> None:
         self.rank = config.rank
         self.incarnation = config.restart_count if incarnation is None else incarnation
-        self.replica_endpoint = replica_endpoint
+        # None of its own: the node agent's keeper holds this node's replicas (mindft-launch sets it).
+        self.replica_endpoint = replica_endpoint or config.replica_endpoint
         self.follower = Follower(self.rank, snapshot_every or config.snapshot_every or 1)
         self._own_cadence = snapshot_every is not None or config.snapshot_every is not None
         self.reports_costs = not self._own_cadence

@@ -26,7 +26,8 @@ from typing import Any, ClassVar, Mapping, Optional, Union
 # 3: heartbeats are no longer broadcast; the controller answers a rank's Heartbeat with one
 # of its own, and a rank sends one only when it sent, or heard, nothing else for an interval.
 # 4: the job decides the snapshot cadence: ranks send CostReport, the job announces Cadence
-# (and RegisterAck carries it).
+# (and RegisterAck carries it); node agents send ReplicaReport; RankStatus.replicated and
+# .replica_lost.
 PROTOCOL_VERSION = 4
 # Large enough for an endpoint map of ~20k ranks; bigger frames are refused unread.
 MAX_FRAME = 4 * 1024 * 1024
@@ -221,6 +222,8 @@ class RankStatus:
     incarnation: int = 0
     replica_endpoint: str = ""  # where a restarted rank's buddy serves its replica
     order: str = ""  # what the rank's node agent must do now: "kill", "start" or nothing
+    replicated: int = -1  # the newest step of this rank the buddy node's agent confirmed holding (-1: none)
+    replica_lost: bool = False  # its replica fell behind: a loss of its node would lose more than a few steps
 
 
 @dataclass(frozen=True)
@@ -275,6 +278,20 @@ class ProcessExit:
 
 
 @dataclass(frozen=True)
+class ReplicaReport:
+    """A node agent's replicas of its ranks on the buddy node: ``steps[i]`` is the newest step of
+    ``ranks[i]`` the buddy's agent confirmed holding (-1: none yet); ``lost`` lists the ranks whose
+    replica fell behind (lost protection). The controller answers with a :class:`Reply`."""
+
+    KIND: ClassVar[str] = "replica_report"
+    node: int
+    ranks: tuple[int, ...]
+    steps: tuple[int, ...]
+    lost: tuple[int, ...] = ()
+    request_id: int = 0
+
+
+@dataclass(frozen=True)
 class Reply:
     """The controller's answer to InjectRequest, ProcessExit and DeviceEvent."""
 
@@ -285,7 +302,8 @@ class Reply:
 
 
 Message = Union[Register, RegisterAck, Heartbeat, StepReport, Progress, FaultReport, Action, Ack, Done,
-                StatusRequest, StatusReply, DeviceEvent, InjectRequest, ProcessExit, Reply, CostReport, Cadence]
+                StatusRequest, StatusReply, DeviceEvent, InjectRequest, ProcessExit, ReplicaReport, Reply, CostReport,
+                Cadence]
 
 MESSAGE_TYPES: tuple[type, ...] = typing.get_args(Message)
 _BY_KIND: dict[str, type] = {cls.KIND: cls for cls in MESSAGE_TYPES}

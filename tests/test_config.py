@@ -132,6 +132,9 @@ def test_load_config_reads_msrun_variables_and_overrides() -> None:
     ({"MINDFT_RESTART_SCOPE": "node"}, ["MINDFT_RESTART_SCOPE", "'node'", "auto, rank, all"]),
     ({"MINDFT_STALL_TIMEOUT": "0"}, ["MINDFT_STALL_TIMEOUT", "0.1..3600"]),
     ({"MS_WORKER_NUM": "2", "MINDFT_REPLICA_BUDDY": "2"}, ["MINDFT_REPLICA_BUDDY", "-1..1"]),
+    ({"MINDFT_AGENT_REPLICATION": "2"}, ["MINDFT_AGENT_REPLICATION", "0..1"]),
+    ({"MINDFT_REPLICA_ENDPOINT": "127.0.0.1:5000"}, ["MINDFT_REPLICA_ENDPOINT", "'127.0.0.1:5000'",
+                                                     "tcp://HOST:PORT"]),
 ])
 def test_load_config_rejects_bad_environment(environ: dict[str, str], fragments: list[str]) -> None:
     with pytest.raises(ConfigError) as caught:

@@ -10,7 +10,7 @@ from mindft import protocol
 from mindft.protocol import (MAX_FRAME, MESSAGE_TYPES, PROTOCOL_VERSION, Ack, Action, ActionKind,
                              Cadence, CostReport, DeviceEvent, DeviceStatus, Done, FaultKind, FaultReport, Heartbeat,
                              InjectRequest, ProcessExit, ProtocolError, RankStatus, Register,
-                             Progress, RegisterAck, Reply, StatusReply, StatusRequest, StepReport,
+                             Progress, RegisterAck, ReplicaReport, Reply, StatusReply, StatusRequest, StepReport,
                              decode, encode)
 
 SAMPLES = [
@@ -30,7 +30,8 @@ SAMPLES = [
     StatusRequest(),
     StatusRequest(request_id=12345),
     StatusReply(state="REPAIRING", step=8, ranks=(RankStatus(0, "paused", 8, 0.25, 0, 11),
-                                                  RankStatus(1, "dead", 9, 3.5, 1, 12, incarnation=1)),
+                                                  RankStatus(1, "dead", 9, 3.5, 1, 12, incarnation=1,
+                                                             replicated=7, replica_lost=True)),
                 reason="rank 1 HANG at step 9", round=2, recoveries=1, request_id=12345),
     DeviceEvent(rank=1, status=DeviceStatus.FAULTY, error_code="0x80E01801", policy="reset"),
     InjectRequest(rank=0, fault=FaultKind.COMMUNICATION, detail="test"),
@@ -40,6 +41,7 @@ SAMPLES = [
     CostReport(rank=2, step_time=0.142, capture_time=0.025),
     CostReport(rank=0, step_time=1, capture_time=0),
     Cadence(schedule=(0, 1, 30, 18)),
+    ReplicaReport(node=1, ranks=(2, 3), steps=(8, -1), lost=(3,), request_id=9),
 ]
 
 

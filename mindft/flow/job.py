@@ -32,7 +32,7 @@ from mindft.flow.ranks import RankRecord, RankState, RankTable
 from mindft.flow.states import RECOVERY_STATES, TERMINAL_STATES, Event, JobState, next_state
 from mindft.protocol import (Ack, Action, ActionKind, Cadence, CostReport, DeviceEvent, DeviceStatus, Done, FaultKind, FaultReport,
                              Heartbeat, InjectRequest, Message, Progress, ProcessExit, RankStatus, Register,
-                             RegisterAck, Reply, StatusReply, StatusRequest, StepReport)
+                             RegisterAck, ReplicaReport, Reply, StatusReply, StatusRequest, StepReport)
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,7 @@ class Job:
         self.budget = budget
         self.costs: dict[int, tuple[float, float]] = {}  # rank -> (step seconds, snapshot seconds)
         self._retune_due = False  # a cost report came while a change was still pending
+        self.replicas: dict[int, tuple[int, bool]] = {}  # rank → (replicated step, lost), from the node agents
 
     # ---- inputs -----------------------------------------------------------------------------
 
@@ -150,6 +151,12 @@ class Job:
             self._on_wire_device_event(peer, message, now)
         elif kind is CostReport:
             self._on_cost(peer, message, now)
+        elif kind is ReplicaReport:
+            ok = len(message.ranks) == len(message.steps)
+            if ok:
+                lost = set(message.lost)
+                self.replicas.update((r, (s, r in lost)) for r, s in zip(message.ranks, message.steps))
+            self._emit(Send(peer, Reply(ok, "" if ok else "ranks and steps differ in length", message.request_id)))
         else:
             log.warning("dropped %s from peer %r: not addressed to the controller", kind.__name__, peer[:32])
         return self._flush()
@@ -244,7 +251,8 @@ class Job:
         rows = tuple(RankStatus(rank=r.rank, state=r.state.value, step=r.progress,
                                 last_heartbeat_age=round(max(0.0, now - r.last_seen), 3), restarts=r.restarts,
                                 pid=r.pid, incarnation=r.incarnation, replica_endpoint=r.replica_endpoint,
-                                order=self._order(r.rank))
+                                order=self._order(r.rank), replicated=self.replicas.get(r.rank, (-1, False))[0],
+                                replica_lost=self.replicas.get(r.rank, (-1, False))[1])
                      for r in sorted(self.ranks, key=lambda r: r.rank))
         if self.result is not None:
             reason = self.result.reason

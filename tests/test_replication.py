@@ -1,0 +1,237 @@
+"""The node agents' replication (mindft.replication) with real ZeroMQ on 127.0.0.1.
+
+The "rank" is a SnapshotStore writing into a directory, as a rank under mindft-launch does;
+the sender and the keeper are the agents' parts. Nothing here waits on a clock in an
+assert: a test polls for the state it expects, within a generous deadline.
+"""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+import numpy as np
+import pytest
+
+from mindft.config import Timeouts
+from mindft.flow import Job
+from mindft.keys import generate_keys
+from mindft.protocol import ReplicaReport, StatusRequest
+from mindft.replication import Keeper, NodeReplication, Sender
+from mindft.snapshot import SnapshotError, SnapshotStore, fetch_replica
+
+DEADLINE = 30.0
+
+
+def until(condition: Callable[[], object], what: str) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.01)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def state(step: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(step)
+    return {"w": rng.standard_normal((256, 64)).astype(np.float32), "m": np.arange(1000, dtype=np.int64) * step,
+            "s": np.asarray(step, dtype=np.float64)}
+
+
+@pytest.fixture
+def keys(tmp_path: Path):
+    return generate_keys(tmp_path / "keys.json")
+
+
+@pytest.fixture
+def parts(tmp_path: Path) -> Iterator[list]:
+    """Closes what a test opened, even when it fails (no thread outlives a test)."""
+    opened: list = []
+    yield opened
+    for part in reversed(opened):
+        part.close()
+    assert not [t for t in threading.enumerate() if t.name in ("mindft-replication", "mindft-keeper")]
+
+
+def capture(store: SnapshotStore, step: int) -> None:
+    store.capture(step, state(step), {"step": step})
+    store.wait()
+
+
+def test_the_newest_snapshot_reaches_the_keeper_and_comes_back_verified(tmp_path: Path, keys, parts) -> None:
+    keeper = Keeper(tmp_path / "node1", "127.0.0.1", keys)
+    parts.append(keeper)
+    store = SnapshotStore(home=tmp_path / "node0" / "rank0")
+    parts.append(store)
+    sender = Sender({0: tmp_path / "node0" / "rank0"}, keys, lambda: keeper.endpoint)
+    parts.append(sender)
+    capture(store, 1)
+    until(lambda: sender.replicated == {0: 1}, "the replica of step 1")
+    assert keeper.held == {0: 1}
+    capture(store, 2)
+    until(lambda: keeper.held == {0: 2} and sender.replicated == {0: 2}, "the replica of step 2")
+    replica = fetch_replica(keeper.endpoint, 0, keys, 5.0)
+    assert replica.step == 2 and replica.meta == {"step": 2}
+    for name, array in state(2).items():
+        assert replica.arrays[name].tobytes() == array.tobytes() and replica.arrays[name].shape == array.shape
+    # The keeper's slot is a rank's slot: a SnapshotStore reads it back (and verifies it on restore).
+    with SnapshotStore(home=tmp_path / "node1" / "rank0", resume=True) as held:
+        assert held.restore().step == 2
+
+
+def test_newest_wins_one_push_for_many_captures(tmp_path: Path, keys, parts) -> None:
+    keeper = Keeper(tmp_path / "node1", "127.0.0.1", keys)
+    parts.append(keeper)
+    store = SnapshotStore(home=tmp_path / "rank0")
+    parts.append(store)
+    found = threading.Event()
+    sender = Sender({0: tmp_path / "rank0"}, keys, lambda: keeper.endpoint if found.is_set() else None)
+    parts.append(sender)
+    for step in range(1, 8):
+        capture(store, step)
+    until(lambda: sender.local == {0: 7}, "the sender to notice step 7")
+    found.set()  # the keeper shows up only now: what waits is the newest snapshot, not a queue
+    until(lambda: sender.replicated == {0: 7}, "the keeper's confirmation of step 7")
+    assert sender.pushes == 1 and keeper.held == {0: 7}
+
+
+def test_a_corrupt_replica_is_refused_on_fetch_not_on_receipt(tmp_path: Path, keys, parts) -> None:
+    keeper = Keeper(tmp_path / "node1", "127.0.0.1", keys)
+    parts.append(keeper)
+    store = SnapshotStore(home=tmp_path / "rank0")
+    parts.append(store)
+    sender = Sender({0: tmp_path / "rank0"}, keys, lambda: keeper.endpoint)
+    parts.append(sender)
+    capture(store, 3)
+    until(lambda: keeper.held == {0: 3}, "the replica of step 3")
+    slot = tmp_path / "node1" / "rank0" / "slot0.bin"
+    data = bytearray(slot.read_bytes())
+    data[100] ^= 0xFF  # a bit flip in the keeper's memory
+    slot.write_bytes(bytes(data))
+    with pytest.raises(SnapshotError, match="corrupt replica of rank 0, step 3: checksum mismatch in w"):
+        fetch_replica(keeper.endpoint, 0, keys, 5.0)
+    with pytest.raises(SnapshotError, match="no replica of rank 5"):
+        fetch_replica(keeper.endpoint, 5, keys, 5.0)
+
+
+def test_a_dead_keeper_blocks_nothing_and_is_reported_as_lost_protection_until_it_is_back(
+        tmp_path: Path, keys, parts, caplog: pytest.LogCaptureFixture) -> None:
+    port = free_port()
+    endpoint = f"tcp://127.0.0.1:{port}"
+    reports: list[ReplicaReport] = []
+    store = SnapshotStore(home=tmp_path / "rank0")
+    parts.append(store)
+    sender = Sender({0: tmp_path / "rank0"}, keys, lambda: endpoint, node=0, report=reports.append,
+                    lost_after=0.3, ack_timeout=0.2)
+    parts.append(sender)
+    caplog.set_level("WARNING", logger="mindft.replication")
+    for step in range(1, 4):
+        capture(store, step)  # the rank's captures never wait on the keeper
+    until(lambda: sender.lost == (0,), "lost protection")
+    until(lambda: reports and reports[-1].lost == (0,), "a report of lost protection")
+    assert reports[-1].ranks == (0,) and reports[-1].steps == (-1,)
+    assert "rank=0 LOST PROTECTION" in caplog.text
+    keeper = Keeper(tmp_path / "node1", "127.0.0.1", keys, port=port)
+    parts.append(keeper)
+    capture(store, 4)
+    until(lambda: sender.lost == () and sender.replicated == {0: 4}, "protection restored")
+    assert keeper.held == {0: 4}
+    until(lambda: reports[-1] == ReplicaReport(node=0, ranks=(0,), steps=(4,), lost=()), "a report of step 4")
+    assert "rank=0 protection restored" in caplog.text
+    assert keeper.held == {0: 4}
+
+
+def test_a_sender_closes_promptly_with_a_push_in_flight_to_a_dead_keeper(tmp_path: Path, keys, parts) -> None:
+    store = SnapshotStore(home=tmp_path / "rank0")
+    parts.append(store)
+    sender = Sender({0: tmp_path / "rank0"}, keys, lambda: f"tcp://127.0.0.1:{free_port()}")
+    capture(store, 1)
+    until(lambda: sender.pushes == 1, "a push in flight")
+    sender.close()  # joins its threads; a hang here fails the test by timeout
+    assert sender.replicated == {0: -1}
+
+
+def test_a_keeper_refuses_a_sender_without_the_job_key(tmp_path: Path, keys, parts) -> None:
+    keeper = Keeper(tmp_path / "node1", "127.0.0.1", keys)
+    parts.append(keeper)
+    store = SnapshotStore(home=tmp_path / "rank0")
+    parts.append(store)
+    stranger = generate_keys(tmp_path / "other.json")
+    sender = Sender({0: tmp_path / "rank0"}, stranger, lambda: keeper.endpoint, lost_after=0.2)
+    parts.append(sender)
+    capture(store, 1)
+    until(lambda: sender.lost == (0,), "lost protection")
+    assert keeper.held == {}
+
+
+def test_the_controller_shows_what_the_agents_report() -> None:
+    job = Job(2, Timeouts(), 0.0)
+    job.handle(b"agent", ReplicaReport(node=0, ranks=(0, 1), steps=(5, 3), lost=(1,), request_id=7), 1.0)
+    effects = job.handle(b"agent", ReplicaReport(node=0, ranks=(0,), steps=(6,)), 1.0)
+    assert effects[0].message.ok
+    bad = job.handle(b"agent", ReplicaReport(node=0, ranks=(0, 1), steps=(6,), request_id=8), 1.0)
+    assert not bad[0].message.ok and "differ" in bad[0].message.detail
+    assert job.replicas == {0: (6, False), 1: (3, True)}
+
+
+def test_node_replication_finds_the_buddy_keeper_through_the_controller(tmp_path: Path, keys, parts,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Node 0's agent asks the controller's status where a rank of node 1 registered its keeper."""
+    from mindft.protocol import RankStatus, Reply, StatusReply
+    node1 = NodeReplication(tmp_path / "n1", [1], 1, 2, 1, "127.0.0.1", "tcp://127.0.0.1:1", keys)
+    parts.append(node1)
+    asked: list = []
+
+    def fake_request(address, keys_, message, timeout):
+        asked.append(type(message).__name__)
+        if isinstance(message, StatusRequest):
+            return StatusReply("NORMAL", 1, (RankStatus(1, "running", 1, 0.0, 0, 1,
+                                                        replica_endpoint=node1.endpoint),))
+        return Reply(True)
+
+    monkeypatch.setattr("mindft.channel.request", fake_request)
+    node0 = NodeReplication(tmp_path / "n0", [0], 1, 2, 0, "127.0.0.1", "tcp://127.0.0.1:1", keys)
+    parts.append(node0)
+    store = SnapshotStore(home=tmp_path / "n0" / "rank0")
+    parts.append(store)
+    capture(store, 2)
+    until(lambda: node1.keeper.held == {0: 2}, "rank 0's replica on node 1")
+    until(lambda: "ReplicaReport" in asked, "a report to the controller")
+    assert "holding 1 replica(s) of the previous node ({0: 2}" in node1.summary()
+
+
+def test_under_mindft_launch_with_a_keeper_the_ranks_announce_it_and_push_nothing(tmp_path: Path) -> None:
+    from mindft.config import load_config
+    from mindft.launch import LaunchSpec, rank_environment
+
+    spec = LaunchSpec(command=("train.py",), nproc=2, nnodes=2, node_rank=1, state_dir=tmp_path,
+                      key_file=tmp_path / "keys.json", replica_endpoint="tcp://127.0.0.1:4000")
+    config = load_config(rank_environment(spec, 3, 0))
+    assert config.replica_buddy == -1 and config.replica_endpoint == "tcp://127.0.0.1:4000"
+    pushing = load_config(rank_environment(LaunchSpec(command=("train.py",), nproc=2, nnodes=2, node_rank=1,
+                                                      state_dir=tmp_path, key_file=tmp_path / "keys.json"), 3, 0))
+    assert pushing.replica_buddy == 1 and pushing.replica_endpoint == ""
+
+
+def test_a_slot_a_capture_claims_while_it_is_read_is_not_sent(tmp_path: Path, keys, parts,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The manifest changed between the look before and after the read: the bytes may be torn."""
+    import mindft.replication as replication
+
+    store = SnapshotStore(home=tmp_path / "rank0")
+    parts.append(store)
+    capture(store, 1)
+    sender = Sender({0: tmp_path / "rank0"}, keys, lambda: None)
+    sender.close()  # its thread must not look at the manifest meanwhile: _read is called here
+    track = sender._tracks[0]
+    index = next(i for i in (0, 1) if (tmp_path / "rank0" / f"slot{i}.json").exists())
+    assert sender._read(track, index) is not None
+    looks = iter([(1, 1, 1, b"before"), (2, 2, 2, b"after")])
+    monkeypatch.setattr(replication, "_identity", lambda path: next(looks))
+    assert sender._read(track, index) is None
