@@ -89,6 +89,10 @@ Quirks and how they are handled
   takes 3-7 s (its worker threads exit one by one). Both run in a daemon thread with a bounded
   wait; a stuck one is abandoned, never waited on, and the process still exits at once. The wheel's own ``atexit`` hooks
   (which would repeat the unbounded calls at interpreter exit) are unregistered.
+* A process that abandoned a destroy aborts at exit ("terminate called without an active
+  exception", SIGABRT) when the wheel's C++ static destructors meet the thread still blocked in
+  it. After an abandoned destroy the process therefore ends with ``_exit(status)`` once Python
+  has finalized, skipping those destructors and keeping the exit status the program chose.
 * ``tft_init_processor`` makes SIGTERM and SIGINT do nothing. The handlers in place before it are
   put back, so the launcher can still stop a rank.
 * Prelock gives up after 3 tries when ranks drift apart (a rank mid-update is given 3 ms); the
@@ -108,6 +112,7 @@ Quirks and how they are handled
 from __future__ import annotations
 
 import atexit
+import ctypes
 import enum
 import json
 import logging
@@ -217,6 +222,35 @@ def _unregister_atexit(*functions: Callable[..., Any]) -> None:
         atexit.unregister(function)
 
 
+_teardown_skipped = False
+
+
+def _skip_native_teardown_at_exit() -> None:
+    """Make ``exit(status)`` call ``_exit(status)`` before the wheel's C++ static destructors run.
+
+    glibc calls ``on_exit`` handlers as ``handler(status, arg)`` in reverse order of registration,
+    interleaved with the destructors the wheel registered when it was loaded (earlier), so this
+    handler runs first. ``_exit`` reads only its first argument. Python has flushed its own streams
+    by then; C stdio buffers are flushed here, the last moment Python code runs at exit.
+    """
+    global _teardown_skipped
+    if _teardown_skipped:
+        return
+    try:
+        libc = ctypes.CDLL(None)
+        on_exit, quick_end, flush = libc.on_exit, libc._exit, libc.fflush
+    except (OSError, AttributeError) as error:
+        log.warning("cannot skip MindIO's native teardown at exit (%s): the process may abort at exit", error)
+        return
+    flush.argtypes = [ctypes.c_void_p]
+    on_exit.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    if on_exit(ctypes.cast(quick_end, ctypes.c_void_p), None) != 0:
+        log.warning("on_exit refused a handler: the process may abort at exit (MindIO quirk)")
+        return
+    atexit.register(flush, None)
+    _teardown_skipped = True
+
+
 def _bounded(call: Callable[[], Any], timeout: float, what: str) -> bool:
     """Run ``call`` in a daemon thread; True if it returned within ``timeout`` (else it is abandoned)."""
     errors: list = []
@@ -232,6 +266,7 @@ def _bounded(call: Callable[[], Any], timeout: float, what: str) -> bool:
     thread.join(timeout)
     if thread.is_alive():
         log.warning("%s did not return within %.1f s; abandoned (MindIO quirk)", what, timeout)
+        _skip_native_teardown_at_exit()
         return False
     if errors:
         log.warning("%s failed: %r", what, errors[0])

@@ -4,11 +4,14 @@ The real wheel and real processes are exercised in tests/integration/test_mindio
 """
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
+from mindft import mindio
 from mindft.exitcodes import ExitCode
 from mindft.mindio import (MindioController, MindioError, MindioExit, MindioRank, RankCallbacks,
                            RecoveryRequested, _bounded, controller_runs_here)
@@ -98,11 +101,30 @@ def test_a_failing_handler_is_reported_to_the_training_thread() -> None:
     assert isinstance(rank._handler_error, RuntimeError)
 
 
-def test_bounded_call_abandons_a_hanging_call() -> None:
+def test_bounded_call_abandons_a_hanging_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    skips: list = []
+    monkeypatch.setattr(mindio, "_skip_native_teardown_at_exit", lambda: skips.append(1))
     release = threading.Event()
     started = time.monotonic()
     assert _bounded(release.wait, 0.2, "hanging call") is False
     assert time.monotonic() - started < 2
+    assert skips == [1]  # the process must not run the wheel's teardown with the call still inside
     release.set()
     assert _bounded(lambda: None, 1, "quick call") is True
     assert _bounded(lambda: 1 / 0, 1, "failing call") is False
+
+
+@pytest.mark.parametrize("ending, status", [("sys.exit(7)", 7), ("pass", 0), ("raise RuntimeError('boom')", 1)])
+def test_skipping_native_teardown_keeps_the_exit_status_and_the_output(ending: str, status: int) -> None:
+    script = ("import logging, sys\n"
+              "from mindft import mindio\n"
+              "logging.basicConfig(level=logging.INFO)\n"
+              "mindio._skip_native_teardown_at_exit()\n"
+              "mindio._skip_native_teardown_at_exit()\n"
+              "print('printed before exit')\n"
+              "logging.getLogger('t').info('logged before exit')\n"
+              f"{ending}\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == status, done.stderr
+    assert done.stdout == "printed before exit\n"
+    assert "logged before exit" in done.stderr

@@ -25,8 +25,8 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
-from mindft.mindio import (FaultKind, MindioController, MindioExit, MindioRank, RankCallbacks,
-                           RecoveryRequested)
+from mindft.mindio import (PROCESSOR_CLOSE_TIMEOUT, FaultKind, MindioController, MindioExit, MindioRank,
+                           RankCallbacks, RecoveryRequested)
 from mindft.snapshot import ReplicaServer, SnapshotError, SnapshotStore, fetch_replica, push_replica
 
 SIZE = 257
@@ -34,6 +34,8 @@ SEED = 1234
 BARRIER_TIMEOUT = 60.0
 REPLICA_TIMEOUT = 10.0
 AUTHKEY = b"mindft-mindio-test"
+# A test sets it tiny so that the wheel's destroy is always abandoned.
+CLOSE_TIMEOUT = float(os.environ.get("MINDIO_TEST_CLOSE_TIMEOUT", PROCESSOR_CLOSE_TIMEOUT))
 
 
 def initial_state() -> Dict[str, np.ndarray]:
@@ -184,7 +186,7 @@ def run_rank(rank: int, world_size: int, port: int, hub: str, steps: int, out: P
         barrier.wait(BARRIER_TIMEOUT)  # no rank closes while another still needs the controller
     except threading.BrokenBarrierError:
         pass
-    closed = mindio.close()
+    closed = mindio.close(CLOSE_TIMEOUT)
     emit(event="closed", rank=rank, clean=closed)
     store.close()
     return 0

@@ -207,6 +207,18 @@ def test_ranks_close_without_hanging_when_the_controller_is_gone(make_job) -> No
         assert code in (0, ExitCode.FAILED, ExitCode.DUMPED), (rank, code, job2.log(f"rank{rank}.err"))
 
 
+def test_a_rank_that_abandons_the_wheels_destroy_still_exits_with_its_own_status(make_job) -> None:
+    # Exiting with the destroy still blocked in the wheel used to abort in its C++ teardown
+    # ("terminate called without an active exception", -6) every time the destroy was abandoned.
+    job = make_job(2)
+    job.env["MINDIO_TEST_CLOSE_TIMEOUT"] = "0.01"
+    job.start()
+    assert job.wait() == {0: 0, 1: 0}, job.log("rank0.err")
+    for rank in range(2):
+        assert [e["clean"] for e in job.events(rank) if e["event"] == "closed"] == [False]
+    assert_bit_identical(job)
+
+
 def _events_or_empty(job: Job, rank: int) -> List[dict]:
     try:
         return job.events(rank)
