@@ -288,7 +288,7 @@ def test_garbage_frames_from_a_connected_peer_are_dropped(make_job) -> None:
     context = zmq.Context()
     try:
         sock = context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.LINGER, 5000)  # the frames must leave before close (connect is asynchronous)
         sock.connect(job.controller.endpoint)
         sock.send(b"\xff\xfe not json")
         sock.send(b'{"v":99,"msg":"status_request"}')
@@ -296,7 +296,7 @@ def test_garbage_frames_from_a_connected_peer_are_dropped(make_job) -> None:
         sock.send(b'{"v":1,"msg":"heartbeat","rank":0,"incarnation":0,"step":"x"}')
         sock.send_multipart([b"two", b"frames"])
         sock.send(b"x" * (8 * 1024 * 1024))  # over MAX_FRAME: libzmq drops the connection
-        sock.close(0)
+        sock.close()  # lingers until the frames are out
         sock = context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(job.controller.endpoint)
@@ -304,6 +304,9 @@ def test_garbage_frames_from_a_connected_peer_are_dropped(make_job) -> None:
         assert sock.poll(5000), "controller stopped answering after garbage"
     finally:
         context.destroy(0)
+    deadline = time.monotonic() + 10  # the status came on another connection: the garbage may trail it
+    while job.controller.dropped_frames < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert job.controller.dropped_frames >= 5
     job.spawn_all(r1={"COORD_FAULT_AT": "3:uce"})
     assert job.result().exit_code == EXIT_OK
