@@ -830,7 +830,8 @@ class Job:
                     common &= frozenset(record.held)
         if common:
             return False
-        replicas = ", ".join(f"rank {r} only to " + (f"step {held[0]} (its replica)" if held else "nothing (no replica)")
+        replicas = ", ".join(f"rank {r} only to " + (f"step {held[0]} (its replica)" if held
+                                                      else "nothing (no replica)")
                              for r, held in sorted(lost.items())[:8]) + (", ..." if len(lost) > 8 else "")
         kept = "".join(f"; {_ranks(sorted(ranks))} {'hold' if len(ranks) > 1 else 'holds'} {list(held)}"
                        for held, ranks in sorted(known.items()))

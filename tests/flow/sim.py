@@ -47,8 +47,8 @@ from mindft.flow import (TRANSITIONS, Armed, Broadcast, DeviceFailed, DeviceFaul
                          Finished, Follower, Job, JobState, KillRank, ProcessExited, Resumed, Send, StartRank,
                          Transition)
 from mindft.flow.cadence import Budget, Schedule
-from mindft.protocol import (Action, ActionKind, Cadence, CostReport, Done, FaultKind, FaultReport, Heartbeat, NodeLost, Progress,
-                             Register, RegisterAck, ReplicaReport)
+from mindft.protocol import (Action, ActionKind, Cadence, CostReport, Done, FaultKind, FaultReport, Heartbeat, NodeLost,
+                             Progress, Register, RegisterAck, ReplicaReport)
 
 TIMEOUTS = Timeouts(heartbeat_interval=0.5, heartbeat_misses=6, register=30.0, pause=10.0, repair=20.0,
                     rollback=10.0, resume=10.0)
