@@ -715,8 +715,7 @@ class Job:
                 else:
                     del self._gone_replicas[rank]
             self.replicas[rank] = (step, rank in lost)
-            if self.state is _S.NORMAL:
-                self._judge_protection(rank, step, rank in lost)
+            self._judge_protection(rank, step, rank in lost)
         return ""
 
     def _judge_protection(self, rank: int, step: int, agent_lost: bool) -> None:
@@ -724,7 +723,10 @@ class Job:
         newest snapshot step every rank finished and the one before: a loss of its node now could
         not be recovered), or its agent says it fell behind; restored once the replica holds that
         newest step. Between the two nothing changes, so a replica that lags by about one snapshot
-        is not logged on every report. No replica yet (-1) is left to the agent's own judgment."""
+        is not logged on every report. No replica yet (-1) is left to the agent's own judgment.
+        During a recovery the steps are being rolled back: only the agent's verdict counts."""
+        if self.state is not _S.NORMAL and not agent_lost:
+            return
         committed = self.schedule.at_or_before(self.ranks.slowest)
         oldest_kept = self.schedule.before(committed) if committed > 0 else committed
         was = rank in self.unprotected

@@ -63,6 +63,16 @@ def test_the_agents_own_verdict_is_lost_protection_and_no_replica_yet_is_not() -
     assert protection(d) == {0: (5, False), 1: (-1, True)}
 
 
+def test_during_a_recovery_only_the_agents_verdict_counts() -> None:
+    d = Driver(2).start()
+    d.steps(6)
+    d.send(0, FaultReport(0, 7, FaultKind.UCE))
+    report(d, 0, {0: 1, 1: 6})  # the steps are being rolled back: no judgment from the window
+    assert protection(d) == {0: (1, False), 1: (6, False)}
+    report(d, 0, {0: 1, 1: 6}, lost=(0,))
+    assert protection(d)[0] == (1, True)
+
+
 def test_the_window_follows_the_cadence() -> None:
     d = Driver(2, every=3).start()
     d.steps(7)  # capture steps 3 and 6 kept
