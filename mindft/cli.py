@@ -263,8 +263,8 @@ def status(job: Optional[Path], address: Optional[str], key_file: Optional[Path]
         click.echo("(no rank has registered yet)")
     unprotected = [r.rank for r in reply.ranks if r.replica_lost]
     if unprotected:
-        click.echo(f"LOST PROTECTION: {_rank_list(unprotected)}: the replica on the next node is older than "
-                   f"the steps every rank keeps; were {'its' if len(unprotected) == 1 else 'their'} node lost now, "
+        click.echo(f"LOST PROTECTION: {_rank_list(unprotected)}: the replica on the next node is gone or older "
+                   f"than the steps every rank keeps; were {'its' if len(unprotected) == 1 else 'their'} node lost now, "
                    f"the job would end with dying-gasp checkpoints (the node agents' logs say why)")
     lost = [r.rank for r in reply.ranks if r.state == "lost"]
     if lost:

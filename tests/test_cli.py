@@ -218,8 +218,8 @@ def test_status_shows_replicas_and_lost_protection(runner: CliRunner, tmp_path: 
         table = runner.invoke(main, ["status", "--job", str(job)]).output.splitlines()
         assert table[1].split()[-1] == "REPLICA"
         assert table[2].endswith("3 LOST PROTECTION") and table[3].endswith(" 6")
-        assert table[4].startswith("LOST PROTECTION: rank 0: the replica on the next node is older than the steps "
-                                   "every rank keeps; were its node lost now, the job would end with dying-gasp")
+        assert table[4].startswith("LOST PROTECTION: rank 0: the replica on the next node is gone or older than "
+                                   "the steps every rank keeps; were its node lost now, the job would end with")
         rows = json.loads(runner.invoke(main, ["status", "--job", str(job), "--json"]).output)["ranks"]
         assert [(r["replicated"], r["replica_lost"]) for r in rows] == [(3, True), (6, False)]
     finally:
