@@ -785,12 +785,12 @@ class Job:
                         detail)
             record.state = RankState.LOST  # record.held stays what it last said: its new process registers anew
             fault = rec.faults.get(rank)
-            if fault is None or fault.collateral:
+            if fault is None:
                 fault = rec.faults[rank] = Fault(FaultKind.PROCESS_DIED, record.progress + 1, detail)
                 restart = True
-            else:
+            else:  # already waited for as a new process (also when stopped only so every worker restarts)
                 restart = restart or not fault.process_pending
-                fault.kind, fault.detail = FaultKind.PROCESS_DIED, detail
+                fault.kind, fault.detail, fault.collateral = FaultKind.PROCESS_DIED, detail, False
             fault.node, fault.replica = node, replica
             # Its process went with the node; its device too (the new node has its own).
             fault.process_pending, fault.exited, fault.device_pending, fault.kill_ordered = True, True, False, False

@@ -246,3 +246,20 @@ def test_the_repair_timeout_names_the_lost_node() -> None:
     assert "rank 1 (not re-registered; node 1 was lost)" in d.job.result.reason
     assert d.now <= T.repair + 2
     assert d.actions(ActionKind.DUMP_AND_EXIT)[-1].step == 2  # the survivor dumps
+
+
+def test_a_node_lost_while_every_worker_restarts_needs_no_new_round() -> None:
+    d = Driver(world=2)
+    for rank in range(2):
+        d.send(rank, Register(rank, 0, 100 + rank, (0,), collectives=True))
+    d.steps(3)
+    d.job.process_exit(ProcessExited(0, -9, 100), d.now)  # rank 0 crashed: every worker restarts
+    assert d.job.recovery.round == 1 and d.job.state is S.REPAIRING
+    lose(d, 1, {1: 3})  # rank 1, stopped so every worker restarts, went with its node
+    assert d.job.recovery.round == 1
+    assert "rank 1 NODE LOST (node 1) in step 4" in d.job.status(d.now).reason
+    d.effects += d.job.process_exit(ProcessExited(0, -9, 100), d.now)
+    assert sorted(e.rank for e in d.effects if isinstance(e, StartRank)) == [0, 1]
+    for rank in range(2):
+        d.send(rank, Register(rank, 1, 200 + rank, (2, 3) if rank == 0 else (3,)), incarnation=1)
+    assert d.job.state is S.ROLLBACK and d.actions(ActionKind.ROLLBACK)[-1].step == 3
