@@ -93,6 +93,16 @@ class Recovery:
     waiting: set[int] = field(default_factory=set)  # ranks whose acknowledgement the phase still needs
     repair_step: int = -1
     restart_all: bool = False  # this recovery restarts every worker (the ladder's second rung)
+    lost: set[int] = field(default_factory=set)  # ranks lost with their node, until their new process registers
+    known: Optional[frozenset[int]] = None  # the steps every rank that reported this round holds (None: none did)
+
+    def new_round(self) -> None:
+        self.round += 1
+        self.known = None
+
+    def know(self, held: tuple[int, ...]) -> None:
+        """A rank reported the steps it holds this round (kept as a running intersection)."""
+        self.known = frozenset(held) if self.known is None else self.known & frozenset(held)
 
 
 class Job:
@@ -366,15 +376,18 @@ class Job:
                             f"re-registered as incarnation {message.incarnation}", now)
         else:
             fault.process_pending, fault.replica = False, None  # from now on, what it registered
+            self.recovery.lost.discard(rank)
             fault.left_at, fault.exited, fault.kill_ordered, fault.start_ordered = -1.0, False, False, False
             if fault.kind is FaultKind.HANG:
                 fault.kind = FaultKind.PROCESS_DIED
-            log.info("rank=%d restarted (incarnation %d): %s repaired", rank, message.incarnation, fault.kind.name)
+            log.info("rank=%d restarted (incarnation %d): %s repaired", rank, message.incarnation,
+                     f"NODE LOST (node {fault.node})" if fault.node >= 0 else fault.kind.name)
             if self.state in (_S.ROLLBACK, _S.RESUMING):
                 # The new process missed this round's ROLLBACK: run the round again.
                 self._enter_pausing(f"rank {rank} restarted during {self.state.value}", now)
         # Register carries the new process's held steps: it counts as its PAUSE acknowledgement.
         record.held_round = self.recovery.round
+        self.recovery.know(record.held)
         self.recovery.waiting.discard(rank)
         self._advance(now)
 
@@ -437,6 +450,7 @@ class Job:
         if message.action is ActionKind.PAUSE:
             record.held = tuple(message.held_steps)
             record.held_round = rec.round
+            rec.know(record.held)
             if record.state is not RankState.FAULTY:
                 record.state = RankState.PAUSED
         elif message.action is ActionKind.ROLLBACK:
@@ -553,7 +567,7 @@ class Job:
     def _enter_pausing(self, why: str, now: float) -> None:
         rec = self.recovery
         self._move(Event.FAULT, why, now)
-        rec.round += 1
+        rec.new_round()
         rec.waiting = {r.rank for r in self.ranks if r.alive}
         rec.repair_step = -1
         # A rank blocked in a collective never pauses: past timeouts.stall every worker restarts.
@@ -568,7 +582,7 @@ class Job:
         start them all again once every one exited and every device is back, roll back."""
         rec = self.recovery
         self._move(Event.FAULT, f"{why}; restarting every worker from the node agents' memory", now)
-        rec.round += 1
+        rec.new_round()
         rec.restart_all = True
         rec.waiting = set()
         rec.repair_step = -1
@@ -792,6 +806,7 @@ class Job:
                 restart = restart or not fault.process_pending
                 fault.kind, fault.detail, fault.collateral = FaultKind.PROCESS_DIED, detail, False
             fault.node, fault.replica = node, replica
+            rec.lost.add(rank)
             # Its process went with the node; its device too (the new node has its own).
             fault.process_pending, fault.exited, fault.device_pending, fault.kill_ordered = True, True, False, False
             if not rec.restart_all:
@@ -801,14 +816,13 @@ class Job:
         # Before anything is paused for it (a new round makes the others' steps unknown). Workers
         # that restart together may be blocked in a collective with the lost ranks: they are
         # stopped first, and their agents write their dying-gasp checkpoints from memory.
-        if not self.restart_all and self._replicas_fall_short(now, others=not restart):
-            pass
-        elif not restart:
-            self._advance(now)
-        elif self.restart_all:
-            self._restart_every_worker(why, now)
-        else:
-            self._enter_pausing(why, now)
+        if self.restart_all or not self._replicas_fall_short(now, others=not restart):
+            if not restart:
+                self._advance(now)
+            elif self.restart_all:
+                self._restart_every_worker(why, now)
+            else:
+                self._enter_pausing(why, now)
         if self.state is _S.FAILED:
             return True, f"the job failed: {self.result.reason}"
         return True, f"{why}: they roll back to a step their replicas hold once their new processes register"
@@ -818,20 +832,22 @@ class Job:
         roll back only to its replica's step, and these steps, with those of the other ranks known
         this round (``others``), share none. A rank not known yet could only narrow them, so the
         job takes every rank's dying-gasp checkpoint now rather than restart anything, and never a
-        recovery that would lose the lost ranks' state."""
+        recovery that would lose the lost ranks' state. O(lost ranks): the others' steps are kept
+        as a running intersection (:meth:`Recovery.know`)."""
         rec = self.recovery
-        lost = {r: f.replica for r, f in rec.faults.items() if f.replica is not None and f.process_pending}
-        if not lost:
+        if not rec.lost:
             return False
+        lost = {r: rec.faults[r].replica or () for r in rec.lost}
         common = frozenset.intersection(*(frozenset(held) for held in lost.values()))
+        if others and rec.known is not None:
+            common &= rec.known
+        if common:
+            return False
         known: dict[tuple[int, ...], list[int]] = {}
         if others:
             for record in self.ranks:
-                if record.rank not in lost and record.alive and record.held_round == rec.round:
+                if record.rank not in lost and record.held_round == rec.round:
                     known.setdefault(tuple(sorted(record.held)), []).append(record.rank)
-                    common &= frozenset(record.held)
-        if common:
-            return False
         replicas = ", ".join(f"rank {r} only to " + (f"step {held[0]} (its replica)" if held
                                                       else "nothing (no replica)")
                              for r, held in sorted(lost.items())[:8]) + (", ..." if len(lost) > 8 else "")
