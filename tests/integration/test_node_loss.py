@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -87,7 +88,8 @@ class Nodes:
             time.sleep(0.1)
 
     def lose(self, name: str) -> None:
-        """The node dies: its launcher and everything it started, at once (no exit is reported)."""
+        """The node dies: its launcher and everything it started, at once (no exit is reported),
+        and the shared memory its agent held (the ranks' snapshots, the replicas it kept)."""
         self.remember()
         launcher = psutil.Process(self.launchers[name].pid)
         victims = [launcher, *launcher.children(recursive=True)]
@@ -95,6 +97,9 @@ class Nodes:
             process.kill()
         psutil.wait_procs(victims, timeout=10)
         self.launchers[name].wait(10)
+        memory = re.search(r"the ranks' snapshots live in (\S+) \(shared memory", self.output(name))
+        assert memory, self.output(name)
+        shutil.rmtree(memory[1])
 
     def wait(self, name: str) -> int:
         try:
