@@ -14,7 +14,7 @@ from typing import Optional, Union
 import zmq
 
 from mindft.keys import CurveKeys, secure_client, secure_server
-from mindft.protocol import (MAX_FRAME, DeviceEvent, InjectRequest, ProcessExit, ProtocolError, ReplicaReport,
+from mindft.protocol import (MAX_FRAME, DeviceEvent, InjectRequest, NodeLost, ProcessExit, ProtocolError, ReplicaReport,
                              Reply, StatusReply, StatusRequest, decode, encode)
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ RECONNECT_IVL_MAX_MS = 1_000
 # How long a one-off request waits for its answer by default.
 REQUEST_TIMEOUT = 5.0
 
-Request = Union[StatusRequest, InjectRequest, ProcessExit, DeviceEvent, ReplicaReport]
+Request = Union[StatusRequest, InjectRequest, ProcessExit, DeviceEvent, ReplicaReport, NodeLost]
 _request_ids = itertools.count(1)
 
 

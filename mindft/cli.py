@@ -252,16 +252,35 @@ def status(job: Optional[Path], address: Optional[str], key_file: Optional[Path]
     header = ("RANK", "STATE", "STEP", "LAST HEARTBEAT", "RESTARTS", "PID")
     rows = [(str(r.rank), r.state, str(r.step), _age(r.last_heartbeat_age), str(r.restarts), str(r.pid))
             for r in reply.ranks]
-    if any(r.replicated >= 0 or r.replica_lost for r in reply.ranks):
-        # The node agents replicate: the newest step the buddy node holds, and lost protection.
+    if any(r.replicated >= 0 or r.replica_lost or r.state == "lost" for r in reply.ranks):
+        # The node agents replicate: the newest step of each rank the next node holds.
         header += ("REPLICA",)
-        rows = [row + ((str(r.replicated) if r.replicated >= 0 else "none")
-                       + (" LOST PROTECTION" if r.replica_lost else ""),) for row, r in zip(rows, reply.ranks)]
+        rows = [row + (_replica_cell(r),) for row, r in zip(rows, reply.ranks)]
     widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
     for row in (header, *rows):
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
     if not rows:
         click.echo("(no rank has registered yet)")
+    unprotected = [r.rank for r in reply.ranks if r.replica_lost]
+    if unprotected:
+        click.echo(f"LOST PROTECTION: {_rank_list(unprotected)}: the replica on the next node is gone or older "
+                   f"than the steps every rank keeps; were {'its' if len(unprotected) == 1 else 'their'} node lost now, "
+                   f"the job would end with dying-gasp checkpoints (the node agents' logs say why)")
+    lost = [r.rank for r in reply.ranks if r.state == "lost"]
+    if lost:
+        click.echo(f"NODE LOST: {_rank_list(lost)} can roll back only to the step of "
+                   f"{'its replica' if len(lost) == 1 else 'their replicas'}, restored on the node that replaces it")
+
+
+def _replica_cell(row: Any) -> str:
+    """A status row's REPLICA cell: the newest replicated step and whether protection is lost."""
+    step = str(row.replicated) if row.replicated >= 0 else "none yet"
+    return f"{step} LOST PROTECTION" if row.replica_lost else step
+
+
+def _rank_list(ranks: Sequence[int], limit: int = 16) -> str:
+    shown = ", ".join(map(str, ranks[:limit])) + (f", ... ({len(ranks)} in all)" if len(ranks) > limit else "")
+    return f"rank{'s' if len(ranks) > 1 else ''} {shown}"
 
 
 FAULTS = ("hot-reset", "uce", "kill", "hang")

@@ -46,7 +46,7 @@ from mindft.config import (MINDX_TASK_VARIABLE, TFT_VARIABLE, ConfigError, Mindf
 from mindft.exitcodes import ExitCode, describe
 from mindft.keys import generate_keys, load_keys
 from mindft.mindio import STEP_GATE_VARIABLE
-from mindft.protocol import Message, ProcessExit, StatusReply
+from mindft.protocol import Message, NodeLost, ProcessExit, StatusReply
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,8 @@ WATCHER_MAX_RESTARTS = 10       # then the job fails: device faults would go uns
 DEFAULT_CLUSTER_TIME_OUT = 600  # msrun's --cluster_time_out: MS_TOPO_TIMEOUT, for the cluster to form
 SCHEDULER_EXIT_GRACE = 30.0     # after this node's ranks finished, for the scheduler to finish on its own
 MULTI_NODE_MASTER_PORT = 29600  # --master-port of a job on several nodes when none is given
+TAKE_OVER_TIMEOUT = 2.0         # a node agent other than node 0's asks once whether the job already runs
+REPLICA_FETCH_TIMEOUT = 120.0   # for the agent that replaces a lost node to fetch one rank's replica
 
 # MindSpore's scheduler: MS_ROLE=MS_SCHED makes init() serve the cluster until every worker has
 # unregistered. msrun runs the training script itself in this role; a command of its own keeps
@@ -507,6 +509,8 @@ def recovery_progress(status: StatusReply, seconds_in_state: float, timeouts: An
         if status.state == "REPAIRING":
             back = row.state == "dead" or row.order == "start"  # off its device: started once the device is back
             why = "process not back" if back else "device not recovered"
+            if row.state == "lost":
+                why = "its node was lost; waiting for the node that replaces it"
             pending.append(f"rank {row.rank} ({why})")
         else:
             pending.append(f"rank {row.rank}")
@@ -1005,7 +1009,8 @@ class Launcher:
                         spec, replica_endpoint=self.replication.endpoint)
             if self.scheduler is not None:
                 self.scheduler.start()  # first, as msrun: workers connect to it from init()
-            self.agent.start_all_workers()
+            if not self._take_over_lost_node():
+                self.agent.start_all_workers()
             self.write_job_file()
             code = self._supervise()
         finally:
@@ -1029,6 +1034,90 @@ class Launcher:
                 self.console.line("mindft-launch", agent_memory_report(self.spec.state_dir))
                 shutil.rmtree(self.spec.state_dir, ignore_errors=True)
         return code
+
+    def _take_over_lost_node(self) -> bool:
+        """On a node other than 0: when the job already runs with this node's ranks (this agent
+        replaces a lost node, or started again without its memory), restore their replicas from
+        the next node's keeper into this node's memory, tell the controller the node was lost
+        (:class:`~mindft.protocol.NodeLost`, with the steps restored: the only ones those ranks
+        can roll back to) and start them as new incarnations, now or, when every worker restarts
+        together, on the controller's order. False (nothing done) for a job that is starting."""
+        spec = self.spec
+        if spec.node_rank == 0 or not spec.protected or spec.mindio:
+            return False
+        try:
+            status = Client(spec.controller_address, self.keys, timeout=TAKE_OVER_TIMEOUT).status()
+        except ControllerUnreachable:
+            return False  # node 0 is not up yet: the job is starting
+        rows = {row.rank: row for row in status.ranks}
+        local = list(spec.local_ranks)
+        if status.state in ("STARTING", "DONE", "FAILED") or not any(rank in rows for rank in local):
+            return False
+        self.console.line("mindft-launch", f"the job already runs ({status.state}, every rank finished step "
+                                           f"{status.step}): this node replaces node {spec.node_rank}, lost with "
+                                           f"rank(s) {local} and their snapshots")
+        steps = self._restore_replicas(rows)
+        previous = (spec.node_rank - 1) % spec.nnodes
+        report = NodeLost(node=spec.node_rank, ranks=tuple(local), steps=tuple(steps[rank] for rank in local),
+                          replicas_of=tuple(range(previous * spec.nproc, (previous + 1) * spec.nproc)),
+                          reason=f"a new agent for node {spec.node_rank} started without its ranks' snapshots")
+        try:
+            answer = self.client.request(report)
+        except ControllerUnreachable as error:
+            self.console.line("mindft-launch", f"could not tell the controller that node {spec.node_rank} was "
+                                               f"lost ({error}); starting its ranks as new incarnations")
+        else:
+            self.console.line("mindft-launch", f"controller: {answer.detail}")
+            try:
+                status = self.client.status()
+            except ControllerUnreachable:  # it answered, then ended the job and left
+                status = dataclasses.replace(status, state="FAILED",
+                                             reason=answer.detail.removeprefix("the job failed: "))
+        for rank in local:  # new incarnations (a start on the controller's order counts one more)
+            row = rows.get(rank)
+            self.agent.workers[rank].restarts = (row.incarnation if row is not None else 0) + (not status.restart_all)
+        if status.state in ("DONE", "FAILED"):
+            self._abort(f"the job ended before this node's ranks could rejoin it: {status.reason}")
+            for worker in self.agent.workers.values():
+                worker.final = True
+        elif status.restart_all:
+            for worker in self.agent.workers.values():
+                worker.awaiting_start = True  # every worker starts together, when the controller says
+            self.console.line("mindft-launch", f"rank(s) {local} start with every worker, when the controller says")
+        else:
+            self.agent.start_worker_list(local)
+        return True
+
+    def _restore_replicas(self, rows: Mapping[int, Any]) -> dict[int, int]:
+        """Fetch each local rank's replica from the next node's keeper into this node's memory;
+        rank → the step restored (-1: none)."""
+        from mindft.snapshot import SnapshotError, SnapshotStore, fetch_replica
+
+        spec = self.spec
+        steps = {rank: -1 for rank in spec.local_ranks}
+        if self.replication is None or spec.state_dir is None:
+            self.console.line("mindft-launch", "no replica to restore: the node agents do not replicate "
+                                               "(MINDFT_AGENT_REPLICATION=0)")
+            return steps
+        buddy = (spec.node_rank + 1) % spec.nnodes
+        keeper = next((row.replica_endpoint for rank, row in sorted(rows.items())
+                       if rank // spec.nproc == buddy and row.replica_endpoint.startswith("tcp://")), "")
+        if not keeper:
+            self.console.line("mindft-launch", f"no replica to restore: the controller knows no keeper on node {buddy}")
+            return steps
+        for rank in spec.local_ranks:
+            try:
+                snapshot = fetch_replica(keeper, rank, self.keys, REPLICA_FETCH_TIMEOUT)
+                with SnapshotStore(home=spec.state_dir / f"rank{rank}") as store:
+                    store.adopt(snapshot)
+            except SnapshotError as error:
+                self.console.line("mindft-launch", f"rank {rank}: no replica restored from the keeper at {keeper}: "
+                                                   f"{error}")
+                continue
+            steps[rank] = snapshot.step
+            self.console.line("mindft-launch", f"restored rank {rank}'s replica of step {snapshot.step} from the "
+                                               f"keeper at {keeper} into this node's memory")
+        return steps
 
     def _start_mindio(self) -> None:
         """Node 0 runs MindIO's controller and the step gate, unless MindCluster runs the controller."""

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Mapping, Optional, Union
 # of its own, and a rank sends one only when it sent, or heard, nothing else for an interval.
 # 4: the job decides the snapshot cadence: ranks send CostReport, the job announces Cadence
 # (and RegisterAck carries it); node agents send ReplicaReport; RankStatus.replicated and
-# .replica_lost.
+# .replica_lost. Within 4 (a message added, none changed): NodeLost.
 PROTOCOL_VERSION = 4
 # Large enough for an endpoint map of ~20k ranks; bigger frames are refused unread.
 MAX_FRAME = 4 * 1024 * 1024
@@ -223,7 +223,8 @@ class RankStatus:
     replica_endpoint: str = ""  # where a restarted rank's buddy serves its replica
     order: str = ""  # what the rank's node agent must do now: "kill", "start" or nothing
     replicated: int = -1  # the newest step of this rank the buddy node's agent confirmed holding (-1: none)
-    replica_lost: bool = False  # its replica fell behind: a loss of its node would lose more than a few steps
+    replica_lost: bool = False  # LOST PROTECTION: its replica is behind the steps every rank keeps (or its
+    # agent says so), so a loss of its node now could not be recovered
 
 
 @dataclass(frozen=True)
@@ -292,8 +293,26 @@ class ReplicaReport:
 
 
 @dataclass(frozen=True)
+class NodeLost:
+    """A node agent's memory is gone: its node was lost and this is the agent of the node that
+    replaced it (or the agent started again without it). ``ranks`` lost their processes and the
+    snapshots the agent held for them; ``steps[i]`` is the step of ``ranks[i]``'s replica the new
+    agent restored into its memory from the buddy node (-1: none could be restored), the only
+    step that rank can roll back to. ``replicas_of`` lists the ranks whose replicas the lost node
+    kept (they lost protection until their agent pushes again). Answered with a :class:`Reply`."""
+
+    KIND: ClassVar[str] = "node_lost"
+    node: int
+    ranks: tuple[int, ...]
+    steps: tuple[int, ...]
+    replicas_of: tuple[int, ...] = ()
+    reason: str = ""
+    request_id: int = 0
+
+
+@dataclass(frozen=True)
 class Reply:
-    """The controller's answer to InjectRequest, ProcessExit and DeviceEvent."""
+    """The controller's answer to InjectRequest, ProcessExit, DeviceEvent, ReplicaReport and NodeLost."""
 
     KIND: ClassVar[str] = "reply"
     ok: bool
@@ -302,8 +321,8 @@ class Reply:
 
 
 Message = Union[Register, RegisterAck, Heartbeat, StepReport, Progress, FaultReport, Action, Ack, Done,
-                StatusRequest, StatusReply, DeviceEvent, InjectRequest, ProcessExit, ReplicaReport, Reply, CostReport,
-                Cadence]
+                StatusRequest, StatusReply, DeviceEvent, InjectRequest, ProcessExit, ReplicaReport, NodeLost, Reply,
+                CostReport, Cadence]
 
 MESSAGE_TYPES: tuple[type, ...] = typing.get_args(Message)
 _BY_KIND: dict[str, type] = {cls.KIND: cls for cls in MESSAGE_TYPES}

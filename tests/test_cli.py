@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import stat
 import subprocess
@@ -182,6 +183,48 @@ def test_status_table_and_inject_kill_a_registered_rank(runner: CliRunner, tmp_p
         if victim.poll() is None:
             victim.kill()
             victim.wait()
+
+
+def test_status_shows_replicas_and_lost_protection(runner: CliRunner, tmp_path: Path,
+                                                   controller: tuple[Controller, Path]) -> None:
+    from mindft.channel import Client
+    from mindft.protocol import ReplicaReport, StepReport
+
+    ctl, key_file = controller
+    keys = load_keys(key_file)
+    sockets = []
+    try:
+        for rank in (0, 1):
+            sock = zmq.Context.instance().socket(zmq.DEALER)
+            sock.linger = 0
+            sock.identity = f"rank{rank}.inc0".encode()
+            secure_client(sock, keys)
+            sock.connect(ctl.endpoint)
+            sock.send(encode(Register(rank=rank, incarnation=0, pid=os.getpid())))
+            sockets.append(sock)
+        client = Client(ctl.endpoint, keys, timeout=5.0)
+        deadline = time.monotonic() + 10
+        while client.status().state != "NORMAL":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        for step in range(1, 7):
+            for rank, sock in enumerate(sockets):
+                sock.send(encode(StepReport(rank, step)))
+        while client.status().step != 6:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert client.request(ReplicaReport(node=0, ranks=(0, 1), steps=(3, 6))).ok
+        job = _job_file(tmp_path, ctl, key_file)
+        table = runner.invoke(main, ["status", "--job", str(job)]).output.splitlines()
+        assert table[1].split()[-1] == "REPLICA"
+        assert table[2].endswith("3 LOST PROTECTION") and table[3].endswith(" 6")
+        assert table[4].startswith("LOST PROTECTION: rank 0: the replica on the next node is gone or older than "
+                                   "the steps every rank keeps; were its node lost now, the job would end with")
+        rows = json.loads(runner.invoke(main, ["status", "--job", str(job), "--json"]).output)["ranks"]
+        assert [(r["replicated"], r["replica_lost"]) for r in rows] == [(3, True), (6, False)]
+    finally:
+        for sock in sockets:
+            sock.close(0)
 
 
 def test_inject_uce_for_unknown_rank_is_refused(runner: CliRunner, tmp_path: Path,

@@ -21,6 +21,12 @@ def test_progress_names_state_who_is_waited_on_and_time_left() -> None:
                     "faults: rank 1 DEVICE_RESET at step 42")
 
 
+def test_progress_names_a_rank_whose_node_was_lost() -> None:
+    line = recovery_progress(_status("REPAIRING", (0, "paused"), (1, "lost")), 2.0, Timeouts(repair=180.0))
+    assert line is not None and ("waiting for rank 1 (its node was lost; waiting for the node that replaces it) "
+                                 "to be repaired") in line
+
+
 def test_progress_in_each_waiting_state() -> None:
     timeouts = Timeouts(pause=60.0, rollback=100.0, resume=30.0)
     pausing = recovery_progress(_status("PAUSING", (0, "paused"), (1, "running")), 5.0, timeouts)

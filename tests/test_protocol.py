@@ -9,7 +9,7 @@ import pytest
 from mindft import protocol
 from mindft.protocol import (MAX_FRAME, MESSAGE_TYPES, PROTOCOL_VERSION, Ack, Action, ActionKind,
                              Cadence, CostReport, DeviceEvent, DeviceStatus, Done, FaultKind, FaultReport, Heartbeat,
-                             InjectRequest, ProcessExit, ProtocolError, RankStatus, Register,
+                             InjectRequest, NodeLost, ProcessExit, ProtocolError, RankStatus, Register,
                              Progress, RegisterAck, ReplicaReport, Reply, StatusReply, StatusRequest, StepReport,
                              decode, encode)
 
@@ -42,6 +42,7 @@ SAMPLES = [
     CostReport(rank=0, step_time=1, capture_time=0),
     Cadence(schedule=(0, 1, 30, 18)),
     ReplicaReport(node=1, ranks=(2, 3), steps=(8, -1), lost=(3,), request_id=9),
+    NodeLost(node=1, ranks=(2, 3), steps=(8, -1), replicas_of=(0, 1), reason="new node", request_id=10),
 ]
 
 

@@ -10,6 +10,14 @@ on CPU) and a fault takes a process, or a rank stays blocked (in a collective) p
 ``timeouts.stall``, every worker is killed and started again from the node agents' memory;
 failing both, every rank dumps the same step and the job exits non-zero.
 
+A node can be lost with its agent's memory (:class:`~mindft.protocol.NodeLost`, from the agent of
+the node that replaces it): its ranks can then roll back only to the step of their replica on
+the buddy node that the new agent restored, so the rollback step must be one that replica holds
+and every other rank holds too; when none is, the job takes the dying-gasp rung at once, saying
+why, rather than a recovery that would lose their state. The node agents report how far each
+rank's replica got (:class:`~mindft.protocol.ReplicaReport`): a replica older than both steps
+every rank keeps is LOST PROTECTION, logged once (and once when restored) and shown by status.
+
 There is no per-step barrier: ranks report each finished step without waiting, and the
 job broadcasts the slowest rank's progress when it rises. The step every rank rolls back
 to is decided only when a fault happens, from the snapshots the ranks say they hold once
@@ -31,7 +39,7 @@ from mindft.flow.effects import (Broadcast, DeviceFailed, DeviceFaulty, DeviceIn
 from mindft.flow.ranks import RankRecord, RankState, RankTable
 from mindft.flow.states import RECOVERY_STATES, TERMINAL_STATES, Event, JobState, next_state
 from mindft.protocol import (Ack, Action, ActionKind, Cadence, CostReport, DeviceEvent, DeviceStatus, Done, FaultKind, FaultReport,
-                             Heartbeat, InjectRequest, Message, Progress, ProcessExit, RankStatus, Register,
+                             Heartbeat, InjectRequest, Message, NodeLost, Progress, ProcessExit, RankStatus, Register,
                              RegisterAck, ReplicaReport, Reply, StatusReply, StatusRequest, StepReport)
 
 log = logging.getLogger(__name__)
@@ -65,9 +73,14 @@ class Fault:
     kill_ordered: bool = False     # KillRank was emitted for its process
     start_ordered: bool = False    # StartRank was emitted for the process that left
     collateral: bool = False       # no fault of its own: restarted with every worker
+    node: int = -1                 # its node was lost (-1: not)
+    # Until its new process registers after its node was lost: the steps it can roll back to
+    # (its replica's, restored on the new node; empty: none). None: its node was not lost.
+    replica: Optional[tuple[int, ...]] = None
 
     def describe(self, rank: int) -> str:
-        return f"rank {rank} {self.kind.name} in step {self.step}" + (f" ({self.detail})" if self.detail else "")
+        what = f"NODE LOST (node {self.node})" if self.node >= 0 else self.kind.name
+        return f"rank {rank} {what} in step {self.step}" + (f" ({self.detail})" if self.detail else "")
 
 
 @dataclass
@@ -80,6 +93,16 @@ class Recovery:
     waiting: set[int] = field(default_factory=set)  # ranks whose acknowledgement the phase still needs
     repair_step: int = -1
     restart_all: bool = False  # this recovery restarts every worker (the ladder's second rung)
+    lost: set[int] = field(default_factory=set)  # ranks lost with their node, until their new process registers
+    known: Optional[frozenset[int]] = None  # the steps every rank that reported this round holds (None: none did)
+
+    def new_round(self) -> None:
+        self.round += 1
+        self.known = None
+
+    def know(self, held: tuple[int, ...]) -> None:
+        """A rank reported the steps it holds this round (kept as a running intersection)."""
+        self.known = frozenset(held) if self.known is None else self.known & frozenset(held)
 
 
 class Job:
@@ -119,6 +142,8 @@ class Job:
         self.costs: dict[int, tuple[float, float]] = {}  # rank -> (step seconds, snapshot seconds)
         self._retune_due = False  # a cost report came while a change was still pending
         self.replicas: dict[int, tuple[int, bool]] = {}  # rank → (replicated step, lost), from the node agents
+        self.unprotected: set[int] = set()  # ranks judged LOST PROTECTION (logged once; status shows them)
+        self._gone_replicas: dict[int, int] = {}  # rank → step of its replica held by a node that was lost
 
     # ---- inputs -----------------------------------------------------------------------------
 
@@ -152,11 +177,11 @@ class Job:
         elif kind is CostReport:
             self._on_cost(peer, message, now)
         elif kind is ReplicaReport:
-            ok = len(message.ranks) == len(message.steps)
-            if ok:
-                lost = set(message.lost)
-                self.replicas.update((r, (s, r in lost)) for r, s in zip(message.ranks, message.steps))
-            self._emit(Send(peer, Reply(ok, "" if ok else "ranks and steps differ in length", message.request_id)))
+            detail = self._on_replicas(message)
+            self._emit(Send(peer, Reply(not detail, detail, message.request_id)))
+        elif kind is NodeLost:
+            ok, detail = self._node_lost(message, now)
+            self._emit(Send(peer, Reply(ok, detail, message.request_id)))
         else:
             log.warning("dropped %s from peer %r: not addressed to the controller", kind.__name__, peer[:32])
         return self._flush()
@@ -252,7 +277,7 @@ class Job:
                                 last_heartbeat_age=round(max(0.0, now - r.last_seen), 3), restarts=r.restarts,
                                 pid=r.pid, incarnation=r.incarnation, replica_endpoint=r.replica_endpoint,
                                 order=self._order(r.rank), replicated=self.replicas.get(r.rank, (-1, False))[0],
-                                replica_lost=self.replicas.get(r.rank, (-1, False))[1])
+                                replica_lost=r.rank in self.unprotected)
                      for r in sorted(self.ranks, key=lambda r: r.rank))
         if self.result is not None:
             reason = self.result.reason
@@ -350,16 +375,19 @@ class Job:
             self._add_fault(record, FaultKind.PROCESS_DIED, old.progress + 1 if old else 0,
                             f"re-registered as incarnation {message.incarnation}", now)
         else:
-            fault.process_pending = False
+            fault.process_pending, fault.replica = False, None  # from now on, what it registered
+            self.recovery.lost.discard(rank)
             fault.left_at, fault.exited, fault.kill_ordered, fault.start_ordered = -1.0, False, False, False
             if fault.kind is FaultKind.HANG:
                 fault.kind = FaultKind.PROCESS_DIED
-            log.info("rank=%d restarted (incarnation %d): %s repaired", rank, message.incarnation, fault.kind.name)
+            log.info("rank=%d restarted (incarnation %d): %s repaired", rank, message.incarnation,
+                     f"NODE LOST (node {fault.node})" if fault.node >= 0 else fault.kind.name)
             if self.state in (_S.ROLLBACK, _S.RESUMING):
                 # The new process missed this round's ROLLBACK: run the round again.
                 self._enter_pausing(f"rank {rank} restarted during {self.state.value}", now)
         # Register carries the new process's held steps: it counts as its PAUSE acknowledgement.
         record.held_round = self.recovery.round
+        self.recovery.know(record.held)
         self.recovery.waiting.discard(rank)
         self._advance(now)
 
@@ -422,6 +450,7 @@ class Job:
         if message.action is ActionKind.PAUSE:
             record.held = tuple(message.held_steps)
             record.held_round = rec.round
+            rec.know(record.held)
             if record.state is not RankState.FAULTY:
                 record.state = RankState.PAUSED
         elif message.action is ActionKind.ROLLBACK:
@@ -454,6 +483,8 @@ class Job:
             return True, f"pid {event.pid} is not rank {event.rank}'s current process"
         if self.state in TERMINAL_STATES:
             return True, "job already ended"
+        if record.state is RankState.LOST:
+            return True, f"rank {event.rank}'s node was lost: a new node starts it"
         if event.returncode in (ExitCode.DUMPED, ExitCode.DUMP_FAILED) or not will_restart:
             record.state = RankState.DEAD
             self._fail(f"{what} and will not be restarted", now)
@@ -536,7 +567,7 @@ class Job:
     def _enter_pausing(self, why: str, now: float) -> None:
         rec = self.recovery
         self._move(Event.FAULT, why, now)
-        rec.round += 1
+        rec.new_round()
         rec.waiting = {r.rank for r in self.ranks if r.alive}
         rec.repair_step = -1
         # A rank blocked in a collective never pauses: past timeouts.stall every worker restarts.
@@ -551,7 +582,7 @@ class Job:
         start them all again once every one exited and every device is back, roll back."""
         rec = self.recovery
         self._move(Event.FAULT, f"{why}; restarting every worker from the node agents' memory", now)
-        rec.round += 1
+        rec.new_round()
         rec.restart_all = True
         rec.waiting = set()
         rec.repair_step = -1
@@ -584,6 +615,8 @@ class Job:
                 # is repaired as soon as it waits; devices and lost processes are waited for.
                 if rec.restart_all:
                     self._start_every_worker_if_ready()
+                if self._replicas_fall_short(now):
+                    return
                 if self.holding or any(f.device_pending or f.process_pending for f in rec.faults.values()):
                     return
                 if any(not r.alive for r in self.ranks):
@@ -662,16 +695,169 @@ class Job:
         """The newest step every rank holds (-1: none).
 
         ``exact`` uses only what the ranks reported this round; otherwise a rank that did not
-        report is assumed to hold what its progress implies.
+        report is assumed to hold what its progress implies (so is every rank once training
+        resumed: what they reported in the last round is stale).
         """
         common: Optional[frozenset[int]] = None
+        recovering = self.state in RECOVERY_STATES
         for record in self.ranks:
-            if exact or record.held_round == self.recovery.round:
+            if record.state is RankState.LOST:
+                continue  # neither a process nor an agent's memory to dump from (it rolls back only when back)
+            if exact or (recovering and record.held_round == self.recovery.round):
                 held = frozenset(record.held)
             else:
                 held = self.schedule.held_after(record.progress)
             common = held if common is None else common & held
         return max(common) if common else -1
+
+    # ---- replicas and lost nodes ---------------------------------------------------------------
+
+    def _on_replicas(self, message: ReplicaReport) -> str:
+        """A node agent's report of its ranks' replicas; what is wrong with it ("": nothing)."""
+        world = self.ranks.world_size
+        if len(message.ranks) != len(message.steps):
+            return "ranks and steps differ in length"
+        bad = next((r for r in message.ranks if not 0 <= r < world), None)
+        if bad is not None:
+            return f"rank {bad} is outside 0..{world - 1}"
+        lost = set(message.lost)
+        for rank, step in zip(message.ranks, message.steps):
+            gone = self._gone_replicas.get(rank)
+            if gone is not None:
+                if step == gone:
+                    step = -1  # its agent has not noticed yet that the node holding that replica is gone
+                else:
+                    del self._gone_replicas[rank]
+            self.replicas[rank] = (step, rank in lost)
+            self._judge_protection(rank, step, rank in lost)
+        return ""
+
+    def _judge_protection(self, rank: int, step: int, agent_lost: bool) -> None:
+        """LOST PROTECTION when ``rank``'s replica is older than both steps every rank keeps (the
+        newest snapshot step every rank finished and the one before: a loss of its node now could
+        not be recovered), or its agent says it fell behind; restored once the replica holds that
+        newest step. Between the two nothing changes, so a replica that lags by about one snapshot
+        is not logged on every report. No replica yet (-1) is left to the agent's own judgment.
+        During a recovery the steps are being rolled back: only the agent's verdict counts."""
+        if self.state is not _S.NORMAL and not agent_lost:
+            return
+        committed = self.schedule.at_or_before(self.ranks.slowest)
+        oldest_kept = self.schedule.before(committed) if committed > 0 else committed
+        was = rank in self.unprotected
+        if agent_lost or 0 <= step < oldest_kept:
+            if not was:
+                self.unprotected.add(rank)
+                why = (f"its node agent reports its replica fell behind (newest replicated: step {step})"
+                       if agent_lost else f"its newest replica (step {step}) is older than both steps every "
+                                          f"rank keeps ({oldest_kept} and {committed})")
+                log.warning("rank=%d LOST PROTECTION: %s; were its node lost now, the job could only end with "
+                            "dying-gasp checkpoints", rank, why)
+        elif was and step >= committed:
+            self.unprotected.discard(rank)
+            log.warning("rank=%d protection restored: its replica holds step %d (every rank finished step %d)",
+                        rank, step, self.ranks.slowest)
+
+    def _node_lost(self, message: NodeLost, now: float) -> tuple[bool, str]:
+        """A node and its agent's memory are gone (:class:`NodeLost`, from the agent that replaces it):
+        its ranks can roll back only to the replica steps the new agent restored."""
+        world, node = self.ranks.world_size, message.node
+        if len(message.ranks) != len(message.steps) or not message.ranks:
+            return False, "ranks and steps must be non-empty and of the same length"
+        bad = next((r for r in (*message.ranks, *message.replicas_of) if not 0 <= r < world), None)
+        if bad is not None:
+            return False, f"rank {bad} is outside 0..{world - 1}"
+        for rank in message.replicas_of:
+            step = self.replicas.get(rank, (-1, False))[0]
+            if step >= 0:
+                self._gone_replicas[rank] = step
+            self.replicas[rank] = (-1, False)
+            if rank not in self.unprotected and self.state not in TERMINAL_STATES:
+                self.unprotected.add(rank)
+                log.warning("rank=%d LOST PROTECTION: its replica (step %d) was on node %d, which was lost; "
+                            "restored once its agent has pushed it to the new node", rank, step, node)
+        if self.state in TERMINAL_STATES:
+            return True, f"the job already ended ({self.state.value})"
+        if self.state is _S.STARTING:
+            return True, "the job has not started: nothing to recover"
+        rec = self.recovery
+        if self.state is _S.NORMAL:
+            rec.faults.clear()
+            rec.started = now
+            rec.restart_all = False
+        restart = self.state in (_S.ROLLBACK, _S.RESUMING)
+        for rank, step in zip(message.ranks, message.steps):
+            record = self.ranks.get(rank)
+            if record is None:
+                continue
+            replica = (step,) if step >= 0 else ()
+            reported = self.replicas.get(rank, (-1, False))[0]
+            detail = (f"node {node} lost" + (f": {message.reason}" if message.reason else "") + "; "
+                      + (f"its new node restored its replica of step {step}" if step >= 0
+                         else "no replica of it could be restored")
+                      + (f" (last reported replicated: step {reported})" if reported >= 0 and reported != step else ""))
+            log.warning("rank=%d NODE LOST in step %d in state %s: %s", rank, record.progress + 1, self.state.value,
+                        detail)
+            record.state = RankState.LOST  # record.held stays what it last said: its new process registers anew
+            fault = rec.faults.get(rank)
+            if fault is None:
+                fault = rec.faults[rank] = Fault(FaultKind.PROCESS_DIED, record.progress + 1, detail)
+                restart = True
+            else:  # already waited for as a new process (also when stopped only so every worker restarts)
+                restart = restart or not fault.process_pending
+                fault.kind, fault.detail, fault.collateral = FaultKind.PROCESS_DIED, detail, False
+            fault.node, fault.replica = node, replica
+            rec.lost.add(rank)
+            # Its process went with the node; its device too (the new node has its own).
+            fault.process_pending, fault.exited, fault.device_pending, fault.kill_ordered = True, True, False, False
+            if not rec.restart_all:
+                fault.left_at, fault.start_ordered = -1.0, False  # the new node's agent starts it
+            self.unprotected.discard(rank)  # it is being recovered: protection is the recovery's question
+        why = f"node {node} lost with rank(s) {', '.join(map(str, message.ranks))}"
+        # Before anything is paused for it (a new round makes the others' steps unknown). Workers
+        # that restart together may be blocked in a collective with the lost ranks: they are
+        # stopped first, and their agents write their dying-gasp checkpoints from memory.
+        if self.restart_all or not self._replicas_fall_short(now, others=not restart):
+            if not restart:
+                self._advance(now)
+            elif self.restart_all:
+                self._restart_every_worker(why, now)
+            else:
+                self._enter_pausing(why, now)
+        if self.state is _S.FAILED:
+            return True, f"the job failed: {self.result.reason}"
+        return True, f"{why}: they roll back to a step their replicas hold once their new processes register"
+
+    def _replicas_fall_short(self, now: float, others: bool = True) -> bool:
+        """True, and the job failed, when no step can be common: a rank whose node was lost can
+        roll back only to its replica's step, and these steps, with those of the other ranks known
+        this round (``others``), share none. A rank not known yet could only narrow them, so the
+        job takes every rank's dying-gasp checkpoint now rather than restart anything, and never a
+        recovery that would lose the lost ranks' state. O(lost ranks): the others' steps are kept
+        as a running intersection (:meth:`Recovery.know`)."""
+        rec = self.recovery
+        if not rec.lost:
+            return False
+        lost = {r: rec.faults[r].replica or () for r in rec.lost}
+        common = frozenset.intersection(*(frozenset(held) for held in lost.values()))
+        if others and rec.known is not None:
+            common &= rec.known
+        if common:
+            return False
+        known: dict[tuple[int, ...], list[int]] = {}
+        if others:
+            for record in self.ranks:
+                if record.rank not in lost and record.held_round == rec.round:
+                    known.setdefault(tuple(sorted(record.held)), []).append(record.rank)
+        replicas = ", ".join(f"rank {r} only to " + (f"step {held[0]} (its replica)" if held
+                                                      else "nothing (no replica)")
+                             for r, held in sorted(lost.items())[:8]) + (", ..." if len(lost) > 8 else "")
+        kept = "".join(f"; {_ranks(sorted(ranks))} {'hold' if len(ranks) > 1 else 'holds'} {list(held)}"
+                       for held, ranks in sorted(known.items()))
+        nodes = sorted({rec.faults[r].node for r in lost})
+        self._fail(f"node{'s' if len(nodes) > 1 else ''} {', '.join(map(str, nodes))} lost: {replicas} can roll "
+                   f"back{kept}: no step every rank can restore, so the job ends with dying-gasp checkpoints instead "
+                   f"of a recovery that would lose the lost ranks' state", now)
+        return True
 
     # ---- the snapshot cadence -----------------------------------------------------------------
 
@@ -732,7 +918,8 @@ class Job:
         if state is _S.STARTING:
             waiting = f"rank(s) {self.ranks.missing()} never registered"
         elif state is _S.REPAIRING:
-            waiting = ", ".join(f"rank {r} ({'device not recovered' if f.device_pending else 'not re-registered'})"
+            waiting = ", ".join(f"rank {r} ({'device not recovered' if f.device_pending else 'not re-registered'}"
+                                + (f"; node {f.node} was lost" if f.node >= 0 else "") + ")"
                                 for r, f in sorted(rec.faults.items()) if f.device_pending or f.process_pending)
         else:
             waiting = ", ".join(f"rank {r}" for r in sorted(rec.waiting))
@@ -771,6 +958,12 @@ class Job:
     def _flush(self) -> list[Effect]:
         out, self._out = self._out, []
         return out
+
+
+def _ranks(ranks: list[int], limit: int = 8) -> str:
+    """"rank 3" or "ranks 0, 1, 2, ..." for a log line."""
+    shown = ", ".join(map(str, ranks[:limit])) + (", ..." if len(ranks) > limit else "")
+    return f"rank{'s' if len(ranks) > 1 else ''} {shown}"
 
 
 def phase_times(history: list[tuple[JobState, float]], since: float) -> dict[str, float]:

@@ -20,6 +20,7 @@ class RankState(str, enum.Enum):
     FAULTY = "faulty"          # alive, reported or caused a fault, waiting
     DEAD = "dead"              # hung or exited; needs a new incarnation
     OFF_DEVICE = "off_device"  # left its device for a hot reset; started again when the device is back
+    LOST = "lost"              # its node is gone (process and agent memory): only its replica is left
     PAUSED = "paused"
     RESTORED = "restored"
     RESUMED = "resumed"
@@ -44,7 +45,8 @@ class RankRecord:
 
     @property
     def alive(self) -> bool:
-        return self.state is not RankState.DEAD and self.state is not RankState.OFF_DEVICE
+        state = self.state
+        return state is not RankState.DEAD and state is not RankState.OFF_DEVICE and state is not RankState.LOST
 
 
 class RankTable:

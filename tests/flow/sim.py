@@ -16,6 +16,22 @@ processes of the running communicator live cannot join it (only a whole new set 
 With a ``budget`` the job chooses the snapshot cadence: ranks report made-up step and
 snapshot costs now and then, and every rank checks that a cadence the job announces never
 changes a capture step it already decided about.
+
+With ``nodes`` > 1 the ranks are spread over nodes whose agents replicate: each agent streams the
+newest capture of each of its ranks to the keeper of the next node (newest wins: a capture not
+sent yet replaces the one before), one push at a time per node; a push is one more thing the
+scheduler picks among rank steps and deliveries, ``replica_speed`` times as likely as one of them
+(0: only when the clock moves on), and is lost with chance ``replica_drop``; an acknowledgement
+may be lost, so the keeper can hold a newer step than its agent reports. Each agent sends
+``ReplicaReport`` about once a second, saying a rank's protection is lost when a capture waited
+more than 5 s for its replica.
+:meth:`SimJob.lose_node_at` loses a whole node inside a step: its processes, its agent's
+memory and the replicas its keeper held, with no exit report (its launcher is gone too); after
+``replace_after`` seconds a new node's agent restores its ranks' replicas from the next node,
+reports ``NodeLost`` and starts them (or waits for the job's start order when every worker
+restarts). A job that FAILED after a node loss must have had no step every rank (survivors,
+and the lost ranks from their replicas) could restore; a rank restores only what it holds, so
+a rollback to a step a replica does not hold is a violation.
 """
 from __future__ import annotations
 
@@ -31,13 +47,15 @@ from mindft.flow import (TRANSITIONS, Armed, Broadcast, DeviceFailed, DeviceFaul
                          Finished, Follower, Job, JobState, KillRank, ProcessExited, Resumed, Send, StartRank,
                          Transition)
 from mindft.flow.cadence import Budget, Schedule
-from mindft.protocol import (Action, Cadence, CostReport, Done, FaultKind, FaultReport, Heartbeat, Progress, Register,
-                             RegisterAck)
+from mindft.protocol import (Action, ActionKind, Cadence, CostReport, Done, FaultKind, FaultReport, Heartbeat, NodeLost,
+                             Progress, Register, RegisterAck, ReplicaReport)
 
 TIMEOUTS = Timeouts(heartbeat_interval=0.5, heartbeat_misses=6, register=30.0, pause=10.0, repair=20.0,
                     rollback=10.0, resume=10.0)
 _ALLOWED = {(source, target) for (source, _), target in TRANSITIONS.items()}
 PLUGIN_PROCESS_WAIT = 60.0  # the device plugin waits this long for the processes on a chip to exit
+REPORT_EVERY = 1.0  # s between an agent's replica reports (mindft.replication.REPORT_INTERVAL)
+AGENT_LOST_AFTER = 5.0  # s a capture may wait for its replica before the agent says protection is lost
 
 
 class Violation(AssertionError):
@@ -50,6 +68,12 @@ class RankExit(Exception):
     def __init__(self, code: int) -> None:
         super().__init__(code)
         self.code = code
+
+
+def _last_word(effect: Send) -> bool:
+    """The ended job's answer to a process that registers late: dump (or finish) and exit."""
+    message = effect.message
+    return isinstance(message, Action) and message.kind in (ActionKind.DUMP_AND_EXIT, ActionKind.FINISH)
 
 
 def expected_state(steps: int) -> int:
@@ -166,6 +190,10 @@ class SimRank:
             self.sim.to_job(self, Done(self.rank, self.position))
             self.mode = "finish"
             return
+        node = sim.node_of(self.rank)
+        if (node, step) in sim.node_losses and node not in sim.lost_nodes:
+            sim.lose_node(node, sim.node_losses.pop((node, step)))
+            return
         if (self.rank, step, self.incarnation) in sim.kills:
             # mindft-launch restarts a crashed rank at once, unless every worker restarts together.
             sim.kill(self, f"killed in step {step}", restart=not sim.collectives)
@@ -202,6 +230,7 @@ class SimRank:
         for old in sorted(self.snapshots)[:-self.follower.keep]:
             del self.snapshots[old]
         self.mode = "train"
+        self.sim.push(self.rank, step, self.model)
         self.sim.to_job(self, self.follower.finished(step))
 
 
@@ -220,8 +249,14 @@ class SimJob:
     device_failures: set[tuple[int, int]] = field(default_factory=set)
     collectives: bool = False
     budget: Optional[Budget] = None
+    nodes: int = 1
+    replica_speed: int = 1     # how likely a push is picked next, against one rank step or delivery
+    replica_drop: float = 0.0  # chance a push never arrives
+    node_losses: dict[tuple[int, int], float] = field(default_factory=dict)  # (node, step) -> replace after s
 
     def __post_init__(self) -> None:
+        if self.world_size % self.nodes:
+            raise ValueError(f"{self.world_size} ranks do not spread evenly over {self.nodes} nodes")
         self.random = random.Random(self.seed)
         self.now = 0.0
         self.job = Job(self.world_size, self.timeouts, self.now, self.snapshot_every, budget=self.budget)
@@ -237,6 +272,17 @@ class SimJob:
         self.failing = False  # True once an unrecoverable fault is scheduled
         self.left_at: dict[int, Optional[float]] = {}  # when each rank last left its device
         self.resetting: dict[int, tuple[float, float, object]] = {}  # rank -> (fault time, reset s, outcome)
+        # Replication by the node agents: the keeper of the next node holds one replica per rank.
+        self.keeper: dict[int, tuple[int, int, int]] = {}  # rank -> (push number, step, model)
+        self.unsent: dict[int, tuple[int, int, int, int, int]] = {}  # rank -> newest push not sent yet
+        self.confirmed: dict[int, int] = {}  # rank -> step its agent saw confirmed (what it reports)
+        self.pushes: dict[int, int] = {}  # rank -> push number of its newest push
+        self.behind_since: dict[int, float] = {}  # rank -> when a capture first waited for its replica
+        self.lost_nodes: set[int] = set()  # nodes gone and not replaced yet
+        self.node_epoch: dict[int, int] = {}  # node -> times it was lost (its in-flight pushes die with it)
+        self.reported_at = 0.0
+        self.node_lost = False  # a node was lost: a FAILED job must have had no common step
+        self.truth: Optional[frozenset[int]] = None  # the steps every rank could restore when the job failed
 
     # ---- schedule ----
     def fail_at(self, rank: int, step: int, kind: FaultKind = FaultKind.UCE) -> SimJob:
@@ -245,6 +291,20 @@ class SimJob:
 
     def kill_at(self, rank: int, step: int, incarnation: int = 0) -> SimJob:
         self.kills.add((rank, step, incarnation))
+        return self
+
+    def spread(self, nodes: int, replica_speed: int = 1, replica_drop: float = 0.0) -> SimJob:
+        """Spread the ranks over ``nodes`` nodes whose agents replicate (see the module docstring)."""
+        if self.world_size % nodes:
+            raise ValueError(f"{self.world_size} ranks do not spread evenly over {nodes} nodes")
+        self.nodes, self.replica_speed, self.replica_drop = nodes, replica_speed, replica_drop
+        return self
+
+    def lose_node_at(self, node: int, step: int, replace_after: float = 2.0) -> SimJob:
+        """Node ``node`` is lost when one of its ranks enters ``step``; a new node replaces it later."""
+        if not 0 <= node < self.nodes or self.nodes < 2:
+            raise ValueError(f"no node {node} of {self.nodes} to lose (a lost node needs a next one)")
+        self.node_losses[(node, step)] = replace_after
         return self
 
     def device_reset_at(self, rank: int, step: int, seconds: float = 1.0, fails: bool = False) -> SimJob:
@@ -277,6 +337,113 @@ class SimJob:
             rank.released = True
         return True
 
+    # ---- nodes and replicas ----
+    def node_of(self, rank: int) -> int:
+        return rank // (self.world_size // self.nodes)
+
+    def node_ranks(self, node: int) -> tuple[int, ...]:
+        per = self.world_size // self.nodes
+        return tuple(range(node * per, (node + 1) * per))
+
+    def push(self, rank: int, step: int, model: int) -> None:
+        """The rank's agent will stream this capture to the next node's keeper (newest wins)."""
+        if self.nodes < 2:
+            return
+        self.pushes[rank] = number = self.pushes.get(rank, 0) + 1
+        self.behind_since.setdefault(rank, self.now)
+        node = self.node_of(rank)
+        self.unsent[rank] = (number, step, model, node, self.node_epoch.get(node, 0))
+
+    def _send_replica(self) -> None:
+        """One push reaches its keeper (or is lost on the way)."""
+        rank = self.random.choice(sorted(self.unsent))
+        number, step, model, node, epoch = self.unsent.pop(rank)
+        if self.random.random() >= self.replica_drop:
+            self._replica_arrives(rank, number, step, model, node, epoch)
+
+    def _replica_arrives(self, rank: int, number: int, step: int, model: int, node: int, epoch: int) -> None:
+        keeper_node = (node + 1) % self.nodes
+        if self.node_epoch.get(node, 0) != epoch or node in self.lost_nodes or keeper_node in self.lost_nodes:
+            return  # the sender's node or the keeper's is gone
+        if self.keeper.get(rank, (0,))[0] > number:
+            return  # a newer push already arrived
+        self.keeper[rank] = (number, step, model)
+        if self.random.random() < 0.9:  # else the acknowledgement is lost: the keeper holds more than reported
+            self.confirmed[rank] = step
+            if number == self.pushes.get(rank):
+                self.behind_since.pop(rank, None)
+
+    def _report_replicas(self) -> None:
+        if self.nodes < 2 or self.now - self.reported_at < REPORT_EVERY or self.finished_at is not None:
+            return
+        self.reported_at = self.now
+        for node in range(self.nodes):
+            if node in self.lost_nodes:
+                continue
+            ranks = self.node_ranks(node)
+            lost = tuple(r for r in ranks if self.now - self.behind_since.get(r, self.now) > AGENT_LOST_AFTER)
+            report = ReplicaReport(node, ranks, tuple(self.confirmed.get(r, -1) for r in ranks), lost)
+            self._apply_agent(self.job.handle(f"agent{node}".encode(), report, self.now))
+
+    def lose_node(self, node: int, replace_after: float) -> None:
+        """The node dies: processes, the agent's memory and the replicas its keeper held; nobody reports it."""
+        self.node_lost = True
+        self.lost_nodes.add(node)
+        self.node_epoch[node] = self.node_epoch.get(node, 0) + 1
+        for number in self.node_ranks(node):
+            rank = self.ranks[number]
+            if rank.mode != "exited":
+                rank.mode = "dead"
+            rank.snapshots = {}
+            self.unsent.pop(number, None)
+            self.confirmed.pop(number, None)
+            self.behind_since.pop(number, None)
+            self.resetting.pop(number, None)
+        for number in self.node_ranks((node - 1) % self.nodes):
+            self.keeper.pop(number, None)  # the replicas this node's keeper held
+        self.timers.append((self.now + replace_after, "replace", node))
+
+    def _replace_node(self, node: int) -> None:
+        """A new node's agent restores its ranks' replicas from the next node, reports the loss, starts them."""
+        self.lost_nodes.discard(node)
+        if self.job.result is not None:
+            return
+        buddy = (node + 1) % self.nodes
+        ranks = self.node_ranks(node)
+        steps = []
+        for number in ranks:
+            held = None if buddy in self.lost_nodes else self.keeper.get(number)
+            self.ranks[number].snapshots = {} if held is None else {held[1]: held[2]}
+            steps.append(-1 if held is None else held[1])
+        # Every worker restarts together: the job's start order, given while the node was gone, stands
+        # (the new agent reads it in the status); one given from now on comes as StartRank.
+        ordered = {row.rank for row in self.job.status(self.now).ranks if row.order == "start"}
+        report = NodeLost(node, ranks, tuple(steps), self.node_ranks((node - 1) % self.nodes), "simulated")
+        self._apply_agent(self.job.handle(f"agent{node}".encode(), report, self.now))
+        if self.job.result is not None:
+            return
+        for number in ranks:
+            if not self.job.restart_all or number in ordered:
+                self.timers.append((self.now + 0.2, "restart", self.ranks[number]))
+
+    def _apply_agent(self, effects: list) -> None:
+        """Effects of an agent's request: its reply goes to the agent, the rest to the job."""
+        self._apply([e for e in effects if not (isinstance(e, Send) and e.peer.startswith(b"agent"))])
+
+    def _restorable(self) -> frozenset[int]:
+        """The steps every rank could restore now: from its process or its agent's memory, a lost
+        node's ranks from their replicas on the next node."""
+        common: Optional[set[int]] = None
+        for number, rank in self.ranks.items():
+            if self.node_of(number) in self.lost_nodes:
+                held = self.keeper.get(number) if (self.node_of(number) + 1) % self.nodes not in self.lost_nodes \
+                    else None
+                steps = set() if held is None else {held[1]}
+            else:
+                steps = set(rank.snapshots)
+            common = steps if common is None else common & steps
+        return frozenset(common or ())
+
     # ---- plumbing ----
     def to_job(self, rank: SimRank, message: object) -> None:
         rank.last_sent = self.now
@@ -306,7 +473,8 @@ class SimJob:
                         rank.mode = "train"  # RegisterAck after the start barrier
 
     def _apply(self, effects: list) -> None:
-        if self.finished_at is not None and any(isinstance(e, (Send, Broadcast)) for e in effects):
+        if self.finished_at is not None and any(isinstance(e, Broadcast) or (isinstance(e, Send) and not _last_word(e))
+                                                for e in effects):
             raise Violation(f"message after the job ended: {effects}")
         for effect in effects:
             if isinstance(effect, Send):
@@ -328,6 +496,8 @@ class SimJob:
                 self.timers.append((self.now + 0.2, "restart", self.ranks[effect.rank]))
             elif isinstance(effect, Finish):
                 self.finished_at = self.now
+                if effect.exit_code != ExitCode.OK:
+                    self.truth = self._restorable()
 
     def _on_transition(self, effect: Transition) -> None:
         if (effect.source, effect.target) not in _ALLOWED:
@@ -350,11 +520,15 @@ class SimJob:
         due = [t for t in self.timers if t[0] <= self.now]
         self.timers = [t for t in self.timers if t[0] > self.now]
         for _, kind, payload in sorted(due, key=lambda t: t[0]):
+            if kind in ("exited", "restart") and self.node_of(payload.rank) in self.lost_nodes:
+                continue  # its launcher went with the node: no report, no restart (the new node's agent starts it)
             if kind == "exited":
                 self._apply(self.job.process_exit(ProcessExited(payload.rank, -9, 1000 + payload.rank), self.now))
             elif kind == "restart" and self.job.result is None:
                 old = payload
                 self.ranks[old.rank] = SimRank(self, old.rank, old.incarnation + 1, old.snapshots)
+            elif kind == "replace":
+                self._replace_node(payload)
             elif kind == "device":
                 self._apply(self.job.device(payload, self.now))
 
@@ -386,11 +560,13 @@ class SimJob:
         """Run until the job ends; raise :class:`Violation` on a broken invariant."""
         pick = self.random.random
         for _ in range(max_events):
-            if self.finished_at is not None and not any(r.enabled() for r in self.ranks.values()):
+            if self.finished_at is not None and not self.up and not any(r.enabled() for r in self.ranks.values()):
                 break
             choices: list = [rank for rank in self.ranks.values() if rank.alive and rank.enabled()]
             if self.up:
                 choices.append("up")
+            if self.unsent:
+                choices += ["replica"] * self.replica_speed
             if not choices or pick() < 0.15:
                 self._advance_clock()
                 continue
@@ -398,6 +574,8 @@ class SimJob:
             if choice == "up":
                 peer, message = self.up.popleft()
                 self._apply(self.job.handle(peer, message, self.now))
+            elif choice == "replica":
+                self._send_replica()
             else:
                 choice.act()
             self._device_faults()
@@ -420,6 +598,9 @@ class SimJob:
                 rank.last_beat = self.now
                 self.to_job(rank, Heartbeat(rank.rank, rank.incarnation, rank.position))
         self._timers_due()
+        if self.unsent and not self.replica_speed:
+            self._send_replica()
+        self._report_replicas()
         self._device_plugin()
         self._apply(job.tick(self.now))
         if self.finished_at is None and math.isinf(job.next_wakeup()):
@@ -442,7 +623,10 @@ class SimJob:
                     raise Violation(f"job DONE but rank {rank.rank} exited {rank.exit_code} with model "
                                     f"{rank.model} (expected {expected_state(self.steps)})")
         else:
-            if not self.failing:
+            if self.node_lost and not self.failing and self.truth:
+                raise Violation(f"job FAILED after a node loss though every rank could restore step "
+                                f"{max(self.truth)}: {result.reason}")
+            if not self.failing and not self.node_lost:
                 raise Violation(f"job FAILED though every fault was recoverable: {result.reason}")
             for rank in ranks:
                 if rank.mode not in ("exited", "dead"):

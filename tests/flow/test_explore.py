@@ -5,7 +5,9 @@ rank restores (and dumps) only a step it holds; every recovery ends in NORMAL or
 before its deadlines; no message after the job ended; a rank on a chip being reset leaves it
 (the simulated plugin waits for that, as the real one does, and isolates the chip after 60 s)
 and is started again only once the chip is back; at the end, DONE with every model
-exact, or FAILED only when an unrecoverable fault was scheduled, with every rank gone.
+exact, or FAILED only when an unrecoverable fault was scheduled, with every rank gone. Some
+jobs run on two nodes whose agents replicate, and lose one: a FAILED end then needs that no
+step was common to the lost ranks' replicas and the other ranks.
 """
 from __future__ import annotations
 
@@ -103,9 +105,10 @@ def test_the_simulator_flags_a_restore_of_a_step_not_held() -> None:
 
 def test_seeded_schedules() -> None:
     ends = explore(range(SEEDS))
-    assert sum(ends.values()) == SEEDS
+    assert ends["done"] + ends["failed"] == SEEDS
     assert ends["done"] > SEEDS * 0.8  # most schedules are recoverable ones
     assert ends["failed"] > 0          # and the failing ones are explored too
+    assert ends["nodes lost"] > SEEDS * 0.05  # and lost nodes, recovered or not
 
 
 def test_a_seed_replays_the_same_schedule() -> None:
@@ -163,4 +166,66 @@ def test_the_explorer_catches_a_cadence_switch_too_early(monkeypatch) -> None:
     from mindft.flow.cadence import Schedule
     monkeypatch.setattr(Schedule, "switch_point", lambda self, slowest, keep=2: self.after(self.at_or_before(slowest)))
     with pytest.raises(AssertionError, match="already decided"):
+        explore(range(2000))
+
+
+# ---- nodes lost with their agents' memory: the rollback step is one the replicas hold ----
+
+def lost_node_jobs(collectives: bool, speed: int = 3, seeds: range = range(60)) -> list[SimJob]:
+    return [SimJob(4, 10, seed=seed, collectives=collectives).spread(2, replica_speed=speed)
+            .lose_node_at(1, 6, replace_after=2.0) for seed in seeds]
+
+
+@pytest.mark.parametrize("collectives", [False, True])
+def test_a_lost_node_recovers_from_its_replicas_or_ends_with_dying_gasps(collectives: bool) -> None:
+    ends = {"done": 0, "failed": 0}
+    for job in lost_node_jobs(collectives):
+        finished(job)  # a FAILED end is checked: no step was common to the replicas and the others
+        if job.outcome.exit_code == ExitCode.OK:
+            ends["done"] += 1
+            # Rolled back to the replica's step: the new processes of the lost node held nothing else.
+            assert [job.ranks[r].incarnation >= 1 for r in (2, 3)] == [True, True]
+        else:
+            ends["failed"] += 1
+            assert "can roll back" in job.outcome.reason or "no step is held by every rank" in job.outcome.reason
+    assert ends["done"] >= 10 and ends["failed"] >= 5, ends  # both ends are explored
+
+
+def test_replicas_that_never_arrive_end_with_dying_gasps_at_once() -> None:
+    for seed in range(10):
+        job = finished(SimJob(4, 10, seed=seed).spread(2, replica_drop=1.0).lose_node_at(1, 6))
+        assert job.outcome.exit_code == ExitCode.FAILED
+        assert "rank 2 only to nothing (no replica), rank 3 only to nothing (no replica)" in job.outcome.reason
+        assert all(job.ranks[r].exit_code == ExitCode.DUMPED for r in (0, 1))
+
+
+def test_the_explorer_catches_a_rollback_to_a_step_the_replica_does_not_hold(monkeypatch) -> None:
+    # A flow that chooses the rollback step from the surviving ranks alone, as if the lost
+    # node's ranks held what they held before: their new processes hold only their replicas.
+    from mindft.flow.job import Job
+
+    def survivors_decide(self, exact):
+        lost = {r for r, f in self.recovery.faults.items() if f.node >= 0}
+        held = [frozenset(r.held) for r in self.ranks if r.rank not in lost]
+        common = frozenset.intersection(*held) if held else frozenset()
+        return max(common) if common else -1
+
+    monkeypatch.setattr(Job, "_common_step", survivors_decide)
+    monkeypatch.setattr(Job, "_replicas_fall_short", lambda self, now, others=True: False)
+    with pytest.raises(AssertionError, match="told to restore step .* but holds"):
+        for job in lost_node_jobs(collectives=False, seeds=range(200)):
+            finished(job)
+
+
+def test_the_explorer_catches_a_flow_that_gives_up_on_every_lost_node(monkeypatch) -> None:
+    from mindft.flow.job import Job
+
+    def give_up(self, now, others=True):
+        if any(f.replica is not None and f.process_pending for f in self.recovery.faults.values()):
+            self._fail("a node was lost", now)
+            return True
+        return False
+
+    monkeypatch.setattr(Job, "_replicas_fall_short", give_up)
+    with pytest.raises(AssertionError, match="FAILED after a node loss though every rank could restore step"):
         explore(range(2000))

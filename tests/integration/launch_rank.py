@@ -8,6 +8,7 @@ Started by ``mindft-launch`` (it reads the environment the launcher sets). Extra
   LAUNCH_CRASH_ALWAYS  "RANK": that rank exits with code 7 at step 2 in every incarnation
   LAUNCH_IGNORE_TERM   "1": ignore SIGTERM (the launcher must escalate to SIGKILL)
   LAUNCH_GIVE_UP    "RANK:STEP": that rank exits 3 (as after its own dying gasp) inside STEP
+  LAUNCH_NO_FILE_REPLICA  "1": a restarted rank finds its state only in its node agent's memory
 
 The "weights" are a float64 vector updated by a non-linear, step-dependent rule, so
 the final bytes equal :func:`reference` only if every rollback restored exactly the
@@ -74,12 +75,14 @@ class Rank:
             if self.config.state_dir is not None else None
         if self.store is not None and self.store.steps:
             self.snapshots = {step: np.array(self.store.restore(step).arrays["weights"]) for step in self.store.steps}
-        elif self.config.restart_count:
+        elif self.config.restart_count and os.environ.get("LAUNCH_NO_FILE_REPLICA") != "1":
             # The buddy's copy of this rank's last pushed snapshot.
             replica = self.dir / f"replica-of-{self.rank}.npz"
             with np.load(replica) as data:
                 self.snapshots = {int(data["step"]): data["weights"].copy()}
-        self.processor = Processor(self.config, f"file://{self.dir}/replica-of-{self.rank}.npz")
+        # Its node agent's keeper when the agents replicate (as a real rank announces it), else the file.
+        self.processor = Processor(self.config, os.environ.get("MINDFT_REPLICA_ENDPOINT")
+                                   or f"file://{self.dir}/replica-of-{self.rank}.npz")
         print(f"rank {self.rank} incarnation {self.config.restart_count} pid {os.getpid()} "
               f"holds {self.held}", flush=True)
 
