@@ -253,7 +253,7 @@ def status(job: Optional[Path], address: Optional[str], key_file: Optional[Path]
     rows = [(str(r.rank), r.state, str(r.step), _age(r.last_heartbeat_age), str(r.restarts), str(r.pid))
             for r in reply.ranks]
     if any(r.replicated >= 0 or r.replica_lost for r in reply.ranks):
-        # The node agents replicate: the newest step the buddy node holds, and lost protection.
+        # Replicas are streamed (by the node agents or the ranks): the newest step held elsewhere, and lost protection.
         header += ("REPLICA",)
         rows = [row + ((str(r.replicated) if r.replicated >= 0 else "none")
                        + (" LOST PROTECTION" if r.replica_lost else ""),) for row, r in zip(rows, reply.ranks)]
