@@ -65,7 +65,6 @@ FIND_INTERVAL = 1.0        # s between look-ups of the buddy node's keeper while
 KEEPER_POLL_MS = 100       # the keeper's thread wakes this often to notice close()
 CHUNK = 4 * 1024 * 1024    # bytes per part message: what a pipe holds per message
 PIPE_HWM = 4               # messages queued per direction: a few chunks, never a whole state
-RELEASE_POLL = 0.005       # s between looks at whether ZeroMQ released the parts of a zero-copy push
 
 
 def node_ip(toward: str) -> str:
@@ -675,8 +674,14 @@ class Sender:
                 push.trackers.append(frame.tracker)
         # The parts read the source's memory until ZeroMQ lets go of them: only then does an
         # unchanged source prove that what went out is the snapshot the header describes.
-        if any(not t.done for t in push.trackers):
-            return
+        # Wait here (up to a poll interval): nothing else is due before this push's end.
+        waited_until = time.monotonic() + self._poll
+        for tracker in push.trackers:
+            try:
+                tracker.wait(max(0.0, waited_until - time.monotonic()))
+            except zmq.NotDone:
+                return
+        push.trackers = []
         if not push.outgoing.intact():
             self._abort(push, "overwritten while it was sent")
             return
@@ -734,7 +739,7 @@ class Sender:
         if not push.queued:
             events, timeout = zmq.POLLIN | zmq.POLLOUT, self._poll
         elif not push.ended:
-            events, timeout = zmq.POLLIN, RELEASE_POLL  # ZeroMQ is still sending the last parts
+            events, timeout = zmq.POLLIN, 0.0  # ZeroMQ still holds parts: _pump waits for them
         else:
             events, timeout = zmq.POLLIN, self._poll
         if socket.poll(int(timeout * 1000), events) & zmq.POLLIN:

@@ -428,7 +428,7 @@ class Session:
             # The previous capture copied in the background: count its copy whole (on a busy
             # machine the overlap hides little of it), plus what it blocked synchronously.
             self.store.wait()
-            self.costs.capture(self._overlapped_capture + self.store.last_fill_seconds)
+            self.costs.capture(self._overlapped_capture + self.store.last_fill_seconds + self._push_seconds())
             self._overlapped_capture = 0.0
             started = time.perf_counter()
         meta = {"step": step, **self.meta, **rng_meta()}
@@ -442,7 +442,14 @@ class Session:
         else:
             self._overlapped_capture = max(time.perf_counter() - started, 1e-9)
             return
-        self.costs.capture(time.perf_counter() - started)
+        self.costs.capture(time.perf_counter() - started + self._push_seconds())
+
+    def _push_seconds(self) -> float:
+        """What streaming a replica took lately: it runs beside training, on the same host, and
+        the budget's cadence must leave it time to arrive before the step report waits for it."""
+        replication = self._replication
+        seconds = None if replication is None else replication.sender.push_seconds
+        return seconds or 0.0
 
     def _before_update(self, cell: Any, inputs: Any) -> None:
         """Optimizer forward pre-hook: the parameters must not change while they are copied."""
