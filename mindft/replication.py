@@ -29,7 +29,8 @@ in flight per sender; queues are bounded in messages (:data:`PIPE_HWM`), so a sl
 costs a few chunks of memory and never blocks a step.
 
 A replica that falls behind (its newest confirmed step older than the newest local snapshot for
-more than ``lost_after`` seconds, or more than :data:`LOST_AFTER_CAPTURES` captures) is logged as
+more than ``lost_after`` seconds plus its bytes at :data:`ACK_MIN_RATE`, or more than
+:data:`LOST_AFTER_CAPTURES` captures) is logged as
 ``LOST PROTECTION``, reported to the controller (:class:`~mindft.protocol.ReplicaReport`, shown by
 ``mindft status``) and logged again when it recovers.
 """
@@ -424,6 +425,7 @@ class _Track:
     confirmed: Any = None                   # the token of that push
     behind_since: Optional[float] = None    # when the oldest snapshot newer than the replica was noticed
     lost: bool = False
+    nbytes: int = 0                         # the size of the newest push: a large one may take longer
 
     def behind(self, now: float) -> Tuple[int, float]:
         """(captures, seconds) the replica is behind the newest local snapshot."""
@@ -643,6 +645,7 @@ class Sender:
             track.pending = track.pending or (token, capture)
             return
         deadline = now + self._ack_timeout + outgoing.nbytes / ACK_MIN_RATE
+        track.nbytes = outgoing.nbytes
         self._push = _Push(track, token, capture, outgoing, now, deadline)
         self.pushes += 1
 
@@ -786,7 +789,8 @@ class Sender:
         for track in self._tracks.values():
             with self._lock:
                 captures, seconds = track.behind(now)
-                lost = captures > self._lost_after_captures or seconds > self._lost_after
+                lost = (captures > self._lost_after_captures
+                        or seconds > self._lost_after + track.nbytes / ACK_MIN_RATE)
                 was, track.lost = track.lost, lost
             if lost and not was:
                 changed = True

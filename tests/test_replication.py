@@ -348,3 +348,53 @@ def test_a_slot_overwritten_while_it_is_streamed_is_never_sealed(tmp_path: Path,
     assert replication.sender.skipped >= 1 and keeper.held == {0: 3}
     replica = fetch_replica(keeper.endpoint, 0, keys, 5.0)
     assert replica.arrays["w"].tobytes() == state(3)["w"].tobytes()
+
+
+def test_a_step_report_waits_for_the_replica_and_the_status_shows_it(keys, parts, tmp_path: Path) -> None:
+    """A real controller and processor: the report of a captured step goes out only once the
+    buddy's keeper confirmed its replica; meanwhile the controller sees the step before it."""
+    import dataclasses
+
+    from mindft.channel import request
+    from mindft.config import MindftConfig
+    from mindft.controller import Controller
+    from mindft.keys import generate_keys
+    from mindft.processor import Processor
+    from mindft.replication import RankReplication
+
+    key_file = tmp_path / "job.key"
+    keys = generate_keys(key_file)
+    timeouts = Timeouts(heartbeat_interval=0.05, heartbeat_misses=1000, register=30.0)
+    config = MindftConfig(world_size=1, controller_port=0, key_file=key_file, timeouts=timeouts)
+    controller = Controller(config)
+    config = dataclasses.replace(config, controller_port=int(controller.endpoint.rsplit(":", 1)[1]))
+    controller.start()
+    try:
+        keeper = Keeper(None, "127.0.0.1", keys)
+        parts.append(keeper)
+        store = SnapshotStore()
+        parts.append(store)
+        processor = Processor(config, "tcp://127.0.0.1:1", keys=keys)
+        parts.append(processor)
+        processor.register((0,))
+        found = threading.Event()
+        replication = RankReplication(0, store, keys, lambda: keeper.endpoint if found.is_set() else None,
+                                      processor.report_replica, processor.release_reports, lost_after=60.0)
+        processor.report_limit = replication.reportable
+        parts.append(replication)
+
+        def status():
+            return request(config.controller_address, keys, StatusRequest(), 5.0)
+
+        for step in (1, 2):
+            replication.captured(store.capture(step, state(step), {"step": step}), step)
+            store.wait()
+            processor.finished(step)
+        until(lambda: status().ranks[0].step == 0 and replication.sender.local == {0: 2}, "step 2 noticed")
+        assert status().ranks[0].replicated == -1  # the rank said so (a ReplicaReport)
+        found.set()  # the buddy's keeper is known: the replica goes, then the report
+        until(lambda: status().ranks[0].step == 2, "the report of step 2")
+        until(lambda: status().ranks[0].replicated == 2, "the replicated step in the status")
+        assert keeper.held == {0: 2}
+    finally:
+        controller.stop()
