@@ -2,8 +2,9 @@
 
 A :class:`Session` owns one rank's :class:`~mindft.snapshot.SnapshotStore`, its
 :class:`~mindft.processor.Processor` and, when no node agent replicates it, the keeper of its
-buddy's replica and the background replication of its own (:mod:`mindft.replication`). The two front ends only tell it where step
-boundaries are; it captures, votes, and obeys the controller.
+buddy's replica and the background replication of its own (:mod:`mindft.replication`). The
+two front ends only tell it where step boundaries are; it captures, votes, and obeys the
+controller.
 
 Steps are counted from 1 (``step`` = number of optimizer updates done); the snapshot of
 step 0 is the state training starts from, so a fault in the very first step can be
@@ -466,7 +467,7 @@ class Session:
                                                    self.config.timeouts.dead_after, self._keys)
 
     def _adopt_replica(self) -> bool:
-        """A restarted rank takes its state back from its buddy's replica server.
+        """A restarted rank takes its state back from its buddy's replica keeper.
 
         It must know its held steps before it registers, so it asks the controller
         where its buddy serves replicas with a status request first.
