@@ -13,7 +13,8 @@ records its step times and its peak RSS. Two ways to run the job:
 - ``hand_async``: this tree: the rank streams its newest snapshot to its buddy's keeper in the
   background over one connection; only the step's report waits for the replica;
 - ``hand_budget``: this tree with the cadence the overhead budget chooses (the others snapshot
-  every step, ``--every``).
+  every step, ``--every``); it chooses up to every 100th step, so give it the steps to show
+  its steady state: ``--modes hand_plain,hand_budget --steps 200``.
 
 **Two nodes under mindft-launch** (two launchers on loopback, one rank each):
 
