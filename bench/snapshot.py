@@ -28,7 +28,8 @@ import numpy as np
 
 from mindft import snapshot
 from mindft.keys import generate_keys
-from mindft.snapshot import ReplicaServer, SnapshotStore, fetch_replica, push_replica
+from mindft.replication import Keeper, RankReplication
+from mindft.snapshot import SnapshotStore, fetch_replica, push_replica
 
 try:
     import xxhash
@@ -125,18 +126,32 @@ def blocked_per_capture(store: SnapshotStore, arrays: dict, step_seconds: float,
 
 
 def replica_throughput(store: SnapshotStore, total: int) -> dict:
-    """Push to and fetch+verify from a CurveZMQ replica server on 127.0.0.1 (both ends on this machine)."""
+    """Push to and fetch+verify from a CurveZMQ replica keeper on 127.0.0.1 (both ends on this machine):
+    ``push`` in one request, ``stream`` as a rank streams it (zero-copy parts from the store's slot,
+    begin to the keeper's confirmation)."""
     with tempfile.TemporaryDirectory() as directory:
         keys = generate_keys(Path(directory) / "job.key")
-    server = ReplicaServer("127.0.0.1", keys)
+    keeper = Keeper(None, "127.0.0.1", keys)
     latest = store.restore()
+    replication = RankReplication(0, store, keys, lambda: keeper.endpoint, None, lambda: None,
+                                  lost_after=600.0, ack_timeout=600.0)
+    while replication.sender.replicated[0] != latest.step:  # it streams the newest snapshot at once
+        time.sleep(0.001)
+
+    def stream() -> None:
+        replication.restored(latest.step)  # a new epoch: the same snapshot is streamed again
+        while replication.unconfirmed:
+            time.sleep(0.0005)
+
     try:
         seconds = side_by_side({
-            "push": lambda: push_replica(server.endpoint, 0, latest, keys, 600),
-            "fetch_verify": lambda: fetch_replica(server.endpoint, 0, keys, 600),
+            "push": lambda: push_replica(keeper.endpoint, 0, latest, keys, 600),
+            "stream": stream,
+            "fetch_verify": lambda: fetch_replica(keeper.endpoint, 0, keys, 600),
         }, repeats=3)
     finally:
-        server.close()
+        replication.close()
+        keeper.close()
     return {name: total / value / 1e9 for name, value in seconds.items()}
 
 
@@ -241,6 +256,7 @@ def main() -> None:
         ("xxh3_64 GB/s", lambda r: f"{r['gb_per_s'].get('xxh3_64', float('nan')):.2f}"),
         ("xxh64 GB/s", lambda r: f"{r['gb_per_s'].get('xxh64', float('nan')):.2f}"),
         ("replica push (curve) GB/s", lambda r: replica(r, "push")),
+        ("replica streamed (curve) GB/s", lambda r: replica(r, "stream")),
         ("replica fetch+verify GB/s", lambda r: replica(r, "fetch_verify")),
         ("simulated step", lambda r: f"{1e3 * r['simulated_step_s']:.0f} ms"),
         ("blocked/capture, overlapped", lambda r: f"{r['overlapped']['blocked_ms_median']:.1f} ms"),

@@ -253,7 +253,7 @@ def status(job: Optional[Path], address: Optional[str], key_file: Optional[Path]
     rows = [(str(r.rank), r.state, str(r.step), _age(r.last_heartbeat_age), str(r.restarts), str(r.pid))
             for r in reply.ranks]
     if any(r.replicated >= 0 or r.replica_lost or r.state == "lost" for r in reply.ranks):
-        # The node agents replicate: the newest step of each rank the next node holds.
+        # Replicas are streamed (by the node agents or the ranks): the newest step held elsewhere, and lost protection.
         header += ("REPLICA",)
         rows = [row + (_replica_cell(r),) for row, r in zip(rows, reply.ranks)]
     widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]

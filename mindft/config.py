@@ -318,7 +318,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "the next rank", "-1..world size - 1"),
     EnvVar("MINDFT_AGENT_REPLICATION", "mindft-launch on several nodes: 1, the node agents stream each rank's "
            "newest snapshot to the next node's agent in the background (the ranks push nothing); 0, each rank "
-           "pushes its replica to its buddy rank after every capture, on the step's critical path", "1", "0, 1"),
+           "streams its newest snapshot to its buddy rank in the background, as ranks started without "
+           "mindft-launch do (a step is reported once its replica arrived)", "1", "0, 1"),
     EnvVar("MINDFT_REPLICA_ENDPOINT", "the node agent's replica keeper, which a rank announces when it registers "
            "(mindft-launch sets it with agent replication)", "", "tcp://HOST:PORT"),
     EnvVar("MINDFT_LAUNCHER_PID", "mindft-launch's pid (it sets it); a rank started without it gives up "

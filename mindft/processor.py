@@ -29,8 +29,8 @@ from mindft.flow import REPORT_SUFFIX, Finished, Follower, RankHooks, Resumed
 from mindft.flow.cadence import Schedule, ScheduleError
 from mindft.keys import CurveKeys, job_keys
 from mindft.protocol import (Action, ActionKind, Cadence, CostReport, Done, FaultKind, FaultReport, Heartbeat, Message, Progress,
-                             ProtocolError, Register, RegisterAck, decode, encode, encode_heartbeat,
-                             encode_step_report)
+                             ProtocolError, Register, RegisterAck, ReplicaReport, Reply, StepReport, decode, encode,
+                             encode_heartbeat, encode_step_report)
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,11 @@ class Processor:
     ``snapshot_every`` here or MINDFT_SNAPSHOT_EVERY: then this rank keeps that one (every
     rank must be given the same; mindft-launch gives the controller the same environment).
     :attr:`reports_costs` says whether the job wants this rank's :meth:`report_cost`.
+
+    :attr:`report_limit` (when set) caps the step a report may claim finished: a rank that
+    replicates its own snapshots reports a capture step only once its replica arrived
+    (:class:`mindft.replication.RankReplication`), and calls :meth:`release_reports` when
+    the cap rises.
     """
 
     def __init__(self, config: MindftConfig, replica_endpoint: str = "", *, incarnation: Optional[int] = None,
@@ -68,6 +73,9 @@ class Processor:
         self.lockstep = False  # end_step waits for every rank to finish the step (see end_step)
         self._report_socket: Optional[zmq.Socket] = None  # the training thread's, for step reports
         self._reported_at = 0.0  # monotonic time of the last step report sent (read by the I/O thread)
+        self.report_limit: Optional[Callable[[int], int]] = None  # step finished → the newest step to report
+        self._reported: tuple[int, int] = (-1, -1)  # (round, step) of the newest step report sent
+        self._report_lock = threading.Lock()
         self._config = config
         self._timeouts = config.timeouts
         self._keys = keys if keys is not None else job_keys(config)
@@ -95,6 +103,11 @@ class Processor:
         """The latest rank → replica endpoint map (RegisterAck, updated by ROLLBACK/RESUME)."""
         with self._cond:
             return dict(self._endpoints)
+
+    def endpoint_of(self, rank: int) -> Optional[str]:
+        """Where ``rank`` keeps replicas, from the latest map (None: not known)."""
+        with self._cond:
+            return self._endpoints.get(rank) or None
 
     def register(self, held_steps: Sequence[int] = (), collectives: bool = False) -> RegisterAck:
         """Join the job and wait at the start barrier (or get an immediate ack after a restart).
@@ -131,6 +144,9 @@ class Processor:
         woken every step; a frame that cannot be queued is dropped (the next one supersedes it).
         """
         report = self.follower.finished(step)
+        step = self._reportable(report.step, report.round)
+        if step is None:
+            return  # held back: release_reports() sends it
         sock = self._report_socket
         if sock is None:
             if self._closed:
@@ -139,10 +155,36 @@ class Processor:
                                                         self.identity + REPORT_SUFFIX)
             sock.setsockopt(zmq.LINGER, channel.REPORT_LINGER_MS)
         try:
-            sock.send(encode_step_report(self.rank, report.step, report.round), zmq.NOBLOCK)
+            sock.send(encode_step_report(self.rank, step, report.round), zmq.NOBLOCK)
         except zmq.Again:
             return
         self._reported_at = time.monotonic()  # the controller heard from this rank: no heartbeat due
+
+    def _reportable(self, step: int, round: int) -> Optional[int]:
+        """The step to report now for ``step`` finished in ``round`` (None: nothing new to say)."""
+        if self.report_limit is not None:
+            step = min(step, self.report_limit(step))
+        with self._report_lock:
+            if (round, step) <= self._reported:
+                return None
+            self._reported = (round, step)
+        return step
+
+    def release_reports(self) -> None:
+        """The report limit rose: report the newest step it now allows (any thread)."""
+        if self.follower.recovering:
+            return  # the recovery decides where every rank is; training reports again after RESUME
+        round, position = self.follower.round, self.follower.position
+        step = self._reportable(position, round)
+        if step is not None:
+            try:
+                self._send(StepReport(self.rank, step, round))
+            except ProcessorError:
+                pass  # closed or broken: the training thread finds out
+
+    def report_replica(self, report: ReplicaReport) -> None:
+        """Tell the controller what this rank's replica holds (any thread; the answer is ignored)."""
+        self._send(report)
 
     def wait_window(self, step: int) -> Optional[Action]:
         """Before capturing ``step``: return at once when the window allows it, else wait.
@@ -229,6 +271,8 @@ class Processor:
                 except ProcessorError as error:
                     hooks.dump_and_exit(-1, f"lost the controller: {error}")
             log.info("rank=%d %s step=%d round=%d", self.rank, action.kind.name, action.step, action.round)
+            with self._report_lock:
+                self._reported = (-1, -1)  # a recovery resets every rank's progress: report afresh
             ack, outcome = self.follower.obey(action, hooks)
             if ack is not None:
                 self._send(ack)
@@ -430,7 +474,7 @@ class Processor:
                 log.warning("rank=%d dropped a frame from the controller: %s", self.rank, error)
                 continue
             kind = type(message)
-            if kind is Heartbeat:
+            if kind is Heartbeat or kind is Reply:  # a Reply answers report_replica: nothing to do
                 continue
             with self._cond:
                 if kind is Progress:

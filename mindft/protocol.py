@@ -280,9 +280,10 @@ class ProcessExit:
 
 @dataclass(frozen=True)
 class ReplicaReport:
-    """A node agent's replicas of its ranks on the buddy node: ``steps[i]`` is the newest step of
-    ``ranks[i]`` the buddy's agent confirmed holding (-1: none yet); ``lost`` lists the ranks whose
-    replica fell behind (lost protection). The controller answers with a :class:`Reply`."""
+    """A node agent's replicas of its ranks on the buddy node (or, ``node`` -1, a rank's own replica
+    on its buddy rank): ``steps[i]`` is the newest step of ``ranks[i]`` the keeper confirmed holding
+    (-1: none yet); ``lost`` lists the ranks whose replica fell behind (lost protection). The
+    controller answers with a :class:`Reply`."""
 
     KIND: ClassVar[str] = "replica_report"
     node: int

@@ -1,28 +1,38 @@
-"""Replication by the node agents: each rank's newest snapshot streams to the buddy node's agent.
+"""Replication: each rank's newest snapshot streams to a keeper elsewhere, off the step.
 
-Under ``mindft-launch`` a rank's two snapshot slots are files in its node agent's shared memory
-(``state_dir/rank<R>/slot<i>.bin``, with ``slot<i>.json`` written once a capture is complete,
-holding the checksums the capture computed). On several nodes each agent runs:
+Two users share one :class:`Sender` (a thread, ONE long-lived CurveZMQ DEALER) and one
+:class:`Keeper` (a ROUTER thread):
 
-- a :class:`Sender` thread that notices a new manifest (two ``stat`` calls per rank per poll),
-  reads that slot into a staging buffer, checks that the manifest did not change meanwhile (a
-  capture that claims a slot unlinks its manifest first, so an unchanged manifest means the
-  bytes are the ones it describes), and sends them with the recorded checksums (no second hash)
-  over ONE long-lived CurveZMQ DEALER to the buddy node's keeper. Newest wins: per rank only the
-  newest unsent snapshot is remembered, and one push is in flight per node, so memory is
-  bounded by one staging buffer. The file is read, not mapped: a slot resized under the agent
-  gives a short read (the push is skipped), never SIGBUS.
-- a :class:`Keeper` (ROUTER) that writes the newest replica of each remote rank into its own
-  shared memory, in the same slot format (``SnapshotStore(home=..., resume=True)`` reads it),
-  and serves it back (:func:`mindft.snapshot.fetch_replica`, which verifies the checksums:
-  they are checked on fetch and on restore, not on receipt).
+- **node agents** (``mindft-launch`` on several nodes): a rank's two snapshot slots are files in
+  its agent's shared memory (``state_dir/rank<R>/slot<i>.bin``, with ``slot<i>.json`` written once
+  a capture is complete, holding the checksums the capture computed). The agent's sender notices
+  a new manifest (two ``stat`` calls per rank per poll) and streams that slot file, read chunk by
+  chunk, to the keeper of the next node's agent, which keeps the replicas in its own shared
+  memory. The file is read, not mapped: a slot resized under the agent gives a short read (the
+  push is dropped), never SIGBUS. Before the push is sealed the sender checks that the manifest
+  did not change meanwhile (a capture that claims a slot unlinks its manifest first, so an
+  unchanged manifest means the bytes sent are the ones it describes).
+- **ranks with no agent replicating them** (started by hand or by msrun, or
+  ``MINDFT_AGENT_REPLICATION=0``): :class:`RankReplication` streams the rank's
+  :class:`~mindft.snapshot.SnapshotStore` slot itself, zero-copy (ZeroMQ reads the slot's
+  memory), to the keeper in its buddy rank's process. The capture never waits for it: a capture
+  that claims the slot while it is being sent makes the push fail its check before it is sealed
+  (the slot's sequence number changed before ZeroMQ released every part), and the next one goes.
 
-Nothing here runs on a rank's step: the ranks neither push nor wait, and a dead keeper only
-makes the sender's replicas fall behind. A replica that falls behind (its newest confirmed
-step older than the newest local snapshot for more than :data:`LOST_AFTER` seconds, or more
-than :data:`LOST_AFTER_CAPTURES` captures) is logged as lost protection, reported to the
-controller (:class:`~mindft.protocol.ReplicaReport`, shown by ``mindft status``) and logged
-again when it recovers.
+A push is ``begin`` (the header, with the checksums the capture recorded: no second hash),
+``part`` messages of at most :data:`CHUNK` bytes, and ``end``; the keeper writes the parts into
+a second slot and, on ``end`` with every byte there, makes it the replica and frees the old one,
+so a push cut short (a dead sender, a slot overwritten) never costs the replica held. Checksums
+are verified when a replica is fetched (:func:`mindft.snapshot.fetch_replica`) or restored, not
+on receipt. Newest wins: per rank only the newest unsent snapshot is remembered and one push is
+in flight per sender; queues are bounded in messages (:data:`PIPE_HWM`), so a slow or dead keeper
+costs a few chunks of memory and never blocks a step.
+
+A replica that falls behind (its newest confirmed step older than the newest local snapshot for
+more than ``lost_after`` seconds plus its bytes at :data:`ACK_MIN_RATE`, or more than
+:data:`LOST_AFTER_CAPTURES` captures) is logged as
+``LOST PROTECTION``, reported to the controller (:class:`~mindft.protocol.ReplicaReport`, shown by
+``mindft status``) and logged again when it recovers.
 """
 from __future__ import annotations
 
@@ -35,18 +45,18 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import zmq
 
 from mindft.keys import CurveKeys, secure_client, secure_server, start_authenticator
 from mindft.protocol import ReplicaReport
-from mindft.snapshot import ReplicaHeader, SnapshotError, _check_frames, _Slot
+from mindft.snapshot import ReplicaHeader, SnapshotError, SnapshotStore, _check_frames, _Slot
 
 log = logging.getLogger(__name__)
 
-POLL_INTERVAL = 0.05       # s between looks at the local ranks' manifests
+POLL_INTERVAL = 0.05       # s between looks at the local ranks' snapshots while idle
 LOST_AFTER = 5.0           # s a local snapshot may wait for its replica before protection counts as lost
 LOST_AFTER_CAPTURES = 20   # or this many newer captures than the newest replica
 ACK_TIMEOUT = 10.0         # s for the keeper to confirm a push, plus the bytes at ACK_MIN_RATE
@@ -54,7 +64,8 @@ ACK_MIN_RATE = 20e6        # bytes/s: slower than this the keeper counts as gone
 REPORT_INTERVAL = 1.0      # s between reports of the replicated steps to the controller (a change is sent)
 FIND_INTERVAL = 1.0        # s between look-ups of the buddy node's keeper while it is unknown
 KEEPER_POLL_MS = 100       # the keeper's thread wakes this often to notice close()
-PIPE_HWM = 4               # messages (a push is one): one is in flight, a few leave room for a late ack
+CHUNK = 4 * 1024 * 1024    # bytes per part message: what a pipe holds per message
+PIPE_HWM = 4               # messages queued per direction: a few chunks, never a whole state
 
 
 def node_ip(toward: str) -> str:
@@ -72,22 +83,41 @@ def _endpoint(ip: str, port: int) -> str:
     return f"tcp://[{ip}]:{port}" if ":" in ip else f"tcp://{ip}:{port}"
 
 
-class Keeper:
-    """Holds the newest replica of each remote rank in ``home`` (shared memory) and serves it back.
+def _nbytes(dtype: str, shape: Sequence[int]) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
-    One thread owns a ROUTER bound on ``ip``; with ``keys`` only job members get in (CurveZMQ +
-    ZAP). Requests: ``push`` (header, array frames) → ``ok`` + ``{"owner_rank", "step"}``;
-    ``fetch`` (``{"owner_rank"}``) → ``replica`` + header + frames, as :class:`~mindft.snapshot.ReplicaServer`.
+
+@dataclass
+class _Incoming:
+    """A replica arriving part by part, into a slot of its own until every byte is there."""
+
+    header: ReplicaHeader
+    slot: _Slot
+    total: int
+    received: int = 0
+
+
+class Keeper:
+    """Holds the newest replica of each remote rank and serves it back.
+
+    ``home`` (shared memory) keeps the replicas as files in a rank's slot format
+    (``SnapshotStore(home=home / "rank<R>", resume=True)`` reads them); ``home=None`` keeps them
+    in this process's memory (a rank keeping its buddy's replica). One thread owns a ROUTER bound
+    on ``ip``; with ``keys`` only job members get in (CurveZMQ + ZAP). Requests: ``begin`` /
+    ``part`` / ``end`` (a streamed push, see the module docstring) → ``ok`` +
+    ``{"owner_rank", "step"}`` on ``end``; ``push`` (header, array frames; one request) → the
+    same; ``fetch`` (``{"owner_rank"}``) → ``replica`` + header + frames. Errors answer ``error``.
     """
 
-    def __init__(self, home: Path, ip: str, keys: Optional[CurveKeys], port: int = 0) -> None:
-        self.home = Path(home)
-        self.home.mkdir(parents=True, exist_ok=True)
+    def __init__(self, home: Optional[Path], ip: str, keys: Optional[CurveKeys], port: int = 0) -> None:
+        self.home = None if home is None else Path(home)
+        if self.home is not None:
+            self.home.mkdir(parents=True, exist_ok=True)
         self._context = zmq.Context()
         self._authenticator = start_authenticator(self._context, keys)
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.linger = 0
-        # A replica is one message of many frames, as large as the state: count limits only.
+        # Messages are at most a chunk (a one-request push is the state: counted as one).
         self._socket.sndhwm = self._socket.rcvhwm = PIPE_HWM
         secure_server(self._socket, keys)
         bind_ip = f"[{ip}]" if ":" in ip else ip
@@ -96,33 +126,41 @@ class Keeper:
         else:
             port = self._socket.bind_to_random_port(f"tcp://{bind_ip}")
         self.endpoint = _endpoint(ip, port)
-        self._slots: Dict[int, _Slot] = {}
+        self._held: Dict[int, Tuple[int, _Slot]] = {}  # owner → (slot index, complete replica)
+        self._incoming: Dict[int, Tuple[int, _Incoming]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="mindft-keeper", daemon=True)
         self._thread.start()
         log.info("replica keeper listening on %s (%s), holding replicas in %s", self.endpoint,
-                 "curve" if keys else "insecure", self.home)
+                 "curve" if keys else "insecure", self.home or "memory")
 
     @property
     def held(self) -> Dict[int, int]:
         """{owner rank: step of the replica held}."""
         with self._lock:
-            return {owner: slot.step for owner, slot in self._slots.items() if slot.complete}
+            return {owner: slot.step for owner, (_, slot) in self._held.items()}
 
     @property
     def nbytes(self) -> int:
-        """Shared memory the replicas take."""
+        """Memory the replicas take (and the one arriving, while it does)."""
         with self._lock:
-            return sum(b.nbytes for slot in self._slots.values() for b in slot.buffers.values())
+            slots = [slot for _, slot in self._held.values()] + [i.slot for _, i in self._incoming.values()]
+            return sum(b.nbytes for slot in slots for b in slot.buffers.values())
 
     def close(self) -> None:
-        """Stop serving (the files in ``home`` stay for whoever owns it)."""
+        """Stop serving (files in ``home`` stay for whoever owns it; memory is freed)."""
         self._stop.set()
         self._thread.join()
         if self._authenticator is not None:
             self._authenticator.stop()
         self._context.term()
+        with self._lock:
+            for _, incoming in self._incoming.values():
+                incoming.slot.forget()
+            self._incoming.clear()
+            if self.home is None:
+                self._held.clear()
 
     def _serve(self) -> None:
         try:
@@ -135,6 +173,8 @@ class Keeper:
                 except Exception as error:  # one bad request must not stop the keeper
                     log.warning("replica keeper %s refused a request: %s", self.endpoint, error)
                     reply = [b"error", str(error).encode()]
+                if reply is None:
+                    continue
                 try:
                     self._socket.send_multipart([identity, *reply], flags=zmq.NOBLOCK)
                 except zmq.Again:
@@ -142,49 +182,232 @@ class Keeper:
         finally:
             self._socket.close(linger=0)
 
-    def _handle(self, message: List[Any]) -> List[Any]:
+    def _handle(self, message: List[Any]) -> Optional[List[Any]]:
         command = message[0].bytes if message else b""
+        if command == b"part" and len(message) == 3:
+            self._part(_json(message[1]), message[2])
+            return None
+        if command == b"begin" and len(message) == 2:
+            self._begin(ReplicaHeader.decode(message[1].bytes))
+            return None
+        if command == b"end" and len(message) == 2:
+            answer = _json(message[1])
+            return self._end(int(answer["owner_rank"]), int(answer["step"]))
         if command == b"push" and len(message) >= 2:
             header = ReplicaHeader.decode(message[1].bytes)
             _check_frames(header, message[2:])
-            self._store(header, message[2:])
-            return [b"ok", json.dumps({"owner_rank": header.owner_rank, "step": header.step}).encode()]
+            self._begin(header)
+            for index, frame in enumerate(message[2:]):
+                self._part({"owner_rank": header.owner_rank, "step": header.step, "array": index, "offset": 0}, frame)
+            return self._end(header.owner_rank, header.step)
         if command == b"fetch" and len(message) == 2:
             try:
-                owner = int(json.loads(message[1].bytes)["owner_rank"])
-            except (ValueError, KeyError, TypeError) as error:
+                owner = int(_json(message[1])["owner_rank"])
+            except (KeyError, TypeError, ValueError) as error:
                 raise SnapshotError(f"garbage fetch request ({error!r})") from None
             with self._lock:
-                slot = self._slots.get(owner)
-                if slot is None or not slot.complete:
-                    held = sorted(o for o, s in self._slots.items() if s.complete)
-                    raise SnapshotError(f"no replica of rank {owner} held here (holding {held})")
+                index_slot = self._held.get(owner)
+                if index_slot is None:
+                    raise SnapshotError(f"no replica of rank {owner} held here (holding {sorted(self._held)})")
+                slot = index_slot[1]
                 header = ReplicaHeader(owner, slot.step, tuple(
                     (name, buffer.dtype.str, buffer.shape, int(slot.checksums[name]))
                     for name, buffer in slot.buffers.items()), dict(slot.meta), slot.algorithm)
-                # Copies: a push of the same rank may overwrite the slot before ZeroMQ sends these.
+                # Copies: the next push of this rank may free the slot before ZeroMQ sends these.
                 return [b"replica", header.encode(), *(buffer.tobytes() for buffer in slot.buffers.values())]
         raise SnapshotError(f"unknown request {command[:32]!r} with {len(message)} frames")
 
-    def _store(self, header: ReplicaHeader, frames: List[Any]) -> None:
-        """Write the replica into this owner's slot: no hash here (checked on fetch and restore)."""
+    def _begin(self, header: ReplicaHeader) -> None:
+        """A replica of ``header.owner_rank`` starts: into the slot the held replica does not use."""
+        owner = header.owner_rank
         with self._lock:
-            slot = self._slots.get(header.owner_rank)
-            if slot is None:
-                directory = self.home / f"rank{header.owner_rank}"
-                directory.mkdir(parents=True, exist_ok=True)
-                slot = self._slots[header.owner_rank] = _Slot(directory / "slot0.bin")
+            dropped = self._incoming.pop(owner, None)
+            if dropped is not None:  # a push cut short: what it wrote is garbage
+                dropped[1].slot.release()
+            held = self._held.get(owner)
+            index = 1 - held[0] if held is not None else 0
+            slot = _Slot(None if self.home is None else self._directory(owner) / f"slot{index}.bin")
             slot.forget()
-            slot._map([(name, dtype, tuple(shape)) for name, dtype, shape, _ in header.arrays])
-            for (name, _, _, _), frame in zip(header.arrays, frames):
-                target = slot.buffers[name].reshape(-1).view(np.uint8)
-                if target.size:
-                    target[:] = np.frombuffer(frame.buffer, dtype=np.uint8)
+            slot.prepare([(name, dtype, tuple(shape)) for name, dtype, shape, _ in header.arrays])
+            total = sum(_nbytes(dtype, shape) for _, dtype, shape, _ in header.arrays)
+            self._incoming[owner] = (index, _Incoming(header, slot, total))
+
+    def _part(self, where: Mapping[str, Any], frame: Any) -> None:
+        """Copy one part into the arriving replica; parts of a push that was replaced are dropped."""
+        try:
+            owner, step, array, offset = (int(where[k]) for k in ("owner_rank", "step", "array", "offset"))
+        except (KeyError, TypeError, ValueError) as error:
+            raise SnapshotError(f"garbage part header ({error!r})") from None
+        data = np.frombuffer(frame.buffer if hasattr(frame, "buffer") else frame, dtype=np.uint8)
+        with self._lock:
+            entry = self._incoming.get(owner)
+            if entry is None or entry[1].header.step != step:
+                log.debug("dropped a part of rank %d step %d: no such push arriving", owner, step)
+                return
+            incoming = entry[1]
+            if not 0 <= array < len(incoming.header.arrays):
+                raise SnapshotError(f"part of rank {owner} step {step}: no array {array}")
+            name = incoming.header.arrays[array][0]
+            target = incoming.slot.buffers[name].reshape(-1).view(np.uint8)
+            if offset < 0 or offset + data.size > target.size:
+                raise SnapshotError(f"part of rank {owner} step {step}: bytes {offset}..{offset + data.size} "
+                                    f"outside {name!r} ({target.size} bytes)")
+            if data.size:
+                target[offset:offset + data.size] = data
+            incoming.received += data.size
+
+    def _end(self, owner: int, step: int) -> List[Any]:
+        """The push is complete: the new replica replaces the one held (no hash here)."""
+        with self._lock:
+            entry = self._incoming.get(owner)
+            if entry is None or entry[1].header.step != step:
+                raise SnapshotError(f"end of rank {owner} step {step}: no such push arriving")
+            index, incoming = entry
+            if incoming.received != incoming.total:
+                del self._incoming[owner]
+                incoming.slot.release()
+                raise SnapshotError(f"replica of rank {owner} step {step} is incomplete: "
+                                    f"{incoming.received} of {incoming.total} bytes arrived")
+            del self._incoming[owner]
+            header, slot = incoming.header, incoming.slot
             slot.step, slot.meta, slot.algorithm = header.step, dict(header.meta), header.algorithm
             slot.checksums = {name: value for name, _, _, value in header.arrays}
             slot.record()
             slot.complete = True
-        log.debug("holding the replica of rank %d, step %d", header.owner_rank, header.step)
+            old = self._held.get(owner)
+            self._held[owner] = (index, slot)
+            if old is not None:
+                old[1].release()
+        log.debug("holding the replica of rank %d, step %d", owner, step)
+        return [b"ok", json.dumps({"owner_rank": owner, "step": step}).encode()]
+
+    def _directory(self, owner: int) -> Path:
+        directory = self.home / f"rank{owner}"
+        directory.mkdir(parents=True, exist_ok=True)
+        return directory
+
+
+def _json(frame: Any) -> Any:
+    try:
+        return json.loads(frame.bytes if hasattr(frame, "bytes") else frame)
+    except ValueError as error:
+        raise SnapshotError(f"garbage request ({error})") from None
+
+
+class _Outgoing:
+    """One snapshot on its way out: its header, its bytes part by part, and whether they still hold."""
+
+    def __init__(self, header: ReplicaHeader, nbytes: int, parts: Iterator[Tuple[int, int, Any]],
+                 intact: Callable[[], bool], zero_copy: bool, close: Callable[[], None] = lambda: None) -> None:
+        self.header, self.nbytes, self.parts = header, nbytes, parts
+        self.intact, self.zero_copy, self.close = intact, zero_copy, close
+
+
+class _FileSource:
+    """A rank's slot files in a node agent's shared memory (the agent's sender)."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = Path(home)
+        self.seen: Dict[int, Tuple[int, int, int, bytes]] = {}  # slot → manifest identity
+
+    def notice(self) -> List[Tuple[int, Any]]:
+        """(step, slot index) of snapshots completed since the last look, oldest first."""
+        fresh = []
+        for index in (0, 1):
+            identity = _identity(self.home / f"slot{index}.json")
+            if identity is None:
+                self.seen.pop(index, None)
+                continue
+            if identity == self.seen.get(index):
+                continue
+            self.seen[index] = identity
+            step = _manifest_step(self.home / f"slot{index}.json")
+            if step is not None:
+                fresh.append((step, index))
+        # Both slots new since the last look: two captures, the newer one holds the higher step.
+        return sorted(fresh)
+
+    def open(self, rank: int, index: Any) -> Optional[_Outgoing]:
+        """The slot's bytes (read as they are sent) and recorded checksums; None if it is gone."""
+        manifest = self.home / f"slot{index}.json"
+        before = _identity(manifest)
+        try:
+            body = json.loads(manifest.read_text())
+            layout = [(str(n), str(d), tuple(int(x) for x in s), int(o)) for n, d, s, o in body["layout"]]
+            checksums = {str(k): int(v) for k, v in body["checksums"].items()}
+            step = int(body["step"])
+            fd = os.open(self.home / f"slot{index}.bin", os.O_RDONLY)
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            log.debug("rank=%d slot %d: no readable snapshot (%s)", rank, index, error)
+            return None
+        if before is None:
+            os.close(fd)
+            return None
+        header = ReplicaHeader(rank, step, tuple((name, np.dtype(dtype).str, shape, checksums[name])
+                                                 for name, dtype, shape, _ in layout),
+                               dict(body.get("meta", {})), str(body.get("algorithm")))
+        short = []
+
+        def parts() -> Iterator[Tuple[int, int, Any]]:
+            for array, (_, dtype, shape, start) in enumerate(layout):
+                size = _nbytes(dtype, shape)
+                for offset in range(0, size, CHUNK):
+                    wanted = min(CHUNK, size - offset)
+                    data = os.pread(fd, wanted, start + offset)
+                    if len(data) != wanted:
+                        short.append(offset)  # the file shrank: a capture claimed the slot
+                        return
+                    yield array, offset, data
+
+        def intact() -> bool:
+            return not short and _identity(manifest) == before
+
+        descriptor = [fd]
+
+        def close() -> None:
+            if descriptor:
+                os.close(descriptor.pop())
+
+        return _Outgoing(header, sum(_nbytes(d, s) for _, d, s, _ in layout), parts(), intact, False, close)
+
+
+class _StoreSource:
+    """A rank's own :class:`SnapshotStore`: its slot is sent as it is, zero-copy."""
+
+    def __init__(self, store: SnapshotStore) -> None:
+        self.store = store
+        self.epoch = 0  # a restore starts a new one: a push of the timeline before it proves nothing
+        self._seen: Optional[Tuple[int, int]] = None
+
+    def notice(self) -> List[Tuple[int, Any]]:
+        view = self.store.view()
+        if view is None:
+            return []
+        token = (view.seq, self.epoch)
+        if token == self._seen:
+            return []
+        self._seen = token
+        return [(view.step, token)]
+
+    def open(self, rank: int, token: Any) -> Optional[_Outgoing]:
+        seq = token[0]
+        view = self.store.view()
+        if view is None or view.seq != seq:
+            return None  # a newer one is in the slot to keep: it is noticed next
+        header = ReplicaHeader(rank, view.step, tuple(
+            (name, array.dtype.str, array.shape, int(view.checksums[name])) for name, array in view.arrays.items()),
+            dict(view.meta), view.algorithm)
+        flats = [array.reshape(-1).view(np.uint8) for array in view.arrays.values()]
+
+        def parts() -> Iterator[Tuple[int, int, Any]]:
+            for array, flat in enumerate(flats):
+                for offset in range(0, flat.size, CHUNK):
+                    yield array, offset, memoryview(flat[offset:offset + CHUNK])
+
+        return _Outgoing(header, sum(f.size for f in flats), parts(), lambda: self.store.intact(seq), True)
+
+
+Source = Union[_FileSource, _StoreSource]
 
 
 @dataclass
@@ -192,22 +415,43 @@ class _Track:
     """What the sender knows of one local rank's snapshots and its replica."""
 
     rank: int
-    home: Path
-    seen: Dict[int, Tuple[int, int, int, bytes]] = field(default_factory=dict)  # slot → manifest identity
+    source: Source
     captures: int = 0                       # snapshots noticed so far
     local_step: int = -1                    # the newest noticed
-    pending: Optional[Tuple[int, int]] = None  # (slot, capture number) of the newest not yet sent
+    pending: Optional[Tuple[Any, int]] = None  # (token, capture number) of the newest not yet sent
     noticed: collections.deque = field(default_factory=lambda: collections.deque(maxlen=256))  # (capture, at)
     replicated: int = -1                    # step the keeper confirmed last
     replicated_capture: int = 0
+    confirmed: Any = None                   # the token of that push
     behind_since: Optional[float] = None    # when the oldest snapshot newer than the replica was noticed
     lost: bool = False
+    nbytes: int = 0                         # the size of the newest push: a large one may take longer
 
     def behind(self, now: float) -> Tuple[int, float]:
         """(captures, seconds) the replica is behind the newest local snapshot."""
         if self.behind_since is None:
             return 0, 0.0
         return self.captures - self.replicated_capture, now - self.behind_since
+
+
+@dataclass
+class _Push:
+    """The one push in flight."""
+
+    track: _Track
+    token: Any
+    capture: int
+    outgoing: _Outgoing
+    started: float
+    deadline: float
+    waiting: Optional[Tuple[int, int, Any]] = None  # a part the pipe had no room for
+    trackers: List[Any] = field(default_factory=list)  # ZeroMQ's hold on zero-copy parts
+    queued: bool = False                    # every part handed to ZeroMQ
+    ended: bool = False                     # "end" sent: waiting for the keeper's answer
+
+    @property
+    def step(self) -> int:
+        return self.outgoing.header.step
 
 
 def _identity(path: Path) -> Optional[Tuple[int, int, int, bytes]]:
@@ -228,20 +472,27 @@ def _identity(path: Path) -> Optional[Tuple[int, int, int, bytes]]:
 
 
 class Sender:
-    """Streams the newest snapshot of each local rank to the buddy node's :class:`Keeper` (one thread).
+    """Streams the newest snapshot of each local rank to a :class:`Keeper` (one thread, one connection).
 
-    ``ranks`` maps each local rank to its snapshot directory. ``find_keeper()`` returns the
-    keeper's endpoint or None while it is unknown (asked at most every :data:`FIND_INTERVAL`);
-    ``report(ReplicaReport)`` is called from a thread of its own, newest report wins.
+    ``ranks`` maps each local rank to its snapshot directory (a node agent) or to a source
+    (:class:`RankReplication` gives its store). ``find_keeper()`` returns the keeper's endpoint
+    or None while it is unknown: asked at most every :data:`FIND_INTERVAL` and after a failed
+    push, or, with ``cheap_lookup``, before every push and while one is in flight (a restarted
+    buddy serves elsewhere). ``report(ReplicaReport)`` is called from a thread of its own, newest
+    report wins; ``on_change()`` from the sender's thread when a push is confirmed or a rank's
+    protection is lost or restored.
     """
 
-    def __init__(self, ranks: Dict[int, Path], keys: Optional[CurveKeys],
+    def __init__(self, ranks: Mapping[int, Union[Path, str, Source]], keys: Optional[CurveKeys],
                  find_keeper: Callable[[], Optional[str]], node: int = 0,
                  report: Optional[Callable[[ReplicaReport], None]] = None,
                  poll_interval: float = POLL_INTERVAL, lost_after: float = LOST_AFTER,
-                 lost_after_captures: int = LOST_AFTER_CAPTURES, ack_timeout: float = ACK_TIMEOUT) -> None:
+                 lost_after_captures: int = LOST_AFTER_CAPTURES, ack_timeout: float = ACK_TIMEOUT,
+                 cheap_lookup: bool = False, on_change: Optional[Callable[[], None]] = None) -> None:
         self.node = node
-        self._tracks = {rank: _Track(rank, Path(home)) for rank, home in sorted(ranks.items())}
+        self._who = f"node {node}" if node >= 0 else f"rank={next(iter(ranks), -1)}"
+        self._tracks = {rank: _Track(rank, source if isinstance(source, (_FileSource, _StoreSource))
+                                     else _FileSource(Path(source))) for rank, source in sorted(ranks.items())}
         self._keys = keys
         self._find_keeper = find_keeper
         self._report = report
@@ -249,20 +500,22 @@ class Sender:
         self._lost_after = lost_after
         self._lost_after_captures = lost_after_captures
         self._ack_timeout = ack_timeout
+        self._cheap_lookup = cheap_lookup
+        self._on_change = on_change
         self._context = zmq.Context()
         self._socket: Optional[zmq.Socket] = None
         self.keeper: Optional[str] = None
         self._found_at = -float("inf")
-        self._staging = np.empty(0, np.uint8)
-        # (track, slot, step, capture number, sent at, deadline) of the one push in flight
-        self._in_flight: Optional[Tuple[_Track, int, int, int, float, float]] = None
+        self._push: Optional[_Push] = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._reported: Optional[Tuple] = None
         self._reported_at = -float("inf")
         self._mailbox: List[ReplicaReport] = []
         self._mail = threading.Condition()
         self.pushes = self.skipped = self.timeouts = 0
+        self.push_seconds: Optional[float] = None  # how long the newest confirmed push took
         self._thread = threading.Thread(target=self._run, name="mindft-replication", daemon=True)
         self._reporter = threading.Thread(target=self._report_loop, name="mindft-replica-report", daemon=True)
         self._thread.start()
@@ -287,9 +540,25 @@ class Sender:
         with self._lock:
             return tuple(rank for rank, track in self._tracks.items() if track.lost)
 
+    @property
+    def in_flight(self) -> Optional[Tuple[int, int]]:
+        """(rank, step) of the push not yet confirmed, if any."""
+        push = self._push
+        return None if push is None else (push.track.rank, push.step)
+
+    def confirmed(self, rank: int) -> Any:
+        """The source's token of ``rank``'s newest confirmed push (None: none yet)."""
+        with self._lock:
+            return self._tracks[rank].confirmed
+
+    def wake(self) -> None:
+        """Look at the sources now rather than at the next poll (a capture completed)."""
+        self._wake.set()
+
     def close(self) -> None:
         """Stop the thread and drop what is in flight."""
         self._stop.set()
+        self._wake.set()
         with self._mail:
             self._mail.notify_all()
         self._thread.join()
@@ -304,9 +573,11 @@ class Sender:
             while not self._stop.is_set():
                 now = time.monotonic()
                 self._notice(now)
-                if self._in_flight is None:
-                    self._send_next(now)
-                self._await_ack()
+                if self._push is None:
+                    self._start(now)
+                if self._push is not None:
+                    self._pump(self._push)
+                self._wait()
                 self._judge(time.monotonic())
         except Exception:
             log.exception("the sender thread died; replicas are no longer sent")
@@ -314,101 +585,128 @@ class Sender:
                 for track in self._tracks.values():
                     track.lost = True
             self._queue_report(force=True)
+            self._changed()
             raise
         finally:
+            self._drop_push()
             if self._socket is not None:
                 self._socket.close(linger=0)
 
     def _notice(self, now: float) -> None:
-        """Look for snapshots completed since the last look (a new manifest identity)."""
+        """Look for snapshots completed since the last look."""
         for track in self._tracks.values():
-            fresh = []
-            for index in (0, 1):
-                identity = _identity(track.home / f"slot{index}.json")
-                if identity is None:
-                    track.seen.pop(index, None)
-                    continue
-                if identity == track.seen.get(index):
-                    continue
-                track.seen[index] = identity
-                step = _manifest_step(track.home / f"slot{index}.json")
-                if step is not None:
-                    fresh.append((step, index))
-            # Both slots new since the last look: two captures, the newer one holds the higher step.
-            for step, index in sorted(fresh):
+            for step, token in track.source.notice():
                 with self._lock:
                     track.captures += 1
                     track.local_step = step
-                    track.pending = (index, track.captures)
+                    track.pending = (token, track.captures)
                     track.noticed.append((track.captures, now))
                     if track.behind_since is None:
                         track.behind_since = now
 
-    def _send_next(self, now: float) -> None:
-        candidates = [t for t in self._tracks.values() if t.pending is not None]
-        if not candidates:
-            return
+    def _lookup(self, now: float) -> Optional[str]:
+        """The keeper to push to now (reconnecting when it moved), or None while it is unknown."""
+        if self._cheap_lookup:
+            found = self._find_keeper()
+            if found != self.keeper:
+                if self.keeper is not None:
+                    self._reset(f"the keeper moved to {found}", warn=False)
+                self.keeper = found
+                if found is not None:
+                    log.info("%s streams its snapshots to the keeper at %s", self._who, found)
+            return self.keeper
         if self.keeper is None:
             if now - self._found_at < FIND_INTERVAL:
-                return
+                return None
             self._found_at = now
             self.keeper = self._find_keeper()
-            if self.keeper is None:
-                return
-            log.info("node %d streams its ranks' snapshots to the keeper at %s", self.node, self.keeper)
+            if self.keeper is not None:
+                log.info("%s streams its ranks' snapshots to the keeper at %s", self._who, self.keeper)
+        return self.keeper
+
+    def _start(self, now: float) -> None:
+        candidates = [t for t in self._tracks.values() if t.pending is not None]
+        if not candidates or self._lookup(now) is None:
+            return
         # The rank whose replica is furthest behind goes first.
         track = min(candidates, key=lambda t: t.behind_since if t.behind_since is not None else now)
-        index, capture = track.pending
+        token, capture = track.pending
         track.pending = None
-        frames = self._read(track, index)
-        if frames is None:
+        outgoing = track.source.open(track.rank, token)
+        if outgoing is None:
             self.skipped += 1
             return
-        header, payload, nbytes = frames
         socket = self._connect()
         try:
-            socket.send_multipart([b"push", header.encode(), *payload], copy=False, flags=zmq.NOBLOCK)
+            socket.send_multipart([b"begin", outgoing.header.encode()], flags=zmq.NOBLOCK)
         except zmq.Again:
+            outgoing.close()
             self._reset("its pipe is full")
-            track.pending = track.pending or (index, capture)
+            track.pending = track.pending or (token, capture)
             return
-        deadline = time.monotonic() + self._ack_timeout + nbytes / ACK_MIN_RATE
-        self._in_flight = (track, index, header.step, capture, now, deadline)
+        deadline = now + self._ack_timeout + outgoing.nbytes / ACK_MIN_RATE
+        track.nbytes = outgoing.nbytes
+        self._push = _Push(track, token, capture, outgoing, now, deadline)
         self.pushes += 1
 
-    def _read(self, track: _Track, index: int) -> Optional[Tuple[ReplicaHeader, List[Any], int]]:
-        """The slot's bytes and recorded checksums, or None if a capture claimed it meanwhile."""
-        manifest = track.home / f"slot{index}.json"
-        before = _identity(manifest)
+    def _pump(self, push: _Push) -> None:
+        """Hand ZeroMQ the next parts while the pipe has room; seal the push once they are all out."""
+        if push.ended:
+            return
+        socket = self._socket
+        while not push.queued:
+            part = push.waiting or next(push.outgoing.parts, None)
+            push.waiting = None
+            if part is None:
+                push.queued = True
+                break
+            if not push.outgoing.intact():
+                self._abort(push, "overwritten while it was sent")
+                return
+            array, offset, data = part
+            where = json.dumps({"owner_rank": push.track.rank, "step": push.step, "array": array,
+                                "offset": offset}).encode()
+            frame = zmq.Frame(data, track=push.outgoing.zero_copy)
+            try:
+                socket.send_multipart([b"part", where, frame], flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                push.waiting = part
+                return
+            if push.outgoing.zero_copy:
+                push.trackers = [t for t in push.trackers if not t.done]
+                push.trackers.append(frame.tracker)
+        # The parts read the source's memory until ZeroMQ lets go of them: only then does an
+        # unchanged source prove that what went out is the snapshot the header describes.
+        # Wait here (up to a poll interval): nothing else is due before this push's end.
+        waited_until = time.monotonic() + self._poll
+        for tracker in push.trackers:
+            try:
+                tracker.wait(max(0.0, waited_until - time.monotonic()))
+            except zmq.NotDone:
+                return
+        push.trackers = []
+        if not push.outgoing.intact():
+            self._abort(push, "overwritten while it was sent")
+            return
         try:
-            body = json.loads(manifest.read_text())
-            layout = [(str(n), str(d), tuple(int(x) for x in s), int(o)) for n, d, s, o in body["layout"]]
-            checksums = {str(k): int(v) for k, v in body["checksums"].items()}
-            step = int(body["step"])
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            log.debug("rank=%d slot %d: no readable manifest (%s)", track.rank, index, error)
-            return None
-        size = max((o + int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize for _, d, s, o in layout), default=0)
-        if self._staging.size < size:
-            self._staging = np.empty(size, np.uint8)
-        staging = self._staging
-        try:
-            with open(track.home / f"slot{index}.bin", "rb", buffering=0) as handle:
-                got = handle.readinto(memoryview(staging)[:size]) if size else 0
-        except OSError as error:
-            log.debug("rank=%d slot %d: %s", track.rank, index, error)
-            return None
-        if got != size or _identity(manifest) != before or before is None:
-            log.debug("rank=%d slot %d changed while it was read: skipped", track.rank, index)
-            return None
-        arrays, frames = [], []
-        for name, dtype, shape, start in layout:
-            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-            arrays.append((name, np.dtype(dtype).str, shape, checksums[name]))
-            frames.append(memoryview(staging)[start:start + nbytes])
-        header = ReplicaHeader(track.rank, step, tuple(arrays), dict(body.get("meta", {})),
-                               str(body.get("algorithm")))
-        return header, frames, size
+            socket.send_multipart([b"end", json.dumps({"owner_rank": push.track.rank, "step": push.step}).encode()],
+                                  flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        push.ended = True
+        push.outgoing.close()
+
+    def _abort(self, push: _Push, why: str) -> None:
+        """Give up this push (the keeper drops what arrived at the next begin); the next snapshot goes."""
+        log.debug("rank=%d step %d not replicated: %s", push.track.rank, push.step, why)
+        self.skipped += 1
+        push.outgoing.close()
+        self._push = None
+
+    def _drop_push(self) -> None:
+        if self._push is not None:
+            self._push.outgoing.close()
+            self._push = None
 
     def _connect(self) -> zmq.Socket:
         if self._socket is None:
@@ -420,50 +718,70 @@ class Sender:
             self._socket = socket
         return self._socket
 
-    def _reset(self, why: str) -> None:
+    def _reset(self, why: str, warn: bool = True) -> None:
         """Drop the connection and whatever it holds; look the keeper up again before the next push."""
-        log.warning("no confirmation from the keeper at %s (%s); reconnecting", self.keeper, why)
+        log.log(logging.WARNING if warn else logging.INFO, "%s: dropping the connection to the keeper at %s (%s)",
+                self._who, self.keeper, why)
+        push = self._push
+        self._drop_push()
+        if push is not None and push.track.pending is None:
+            push.track.pending = (push.token, push.capture)  # send it again, unless a newer one came meanwhile
         if self._socket is not None:
-            self._socket.close(linger=0)
+            self._socket.close(linger=0)  # ZeroMQ drops the queued parts (and lets go of their memory)
             self._socket = None
-        # ZeroMQ may still read the staging buffer of the message it dropped: never reuse it.
-        self._staging = np.empty(0, np.uint8)
-        self._in_flight = None
         self.keeper = None
         self._found_at = -float("inf")
 
-    def _await_ack(self) -> None:
-        """Wait up to one poll interval for the keeper's answer to the push in flight."""
-        if self._in_flight is None or self._socket is None:
-            self._stop.wait(self._poll)
+    def _wait(self) -> None:
+        """Wait up to one poll interval for the keeper, room in the pipe, or a new snapshot."""
+        push, socket = self._push, self._socket
+        if push is None or socket is None:
+            self._wake.wait(self._poll)
+            self._wake.clear()
             return
-        track, index, step, capture, sent, deadline = self._in_flight
-        if not self._socket.poll(int(self._poll * 1000)):
-            if time.monotonic() > deadline:
-                self.timeouts += 1
-                self._reset(f"rank {track.rank} step {step} unconfirmed after {time.monotonic() - sent:.1f} s")
-                if track.pending is None:
-                    track.pending = (index, capture)  # send it again, unless a newer one came meanwhile
+        if not push.queued:
+            events, timeout = zmq.POLLIN | zmq.POLLOUT, self._poll
+        elif not push.ended:
+            events, timeout = zmq.POLLIN, 0.0  # ZeroMQ still holds parts: _pump waits for them
+        else:
+            events, timeout = zmq.POLLIN, self._poll
+        if socket.poll(int(timeout * 1000), events) & zmq.POLLIN:
+            self._receive(socket)
+        if self._push is push and time.monotonic() > push.deadline:
+            self.timeouts += 1
+            self._reset(f"rank {push.track.rank} step {push.step} unconfirmed after "
+                        f"{time.monotonic() - push.started:.1f} s")
+        elif self._cheap_lookup and self._push is not None:
+            self._lookup(time.monotonic())
+
+    def _receive(self, socket: zmq.Socket) -> None:
+        reply = socket.recv_multipart()
+        push = self._push
+        if reply[0] == b"error":
+            detail = b" ".join(reply[1:])[:200].decode(errors="replace")
+            if push is not None:
+                log.warning("the keeper at %s refused rank %d step %d: %s", self.keeper, push.track.rank,
+                            push.step, detail)
+                self._abort(push, "refused")
             return
-        reply = self._socket.recv_multipart()
-        if reply[0] != b"ok" or len(reply) < 2:
-            log.warning("the keeper at %s refused rank %d step %d: %s", self.keeper, track.rank,
-                        step, b" ".join(reply[1:])[:200].decode(errors="replace"))
-            self._in_flight = None
+        if reply[0] != b"ok" or len(reply) < 2 or push is None or not push.ended:
             return
         answer = json.loads(reply[1])
-        if answer.get("owner_rank") != track.rank or answer.get("step") != step:
+        track = push.track
+        if answer.get("owner_rank") != track.rank or answer.get("step") != push.step:
             return  # a late answer to an earlier push: keep waiting for ours
-        self._in_flight = None
+        self._push = None
         now = time.monotonic()
+        self.push_seconds = now - push.started
         with self._lock:
             first = track.replicated < 0
-            track.replicated, track.replicated_capture = step, capture
-            newer = [at for number, at in track.noticed if number > capture]
+            track.replicated, track.replicated_capture, track.confirmed = push.step, push.capture, push.token
+            newer = [at for number, at in track.noticed if number > push.capture]
             track.behind_since = newer[0] if newer else None
         if first:
-            log.info("rank=%d step %d is held by the keeper at %s (%.3f s after it was noticed)",
-                     track.rank, step, self.keeper, now - sent)
+            log.info("rank=%d step %d is held by the keeper at %s (%.3f s after it was sent)",
+                     track.rank, push.step, self.keeper, now - push.started)
+        self._changed()
 
     def _judge(self, now: float) -> None:
         """Log and report lost protection (and its recovery)."""
@@ -471,7 +789,8 @@ class Sender:
         for track in self._tracks.values():
             with self._lock:
                 captures, seconds = track.behind(now)
-                lost = captures > self._lost_after_captures or seconds > self._lost_after
+                lost = (captures > self._lost_after_captures
+                        or seconds > self._lost_after + track.nbytes / ACK_MIN_RATE)
                 was, track.lost = track.lost, lost
             if lost and not was:
                 changed = True
@@ -483,6 +802,15 @@ class Sender:
                 log.warning("rank=%d protection restored: replica of step %d held by %s", track.rank,
                             track.replicated, self.keeper)
         self._queue_report(force=changed)
+        if changed:
+            self._changed()
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            try:
+                self._on_change()
+            except Exception:  # the owner's business: replication goes on
+                log.exception("%s: replication change handler failed", self._who)
 
     # ---- reports to the controller ---------------------------------------------------------
 
@@ -522,6 +850,85 @@ def _manifest_step(path: Path) -> Optional[int]:
         return int(json.loads(path.read_text())["step"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+class RankReplication:
+    """A rank's own replication when no node agent replicates it (see the module docstring).
+
+    The session tells it of each capture (:meth:`captured`) and restore (:meth:`restored`);
+    a :class:`Sender` streams the store's newest snapshot to the keeper at ``find_keeper()``
+    (the buddy rank's). :meth:`reportable` is the newest step this rank may report finished:
+    a step report tells the other ranks they may overwrite older snapshots, so it must not
+    pass a capture whose replica has not arrived, or a kill of this rank would leave no step
+    that every rank, this one through its replica, still holds. Training never waits for it;
+    only the report does, and ``release()`` is called (from the sender's thread) when it may
+    go. A replica later than ``lost_after`` seconds is lost protection: logged, reported, and
+    the reports go on without it until it is back.
+    """
+
+    def __init__(self, rank: int, store: SnapshotStore, keys: Optional[CurveKeys],
+                 find_keeper: Callable[[], Optional[str]], report: Optional[Callable[[ReplicaReport], None]],
+                 release: Callable[[], None], lost_after: float, ack_timeout: float = ACK_TIMEOUT) -> None:
+        self.rank = rank
+        self._source = _StoreSource(store)
+        self._release = release
+        self._lock = threading.Lock()
+        # (capture seq, step) of the snapshots taken whose replica is not confirmed, oldest first
+        self._unconfirmed: collections.deque = collections.deque(maxlen=64)
+        self.sender = Sender({rank: self._source}, keys, find_keeper, node=-1, report=report,
+                             lost_after=lost_after, ack_timeout=ack_timeout, cheap_lookup=True,
+                             on_change=self._changed)
+        store.on_complete = self.sender.wake
+
+    @classmethod
+    def attach(cls, processor: Any, store: SnapshotStore, buddy: int, lost_after: float,
+               keys: Optional[CurveKeys]) -> RankReplication:
+        """Replicate ``processor``'s rank to ``buddy``'s keeper (from the processor's endpoint map),
+        with reports to the controller and the step reports held back as :meth:`reportable` says."""
+        replication = cls(processor.rank, store, keys, lambda: processor.endpoint_of(buddy),
+                          processor.report_replica, processor.release_reports, lost_after)
+        processor.report_limit = replication.reportable
+        return replication
+
+    def captured(self, seq: int, step: int) -> None:
+        """The store started capturing ``step`` as capture ``seq`` (training thread)."""
+        with self._lock:
+            self._unconfirmed.append((seq, step))
+        self.sender.wake()
+
+    def restored(self, step: int) -> None:
+        """Training was rolled back to ``step``: the replica must hold it again before reports go on."""
+        with self._lock:
+            self._source.epoch += 1
+            self._unconfirmed.clear()
+            self._unconfirmed.append((-1, step))  # cleared by the first push of the new epoch: that snapshot
+        self.sender.wake()
+
+    def reportable(self, position: int) -> int:
+        """The newest step, at most ``position``, this rank may report finished now."""
+        with self._lock:
+            if not self._unconfirmed or self.rank in self.sender.lost:
+                return position
+            return min(position, self._unconfirmed[0][1] - 1)
+
+    @property
+    def unconfirmed(self) -> Tuple[int, ...]:
+        """Steps captured (or restored) whose replica has not been confirmed yet."""
+        with self._lock:
+            return tuple(step for _, step in self._unconfirmed)
+
+    def close(self) -> None:
+        """Stop sending (what is in flight is dropped)."""
+        self._source.store.on_complete = None
+        self.sender.close()
+
+    def _changed(self) -> None:
+        token = self.sender.confirmed(self.rank)
+        with self._lock:
+            if token is not None and token[1] == self._source.epoch:
+                while self._unconfirmed and self._unconfirmed[0][0] <= token[0]:
+                    self._unconfirmed.popleft()
+        self._release()
 
 
 class NodeReplication:

@@ -8,8 +8,10 @@ in a background thread into buffers reused from one step to the next, and each
 array is checksummed chunk by chunk right after it is copied, while the chunk is
 still in cache, which makes the checksum nearly free.
 
-:class:`ReplicaServer`, :func:`push_replica` and :func:`fetch_replica` move a
-snapshot to a buddy rank and back over ZeroMQ without copying it in Python;
+Replicas (:mod:`mindft.replication`) are sent from a slot as it is (:meth:`SnapshotStore.view`,
+with the checksums the capture recorded) and checked for being overwritten meanwhile
+(:meth:`SnapshotStore.intact`); :func:`fetch_replica` brings one back and verifies it, and
+:func:`push_replica` sends one in a single request (for tools and tests; ranks stream theirs).
 :meth:`SnapshotStore.dump` writes MindSpore's ``.ckpt`` format without importing
 MindSpore, so a job that cannot recover still leaves a loadable checkpoint.
 """
@@ -31,7 +33,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import zmq
 
-from mindft.keys import CurveKeys, secure_client, secure_server, start_authenticator
+from mindft.keys import CurveKeys, secure_client
 
 try:  # xxh3 is ~10x faster than zlib.crc32 (bench/snapshot.py); crc32 keeps mindft working without it
     import xxhash
@@ -45,8 +47,6 @@ REPLICA_VERSION = 1
 _CHUNK = 512 * 1024
 # MindSpore slices parameters larger than 512 MiB into several records with the same tag.
 _CKPT_SLICE = 512 * 1024 * 1024
-# How often the replica server's thread wakes up to notice close().
-_POLL_MS = 100
 
 _CKPT_TYPES = {
     np.dtype(np.bool_): "Bool", np.dtype(np.int8): "Int8", np.dtype(np.uint8): "UInt8",
@@ -92,6 +92,18 @@ class Snapshot:
     meta: Mapping[str, Any] = field(default_factory=dict)
     checksums: Mapping[str, int] = field(default_factory=dict)
     algorithm: str = CHECKSUM  # how ``checksums`` were computed
+
+
+@dataclass(frozen=True)
+class SlotView:
+    """A complete snapshot as read-only views of the slot that holds it (:meth:`SnapshotStore.view`)."""
+
+    seq: int
+    step: int
+    arrays: Mapping[str, np.ndarray]
+    checksums: Mapping[str, int]
+    meta: Mapping[str, Any]
+    algorithm: str
 
 
 def checksum(array: np.ndarray, algorithm: str = CHECKSUM) -> int:
@@ -154,6 +166,7 @@ class _Slot:
         self.algorithm = CHECKSUM
         self.complete = False
         self.readers = 0  # restores verifying this slot; a capture must not overwrite it meanwhile
+        self.seq = 0  # which capture claimed the slot last: a sender of its bytes checks it did not change
         self._layout: List[Tuple[str, str, Tuple[int, ...], int]] = []
 
     @property
@@ -162,15 +175,26 @@ class _Slot:
 
     def reserve(self, sources: Mapping[str, np.ndarray]) -> None:
         """Make ``buffers`` match ``sources``, reusing every buffer whose shape and dtype still fit."""
+        self.prepare([(name, src.dtype.str, tuple(src.shape)) for name, src in sources.items()])
+
+    def prepare(self, wanted: List[Tuple[str, str, Tuple[int, ...]]]) -> None:
+        """Make ``buffers`` hold arrays of these (name, dtype, shape), reusing what still fits."""
         if self.path is not None:
-            self._map([(name, src.dtype.str, tuple(src.shape)) for name, src in sources.items()])
+            self._map(wanted)
             return
         old, new = self.buffers, {}
-        for name, src in sources.items():
+        for name, dtype, shape in wanted:
             buffer = old.get(name)
-            fits = buffer is not None and buffer.shape == src.shape and buffer.dtype == src.dtype
-            new[name] = buffer if fits else np.empty(src.shape, src.dtype)
+            fits = buffer is not None and buffer.shape == tuple(shape) and buffer.dtype == np.dtype(dtype)
+            new[name] = buffer if fits else np.empty(shape, dtype)
         self.buffers = new  # one assignment: nbytes may read it from another thread
+
+    def release(self) -> None:
+        """Hold nothing any more: forget the snapshot and free its memory (and its file)."""
+        self.forget()
+        self.buffers, self._layout = {}, []
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
 
     def _map(self, wanted: List[Tuple[str, str, Tuple[int, ...]]]) -> None:
         layout, offset = [], 0
@@ -180,6 +204,15 @@ class _Slot:
         if layout == self._layout and self.buffers:
             return
         size = max(offset, _ALIGN)
+        try:
+            resized = os.stat(self.path).st_size != size
+        except FileNotFoundError:
+            resized = False
+        if resized:
+            # Never shrink a file another mapping may still read (a replica being sent from it):
+            # reading a mapped page past the end of its file is SIGBUS. A new file leaves the
+            # old one to whoever still maps it.
+            self.path.unlink()
         with open(self.path, "a+b") as handle:
             if os.fstat(handle.fileno()).st_size != size:
                 handle.truncate(size)
@@ -248,13 +281,18 @@ class SnapshotStore:
         self._future: Optional[Future] = None
         self._pending_step = -1
         self._completed = 0  # captures and adopts completed, so restore can tell if one overtook it
+        for index, slot in enumerate(self._slots):
+            slot.seq = index + 1
+        self._claims = len(self._slots)  # the seq of the newest claim
         self.last_fill_seconds = 0.0  # how long the newest capture's copy and checksum took
+        self.on_complete: Optional[Any] = None  # called from the copy thread when a capture completes
 
-    def capture(self, step: int, arrays: Mapping[str, Any], meta: Optional[Mapping[str, Any]] = None) -> None:
+    def capture(self, step: int, arrays: Mapping[str, Any], meta: Optional[Mapping[str, Any]] = None) -> int:
         """Start copying ``arrays`` (and JSON-able ``meta``) as the snapshot of ``step`` in the background.
 
         Blocks only while the previous capture is still running. Do not mutate
         ``arrays`` until :meth:`wait` returns: the copy reads them meanwhile.
+        Returns the capture's sequence number (:attr:`SlotView.seq` once it completes).
         """
         sources = _as_sources(arrays)
         meta = json.loads(json.dumps(dict(meta or {})))  # a private copy, and fails now if not JSON-able
@@ -263,6 +301,25 @@ class SnapshotStore:
         slot.reserve(sources)
         self._pending_step = step
         self._future = self._pool.submit(self._fill_slot, index, step, sources, meta, CHECKSUM, None)
+        return slot.seq
+
+    def view(self) -> Optional[SlotView]:
+        """The snapshot to keep (the newest, or the one last restored) as read-only views of its slot.
+
+        Nothing is copied: the views are valid while :meth:`intact` says so (a capture
+        overwrites the slot two captures later; check after reading, not before).
+        """
+        with self._cond:
+            slot = self._slots[self._keep]
+            if not slot.complete:
+                return None
+            return SlotView(slot.seq, slot.step, {name: _readonly(b) for name, b in slot.buffers.items()},
+                            dict(slot.checksums), dict(slot.meta), slot.algorithm)
+
+    def intact(self, seq: int) -> bool:
+        """True while the snapshot of capture ``seq`` is held, unchanged since :meth:`view` returned it."""
+        with self._cond:
+            return any(slot.seq == seq and slot.complete for slot in self._slots)
 
     def wait(self, timeout: Optional[float] = None) -> None:
         """Block until the capture in flight completed; raise :class:`SnapshotError` if it failed."""
@@ -387,6 +444,7 @@ class SnapshotStore:
         with self._cond:
             for slot in self._slots:
                 slot.buffers, slot.complete = {}, False
+                slot.seq = -1  # a replica sender still holding views must not send them on
 
     def __enter__(self) -> SnapshotStore:
         return self
@@ -407,6 +465,8 @@ class SnapshotStore:
             while slot.readers:
                 self._cond.wait()
             slot.forget()
+            self._claims += 1
+            slot.seq = self._claims
             return index, slot
 
     def _fill_slot(self, index: int, step: int, sources: Mapping[str, np.ndarray], meta: Dict[str, Any],
@@ -431,6 +491,9 @@ class SnapshotStore:
             self._completed += 1
             self._keep = index
         log.debug("captured step %d (%d bytes)", step, sum(b.nbytes for b in slot.buffers.values()))
+        notify = self.on_complete
+        if notify is not None:
+            notify()
 
     def _verify(self, slot: _Slot, into: Optional[Mapping[str, np.ndarray]]) -> List[str]:
         """Names whose data does not match the recorded checksum (copying into ``into`` meanwhile)."""
@@ -558,78 +621,6 @@ def _check_frames(header: ReplicaHeader, frames: List[Any]) -> None:
             raise SnapshotError(f"replica of step {header.step}: {name!r} has {len(frame)} bytes, expected {size}")
 
 
-class ReplicaServer:
-    """Holds the latest replica pushed by each owner rank and serves it back (ROUTER, one thread).
-
-    Frames are kept as received and sent back as they are: no copy in Python.
-    With ``keys``, only clients holding the job key get in (CurveZMQ + ZAP).
-    """
-
-    def __init__(self, ip: str, keys: Optional[CurveKeys]) -> None:
-        self._context = zmq.Context()
-        self._authenticator = start_authenticator(self._context, keys)
-        self._socket = self._context.socket(zmq.ROUTER)
-        self._socket.linger = 0
-        # A replica is one multipart message of many frames: never drop or block on a count limit.
-        self._socket.sndhwm = self._socket.rcvhwm = 0
-        secure_server(self._socket, keys)
-        port = self._socket.bind_to_random_port(f"tcp://{ip}")
-        self.endpoint = f"tcp://{ip}:{port}"
-        self._held: Dict[int, Tuple[ReplicaHeader, List[Any]]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name="mindft-replica", daemon=True)
-        self._thread.start()
-        log.info("replica server listening on %s (%s)", self.endpoint, "curve" if keys else "insecure")
-
-    @property
-    def held(self) -> Dict[int, int]:
-        """{owner rank: step of the replica held}."""
-        return {owner: header.step for owner, (header, _) in list(self._held.items())}
-
-    def close(self) -> None:
-        """Stop serving and drop the replicas held."""
-        self._stop.set()
-        self._thread.join()
-        if self._authenticator is not None:
-            self._authenticator.stop()
-        self._held.clear()
-        self._context.term()
-
-    def _serve(self) -> None:
-        try:
-            while not self._stop.is_set():
-                if not self._socket.poll(_POLL_MS):
-                    continue
-                identity, *message = self._socket.recv_multipart(copy=False)
-                try:
-                    reply = self._handle(message)
-                except Exception as error:  # one bad request must not stop the server
-                    log.warning("replica server %s refused a request: %s", self.endpoint, error)
-                    reply = [b"error", str(error).encode()]
-                self._socket.send_multipart([identity, *reply], copy=False)
-        finally:
-            self._socket.close(linger=0)
-
-    def _handle(self, message: List[Any]) -> List[Any]:
-        command = message[0].bytes if message else b""
-        if command == b"push" and len(message) >= 2:
-            header = ReplicaHeader.decode(message[1].bytes)
-            _check_frames(header, message[2:])
-            self._held[header.owner_rank] = (header, message[2:])
-            log.debug("holding the replica of rank %d, step %d", header.owner_rank, header.step)
-            return [b"ok"]
-        if command == b"fetch" and len(message) == 2:
-            try:
-                owner = int(json.loads(message[1].bytes)["owner_rank"])
-            except (ValueError, KeyError, TypeError) as error:
-                raise SnapshotError(f"garbage fetch request ({error!r})") from None
-            if owner not in self._held:
-                raise SnapshotError(f"no replica of rank {owner} held here (holding {sorted(self._held)})")
-            header, frames = self._held[owner]
-            return [b"replica", header.encode(), *frames]
-        raise SnapshotError(f"unknown request {command[:32]!r} with {len(message)} frames")
-
-
 def _request(endpoint: str, keys: Optional[CurveKeys], timeout: float, frames: List[Any]) -> List[Any]:
     socket = zmq.Context.instance().socket(zmq.DEALER)
     socket.linger = 0
@@ -654,7 +645,9 @@ def _request(endpoint: str, keys: Optional[CurveKeys], timeout: float, frames: L
 
 def push_replica(endpoint: str, owner_rank: int, snapshot: Snapshot, keys: Optional[CurveKeys],
                  timeout: float) -> None:
-    """Send ``snapshot`` of ``owner_rank`` to its buddy's :class:`ReplicaServer`; returns once it is held."""
+    """Send ``snapshot`` of ``owner_rank`` to a :class:`~mindft.replication.Keeper` in one request
+    (a socket of its own); returns once it is held. For tools and tests: ranks and node agents
+    stream their replicas (:mod:`mindft.replication`)."""
     # ascontiguousarray turns a 0-d array into shape (1,): keep the original shape.
     arrays = {name: np.ascontiguousarray(array).reshape(array.shape)
               for name, array in snapshot.arrays.items()}
@@ -667,7 +660,7 @@ def push_replica(endpoint: str, owner_rank: int, snapshot: Snapshot, keys: Optio
     reply = _request(endpoint, keys, timeout,
                      [b"push", header.encode(), *(_flat_bytes(array) for array in arrays.values())])
     if reply[0].bytes != b"ok":
-        raise SnapshotError(f"replica server at {endpoint} answered {reply[0].bytes[:32]!r} to a push")
+        raise SnapshotError(f"replica keeper at {endpoint} answered {reply[0].bytes[:32]!r} to a push")
 
 
 def fetch_replica(endpoint: str, owner_rank: int, keys: Optional[CurveKeys], timeout: float,

@@ -219,19 +219,182 @@ def test_under_mindft_launch_with_a_keeper_the_ranks_announce_it_and_push_nothin
     assert pushing.replica_buddy == 1 and pushing.replica_endpoint == ""
 
 
-def test_a_slot_a_capture_claims_while_it_is_read_is_not_sent(tmp_path: Path, keys, parts,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_slot_a_capture_claims_while_it_is_read_is_not_sealed(tmp_path: Path, parts) -> None:
     """The manifest changed between the look before and after the read: the bytes may be torn."""
-    import mindft.replication as replication
+    from mindft.replication import _FileSource
 
     store = SnapshotStore(home=tmp_path / "rank0")
     parts.append(store)
     capture(store, 1)
-    sender = Sender({0: tmp_path / "rank0"}, keys, lambda: None)
-    sender.close()  # its thread must not look at the manifest meanwhile: _read is called here
-    track = sender._tracks[0]
-    index = next(i for i in (0, 1) if (tmp_path / "rank0" / f"slot{i}.json").exists())
-    assert sender._read(track, index) is not None
-    looks = iter([(1, 1, 1, b"before"), (2, 2, 2, b"after")])
-    monkeypatch.setattr(replication, "_identity", lambda path: next(looks))
-    assert sender._read(track, index) is None
+    source = _FileSource(tmp_path / "rank0")
+    [(step, index)] = source.notice()
+    outgoing = source.open(0, index)
+    sent = list(outgoing.parts)
+    assert step == 1 and outgoing.intact() and outgoing.header.step == 1
+    assert b"".join(data for _, _, data in sent) == b"".join(a.tobytes() for a in state(1).values())
+    outgoing.close()
+    outgoing = source.open(0, index)
+    next(outgoing.parts)
+    capture(store, 2)
+    capture(store, 3)  # claims the slot being read
+    list(outgoing.parts)
+    assert not outgoing.intact()
+    outgoing.close()
+    outgoing.close()  # idempotent
+
+
+def _raw(endpoint: str, keys, frames: list, answer: bool = True):
+    import zmq
+
+    from mindft.keys import secure_client
+
+    with zmq.Context() as context, context.socket(zmq.DEALER) as sock:
+        sock.linger = 1000
+        secure_client(sock, keys)
+        sock.connect(endpoint)
+        for message in frames:
+            sock.send_multipart(message)
+        if not answer:
+            return None
+        assert sock.poll(10_000), "no answer"
+        return sock.recv_multipart()
+
+
+def test_the_keeper_keeps_the_old_replica_until_a_new_one_is_complete(tmp_path: Path, keys, parts) -> None:
+    """A push cut short, or sealed with bytes missing, never costs the replica held."""
+    import json
+
+    from mindft.snapshot import ReplicaHeader, checksum
+
+    keeper = Keeper(None, "127.0.0.1", keys)
+    parts.append(keeper)
+    x1, x2 = np.arange(10, dtype=np.int64), np.arange(10, 20, dtype=np.int64)
+
+    def header(step, x):
+        return ReplicaHeader(7, step, (("x", x.dtype.str, x.shape, checksum(x)),), {"step": step}).encode()
+
+    def part(step, x, offset, count):
+        where = json.dumps({"owner_rank": 7, "step": step, "array": 0, "offset": offset * 8}).encode()
+        return [b"part", where, x[offset:offset + count].tobytes()]
+
+    def end(step):
+        return [b"end", json.dumps({"owner_rank": 7, "step": step}).encode()]
+
+    assert _raw(keeper.endpoint, keys, [[b"begin", header(1, x1)], part(1, x1, 0, 6), part(1, x1, 6, 4), end(1)])[0] == b"ok"
+    assert keeper.held == {7: 1} and keeper.nbytes == x1.nbytes
+    _raw(keeper.endpoint, keys, [[b"begin", header(2, x2)], part(2, x2, 0, 6)], answer=False)  # the sender died
+    assert fetch_replica(keeper.endpoint, 7, keys, 5.0).arrays["x"].tolist() == x1.tolist()
+    refused = _raw(keeper.endpoint, keys, [[b"begin", header(2, x2)], part(2, x2, 0, 6), end(2)])
+    assert refused[0] == b"error" and b"incomplete: 48 of 80 bytes" in refused[1]
+    assert fetch_replica(keeper.endpoint, 7, keys, 5.0).step == 1
+    beyond = [b"part", json.dumps({"owner_rank": 7, "step": 2, "array": 0, "offset": 72}).encode(), bytes(16)]
+    outside = _raw(keeper.endpoint, keys, [[b"begin", header(2, x2)], beyond])
+    assert outside[0] == b"error" and b"outside 'x'" in outside[1]
+    assert _raw(keeper.endpoint, keys, [[b"begin", header(2, x2)], part(2, x2, 0, 10), end(2)])[0] == b"ok"
+    assert fetch_replica(keeper.endpoint, 7, keys, 5.0).arrays["x"].tolist() == x2.tolist()
+    assert keeper.nbytes == x2.nbytes  # the old replica was freed
+
+
+def test_a_rank_streams_its_store_to_the_keeper_and_reports_a_step_only_once_its_replica_arrived(
+        keys, parts) -> None:
+    from mindft.replication import RankReplication
+
+    keeper = Keeper(None, "127.0.0.1", keys)
+    parts.append(keeper)
+    store = SnapshotStore()
+    parts.append(store)
+    released = threading.Event()
+    found = threading.Event()
+    replication = RankReplication(3, store, keys, lambda: keeper.endpoint if found.is_set() else None, None,
+                                  released.set, lost_after=60.0)
+    parts.append(replication)
+    seq = store.capture(4, state(4), {"step": 4})
+    replication.captured(seq, 4)
+    store.wait()
+    assert replication.reportable(4) == 3 and replication.reportable(2) == 2  # step 4 waits for its replica
+    found.set()
+    until(released.is_set, "the confirmation of step 4")
+    assert replication.reportable(5) == 5 and keeper.held == {3: 4}
+    replica = fetch_replica(keeper.endpoint, 3, keys, 5.0)  # verified against the capture's own checksums
+    assert replica.step == 4 and replica.arrays["w"].tobytes() == state(4)["w"].tobytes()
+    released.clear()
+    replication.restored(4)  # a rollback: the replica must hold the restored step again
+    assert replication.reportable(6) == 3
+    until(released.is_set, "the replica of the restored step")
+    assert replication.reportable(6) == 6 and replication.sender.pushes == 2
+
+
+def test_a_slot_overwritten_while_it_is_streamed_is_never_sealed(tmp_path: Path, keys, parts) -> None:
+    """Zero-copy parts wait in the pipe to a keeper that is not there yet while the capture after
+    next overwrites their slot: the push is dropped before its end, the newest snapshot goes."""
+    from mindft.replication import RankReplication
+
+    port = free_port()
+    store = SnapshotStore()
+    parts.append(store)
+    replication = RankReplication(0, store, keys, lambda: f"tcp://127.0.0.1:{port}", None, lambda: None,
+                                  lost_after=60.0)
+    parts.append(replication)
+    seq = store.capture(1, state(1), {"step": 1})
+    replication.captured(seq, 1)
+    store.wait()
+    until(lambda: replication.sender.in_flight == (0, 1), "the push of step 1 in flight")
+    for step in (2, 3):  # step 3 overwrites step 1's slot while ZeroMQ still holds its parts
+        replication.captured(store.capture(step, state(step), {"step": step}), step)
+        store.wait()
+    keeper = Keeper(None, "127.0.0.1", keys, port=port)
+    parts.append(keeper)
+    until(lambda: replication.sender.replicated == {0: 3}, "the replica of step 3")
+    assert replication.sender.skipped >= 1 and keeper.held == {0: 3}
+    replica = fetch_replica(keeper.endpoint, 0, keys, 5.0)
+    assert replica.arrays["w"].tobytes() == state(3)["w"].tobytes()
+
+
+def test_a_step_report_waits_for_the_replica_and_the_status_shows_it(keys, parts, tmp_path: Path) -> None:
+    """A real controller and processor: the report of a captured step goes out only once the
+    buddy's keeper confirmed its replica; meanwhile the controller sees the step before it."""
+    import dataclasses
+
+    from mindft.channel import request
+    from mindft.config import MindftConfig
+    from mindft.controller import Controller
+    from mindft.keys import generate_keys
+    from mindft.processor import Processor
+    from mindft.replication import RankReplication
+
+    key_file = tmp_path / "job.key"
+    keys = generate_keys(key_file)
+    timeouts = Timeouts(heartbeat_interval=0.05, heartbeat_misses=1000, register=30.0)
+    config = MindftConfig(world_size=1, controller_port=0, key_file=key_file, timeouts=timeouts)
+    controller = Controller(config)
+    config = dataclasses.replace(config, controller_port=int(controller.endpoint.rsplit(":", 1)[1]))
+    controller.start()
+    try:
+        keeper = Keeper(None, "127.0.0.1", keys)
+        parts.append(keeper)
+        store = SnapshotStore()
+        parts.append(store)
+        processor = Processor(config, "tcp://127.0.0.1:1", keys=keys)
+        parts.append(processor)
+        processor.register((0,))
+        found = threading.Event()
+        replication = RankReplication(0, store, keys, lambda: keeper.endpoint if found.is_set() else None,
+                                      processor.report_replica, processor.release_reports, lost_after=60.0)
+        processor.report_limit = replication.reportable
+        parts.append(replication)
+
+        def status():
+            return request(config.controller_address, keys, StatusRequest(), 5.0)
+
+        for step in (1, 2):
+            replication.captured(store.capture(step, state(step), {"step": step}), step)
+            store.wait()
+            processor.finished(step)
+        until(lambda: status().ranks[0].step == 0 and replication.sender.local == {0: 2}, "step 2 noticed")
+        assert status().ranks[0].replicated == -1  # the rank said so (a ReplicaReport)
+        found.set()  # the buddy's keeper is known: the replica goes, then the report
+        until(lambda: status().ranks[0].step == 2, "the report of step 2")
+        until(lambda: status().ranks[0].replicated == 2, "the replicated step in the status")
+        assert keeper.held == {0: 2}
+    finally:
+        controller.stop()

@@ -1,8 +1,10 @@
 """The per-rank engine shared by the ``Model.train`` callback and the custom-loop guard.
 
-A :class:`Session` owns one rank's :class:`~mindft.snapshot.SnapshotStore`, replica server
-and :class:`~mindft.processor.Processor`. The two front ends only tell it where step
-boundaries are; it captures, votes, and obeys the controller.
+A :class:`Session` owns one rank's :class:`~mindft.snapshot.SnapshotStore`, its
+:class:`~mindft.processor.Processor` and, when no node agent replicates it, the keeper of its
+buddy's replica and the background replication of its own (:mod:`mindft.replication`). The
+two front ends only tell it where step boundaries are; it captures, votes, and obeys the
+controller.
 
 Steps are counted from 1 (``step`` = number of optimizer updates done); the snapshot of
 step 0 is the state training starts from, so a fault in the very first step can be
@@ -27,7 +29,8 @@ from mindft.faults import DeviceFault, classify, describe
 from mindft.keys import job_keys
 from mindft.processor import Processor, ProcessorError
 from mindft.protocol import FaultKind, StatusRequest
-from mindft.snapshot import ReplicaServer, SnapshotError, SnapshotStore, fetch_replica, push_replica
+from mindft.replication import Keeper, RankReplication
+from mindft.snapshot import SnapshotError, SnapshotStore, fetch_replica
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +195,8 @@ class Session:
         self.resumed_from: Optional[int] = None
         self.processor: Optional[Processor] = None
         self.store: Optional[SnapshotStore] = None
-        self._server: Optional[ReplicaServer] = None
+        self._keeper: Optional[Keeper] = None  # holds the replica of the rank whose buddy this one is
+        self._replication: Optional[RankReplication] = None  # streams this rank's snapshots to its buddy
         self._buddy = replica_buddy(self.config)
         self._keys = None
         self._armed: Optional[DeviceFault] = None
@@ -231,7 +235,7 @@ class Session:
             log.critical("rank=%d %s", config.rank, error)
             raise SystemExit(ExitCode.USAGE) from None
         if self._buddy is not None:
-            self._server = ReplicaServer(config.controller_ip, self._keys)
+            self._keeper = Keeper(None, config.controller_ip, self._keys)
         adopted = False
         if restarted and self.store.steps:
             adopted = True
@@ -239,7 +243,7 @@ class Session:
                         config.rank, config.restart_count, list(self.store.steps))
         elif restarted:
             adopted = self._adopt_replica()
-        self.processor = Processor(config, self._server.endpoint if self._server else "", keys=self._keys,
+        self.processor = Processor(config, self._keeper.endpoint if self._keeper else "", keys=self._keys,
                                    snapshot_every=self._snapshot_every)
         collectives = uses_collectives()
         self.processor.lockstep = collectives  # a fault at a boundary then rolls back in place
@@ -249,6 +253,8 @@ class Session:
             log.critical("%s", error)
             self.close()
             raise SystemExit(ExitCode.FAILED) from None
+        if self._buddy is not None:
+            self._start_replication()
         if config.restart_count > 0 and (adopted or ack.state.upper() not in _RUNNING_STATES):
             log.warning("rank=%d restarted (incarnation %d) holding %s; waiting for ROLLBACK",
                         config.rank, config.restart_count, list(self.store.steps))
@@ -264,15 +270,18 @@ class Session:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        if self._replication is not None:
+            self._replication.close()
+            self._replication = None
         if self.processor is not None:
             self.processor.close()
             self.processor = None
         if self.store is not None:
             self.store.close()
             self.store = None
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+        if self._keeper is not None:
+            self._keeper.close()
+            self._keeper = None
 
     def finish(self) -> Optional[int]:
         """Report Done at the current step and wait for every rank.
@@ -378,6 +387,8 @@ class Session:
         except SnapshotError as error:
             self.dump_and_exit(-1, f"cannot restore step {step}: {error}")
         set_rng(meta)
+        if self._replication is not None:
+            self._replication.restored(step)
         self.meta = dict(meta)
         self.step = self.resumed_from = step
         self.last_recovery = {"restore_s": time.perf_counter() - self._rollback_started}
@@ -418,35 +429,28 @@ class Session:
             # The previous capture copied in the background: count its copy whole (on a busy
             # machine the overlap hides little of it), plus what it blocked synchronously.
             self.store.wait()
-            self.costs.capture(self._overlapped_capture + self.store.last_fill_seconds)
+            self.costs.capture(self._overlapped_capture + self.store.last_fill_seconds + self._push_seconds())
             self._overlapped_capture = 0.0
             started = time.perf_counter()
         meta = {"step": step, **self.meta, **rng_meta()}
-        self.store.capture(step, self.state.arrays(), meta)
-        if self._buddy is not None:
-            # A restarted rank adopts its buddy's copy of its newest step: push it now.
-            self.store.wait()
-            self._push(step)
-        elif not self._overlap:
+        seq = self.store.capture(step, self.state.arrays(), meta)
+        if self._replication is not None:
+            # Streamed to the buddy in the background once complete; only this step's report
+            # waits for it to arrive (RankReplication.reportable), never the training.
+            self._replication.captured(seq, step)
+        if not self._overlap:
             self.store.wait()
         else:
             self._overlapped_capture = max(time.perf_counter() - started, 1e-9)
             return
-        self.costs.capture(time.perf_counter() - started)
+        self.costs.capture(time.perf_counter() - started + self._push_seconds())
 
-    def _push(self, step: int) -> None:
-        buddy = self._buddy
-        endpoint = self.processor.endpoints.get(buddy)
-        if not endpoint:
-            log.error("rank=%d no replica endpoint for buddy rank %d", self.config.rank, buddy)
-            return
-        snapshot = self.store.restore(step)
-        try:
-            push_replica(endpoint, self.config.rank, snapshot, self._keys, self.config.timeouts.dead_after)
-        except SnapshotError as error:
-            # The buddy may be the rank that just died; the recovery flow will sort it out.
-            log.warning("rank=%d replica push of step %d to rank %d failed: %s", self.config.rank, step,
-                        buddy, error)
+    def _push_seconds(self) -> float:
+        """What streaming a replica took lately: it runs beside training, on the same host, and
+        the budget's cadence must leave it time to arrive before the step report waits for it."""
+        replication = self._replication
+        seconds = None if replication is None else replication.sender.push_seconds
+        return seconds or 0.0
 
     def _before_update(self, cell: Any, inputs: Any) -> None:
         """Optimizer forward pre-hook: the parameters must not change while they are copied."""
@@ -457,8 +461,13 @@ class Session:
             self._hook_wait += time.perf_counter() - started
         return None
 
+    def _start_replication(self) -> None:
+        """Stream this rank's snapshots to its buddy's keeper; its step reports wait for them."""
+        self._replication = RankReplication.attach(self.processor, self.store, self._buddy,
+                                                   self.config.timeouts.dead_after, self._keys)
+
     def _adopt_replica(self) -> bool:
-        """A restarted rank takes its state back from its buddy's replica server.
+        """A restarted rank takes its state back from its buddy's replica keeper.
 
         It must know its held steps before it registers, so it asks the controller
         where its buddy serves replicas with a status request first.

@@ -5,7 +5,7 @@ run it); prints ``ready`` and serves until stdin closes or SIGTERM.
 
 ``python mindio_rank.py rank RANK WORLD PORT HUB STEPS OUT [--fault uce:STEP | kill:STEP]``: one
 rank. ``HUB`` is ``host:port|replica endpoint`` of the harness's hub (see :func:`serve_hub`): an abortable barrier
-standing in for the step's all-reduce, and a replica server standing in for the node agent that
+standing in for the step's all-reduce, and a replica keeper standing in for the node agent that
 holds every rank's snapshot. Each step: barrier, begin_update, update from a seeded RNG, capture
 and push the snapshot, end_update. The final state goes to ``OUT`` (``.npz``) with a JSON line
 per event on stdout.
@@ -27,7 +27,8 @@ import numpy as np
 
 from mindft.mindio import (PROCESSOR_CLOSE_TIMEOUT, FaultKind, MindioController, MindioExit, MindioRank,
                            RankCallbacks, RecoveryRequested)
-from mindft.snapshot import ReplicaServer, SnapshotError, SnapshotStore, fetch_replica, push_replica
+from mindft.replication import Keeper
+from mindft.snapshot import SnapshotError, SnapshotStore, fetch_replica, push_replica
 
 SIZE = 257
 SEED = 1234
@@ -66,7 +67,7 @@ class _Hub(BaseManager):
 def serve_hub(world_size: int) -> tuple:
     """Start the barrier + replica server in this process; (the HUB argument of ranks, closer)."""
     barrier = threading.Barrier(world_size)
-    replicas = ReplicaServer("127.0.0.1", None)
+    replicas = Keeper(None, "127.0.0.1", None)
     _Hub.register("barrier", callable=lambda: barrier)
     manager = _Hub(("127.0.0.1", 0), authkey=AUTHKEY)
     server = manager.get_server()

@@ -1,4 +1,4 @@
-"""Peer replica between real processes on 127.0.0.1: CurveZMQ, checksums, versions."""
+"""A rank's replica kept by another process (its buddy's Keeper) on 127.0.0.1: CurveZMQ, checksums, versions."""
 from __future__ import annotations
 
 import json
@@ -21,8 +21,8 @@ _SERVER = """
 import sys
 from pathlib import Path
 from mindft.keys import load_keys
-from mindft.snapshot import ReplicaServer
-server = ReplicaServer("127.0.0.1", load_keys(Path(sys.argv[1])))
+from mindft.replication import Keeper
+server = Keeper(None, "127.0.0.1", load_keys(Path(sys.argv[1])))
 print(server.endpoint, flush=True)
 sys.stdin.read()  # serve until the test closes our stdin
 server.close()
@@ -36,7 +36,7 @@ def keys(tmp_path) -> CurveKeys:
 
 @pytest.fixture
 def buddy(tmp_path, keys):
-    """A replica server in its own process (the buddy rank); yields its endpoint."""
+    """A replica keeper in its own process (the buddy rank's); yields its endpoint."""
     process = subprocess.Popen([sys.executable, "-c", _SERVER, str(tmp_path / "job.key")],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -149,13 +149,16 @@ def test_malformed_pushes_are_refused(buddy, keys):
         b"'x' has 16 bytes, expected 20": [b"push", short.encode(), payload.tobytes()],
         b"has 2 array frames": [b"push", header.encode(), payload.tobytes(), b"extra"],
         b"unknown request": [b"load", b"x"],
+        b"garbage replica header (": [b"begin", b"[]"],
+        b"garbage part header": [b"part", b"{}", payload.tobytes()],
+        b"end of rank 0 step 1: no such push arriving": [b"end", json.dumps({"owner_rank": 0, "step": 1}).encode()],
     }
     for reason, frames in cases.items():
         reply = raw_request(buddy, keys, frames)
         assert reply[0] == b"error" and reason in reply[1], (reason, reply)
     with pytest.raises(SnapshotError, match="no replica of rank 0"):
         fetch_replica(buddy, 0, keys, TIMEOUT)
-    assert raw_request(buddy, keys, [b"push", header.encode(), payload.tobytes()]) == [b"ok"]
+    assert raw_request(buddy, keys, [b"push", header.encode(), payload.tobytes()])[0] == b"ok"
     assert fetch_replica(buddy, 0, keys, TIMEOUT).arrays["x"].tobytes() == payload.tobytes()
 
 
