@@ -10,12 +10,14 @@ again), with the time in each phase.
 * real ranks: 2, 4, 8, 16 processes, each a mindft Processor (its own I/O thread) obeying
   the controller through ``Processor.follow`` and idle hooks (nothing to settle or restore);
 * simulated ranks: 64 … 16384 DEALER sockets spread over 2 worker processes, each driving
-  its sockets from one thread with zmq.Poller and the wire protocol: PAUSE acknowledged with
+  its sockets from one thread (epoll on their ZMQ_FDs, so a wake-up costs what is ready, not
+  what is open) and the wire protocol: PAUSE acknowledged with
   the steps held, ROLLBACK and RESUME acknowledged, Done after the last round, then FINISH;
   like a Processor, a simulated rank heartbeats only after an interval with nothing sent or
   heard. Each worker counts the frames of each kind it sent and heard (the heartbeat share);
-* the bare-pyzmq floor at each simulated size, right after it: the same sockets doing three
-  broadcast + gather phases of fixed frames with no mindft logic.
+  the first fault comes once every simulated rank heard the start barrier's answer;
+* the bare-pyzmq floor at each simulated size, right after it: the same sockets, driven the
+  same way, doing three broadcast + gather phases of fixed frames with no mindft logic.
 
     python bench/coordination.py            # full table (~10 minutes on 2 cores)
     python bench/coordination.py --quick    # smaller sizes, fewer rounds (~30 s)
@@ -30,6 +32,7 @@ import dataclasses
 import json
 import os
 import platform
+import select
 import statistics
 import subprocess
 import sys
@@ -37,6 +40,7 @@ import threading
 import time
 import typing
 from pathlib import Path
+from typing import Callable, Optional
 
 import zmq
 
@@ -46,7 +50,8 @@ from mindft.exitcodes import ExitCode
 from mindft.flow import DeviceFaulty, DeviceRecovered, JobState, phase_times
 from mindft.keys import generate_keys, job_keys, secure_client
 from mindft.processor import Processor
-from mindft.protocol import Ack, Action, ActionKind, Done, FaultKind, Register, decode, encode, encode_heartbeat
+from mindft.protocol import (Ack, Action, ActionKind, Done, FaultKind, Register, RegisterAck, decode, encode,
+                             encode_heartbeat)
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "coordination.json"
@@ -63,15 +68,22 @@ SIM_SIZES = [64, 256, 1024, 4096, 16384]
 TRIGGER_GAP = 0.01  # seconds between the end of a round and the next fault
 HELD = (0,)  # every rank holds the snapshot of step 0, so every round rolls back to it
 PHASES = (JobState.PAUSING, JobState.REPAIRING, JobState.ROLLBACK, JobState.RESUMING)
+_NOBLOCK = int(zmq.NOBLOCK)
+_EVENTS = zmq.EVENTS
+_POLLIN = int(zmq.POLLIN)
 
 
 # ---- the trigger ---------------------------------------------------------------------------
 
-def drive_rounds(controller: Controller, thread: threading.Thread, rounds: int, timeout: float) -> list[float]:
+def drive_rounds(controller: Controller, thread: threading.Thread, rounds: int, timeout: float,
+                 settled: Optional[Callable[[], bool]] = None) -> list[float]:
     """Run ``rounds`` recoveries one after the other; the controller thread's CPU seconds per round.
 
     The fault is a device reset of rank 0 reported by the reset watcher together with its
-    recovery, so REPAIRING has nothing to wait for: the round is pure protocol.
+    recovery, so REPAIRING has nothing to wait for: the round is pure protocol. The first
+    fault comes once ``settled()`` (when given) says every rank heard the start barrier's
+    answer: a training job is past its start when a fault hits, and a round that overlapped
+    the start barrier's broadcast to 16 384 ranks would measure that broadcast too.
     """
     clock = time.pthread_getcpuclockid(thread.ident)
     deadline = time.monotonic() + timeout
@@ -84,6 +96,9 @@ def drive_rounds(controller: Controller, thread: threading.Thread, rounds: int, 
     # Once, before any round: every rank registered (a status costs the controller O(ranks)).
     while controller.latest_status(timeout=120.0).state != JobState.NORMAL.value:
         check("the ranks did not all register")
+        time.sleep(0.1)
+    while settled is not None and not settled():
+        check("the ranks did not all hear the start barrier's answer")
         time.sleep(0.1)
 
     def wait_for(count: int) -> None:
@@ -140,9 +155,9 @@ def reap(procs: list[subprocess.Popen]) -> None:
 
 
 def finish(controller: Controller, thread: threading.Thread, procs: list[subprocess.Popen], rounds: int,
-           what: str) -> list[float]:
+           what: str, settled: Optional[Callable[[], bool]] = None) -> list[float]:
     try:
-        cpu = drive_rounds(controller, thread, rounds, 900)
+        cpu = drive_rounds(controller, thread, rounds, 900, settled)
         result = controller.join(300)
         for proc in procs:
             proc.wait(120)
@@ -217,14 +232,50 @@ def run_real(n: int, rounds: int, secure: bool, tmp: Path) -> dict:
 
 # ---- simulated ranks ----------------------------------------------------------------------
 
+class SocketSet:
+    """Many ZeroMQ sockets driven from one thread, woken through epoll on their ``ZMQ_FD``.
+
+    ``zmq.Poller`` hands every socket to ``zmq_poll`` on every call, which asks each one for
+    its events (a system call each): with 8192 sockets per worker that was half the worker's
+    CPU, and the benchmark measured its own ranks. epoll reports only the sockets whose
+    mailbox was signalled. A ``ZMQ_FD`` signals a change, not a message, so :meth:`frames`
+    reads a socket until ``ZMQ_EVENTS`` shows nothing left, checked after the caller's own
+    sends too (a send may consume the signal of a frame that arrived meanwhile).
+    """
+
+    def __init__(self, sockets: list[zmq.Socket]) -> None:
+        self.sockets = sockets
+        self._epoll = select.epoll(len(sockets))
+        self._index: dict[int, int] = {}
+        for index, sock in enumerate(sockets):
+            fd = sock.getsockopt(zmq.FD)
+            self._index[fd] = index
+            self._epoll.register(fd, select.EPOLLIN)
+
+    def ready(self, timeout: float) -> list[int]:
+        """Indices of the sockets that may have frames (every socket once, at the start)."""
+        return [self._index[fd] for fd, _ in self._epoll.poll(timeout)]
+
+    def forget(self, index: int) -> None:
+        self._epoll.unregister(self.sockets[index].getsockopt(zmq.FD))
+
+    def close(self) -> None:
+        self._epoll.close()
+
+
+def _readable(sock: zmq.Socket) -> bool:
+    return bool(sock.getsockopt(_EVENTS) & _POLLIN)
+
+
 def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: str, stats: str) -> None:
-    """``count`` ranks (DEALER sockets) starting at ``first``, driven from one thread; writes
-    how many frames of each kind it sent and received to ``stats`` (JSON)."""
+    """``count`` ranks (DEALER sockets) starting at ``first``, driven from one thread; creates
+    ``stats + ".ready"`` once every one of them heard the start barrier's answer, and writes how
+    many frames of each kind it sent and received to ``stats`` (JSON)."""
     keys = job_keys(MindftConfig(key_file=Path(key_file) if key_file else None, insecure=not key_file))
     context = zmq.Context()
     context.setsockopt(zmq.LINGER, 1000)
     context.set(zmq.MAX_SOCKETS, count + 64)
-    sockets, rank_of = [], {}
+    sockets = []
     for rank in range(first, first + count):
         sock = context.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, f"rank{rank}.inc0".encode())
@@ -232,20 +283,21 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
         sock.connect(f"tcp://127.0.0.1:{port}")
         sock.send(encode(Register(rank, 0, os.getpid(), (0,), "")))
         sockets.append(sock)
-        rank_of[sock] = rank
-    poller = zmq.Poller()
-    for sock in sockets:
-        poller.register(sock, zmq.POLLIN)
-    resumed = dict.fromkeys(sockets, 0)
-    finished: set[zmq.Socket] = set()  # got FINISH (after its Done)
+    live = SocketSet(sockets)
+    # Per rank, by its index in ``sockets`` (rank = first + index).
+    resumed = [0] * count
+    acked = [False] * count  # heard the start barrier's RegisterAck
+    finished = [False] * count  # got FINISH (after its Done)
+    in_rounds = [False] * count  # from its first PAUSE until its Done
+    waiting_ack, left = count, count
     decoded: dict[bytes, object] = {}
     interval = SIM_TIMEOUTS.heartbeat_interval
     # Like a Processor, a rank heartbeats only after an interval in which it sent nothing, or
     # heard nothing (then at most once per interval); the controller answers each heartbeat.
     started = time.monotonic()
-    last_sent = dict.fromkeys(sockets, started)
-    last_heard = dict.fromkeys(sockets, started)
-    last_beat = dict.fromkeys(sockets, started)
+    last_sent = [started] * count
+    last_heard = [started] * count
+    last_beat = [started] * count
     next_check = started + interval / 4
     # Acks from a byte template (checked against encode() once): the simulation stands in
     # for thousands of processes, so its own per-message cost must stay small. Like a
@@ -264,60 +316,73 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
     # "setup" the registration before and the wait for FINISH after.
     sent = {"setup": {"heartbeat": 0, "other": count}, "rounds": {"heartbeat": 0, "ack": 0}}
     received: dict[str, dict[str, int]] = {"setup": {}, "rounds": {}}
-    in_rounds: set[zmq.Socket] = set()
-    while len(finished) < count:
-        events = poller.poll(100)
+
+    def read(index: int, now: float) -> None:
+        """Every frame queued for rank ``first + index``, each answered as a rank would."""
+        nonlocal waiting_ack, left
+        sock, rank = sockets[index], first + index
+        while not finished[index] and _readable(sock):
+            frame = sock.recv(_NOBLOCK)
+            # A broadcast is the same frame for every rank; a real rank decodes it in its
+            # own process, so decoding it once here keeps the simulation from serializing
+            # work that is parallel in a real job.
+            message = decoded.get(frame)
+            if message is None:
+                message = decode(frame)
+                if len(decoded) > 64:
+                    decoded.clear()
+                decoded[frame] = message
+            kind_of = type(message)
+            if kind_of is Action and message.kind is ActionKind.PAUSE and resumed[index] == 0:
+                in_rounds[index] = True
+            name = kind_of.__name__
+            counts = received["rounds" if in_rounds[index] else "setup"]
+            counts[name] = counts.get(name, 0) + 1
+            if kind_of is RegisterAck and not acked[index]:
+                acked[index] = True
+                waiting_ack -= 1
+                if waiting_ack == 0:
+                    Path(stats + ".ready").touch()
+            if kind_of is not Action:
+                continue  # heartbeats and Progress: nothing to answer
+            kind = message.kind
+            if kind is ActionKind.FINISH:
+                finished[index] = True
+                left -= 1
+                live.forget(index)
+                return
+            if kind is ActionKind.DUMP_AND_EXIT:
+                raise RuntimeError(f"rank {rank}: the controller ended the job: {message.reason}")
+            if kind in (ActionKind.PAUSE, ActionKind.ROLLBACK, ActionKind.RESUME):
+                step = position if kind is ActionKind.PAUSE else message.step
+                sock.send(ack_frame(rank, kind, step, message.round))
+                last_sent[index] = now
+                sent["rounds"]["ack"] += 1
+                if kind is ActionKind.RESUME:
+                    resumed[index] += 1
+                    if resumed[index] >= rounds:
+                        sock.send(encode(Done(rank, position)))
+                        sent["setup"]["other"] += 1
+                        in_rounds[index] = False
+
+    for index in range(count):  # frames that arrived before the sockets joined the epoll set
+        read(index, time.monotonic())
+    while left:
+        ready = live.ready(0.1)
         now = time.monotonic()
-        for sock, _ in events:
-            last_heard[sock] = now
-            while True:
-                try:
-                    frame = sock.recv(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                # A broadcast is the same frame for every rank; a real rank decodes it in its
-                # own process, so decoding it once here keeps the simulation from serializing
-                # work that is parallel in a real job.
-                message = decoded.get(frame)
-                if message is None:
-                    message = decode(frame)
-                    if len(decoded) > 64:
-                        decoded.clear()
-                    decoded[frame] = message
-                if type(message) is Action and message.kind is ActionKind.PAUSE and resumed[sock] == 0:
-                    in_rounds.add(sock)
-                name = type(message).__name__
-                counts = received["rounds" if sock in in_rounds else "setup"]
-                counts[name] = counts.get(name, 0) + 1
-                if not isinstance(message, Action):
-                    continue  # heartbeats and Progress: nothing to answer
-                kind = message.kind
-                if kind is ActionKind.FINISH:
-                    finished.add(sock)
-                    poller.unregister(sock)
-                    break
-                if kind is ActionKind.DUMP_AND_EXIT:
-                    raise RuntimeError(f"rank {rank_of[sock]}: the controller ended the job: {message.reason}")
-                if kind in (ActionKind.PAUSE, ActionKind.ROLLBACK, ActionKind.RESUME):
-                    rank = rank_of[sock]
-                    step = position if kind is ActionKind.PAUSE else message.step
-                    sock.send(ack_frame(rank, kind, step, message.round))
-                    last_sent[sock] = now
-                    sent["rounds"]["ack"] += 1
-                    if kind is ActionKind.RESUME:
-                        resumed[sock] += 1
-                        if resumed[sock] >= rounds:
-                            sock.send(encode(Done(rank, position)))
-                            sent["setup"]["other"] += 1
-                            in_rounds.discard(sock)
+        for index in ready:
+            last_heard[index] = now
+            read(index, now)
         if now >= next_check:
             next_check = now + interval / 4
-            for sock in sockets:
-                if sock not in finished and (now - last_sent[sock] >= interval
-                                             or now - max(last_heard[sock], last_beat[sock]) >= interval):
-                    last_sent[sock] = last_beat[sock] = now
-                    sock.send(encode_heartbeat(rank_of[sock], 0, position))
-                    sent["rounds" if sock in in_rounds else "setup"]["heartbeat"] += 1
+            for index in range(count):
+                if not finished[index] and (now - last_sent[index] >= interval
+                                            or now - max(last_heard[index], last_beat[index]) >= interval):
+                    last_sent[index] = last_beat[index] = now
+                    sockets[index].send(encode_heartbeat(first + index, 0, position))
+                    sent["rounds" if in_rounds[index] else "setup"]["heartbeat"] += 1
+                    read(index, now)  # the send may have taken the signal of a frame that came meanwhile
+    live.close()
     for sock in sockets:
         sock.close()
     context.term()
@@ -333,7 +398,8 @@ def run_sim(n: int, rounds: int, secure: bool, tmp: Path) -> dict:
                                str(min(share, n - first)), port, str(rounds), key_file, str(path)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
              for first, path in zip(range(0, n, share), stats)]
-    cpu = finish(controller, thread, procs, rounds, f"simulated run with {n} ranks")
+    cpu = finish(controller, thread, procs, rounds, f"simulated run with {n} ranks",
+                 settled=lambda: all(Path(f"{path}.ready").exists() for path in stats))
     row = summarize("simulated", n, controller, secure, cpu)
     # What the ranks sent and heard: during the rounds, and over the whole run.
     sent: dict[str, dict[str, int]] = {"setup": {}, "rounds": {}}
@@ -359,7 +425,8 @@ def run_sim(n: int, rounds: int, secure: bool, tmp: Path) -> dict:
 # ---- raw ZeroMQ floor ------------------------------------------------------------------------
 
 def floor_worker_main(first: int, count: int, port: int) -> None:
-    """The same sockets as a simulation worker, answering every frame with a fixed frame."""
+    """The same sockets as a simulation worker, driven the same way, answering every frame
+    with a fixed frame."""
     context = zmq.Context()
     context.set(zmq.MAX_SOCKETS, count + 64)
     sockets = []
@@ -369,20 +436,18 @@ def floor_worker_main(first: int, count: int, port: int) -> None:
         sock.connect(f"tcp://127.0.0.1:{port}")
         sock.send(b"hello")
         sockets.append(sock)
-    poller = zmq.Poller()
-    for sock in sockets:
-        poller.register(sock, zmq.POLLIN)
+    live = SocketSet(sockets)
+    ready = list(range(count))  # frames that arrived before the sockets joined the epoll set
     while True:
-        for sock, _ in poller.poll(1000):
-            while True:
-                try:
-                    frame = sock.recv(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                if frame == b"stop":
+        for index in ready:
+            sock = sockets[index]
+            while _readable(sock):
+                if sock.recv(_NOBLOCK) == b"stop":
+                    live.close()
                     context.destroy(0)
                     return
                 sock.send(b"ack")
+        ready = live.ready(1.0)
 
 
 def run_floor(n: int, rounds: int) -> dict:
