@@ -28,8 +28,8 @@ from typing import NoReturn, Optional
 from mindft.config import Timeouts
 from mindft.exitcodes import ExitCode
 from mindft.flow import (TRANSITIONS, Armed, Broadcast, DeviceFailed, DeviceFaulty, DeviceRecovered, Finish,
-                         Finished, Follower, Job, JobState, KillRank, ProcessExited, Resumed, Send, StartRank,
-                         Transition)
+                         Finished, Follower, Job, JobState, KillRank, ProcessExited, RankState, Resumed, Send,
+                         StartRank, Transition)
 from mindft.flow.cadence import Budget, Schedule
 from mindft.protocol import (Action, Cadence, CostReport, Done, FaultKind, FaultReport, Heartbeat, Progress, Register,
                              RegisterAck)
@@ -38,6 +38,7 @@ TIMEOUTS = Timeouts(heartbeat_interval=0.5, heartbeat_misses=6, register=30.0, p
                     rollback=10.0, resume=10.0)
 _ALLOWED = {(source, target) for (source, _), target in TRANSITIONS.items()}
 PLUGIN_PROCESS_WAIT = 60.0  # the device plugin waits this long for the processes on a chip to exit
+_NONE_IN_ANY_STATE = dict.fromkeys(RankState, 0)
 
 
 class Violation(AssertionError):
@@ -306,6 +307,7 @@ class SimJob:
                         rank.mode = "train"  # RegisterAck after the start barrier
 
     def _apply(self, effects: list) -> None:
+        self._check_bookkeeping()  # every input of the job comes with its effects through here
         if self.finished_at is not None and any(isinstance(e, (Send, Broadcast)) for e in effects):
             raise Violation(f"message after the job ended: {effects}")
         for effect in effects:
@@ -328,6 +330,19 @@ class SimJob:
                 self.timers.append((self.now + 0.2, "restart", self.ranks[effect.rank]))
             elif isinstance(effect, Finish):
                 self.finished_at = self.now
+
+    def _check_bookkeeping(self) -> None:
+        """The rank table's incremental counts and ``alive`` flags match a full recount."""
+        table = self.job.ranks
+        counted = _NONE_IN_ANY_STATE.copy()
+        for record in table:
+            counted[record.state] += 1
+            if record.alive != (record.state is not RankState.DEAD and record.state is not RankState.OFF_DEVICE):
+                raise Violation(f"rank {record.rank} is {record.state.value} but alive={record.alive}")
+        if counted != table.state_counts:
+            state = next(s for s in RankState if counted[s] != table.count(s))
+            raise Violation(f"the rank table counts {table.count(state)} rank(s) {state.value}, "
+                            f"a recount finds {counted[state]}")
 
     def _on_transition(self, effect: Transition) -> None:
         if (effect.source, effect.target) not in _ALLOWED:
