@@ -9,15 +9,16 @@ again), with the time in each phase.
 
 * real ranks: 2, 4, 8, 16 processes, each a mindft Processor (its own I/O thread) obeying
   the controller through ``Processor.follow`` and idle hooks (nothing to settle or restore);
-* simulated ranks: 64 … 16384 DEALER sockets spread over 2 worker processes, each driving
-  its sockets from one thread (epoll on their ZMQ_FDs, so a wake-up costs what is ready, not
-  what is open) and the wire protocol: PAUSE acknowledged with
+* simulated ranks: 64 … 16384 TCP connections spread over 2 worker processes, each holding
+  its ranks' connections in one ROUTER socket (each connection introduces itself as the rank's
+  DEALER would, so the controller sees one peer per rank) driven from one thread, and the wire
+  protocol: PAUSE acknowledged with
   the steps held, ROLLBACK and RESUME acknowledged, Done after the last round, then FINISH;
   like a Processor, a simulated rank heartbeats only after an interval with nothing sent or
   heard. Each worker counts the frames of each kind it sent and heard (the heartbeat share);
   the first fault comes once every simulated rank heard the start barrier's answer;
-* the bare-pyzmq floor at each simulated size, right after it: the same sockets, driven the
-  same way, doing three broadcast + gather phases of fixed frames with no mindft logic.
+* the bare-pyzmq floor at each simulated size, right after it: the same connections, driven
+  the same way, doing three broadcast + gather phases of fixed frames with no mindft logic.
 
     python bench/coordination.py            # full table (~10 minutes on 2 cores)
     python bench/coordination.py --quick    # smaller sizes, fewer rounds (~30 s)
@@ -32,7 +33,6 @@ import dataclasses
 import json
 import os
 import platform
-import select
 import statistics
 import subprocess
 import sys
@@ -40,15 +40,16 @@ import threading
 import time
 import typing
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import zmq
 
+from mindft import channel
 from mindft.config import MindftConfig, Timeouts
 from mindft.controller import Controller
 from mindft.exitcodes import ExitCode
 from mindft.flow import DeviceFaulty, DeviceRecovered, JobState, phase_times
-from mindft.keys import generate_keys, job_keys, secure_client
+from mindft.keys import CurveKeys, generate_keys, job_keys, secure_client
 from mindft.processor import Processor
 from mindft.protocol import (Ack, Action, ActionKind, Done, FaultKind, Register, RegisterAck, decode, encode,
                              encode_heartbeat)
@@ -69,8 +70,7 @@ TRIGGER_GAP = 0.01  # seconds between the end of a round and the next fault
 HELD = (0,)  # every rank holds the snapshot of step 0, so every round rolls back to it
 PHASES = (JobState.PAUSING, JobState.REPAIRING, JobState.ROLLBACK, JobState.RESUMING)
 _NOBLOCK = int(zmq.NOBLOCK)
-_EVENTS = zmq.EVENTS
-_POLLIN = int(zmq.POLLIN)
+_MORE = int(zmq.SNDMORE)
 
 
 # ---- the trigger ---------------------------------------------------------------------------
@@ -232,59 +232,42 @@ def run_real(n: int, rounds: int, secure: bool, tmp: Path) -> dict:
 
 # ---- simulated ranks ----------------------------------------------------------------------
 
-class SocketSet:
-    """Many ZeroMQ sockets driven from one thread, woken through epoll on their ``ZMQ_FD``.
+def rank_connections(context: zmq.Context, first: int, count: int, port: str,
+                     keys: Optional[CurveKeys] = None) -> tuple[zmq.Socket, Callable[..., Any]]:
+    """One ROUTER socket holding one TCP connection per simulated rank ``first … first+count-1``.
 
-    ``zmq.Poller`` hands every socket to ``zmq_poll`` on every call, which asks each one for
-    its events (a system call each): with 8192 sockets per worker that was half the worker's
-    CPU, and the benchmark measured its own ranks. epoll reports only the sockets whose
-    mailbox was signalled. A ``ZMQ_FD`` signals a change, not a message, so :meth:`frames`
-    reads a socket until ``ZMQ_EVENTS`` shows nothing left, checked after the caller's own
-    sends too (a send may consume the signal of a frame that arrived meanwhile).
+    Each connection introduces itself to the controller as ``rank<R>.inc0``, as a rank's
+    DEALER does, so the controller sees one peer per rank; locally it is addressed by its
+    index (``b"%d" % index``). One socket for thousands of ranks keeps the simulation's own
+    cost small: a DEALER per rank costs a mailbox, an epoll entry and a few system calls per
+    frame on the simulation's side (the box's two cores are shared with the controller),
+    where a real rank pays them in its own process. Returns the socket and its backend
+    ``send`` (zmq.Socket.send only adds draft-API arguments to it).
     """
-
-    def __init__(self, sockets: list[zmq.Socket]) -> None:
-        self.sockets = sockets
-        self._epoll = select.epoll(len(sockets))
-        self._index: dict[int, int] = {}
-        for index, sock in enumerate(sockets):
-            fd = sock.getsockopt(zmq.FD)
-            self._index[fd] = index
-            self._epoll.register(fd, select.EPOLLIN)
-
-    def ready(self, timeout: float) -> list[int]:
-        """Indices of the sockets that may have frames (every socket once, at the start)."""
-        return [self._index[fd] for fd, _ in self._epoll.poll(timeout)]
-
-    def forget(self, index: int) -> None:
-        self._epoll.unregister(self.sockets[index].getsockopt(zmq.FD))
-
-    def close(self) -> None:
-        self._epoll.close()
-
-
-def _readable(sock: zmq.Socket) -> bool:
-    return bool(sock.getsockopt(_EVENTS) & _POLLIN)
+    sock = context.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a frame that cannot be queued raises, never vanishes
+    secure_client(sock, keys)
+    for index in range(count):
+        sock.setsockopt(zmq.ROUTING_ID, f"rank{first + index}.inc0".encode())  # what the controller sees
+        sock.setsockopt(zmq.CONNECT_ROUTING_ID, b"%d" % index)  # how this side addresses the connection
+        sock.connect(f"tcp://127.0.0.1:{port}")
+    return sock, super(zmq.Socket, sock).send
 
 
 def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: str, stats: str) -> None:
-    """``count`` ranks (DEALER sockets) starting at ``first``, driven from one thread; creates
-    ``stats + ".ready"`` once every one of them heard the start barrier's answer, and writes how
-    many frames of each kind it sent and received to ``stats`` (JSON)."""
+    """``count`` ranks starting at ``first`` (one connection each, see :func:`rank_connections`),
+    driven from one thread; creates ``stats + ".ready"`` once every one of them heard the start
+    barrier's answer, and writes how many frames of each kind it sent and received to ``stats``
+    (JSON)."""
     keys = job_keys(MindftConfig(key_file=Path(key_file) if key_file else None, insecure=not key_file))
     context = zmq.Context()
     context.setsockopt(zmq.LINGER, 1000)
-    context.set(zmq.MAX_SOCKETS, count + 64)
-    sockets = []
-    for rank in range(first, first + count):
-        sock = context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, f"rank{rank}.inc0".encode())
-        secure_client(sock, keys)
-        sock.connect(f"tcp://127.0.0.1:{port}")
-        sock.send(encode(Register(rank, 0, os.getpid(), (0,), "")))
-        sockets.append(sock)
-    live = SocketSet(sockets)
-    # Per rank, by its index in ``sockets`` (rank = first + index).
+    sock, send = rank_connections(context, first, count, str(port), keys)
+    ids = [b"%d" % index for index in range(count)]
+    for index, rank in enumerate(range(first, first + count)):
+        send(ids[index], _MORE)
+        send(encode(Register(rank, 0, os.getpid(), (0,), "")), 0)
+    # Per rank, by its index (rank = first + index).
     resumed = [0] * count
     acked = [False] * count  # heard the start barrier's RegisterAck
     finished = [False] * count  # got FINISH (after its Done)
@@ -316,75 +299,73 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
     # "setup" the registration before and the wait for FINISH after.
     sent = {"setup": {"heartbeat": 0, "other": count}, "rounds": {"heartbeat": 0, "ack": 0}}
     received: dict[str, dict[str, int]] = {"setup": {}, "rounds": {}}
-
-    def read(index: int, now: float) -> None:
-        """Every frame queued for rank ``first + index``, each answered as a rank would."""
-        nonlocal waiting_ack, left
-        sock, rank = sockets[index], first + index
-        while not finished[index] and _readable(sock):
-            frame = sock.recv(_NOBLOCK)
-            # A broadcast is the same frame for every rank; a real rank decodes it in its
-            # own process, so decoding it once here keeps the simulation from serializing
-            # work that is parallel in a real job.
-            message = decoded.get(frame)
-            if message is None:
-                message = decode(frame)
-                if len(decoded) > 64:
-                    decoded.clear()
-                decoded[frame] = message
-            kind_of = type(message)
-            if kind_of is Action and message.kind is ActionKind.PAUSE and resumed[index] == 0:
-                in_rounds[index] = True
-            name = kind_of.__name__
-            counts = received["rounds" if in_rounds[index] else "setup"]
-            counts[name] = counts.get(name, 0) + 1
-            if kind_of is RegisterAck and not acked[index]:
-                acked[index] = True
-                waiting_ack -= 1
-                if waiting_ack == 0:
-                    Path(stats + ".ready").touch()
-            if kind_of is not Action:
-                continue  # heartbeats and Progress: nothing to answer
-            kind = message.kind
-            if kind is ActionKind.FINISH:
-                finished[index] = True
-                left -= 1
-                live.forget(index)
-                return
-            if kind is ActionKind.DUMP_AND_EXIT:
-                raise RuntimeError(f"rank {rank}: the controller ended the job: {message.reason}")
-            if kind in (ActionKind.PAUSE, ActionKind.ROLLBACK, ActionKind.RESUME):
-                step = position if kind is ActionKind.PAUSE else message.step
-                sock.send(ack_frame(rank, kind, step, message.round))
-                last_sent[index] = now
-                sent["rounds"]["ack"] += 1
-                if kind is ActionKind.RESUME:
-                    resumed[index] += 1
-                    if resumed[index] >= rounds:
-                        sock.send(encode(Done(rank, position)))
-                        sent["setup"]["other"] += 1
-                        in_rounds[index] = False
-
-    for index in range(count):  # frames that arrived before the sockets joined the epoll set
-        read(index, time.monotonic())
+    recv = sock.recv
     while left:
-        ready = live.ready(0.1)
+        if sock.poll(100):
+            now = time.monotonic()
+            while True:
+                try:
+                    local = recv(_NOBLOCK)
+                except zmq.Again:
+                    break
+                frame = recv(_NOBLOCK)  # the controller sends one frame per message
+                index = int(local)
+                if finished[index]:
+                    continue
+                rank = first + index
+                last_heard[index] = now
+                # A broadcast is the same frame for every rank; a real rank decodes it in its
+                # own process, so decoding it once here keeps the simulation from serializing
+                # work that is parallel in a real job.
+                message = decoded.get(frame)
+                if message is None:
+                    message = decode(frame)
+                    if len(decoded) > 64:
+                        decoded.clear()
+                    decoded[frame] = message
+                kind_of = type(message)
+                if kind_of is Action and message.kind is ActionKind.PAUSE and resumed[index] == 0:
+                    in_rounds[index] = True
+                name = kind_of.__name__
+                counts = received["rounds" if in_rounds[index] else "setup"]
+                counts[name] = counts.get(name, 0) + 1
+                if kind_of is RegisterAck and not acked[index]:
+                    acked[index] = True
+                    waiting_ack -= 1
+                    if waiting_ack == 0:
+                        Path(stats + ".ready").touch()
+                if kind_of is not Action:
+                    continue  # heartbeats and Progress: nothing to answer
+                kind = message.kind
+                if kind is ActionKind.FINISH:
+                    finished[index] = True
+                    left -= 1
+                elif kind is ActionKind.DUMP_AND_EXIT:
+                    raise RuntimeError(f"rank {rank}: the controller ended the job: {message.reason}")
+                elif kind in (ActionKind.PAUSE, ActionKind.ROLLBACK, ActionKind.RESUME):
+                    step = position if kind is ActionKind.PAUSE else message.step
+                    send(local, _MORE)
+                    send(ack_frame(rank, kind, step, message.round), 0)
+                    last_sent[index] = now
+                    sent["rounds"]["ack"] += 1
+                    if kind is ActionKind.RESUME:
+                        resumed[index] += 1
+                        if resumed[index] >= rounds:
+                            send(local, _MORE)
+                            send(encode(Done(rank, position)), 0)
+                            sent["setup"]["other"] += 1
+                            in_rounds[index] = False
         now = time.monotonic()
-        for index in ready:
-            last_heard[index] = now
-            read(index, now)
         if now >= next_check:
             next_check = now + interval / 4
             for index in range(count):
                 if not finished[index] and (now - last_sent[index] >= interval
                                             or now - max(last_heard[index], last_beat[index]) >= interval):
                     last_sent[index] = last_beat[index] = now
-                    sockets[index].send(encode_heartbeat(first + index, 0, position))
+                    send(ids[index], _MORE)
+                    send(encode_heartbeat(first + index, 0, position), 0)
                     sent["rounds" if in_rounds[index] else "setup"]["heartbeat"] += 1
-                    read(index, now)  # the send may have taken the signal of a frame that came meanwhile
-    live.close()
-    for sock in sockets:
-        sock.close()
+    sock.close()
     context.term()
     Path(stats).write_text(json.dumps({"sent": sent, "received": received}))
 
@@ -425,29 +406,26 @@ def run_sim(n: int, rounds: int, secure: bool, tmp: Path) -> dict:
 # ---- raw ZeroMQ floor ------------------------------------------------------------------------
 
 def floor_worker_main(first: int, count: int, port: int) -> None:
-    """The same sockets as a simulation worker, driven the same way, answering every frame
-    with a fixed frame."""
+    """The same connections as a simulation worker, driven the same way, answering every
+    frame with a fixed frame."""
     context = zmq.Context()
-    context.set(zmq.MAX_SOCKETS, count + 64)
-    sockets = []
-    for rank in range(first, first + count):
-        sock = context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, f"rank{rank}.inc0".encode())
-        sock.connect(f"tcp://127.0.0.1:{port}")
-        sock.send(b"hello")
-        sockets.append(sock)
-    live = SocketSet(sockets)
-    ready = list(range(count))  # frames that arrived before the sockets joined the epoll set
+    sock, send = rank_connections(context, first, count, str(port))
+    for index in range(count):
+        send(b"%d" % index, _MORE)
+        send(b"hello", 0)
+    recv = sock.recv
     while True:
-        for index in ready:
-            sock = sockets[index]
-            while _readable(sock):
-                if sock.recv(_NOBLOCK) == b"stop":
-                    live.close()
-                    context.destroy(0)
-                    return
-                sock.send(b"ack")
-        ready = live.ready(1.0)
+        sock.poll(1000)
+        while True:
+            try:
+                local = recv(_NOBLOCK)
+            except zmq.Again:
+                break
+            if recv(_NOBLOCK) == b"stop":
+                context.destroy(0)
+                return
+            send(local, _MORE)
+            send(b"ack", 0)
 
 
 def run_floor(n: int, rounds: int) -> dict:
@@ -456,6 +434,7 @@ def run_floor(n: int, rounds: int) -> dict:
     router = context.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
     router.setsockopt(zmq.SNDHWM, 10_000)
+    router.setsockopt(zmq.BACKLOG, channel.ROUTER_BACKLOG)  # as the controller's: the ranks connect at once
     port = router.bind_to_random_port("tcp://127.0.0.1")
     share = -(-n // SIM_WORKERS)
     procs = [subprocess.Popen([sys.executable, __file__, "--floor-worker", str(first),
@@ -618,9 +597,8 @@ def main() -> None:
 def ensure_descriptors(ranks: int) -> None:
     """Raise the open-file limit (inherited by the workers) for ``ranks`` sockets, or say why not."""
     import resource
-    # The controller holds one TCP connection per rank; a worker one connection and one
-    # mailbox descriptor per socket it drives.
-    needed = max(ranks, 2 * -(-ranks // SIM_WORKERS)) + 1024
+    # The controller holds one TCP connection per rank, a worker one per rank it simulates.
+    needed = ranks + 1024
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft >= needed:
         return
