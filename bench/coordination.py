@@ -23,7 +23,7 @@ again), with the time in each phase.
     python bench/coordination.py            # full table (~10 minutes on 2 cores)
     python bench/coordination.py --quick    # smaller sizes, fewer rounds (~30 s)
     python bench/coordination.py --real-sizes 0 --sim-sizes 4096,16384   # the large sizes only
-Writes bench/results/coordination.json. 16384 ranks need ~20 000 file descriptors
+Writes bench/results/coordination.json (--output). 16384 ranks need ~17 500 file descriptors
 (``ulimit -n``) in the benchmark process and in each worker.
 """
 from __future__ import annotations
@@ -512,6 +512,7 @@ def main() -> None:
                         "own floor run (min/median/max over the runs)")
     parser.add_argument("--sim-sizes", type=_sizes, help="simulated rank counts, comma-separated "
                         f"(default {','.join(map(str, SIM_SIZES))}; --quick: 64,256)")
+    parser.add_argument("--output", type=Path, default=RESULTS, help=f"where the JSON goes (default {RESULTS})")
     parser.add_argument("--real-sizes", type=_sizes, help="real rank counts, comma-separated "
                         "(default 2,4,8,16; --quick: 2,4; 0: none)")
     args = parser.parse_args()
@@ -582,8 +583,8 @@ def main() -> None:
         verdicts["growth_4096_to_16384_within_floor"] = growth <= floor_growth
     for name, ok in verdicts.items():
         print(f"target {name}: {'met' if ok else 'MISSED'}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps({
         "benchmark": "coordination", "metric": "controller-side latency of one pause→rollback→resume "
         "round (device fault event handled → last RESUME ack); floor = 3 bare broadcast+gather "
         "phases over the same sockets without mindft", "machine": {
@@ -591,7 +592,7 @@ def main() -> None:
             "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
         "timeouts": {"real": dataclasses.asdict(REAL_TIMEOUTS), "simulated": dataclasses.asdict(SIM_TIMEOUTS)},
         "sim_workers": SIM_WORKERS, "rows": rows, "targets": verdicts}, indent=2))
-    print(f"wrote {RESULTS}")
+    print(f"wrote {args.output}")
 
 
 def ensure_descriptors(ranks: int) -> None:
