@@ -395,11 +395,11 @@ def _hot_ack(fields: tuple[bytes, ...]) -> Optional[Ack]:
 
 
 _HOT: dict[bytes, tuple[Any, Any]] = {  # the first 3 bytes of the kind → (whole-frame pattern, builder)
-    b"ste": (re.compile(_HOT_HEAD.replace(b"{", rb"\{") + rb'step_report","rank":(%s),"step":(%s),"round":(%s)\}'
+    b"ste": (re.compile(re.escape(_HOT_HEAD) + rb'step_report","rank":(%s),"step":(%s),"round":(%s)\}'
                         % (_INT, _INT, _INT)), _hot_step_report),
-    b"hea": (re.compile(_HOT_HEAD.replace(b"{", rb"\{") + rb'heartbeat","rank":(%s),"incarnation":(%s),"step":(%s)\}'
+    b"hea": (re.compile(re.escape(_HOT_HEAD) + rb'heartbeat","rank":(%s),"incarnation":(%s),"step":(%s)\}'
                         % (_INT, _INT, _INT)), _hot_heartbeat),
-    b"ack": (re.compile(_HOT_HEAD.replace(b"{", rb"\{") + rb'ack","rank":(%s),"action":"([a-z_]{1,32})","step":(%s),'
+    b"ack": (re.compile(re.escape(_HOT_HEAD) + rb'ack","rank":(%s),"action":"([a-z_]{1,32})","step":(%s),'
                         rb'"held_steps":\[((?:%s(?:,%s)*)?)\],"round":(%s)\}' % (_INT, _INT, _INT, _INT, _INT)),
              _hot_ack),
 }
