@@ -1,22 +1,22 @@
 """Latency of one pause → rollback → resume round against the number of ranks.
 
 Protocol only (no model state): a real mindft Controller (on a thread of this process)
-and N ranks that acknowledge PAUSE, ROLLBACK and RESUME (protocol v3). Each round is started from
+and N ranks that acknowledge PAUSE, ROLLBACK and RESUME. Each round is started from
 NORMAL by a device reset of rank 0 reported together with its recovery (as the reset
 watcher would), so REPAIRING has nothing to wait for. The latency is the controller's
 own measurement: from the fault's arrival to the last RESUME acknowledgement (NORMAL
-again), with the time in each phase.
+again), with the time in each phase. One warm-up round (not measured) comes first.
 
 * real ranks: 2, 4, 8, 16 processes, each a mindft Processor (its own I/O thread) obeying
   the controller through ``Processor.follow`` and idle hooks (nothing to settle or restore);
 * simulated ranks: 64 … 16384 TCP connections spread over 2 worker processes, each holding
-  its ranks' connections in one ROUTER socket (each connection introduces itself as the rank's
-  DEALER would, so the controller sees one peer per rank) driven from one thread, and the wire
-  protocol: PAUSE acknowledged with
-  the steps held, ROLLBACK and RESUME acknowledged, Done after the last round, then FINISH;
-  like a Processor, a simulated rank heartbeats only after an interval with nothing sent or
-  heard. Each worker counts the frames of each kind it sent and heard (the heartbeat share);
-  the first fault comes once every simulated rank heard the start barrier's answer;
+  its ranks' connections in one ROUTER socket driven from one thread (each connection
+  introduces itself as the rank's DEALER would, so the controller sees one peer per rank)
+  and speaking the wire protocol: PAUSE acknowledged with the steps held, ROLLBACK and
+  RESUME acknowledged, Done after the last round, then FINISH; like a Processor, a
+  simulated rank heartbeats only after an interval with nothing sent or heard. Each worker
+  counts the frames of each kind it sent and heard (the heartbeat share); the first fault
+  comes once every simulated rank heard the start barrier's answer;
 * the bare-pyzmq floor at each simulated size, right after it: the same connections, driven
   the same way, doing three broadcast + gather phases of fixed frames with no mindft logic.
 
@@ -67,6 +67,10 @@ SIM_TIMEOUTS = Timeouts(heartbeat_interval=2.0, heartbeat_misses=60, register=30
                         repair=120.0, rollback=120.0, resume=120.0)
 SIM_SIZES = [64, 256, 1024, 4096, 16384]
 TRIGGER_GAP = 0.01  # seconds between the end of a round and the next fault
+# Rounds run before the measured ones. The first fault finds every rank idle since the start
+# barrier, each heartbeating on the same rhythm (they all heard its answer at once): a burst
+# of pings a training job, whose ranks report every step, does not send.
+WARMUP = 1
 HELD = (0,)  # every rank holds the snapshot of step 0, so every round rolls back to it
 PHASES = (JobState.PAUSING, JobState.REPAIRING, JobState.ROLLBACK, JobState.RESUMING)
 _NOBLOCK = int(zmq.NOBLOCK)
@@ -77,7 +81,8 @@ _MORE = int(zmq.SNDMORE)
 
 def drive_rounds(controller: Controller, thread: threading.Thread, rounds: int, timeout: float,
                  settled: Optional[Callable[[], bool]] = None) -> list[float]:
-    """Run ``rounds`` recoveries one after the other; the controller thread's CPU seconds per round.
+    """Run ``WARMUP + rounds`` recoveries one after the other; the controller thread's CPU
+    seconds per measured round.
 
     The fault is a device reset of rank 0 reported by the reset watcher together with its
     recovery, so REPAIRING has nothing to wait for: the round is pure protocol. The first
@@ -108,14 +113,15 @@ def drive_rounds(controller: Controller, thread: threading.Thread, rounds: int, 
             check(f"round {count} did not finish")
             time.sleep(0.02)  # coarse: this thread shares the GIL with the controller's
 
-    for done in range(rounds):
+    for done in range(WARMUP + rounds):
         time.sleep(TRIGGER_GAP)
         before = time.clock_gettime(clock)
         controller.on_device_event(DeviceFaulty(0, "bench", "reset"))
         controller.on_device_event(DeviceRecovered(0))
         wait_for(done + 1)
         try:
-            cpu.append(time.clock_gettime(clock) - before)
+            if done >= WARMUP:
+                cpu.append(time.clock_gettime(clock) - before)
         except OSError:  # the controller thread ended (DONE) right after the last round
             pass
     return cpu
@@ -223,7 +229,7 @@ def run_real(n: int, rounds: int, secure: bool, tmp: Path) -> dict:
         base.pop("MINDFT_INSECURE", None)
     else:
         base["MINDFT_INSECURE"] = "1"
-    procs = [subprocess.Popen([sys.executable, __file__, "--real-rank", "--rounds", str(rounds)],
+    procs = [subprocess.Popen([sys.executable, __file__, "--real-rank", "--rounds", str(WARMUP + rounds)],
                               env=dict(base, MS_NODE_ID=str(r)), stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL) for r in range(n)]
     cpu = finish(controller, thread, procs, rounds, f"real run with {n} ranks")
@@ -271,7 +277,7 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
     resumed = [0] * count
     acked = [False] * count  # heard the start barrier's RegisterAck
     finished = [False] * count  # got FINISH (after its Done)
-    in_rounds = [False] * count  # from its first PAUSE until its Done
+    in_rounds = [False] * count  # from its first measured PAUSE (after the warm-up) until its Done
     waiting_ack, left = count, count
     decoded: dict[bytes, object] = {}
     interval = SIM_TIMEOUTS.heartbeat_interval
@@ -295,9 +301,9 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
 
     assert ack_frame(first, ActionKind.ROLLBACK, 3, 7) == encode(Ack(first, ActionKind.ROLLBACK, 3, HELD, 7))
     position = 0  # every simulated rank stays at step 0
-    # Frames of each kind per period: "rounds" from a rank's first PAUSE until its Done,
-    # "setup" the registration before and the wait for FINISH after.
-    sent = {"setup": {"heartbeat": 0, "other": count}, "rounds": {"heartbeat": 0, "ack": 0}}
+    # Frames of each kind per period: "rounds" from a rank's first measured PAUSE until its
+    # Done, "setup" the registration and the warm-up before and the wait for FINISH after.
+    sent = {"setup": {"heartbeat": 0, "ack": 0, "other": count}, "rounds": {"heartbeat": 0, "ack": 0}}
     received: dict[str, dict[str, int]] = {"setup": {}, "rounds": {}}
     recv = sock.recv
     while left:
@@ -324,7 +330,7 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
                         decoded.clear()
                     decoded[frame] = message
                 kind_of = type(message)
-                if kind_of is Action and message.kind is ActionKind.PAUSE and resumed[index] == 0:
+                if kind_of is Action and message.kind is ActionKind.PAUSE and resumed[index] == WARMUP:
                     in_rounds[index] = True
                 name = kind_of.__name__
                 counts = received["rounds" if in_rounds[index] else "setup"]
@@ -347,7 +353,7 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
                     send(local, _MORE)
                     send(ack_frame(rank, kind, step, message.round), 0)
                     last_sent[index] = now
-                    sent["rounds"]["ack"] += 1
+                    sent["rounds" if in_rounds[index] else "setup"]["ack"] += 1
                     if kind is ActionKind.RESUME:
                         resumed[index] += 1
                         if resumed[index] >= rounds:
@@ -376,7 +382,7 @@ def run_sim(n: int, rounds: int, secure: bool, tmp: Path) -> dict:
     share = -(-n // SIM_WORKERS)
     stats = [tmp / f"sim-{n}-{first}.json" for first in range(0, n, share)]
     procs = [subprocess.Popen([sys.executable, __file__, "--sim-worker", str(first),
-                               str(min(share, n - first)), port, str(rounds), key_file, str(path)],
+                               str(min(share, n - first)), port, str(WARMUP + rounds), key_file, str(path)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
              for first, path in zip(range(0, n, share), stats)]
     cpu = finish(controller, thread, procs, rounds, f"simulated run with {n} ranks",
@@ -444,7 +450,7 @@ def run_floor(n: int, rounds: int) -> dict:
     try:
         identities = [router.recv_multipart()[0] for _ in range(n)]
         times = []
-        for _ in range(rounds):
+        for done in range(WARMUP + rounds):  # warmed up as the mindft run is
             time.sleep(TRIGGER_GAP)
             started = time.perf_counter()
             for _phase in range(3):
@@ -452,7 +458,8 @@ def run_floor(n: int, rounds: int) -> dict:
                     router.send_multipart([identity, b"go"])
                 for _ in range(n):
                     router.recv_multipart()
-            times.append(time.perf_counter() - started)
+            if done >= WARMUP:
+                times.append(time.perf_counter() - started)
         for identity in identities:
             router.send_multipart([identity, b"stop"])
         for proc in procs:
@@ -466,9 +473,9 @@ def run_floor(n: int, rounds: int) -> dict:
 # ---- report -------------------------------------------------------------------------------
 
 def summarize(kind: str, n: int, controller: Controller, secure: bool, cpu: list[float]) -> dict:
-    rounds = controller.recovery_times
+    rounds = controller.recovery_times[WARMUP:]
     ordered = sorted(rounds)
-    per_round = recovery_phases(controller.job.history)  # the controller has stopped: safe to read
+    per_round = recovery_phases(controller.job.history)[WARMUP:]  # the controller has stopped: safe to read
     phases = {state.value: statistics.median(p.get(state.value, 0.0) for p in per_round) for state in PHASES}
     return {"kind": kind, "ranks": n, "secure": secure, "rounds": len(rounds),
             "median_s": statistics.median(ordered),

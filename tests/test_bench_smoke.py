@@ -53,8 +53,10 @@ def test_coordination_quick_run_simulated_ranks_next_to_the_floor(tmp_path: Path
     assert [(r["kind"], r["ranks"], r["repeat"]) for r in rows] == [("simulated", 64, 0), ("simulated", 64, 1)]
     for row in rows:
         assert row["rounds"] == 3 and row["median_s"] > 0 and row["floor_median_s"] > 0
-        # Every simulated rank acknowledged every phase of every round, and said it was done.
+        # Every simulated rank acknowledged every phase of every round (the warm-up round's
+        # count as setup), and said it was done.
         assert row["frames_to_controller"]["rounds"]["ack"] == 64 * 3 * 3
+        assert row["frames_to_controller"]["setup"]["ack"] == 64 * 3
         assert row["frames_from_controller"]["setup"]["RegisterAck"] == 64
         assert set(row["phase_median_s"]) == {"PAUSING", "REPAIRING", "ROLLBACK", "RESUMING"}
     assert "bare zmq floor ms" in done.stdout
