@@ -1,26 +1,29 @@
 """Latency of one pause → rollback → resume round against the number of ranks.
 
 Protocol only (no model state): a real mindft Controller (on a thread of this process)
-and N ranks that acknowledge PAUSE, ROLLBACK and RESUME (protocol v3). Each round is started from
+and N ranks that acknowledge PAUSE, ROLLBACK and RESUME. Each round is started from
 NORMAL by a device reset of rank 0 reported together with its recovery (as the reset
 watcher would), so REPAIRING has nothing to wait for. The latency is the controller's
 own measurement: from the fault's arrival to the last RESUME acknowledgement (NORMAL
-again), with the time in each phase.
+again), with the time in each phase. One warm-up round (not measured) comes first.
 
 * real ranks: 2, 4, 8, 16 processes, each a mindft Processor (its own I/O thread) obeying
   the controller through ``Processor.follow`` and idle hooks (nothing to settle or restore);
-* simulated ranks: 64 … 16384 DEALER sockets spread over 2 worker processes, each driving
-  its sockets from one thread with zmq.Poller and the wire protocol: PAUSE acknowledged with
-  the steps held, ROLLBACK and RESUME acknowledged, Done after the last round, then FINISH;
-  like a Processor, a simulated rank heartbeats only after an interval with nothing sent or
-  heard. Each worker counts the frames of each kind it sent and heard (the heartbeat share);
-* the bare-pyzmq floor at each simulated size, right after it: the same sockets doing three
-  broadcast + gather phases of fixed frames with no mindft logic.
+* simulated ranks: 64 … 16384 TCP connections spread over 2 worker processes, each holding
+  its ranks' connections in one ROUTER socket driven from one thread (each connection
+  introduces itself as the rank's DEALER would, so the controller sees one peer per rank)
+  and speaking the wire protocol: PAUSE acknowledged with the steps held, ROLLBACK and
+  RESUME acknowledged, Done after the last round, then FINISH; like a Processor, a
+  simulated rank heartbeats only after an interval with nothing sent or heard. Each worker
+  counts the frames of each kind it sent and heard (the heartbeat share); the first fault
+  comes once every simulated rank heard the start barrier's answer;
+* the bare-pyzmq floor at each simulated size, right after it: the same connections, driven
+  the same way, doing three broadcast + gather phases of fixed frames with no mindft logic.
 
     python bench/coordination.py            # full table (~10 minutes on 2 cores)
     python bench/coordination.py --quick    # smaller sizes, fewer rounds (~30 s)
     python bench/coordination.py --real-sizes 0 --sim-sizes 4096,16384   # the large sizes only
-Writes bench/results/coordination.json. 16384 ranks need ~20 000 file descriptors
+Writes bench/results/coordination.json (--output). 16384 ranks need ~17 500 file descriptors
 (``ulimit -n``) in the benchmark process and in each worker.
 """
 from __future__ import annotations
@@ -37,16 +40,19 @@ import threading
 import time
 import typing
 from pathlib import Path
+from typing import Any, Callable, Optional
 
 import zmq
 
+from mindft import channel
 from mindft.config import MindftConfig, Timeouts
 from mindft.controller import Controller
 from mindft.exitcodes import ExitCode
 from mindft.flow import DeviceFaulty, DeviceRecovered, JobState, phase_times
-from mindft.keys import generate_keys, job_keys, secure_client
+from mindft.keys import CurveKeys, generate_keys, job_keys, secure_client
 from mindft.processor import Processor
-from mindft.protocol import Ack, Action, ActionKind, Done, FaultKind, Register, decode, encode, encode_heartbeat
+from mindft.protocol import (Ack, Action, ActionKind, Done, FaultKind, Register, RegisterAck, decode, encode,
+                             encode_heartbeat)
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "coordination.json"
@@ -61,17 +67,28 @@ SIM_TIMEOUTS = Timeouts(heartbeat_interval=2.0, heartbeat_misses=60, register=30
                         repair=120.0, rollback=120.0, resume=120.0)
 SIM_SIZES = [64, 256, 1024, 4096, 16384]
 TRIGGER_GAP = 0.01  # seconds between the end of a round and the next fault
+# Rounds run before the measured ones. The first fault finds every rank idle since the start
+# barrier, each heartbeating on the same rhythm (they all heard its answer at once): a burst
+# of pings a training job, whose ranks report every step, does not send.
+WARMUP = 1
 HELD = (0,)  # every rank holds the snapshot of step 0, so every round rolls back to it
 PHASES = (JobState.PAUSING, JobState.REPAIRING, JobState.ROLLBACK, JobState.RESUMING)
+_NOBLOCK = int(zmq.NOBLOCK)
+_MORE = int(zmq.SNDMORE)
 
 
 # ---- the trigger ---------------------------------------------------------------------------
 
-def drive_rounds(controller: Controller, thread: threading.Thread, rounds: int, timeout: float) -> list[float]:
-    """Run ``rounds`` recoveries one after the other; the controller thread's CPU seconds per round.
+def drive_rounds(controller: Controller, thread: threading.Thread, rounds: int, timeout: float,
+                 settled: Optional[Callable[[], bool]] = None) -> list[float]:
+    """Run ``WARMUP + rounds`` recoveries one after the other; the controller thread's CPU
+    seconds per measured round.
 
     The fault is a device reset of rank 0 reported by the reset watcher together with its
-    recovery, so REPAIRING has nothing to wait for: the round is pure protocol.
+    recovery, so REPAIRING has nothing to wait for: the round is pure protocol. The first
+    fault comes once ``settled()`` (when given) says every rank heard the start barrier's
+    answer: a training job is past its start when a fault hits, and a round that overlapped
+    the start barrier's broadcast to 16 384 ranks would measure that broadcast too.
     """
     clock = time.pthread_getcpuclockid(thread.ident)
     deadline = time.monotonic() + timeout
@@ -85,6 +102,9 @@ def drive_rounds(controller: Controller, thread: threading.Thread, rounds: int, 
     while controller.latest_status(timeout=120.0).state != JobState.NORMAL.value:
         check("the ranks did not all register")
         time.sleep(0.1)
+    while settled is not None and not settled():
+        check("the ranks did not all hear the start barrier's answer")
+        time.sleep(0.1)
 
     def wait_for(count: int) -> None:
         # recovery_times grows when a round ends (RESUMING → NORMAL); reading its length does
@@ -93,14 +113,15 @@ def drive_rounds(controller: Controller, thread: threading.Thread, rounds: int, 
             check(f"round {count} did not finish")
             time.sleep(0.02)  # coarse: this thread shares the GIL with the controller's
 
-    for done in range(rounds):
+    for done in range(WARMUP + rounds):
         time.sleep(TRIGGER_GAP)
         before = time.clock_gettime(clock)
         controller.on_device_event(DeviceFaulty(0, "bench", "reset"))
         controller.on_device_event(DeviceRecovered(0))
         wait_for(done + 1)
         try:
-            cpu.append(time.clock_gettime(clock) - before)
+            if done >= WARMUP:
+                cpu.append(time.clock_gettime(clock) - before)
         except OSError:  # the controller thread ended (DONE) right after the last round
             pass
     return cpu
@@ -140,9 +161,9 @@ def reap(procs: list[subprocess.Popen]) -> None:
 
 
 def finish(controller: Controller, thread: threading.Thread, procs: list[subprocess.Popen], rounds: int,
-           what: str) -> list[float]:
+           what: str, settled: Optional[Callable[[], bool]] = None) -> list[float]:
     try:
-        cpu = drive_rounds(controller, thread, rounds, 900)
+        cpu = drive_rounds(controller, thread, rounds, 900, settled)
         result = controller.join(300)
         for proc in procs:
             proc.wait(120)
@@ -208,7 +229,7 @@ def run_real(n: int, rounds: int, secure: bool, tmp: Path) -> dict:
         base.pop("MINDFT_INSECURE", None)
     else:
         base["MINDFT_INSECURE"] = "1"
-    procs = [subprocess.Popen([sys.executable, __file__, "--real-rank", "--rounds", str(rounds)],
+    procs = [subprocess.Popen([sys.executable, __file__, "--real-rank", "--rounds", str(WARMUP + rounds)],
                               env=dict(base, MS_NODE_ID=str(r)), stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL) for r in range(n)]
     cpu = finish(controller, thread, procs, rounds, f"real run with {n} ranks")
@@ -217,35 +238,55 @@ def run_real(n: int, rounds: int, secure: bool, tmp: Path) -> dict:
 
 # ---- simulated ranks ----------------------------------------------------------------------
 
+def rank_connections(context: zmq.Context, first: int, count: int, port: str,
+                     keys: Optional[CurveKeys] = None) -> tuple[zmq.Socket, Callable[..., Any]]:
+    """One ROUTER socket holding one TCP connection per simulated rank ``first … first+count-1``.
+
+    Each connection introduces itself to the controller as ``rank<R>.inc0``, as a rank's
+    DEALER does, so the controller sees one peer per rank; locally it is addressed by its
+    index (``b"%d" % index``). One socket for thousands of ranks keeps the simulation's own
+    cost small: a DEALER per rank costs a mailbox, an epoll entry and a few system calls per
+    frame on the simulation's side (the box's two cores are shared with the controller),
+    where a real rank pays them in its own process. Returns the socket and its backend
+    ``send`` (zmq.Socket.send only adds draft-API arguments to it).
+    """
+    sock = context.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a frame that cannot be queued raises, never vanishes
+    secure_client(sock, keys)
+    for index in range(count):
+        sock.setsockopt(zmq.ROUTING_ID, f"rank{first + index}.inc0".encode())  # what the controller sees
+        sock.setsockopt(zmq.CONNECT_ROUTING_ID, b"%d" % index)  # how this side addresses the connection
+        sock.connect(f"tcp://127.0.0.1:{port}")
+    return sock, super(zmq.Socket, sock).send
+
+
 def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: str, stats: str) -> None:
-    """``count`` ranks (DEALER sockets) starting at ``first``, driven from one thread; writes
-    how many frames of each kind it sent and received to ``stats`` (JSON)."""
+    """``count`` ranks starting at ``first`` (one connection each, see :func:`rank_connections`),
+    driven from one thread; creates ``stats + ".ready"`` once every one of them heard the start
+    barrier's answer, and writes how many frames of each kind it sent and received to ``stats``
+    (JSON)."""
     keys = job_keys(MindftConfig(key_file=Path(key_file) if key_file else None, insecure=not key_file))
     context = zmq.Context()
     context.setsockopt(zmq.LINGER, 1000)
-    context.set(zmq.MAX_SOCKETS, count + 64)
-    sockets, rank_of = [], {}
-    for rank in range(first, first + count):
-        sock = context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, f"rank{rank}.inc0".encode())
-        secure_client(sock, keys)
-        sock.connect(f"tcp://127.0.0.1:{port}")
-        sock.send(encode(Register(rank, 0, os.getpid(), (0,), "")))
-        sockets.append(sock)
-        rank_of[sock] = rank
-    poller = zmq.Poller()
-    for sock in sockets:
-        poller.register(sock, zmq.POLLIN)
-    resumed = dict.fromkeys(sockets, 0)
-    finished: set[zmq.Socket] = set()  # got FINISH (after its Done)
+    sock, send = rank_connections(context, first, count, str(port), keys)
+    ids = [b"%d" % index for index in range(count)]
+    for index, rank in enumerate(range(first, first + count)):
+        send(ids[index], _MORE)
+        send(encode(Register(rank, 0, os.getpid(), (0,), "")), 0)
+    # Per rank, by its index (rank = first + index).
+    resumed = [0] * count
+    acked = [False] * count  # heard the start barrier's RegisterAck
+    finished = [False] * count  # got FINISH (after its Done)
+    in_rounds = [False] * count  # from its first measured PAUSE (after the warm-up) until its Done
+    waiting_ack, left = count, count
     decoded: dict[bytes, object] = {}
     interval = SIM_TIMEOUTS.heartbeat_interval
     # Like a Processor, a rank heartbeats only after an interval in which it sent nothing, or
     # heard nothing (then at most once per interval); the controller answers each heartbeat.
     started = time.monotonic()
-    last_sent = dict.fromkeys(sockets, started)
-    last_heard = dict.fromkeys(sockets, started)
-    last_beat = dict.fromkeys(sockets, started)
+    last_sent = [started] * count
+    last_heard = [started] * count
+    last_beat = [started] * count
     next_check = started + interval / 4
     # Acks from a byte template (checked against encode() once): the simulation stands in
     # for thousands of processes, so its own per-message cost must stay small. Like a
@@ -260,21 +301,25 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
 
     assert ack_frame(first, ActionKind.ROLLBACK, 3, 7) == encode(Ack(first, ActionKind.ROLLBACK, 3, HELD, 7))
     position = 0  # every simulated rank stays at step 0
-    # Frames of each kind per period: "rounds" from a rank's first PAUSE until its Done,
-    # "setup" the registration before and the wait for FINISH after.
-    sent = {"setup": {"heartbeat": 0, "other": count}, "rounds": {"heartbeat": 0, "ack": 0}}
+    # Frames of each kind per period: "rounds" from a rank's first measured PAUSE until its
+    # Done, "setup" the registration and the warm-up before and the wait for FINISH after.
+    sent = {"setup": {"heartbeat": 0, "ack": 0, "other": count}, "rounds": {"heartbeat": 0, "ack": 0}}
     received: dict[str, dict[str, int]] = {"setup": {}, "rounds": {}}
-    in_rounds: set[zmq.Socket] = set()
-    while len(finished) < count:
-        events = poller.poll(100)
-        now = time.monotonic()
-        for sock, _ in events:
-            last_heard[sock] = now
+    recv = sock.recv
+    while left:
+        if sock.poll(100):
+            now = time.monotonic()
             while True:
                 try:
-                    frame = sock.recv(zmq.NOBLOCK)
+                    local = recv(_NOBLOCK)
                 except zmq.Again:
                     break
+                frame = recv(_NOBLOCK)  # the controller sends one frame per message
+                index = int(local)
+                if finished[index]:
+                    continue
+                rank = first + index
+                last_heard[index] = now
                 # A broadcast is the same frame for every rank; a real rank decodes it in its
                 # own process, so decoding it once here keeps the simulation from serializing
                 # work that is parallel in a real job.
@@ -284,42 +329,49 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
                     if len(decoded) > 64:
                         decoded.clear()
                     decoded[frame] = message
-                if type(message) is Action and message.kind is ActionKind.PAUSE and resumed[sock] == 0:
-                    in_rounds.add(sock)
-                name = type(message).__name__
-                counts = received["rounds" if sock in in_rounds else "setup"]
+                kind_of = type(message)
+                if kind_of is Action and message.kind is ActionKind.PAUSE and resumed[index] == WARMUP:
+                    in_rounds[index] = True
+                name = kind_of.__name__
+                counts = received["rounds" if in_rounds[index] else "setup"]
                 counts[name] = counts.get(name, 0) + 1
-                if not isinstance(message, Action):
+                if kind_of is RegisterAck and not acked[index]:
+                    acked[index] = True
+                    waiting_ack -= 1
+                    if waiting_ack == 0:
+                        Path(stats + ".ready").touch()
+                if kind_of is not Action:
                     continue  # heartbeats and Progress: nothing to answer
                 kind = message.kind
                 if kind is ActionKind.FINISH:
-                    finished.add(sock)
-                    poller.unregister(sock)
-                    break
-                if kind is ActionKind.DUMP_AND_EXIT:
-                    raise RuntimeError(f"rank {rank_of[sock]}: the controller ended the job: {message.reason}")
-                if kind in (ActionKind.PAUSE, ActionKind.ROLLBACK, ActionKind.RESUME):
-                    rank = rank_of[sock]
+                    finished[index] = True
+                    left -= 1
+                elif kind is ActionKind.DUMP_AND_EXIT:
+                    raise RuntimeError(f"rank {rank}: the controller ended the job: {message.reason}")
+                elif kind in (ActionKind.PAUSE, ActionKind.ROLLBACK, ActionKind.RESUME):
                     step = position if kind is ActionKind.PAUSE else message.step
-                    sock.send(ack_frame(rank, kind, step, message.round))
-                    last_sent[sock] = now
-                    sent["rounds"]["ack"] += 1
+                    send(local, _MORE)
+                    send(ack_frame(rank, kind, step, message.round), 0)
+                    last_sent[index] = now
+                    sent["rounds" if in_rounds[index] else "setup"]["ack"] += 1
                     if kind is ActionKind.RESUME:
-                        resumed[sock] += 1
-                        if resumed[sock] >= rounds:
-                            sock.send(encode(Done(rank, position)))
+                        resumed[index] += 1
+                        if resumed[index] >= rounds:
+                            send(local, _MORE)
+                            send(encode(Done(rank, position)), 0)
                             sent["setup"]["other"] += 1
-                            in_rounds.discard(sock)
+                            in_rounds[index] = False
+        now = time.monotonic()
         if now >= next_check:
             next_check = now + interval / 4
-            for sock in sockets:
-                if sock not in finished and (now - last_sent[sock] >= interval
-                                             or now - max(last_heard[sock], last_beat[sock]) >= interval):
-                    last_sent[sock] = last_beat[sock] = now
-                    sock.send(encode_heartbeat(rank_of[sock], 0, position))
-                    sent["rounds" if sock in in_rounds else "setup"]["heartbeat"] += 1
-    for sock in sockets:
-        sock.close()
+            for index in range(count):
+                if not finished[index] and (now - last_sent[index] >= interval
+                                            or now - max(last_heard[index], last_beat[index]) >= interval):
+                    last_sent[index] = last_beat[index] = now
+                    send(ids[index], _MORE)
+                    send(encode_heartbeat(first + index, 0, position), 0)
+                    sent["rounds" if in_rounds[index] else "setup"]["heartbeat"] += 1
+    sock.close()
     context.term()
     Path(stats).write_text(json.dumps({"sent": sent, "received": received}))
 
@@ -330,10 +382,11 @@ def run_sim(n: int, rounds: int, secure: bool, tmp: Path) -> dict:
     share = -(-n // SIM_WORKERS)
     stats = [tmp / f"sim-{n}-{first}.json" for first in range(0, n, share)]
     procs = [subprocess.Popen([sys.executable, __file__, "--sim-worker", str(first),
-                               str(min(share, n - first)), port, str(rounds), key_file, str(path)],
+                               str(min(share, n - first)), port, str(WARMUP + rounds), key_file, str(path)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
              for first, path in zip(range(0, n, share), stats)]
-    cpu = finish(controller, thread, procs, rounds, f"simulated run with {n} ranks")
+    cpu = finish(controller, thread, procs, rounds, f"simulated run with {n} ranks",
+                 settled=lambda: all(Path(f"{path}.ready").exists() for path in stats))
     row = summarize("simulated", n, controller, secure, cpu)
     # What the ranks sent and heard: during the rounds, and over the whole run.
     sent: dict[str, dict[str, int]] = {"setup": {}, "rounds": {}}
@@ -359,30 +412,26 @@ def run_sim(n: int, rounds: int, secure: bool, tmp: Path) -> dict:
 # ---- raw ZeroMQ floor ------------------------------------------------------------------------
 
 def floor_worker_main(first: int, count: int, port: int) -> None:
-    """The same sockets as a simulation worker, answering every frame with a fixed frame."""
+    """The same connections as a simulation worker, driven the same way, answering every
+    frame with a fixed frame."""
     context = zmq.Context()
-    context.set(zmq.MAX_SOCKETS, count + 64)
-    sockets = []
-    for rank in range(first, first + count):
-        sock = context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, f"rank{rank}.inc0".encode())
-        sock.connect(f"tcp://127.0.0.1:{port}")
-        sock.send(b"hello")
-        sockets.append(sock)
-    poller = zmq.Poller()
-    for sock in sockets:
-        poller.register(sock, zmq.POLLIN)
+    sock, send = rank_connections(context, first, count, str(port))
+    for index in range(count):
+        send(b"%d" % index, _MORE)
+        send(b"hello", 0)
+    recv = sock.recv
     while True:
-        for sock, _ in poller.poll(1000):
-            while True:
-                try:
-                    frame = sock.recv(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                if frame == b"stop":
-                    context.destroy(0)
-                    return
-                sock.send(b"ack")
+        sock.poll(1000)
+        while True:
+            try:
+                local = recv(_NOBLOCK)
+            except zmq.Again:
+                break
+            if recv(_NOBLOCK) == b"stop":
+                context.destroy(0)
+                return
+            send(local, _MORE)
+            send(b"ack", 0)
 
 
 def run_floor(n: int, rounds: int) -> dict:
@@ -391,6 +440,7 @@ def run_floor(n: int, rounds: int) -> dict:
     router = context.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
     router.setsockopt(zmq.SNDHWM, 10_000)
+    router.setsockopt(zmq.BACKLOG, channel.ROUTER_BACKLOG)  # as the controller's: the ranks connect at once
     port = router.bind_to_random_port("tcp://127.0.0.1")
     share = -(-n // SIM_WORKERS)
     procs = [subprocess.Popen([sys.executable, __file__, "--floor-worker", str(first),
@@ -400,7 +450,7 @@ def run_floor(n: int, rounds: int) -> dict:
     try:
         identities = [router.recv_multipart()[0] for _ in range(n)]
         times = []
-        for _ in range(rounds):
+        for done in range(WARMUP + rounds):  # warmed up as the mindft run is
             time.sleep(TRIGGER_GAP)
             started = time.perf_counter()
             for _phase in range(3):
@@ -408,7 +458,8 @@ def run_floor(n: int, rounds: int) -> dict:
                     router.send_multipart([identity, b"go"])
                 for _ in range(n):
                     router.recv_multipart()
-            times.append(time.perf_counter() - started)
+            if done >= WARMUP:
+                times.append(time.perf_counter() - started)
         for identity in identities:
             router.send_multipart([identity, b"stop"])
         for proc in procs:
@@ -422,9 +473,9 @@ def run_floor(n: int, rounds: int) -> dict:
 # ---- report -------------------------------------------------------------------------------
 
 def summarize(kind: str, n: int, controller: Controller, secure: bool, cpu: list[float]) -> dict:
-    rounds = controller.recovery_times
+    rounds = controller.recovery_times[WARMUP:]
     ordered = sorted(rounds)
-    per_round = recovery_phases(controller.job.history)  # the controller has stopped: safe to read
+    per_round = recovery_phases(controller.job.history)[WARMUP:]  # the controller has stopped: safe to read
     phases = {state.value: statistics.median(p.get(state.value, 0.0) for p in per_round) for state in PHASES}
     return {"kind": kind, "ranks": n, "secure": secure, "rounds": len(rounds),
             "median_s": statistics.median(ordered),
@@ -468,6 +519,7 @@ def main() -> None:
                         "own floor run (min/median/max over the runs)")
     parser.add_argument("--sim-sizes", type=_sizes, help="simulated rank counts, comma-separated "
                         f"(default {','.join(map(str, SIM_SIZES))}; --quick: 64,256)")
+    parser.add_argument("--output", type=Path, default=RESULTS, help=f"where the JSON goes (default {RESULTS})")
     parser.add_argument("--real-sizes", type=_sizes, help="real rank counts, comma-separated "
                         "(default 2,4,8,16; --quick: 2,4; 0: none)")
     args = parser.parse_args()
@@ -538,8 +590,8 @@ def main() -> None:
         verdicts["growth_4096_to_16384_within_floor"] = growth <= floor_growth
     for name, ok in verdicts.items():
         print(f"target {name}: {'met' if ok else 'MISSED'}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps({
         "benchmark": "coordination", "metric": "controller-side latency of one pause→rollback→resume "
         "round (device fault event handled → last RESUME ack); floor = 3 bare broadcast+gather "
         "phases over the same sockets without mindft", "machine": {
@@ -547,15 +599,14 @@ def main() -> None:
             "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
         "timeouts": {"real": dataclasses.asdict(REAL_TIMEOUTS), "simulated": dataclasses.asdict(SIM_TIMEOUTS)},
         "sim_workers": SIM_WORKERS, "rows": rows, "targets": verdicts}, indent=2))
-    print(f"wrote {RESULTS}")
+    print(f"wrote {args.output}")
 
 
 def ensure_descriptors(ranks: int) -> None:
     """Raise the open-file limit (inherited by the workers) for ``ranks`` sockets, or say why not."""
     import resource
-    # The controller holds one TCP connection per rank; a worker one connection and one
-    # mailbox descriptor per socket it drives.
-    needed = max(ranks, 2 * -(-ranks // SIM_WORKERS)) + 1024
+    # The controller holds one TCP connection per rank, a worker one per rank it simulates.
+    needed = ranks + 1024
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft >= needed:
         return

@@ -79,6 +79,10 @@ class Controller:
             self._close()
             raise
         self.endpoint: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        # zmq.Socket.send only adds draft-API arguments (routing_id, group) to the backend's
+        # send: calling the backend's directly saves a Python call per frame, two frames per
+        # rank per broadcast (16 384 ranks: ~15 ms per broadcast).
+        self._raw_send = super(zmq.Socket, self._socket).send
         self._wake_address = f"inproc://mindft-controller-wake-{id(self)}"
         self._wake_in = self._context.socket(zmq.PULL)
         self._wake_in.bind(self._wake_address)
@@ -252,7 +256,7 @@ class Controller:
                     log.error("job failed: %s", effect.reason)
 
     def _send(self, peer: bytes, frame: bytes) -> None:
-        send = self._socket.send
+        send = self._raw_send
         try:
             send(peer, _MORE_NOBLOCK)
             send(frame, _NOBLOCK)
@@ -260,7 +264,8 @@ class Controller:
             log.debug("could not send to %r: %s", peer, error)
 
     def _broadcast(self, peers: tuple[bytes, ...], frame: bytes) -> None:
-        send = self._socket.send
+        # The same bytes to every peer, encoded once by _apply.
+        send = self._raw_send
         for peer in peers:
             try:
                 send(peer, _MORE_NOBLOCK)

@@ -365,44 +365,79 @@ _HEARTBEAT = b'{"v":%d,"msg":"heartbeat","rank":%%d,"incarnation":%%d,"step":%%d
 # The frames the controller receives by the thousand (step reports, heartbeats, acks), as
 # patterns of exactly the bytes encode() writes, each integer spelled the one way JSON allows:
 # a frame that matches is the message the full decoder would build from it, so it skips
-# json.loads and the per-field checks. Any other spelling takes the full path.
+# json.loads and the per-field checks. Any other spelling takes the full path. The message
+# kind sits at a fixed offset, so one dictionary lookup picks the one pattern to try.
 _INT = rb"-?(?:0|[1-9][0-9]{0,17})"
-_FAST_HEAD = re.compile(rb'\{"v":%d,"msg":"(step_report|heartbeat|ack)","rank":(%s),' % (PROTOCOL_VERSION, _INT))
+_HOT_HEAD = b'{"v":%d,"msg":"' % PROTOCOL_VERSION
+_HOT_AT = len(_HOT_HEAD)
 _ACTION_BY_WIRE = {kind.value.encode(): kind for kind in ActionKind}
+_HELD: dict[bytes, tuple[int, ...]] = {}  # held_steps as sent → tuple: ranks mostly hold the same steps
 
 
-def _fast_ack(rank: int, fields: re.Match) -> Optional[Ack]:
-    action = _ACTION_BY_WIRE.get(fields[1])
-    if action is None:
+# The hot messages are built from values the patterns already checked without the frozen
+# dataclass __init__ (one object.__setattr__ per field, half an ack's decode): the same
+# fields in the same instance dictionary.
+_new = object.__new__
+
+
+def _hot_step_report(fields: tuple[bytes, ...]) -> StepReport:
+    rank, step, round_ = fields
+    message = _new(StepReport)
+    values = message.__dict__
+    values["rank"], values["step"], values["round"] = int(rank), int(step), int(round_)
+    return message
+
+
+def _hot_heartbeat(fields: tuple[bytes, ...]) -> Heartbeat:
+    rank, incarnation, step = fields
+    message = _new(Heartbeat)
+    values = message.__dict__
+    values["rank"], values["incarnation"], values["step"] = int(rank), int(incarnation), int(step)
+    return message
+
+
+def _hot_ack(fields: tuple[bytes, ...]) -> Optional[Ack]:
+    rank, action, step, held_text, round_ = fields
+    kind = _ACTION_BY_WIRE.get(action)
+    if kind is None:
         return None  # the full path names the valid actions
-    held = tuple(map(int, fields[3].split(b","))) if fields[3] else ()
-    return Ack(rank, action, int(fields[2]), held, int(fields[4]))
+    held = _HELD.get(held_text)
+    if held is None:
+        held = tuple(map(int, held_text.split(b","))) if held_text else ()
+        if len(_HELD) >= 256:
+            _HELD.clear()
+        _HELD[held_text] = held
+    message = _new(Ack)
+    values = message.__dict__
+    values["rank"], values["action"], values["step"] = int(rank), kind, int(step)
+    values["held_steps"], values["round"] = held, int(round_)
+    return message
 
 
-_FAST: dict[bytes, tuple[re.Pattern, Any]] = {
-    b"step_report": (re.compile(rb'"step":(%s),"round":(%s)\}' % (_INT, _INT)),
-                     lambda rank, f: StepReport(rank, int(f[1]), int(f[2]))),
-    b"heartbeat": (re.compile(rb'"incarnation":(%s),"step":(%s)\}' % (_INT, _INT)),
-                   lambda rank, f: Heartbeat(rank, int(f[1]), int(f[2]))),
-    b"ack": (re.compile(rb'"action":"([a-z_]{1,32})","step":(%s),"held_steps":\[((?:%s(?:,%s)*)?)\],"round":(%s)\}'
-                        % (_INT, _INT, _INT, _INT)), _fast_ack),
+_HOT: dict[bytes, tuple[Any, Any]] = {  # the first 3 bytes of the kind → (whole-frame pattern, builder)
+    b"ste": (re.compile(re.escape(_HOT_HEAD) + rb'step_report","rank":(%s),"step":(%s),"round":(%s)\}'
+                        % (_INT, _INT, _INT)), _hot_step_report),
+    b"hea": (re.compile(re.escape(_HOT_HEAD) + rb'heartbeat","rank":(%s),"incarnation":(%s),"step":(%s)\}'
+                        % (_INT, _INT, _INT)), _hot_heartbeat),
+    b"ack": (re.compile(re.escape(_HOT_HEAD) + rb'ack","rank":(%s),"action":"([a-z_]{1,32})","step":(%s),'
+                        rb'"held_steps":\[((?:%s(?:,%s)*)?)\],"round":(%s)\}' % (_INT, _INT, _INT, _INT, _INT)),
+             _hot_ack),
 }
 
 
 def decode(frame: bytes) -> Message:
     """Parse and validate one frame; raise :class:`ProtocolError` with the reason if it is bad."""
+    if type(frame) is bytes and len(frame) <= 512:
+        hot = _HOT.get(frame[_HOT_AT:_HOT_AT + 3])
+        if hot is not None:
+            fields = hot[0].fullmatch(frame)
+            message = None if fields is None else hot[1](fields.groups())
+            if message is not None:
+                return message
     if not isinstance(frame, (bytes, bytearray, memoryview)):
         raise ProtocolError(f"frame must be bytes, got {type(frame).__name__}")
     if len(frame) > MAX_FRAME:
         raise ProtocolError(f"frame of {len(frame)} bytes exceeds MAX_FRAME={MAX_FRAME}")
-    if type(frame) is bytes and len(frame) <= 512:
-        head = _FAST_HEAD.match(frame)
-        if head is not None:
-            pattern, build = _FAST[head[1]]
-            fields = pattern.fullmatch(frame, head.end())
-            message = None if fields is None else build(int(head[2]), fields)
-            if message is not None:
-                return message
     try:
         body = _DECODER.decode(bytes(frame).decode())
     except (UnicodeDecodeError, ValueError, RecursionError) as error:

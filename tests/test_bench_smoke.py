@@ -1,4 +1,5 @@
-"""bench/step_cost.py still runs against this tree: 2 real ranks with and without mindft, JSON fields.
+"""The benchmarks still run against this tree: bench/step_cost.py (2 real ranks with and without
+mindft) and bench/coordination.py (64 simulated ranks next to the bare-zmq floor), JSON fields.
 
 Timings are not asserted (speed is measured by the benchmark, not by tests); this only keeps
 the benchmark from rotting when the processor's API changes.
@@ -38,3 +39,24 @@ def test_step_cost_quick_run_writes_both_variants(tmp_path: Path) -> None:
     assert rows["mindft"]["mindft_median_us"] > 0.0  # the calls were really timed
     assert {"median_met", "worst_median_us"} <= result["target"].keys()
     assert "ranks" in done.stdout and "slowdown" in done.stdout
+
+
+def test_coordination_quick_run_simulated_ranks_next_to_the_floor(tmp_path: Path) -> None:
+    output = tmp_path / "coordination.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "coordination.py"), "--quick", "--real-sizes", "0",
+                           "--sim-sizes", "64", "--repeat", "2", "--output", str(output)],
+                          env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(output.read_text())
+    rows = result["rows"]
+    assert [(r["kind"], r["ranks"], r["repeat"]) for r in rows] == [("simulated", 64, 0), ("simulated", 64, 1)]
+    for row in rows:
+        assert row["rounds"] == 3 and row["median_s"] > 0 and row["floor_median_s"] > 0
+        # Every simulated rank acknowledged every phase of every round (the warm-up round's
+        # count as setup), and said it was done.
+        assert row["frames_to_controller"]["rounds"]["ack"] == 64 * 3 * 3
+        assert row["frames_to_controller"]["setup"]["ack"] == 64 * 3
+        assert row["frames_from_controller"]["setup"]["RegisterAck"] == 64
+        assert set(row["phase_median_s"]) == {"PAUSING", "REPAIRING", "ROLLBACK", "RESUMING"}
+    assert "bare zmq floor ms" in done.stdout

@@ -173,7 +173,12 @@ def test_hot_frames_are_decoded_without_json(message, monkeypatch: pytest.Monkey
         def decode(self, text: str) -> None:
             raise AssertionError(f"the full JSON path was taken for {text}")
     monkeypatch.setattr(protocol, "_DECODER", NoJson())
-    assert decode(frame) == message
+    decoded = decode(frame)
+    # Built without the dataclass __init__: still the same fields, hash and immutability.
+    assert decoded == message and vars(decoded) == vars(message) and hash(decoded) == hash(message)
+    assert type(decoded) is type(message) and type(decoded.rank) is int
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        decoded.rank = 1  # type: ignore[misc]
 
 
 @pytest.mark.parametrize("text, error", [

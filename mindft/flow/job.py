@@ -49,6 +49,7 @@ _S = JobState
 # control socket with this suffix, so the per-step report never wakes the rank's I/O thread.
 REPORT_SUFFIX = b"/steps"
 _ACK_FOR = {_S.PAUSING: ActionKind.PAUSE, _S.ROLLBACK: ActionKind.ROLLBACK, _S.RESUMING: ActionKind.RESUME}
+_ACK_WHAT = {kind: f"{kind.name} ack" for kind in ActionKind}  # formatted once: an ack arrives per rank per phase
 _TIMEOUT_NAME = {_S.STARTING: "register", _S.PAUSING: "pause", _S.REPAIRING: "repair",
                  _S.ROLLBACK: "rollback", _S.RESUMING: "resume"}
 
@@ -425,7 +426,7 @@ class Job:
         self._check_done(now)
 
     def _check_done(self, now: float) -> None:
-        if self.state is not _S.NORMAL or any(r.state is not RankState.DONE for r in self.ranks):
+        if self.state is not _S.NORMAL or self.ranks.count(RankState.DONE) != len(self.ranks):
             return
         reason = (f"all {self.ranks.world_size} ranks finished at step {self.ranks.slowest}; "
                   f"{len(self.recoveries)} recoveries")
@@ -435,7 +436,7 @@ class Job:
         self._finish(ExitCode.OK, reason)
 
     def _on_ack(self, peer: Peer, message: Ack, now: float) -> None:
-        record = self._sender(peer, message.rank, now, f"{message.action.name} ack")
+        record = self._sender(peer, message.rank, now, _ACK_WHAT[message.action])
         if record is None:
             return
         rec = self.recovery
@@ -457,8 +458,10 @@ class Job:
             record.state = RankState.RESTORED
         else:
             record.state = RankState.RESUMED
-        rec.waiting.discard(record.rank)
-        self._advance(now)
+        waiting = rec.waiting
+        waiting.discard(record.rank)
+        if not waiting:  # the phase waits for acknowledgements as long as any is missing
+            self._advance(now)
 
     def _inject(self, message: InjectRequest) -> Reply:
         record = self.ranks.get(message.rank)
@@ -687,8 +690,10 @@ class Job:
         log.info("recovery %d done in %.3f s: %s; resumed after step %d", len(self.recoveries),
                  now - rec.started, summary, rec.repair_step)
         rec.faults.clear()
-        # Resumed ranks reported steps meanwhile; one waiting at its window must hear of them.
-        self._emit(Broadcast(self.ranks.peers(), Progress(self.ranks.slowest)))
+        # Resumed ranks reported steps meanwhile; one waiting at its window must hear of them
+        # (RESUME told every rank the repair step: nothing to say if no rank got further).
+        if self.ranks.slowest > rec.repair_step:
+            self._emit(Broadcast(self.ranks.peers(), Progress(self.ranks.slowest)))
         self._check_done(now)
 
     def _common_step(self, exact: bool) -> int:

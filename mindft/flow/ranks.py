@@ -7,7 +7,8 @@ from __future__ import annotations
 import enum
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from types import MappingProxyType
+from typing import Iterator, Mapping, Optional
 
 from mindft.flow.effects import Peer
 
@@ -29,7 +30,12 @@ class RankState(str, enum.Enum):
 
 @dataclass
 class RankRecord:
-    """One rank's current incarnation."""
+    """One rank's current incarnation.
+
+    ``alive`` follows ``state`` (none of DEAD, OFF_DEVICE, LOST); while the record is in a
+    :class:`RankTable`, every assignment to ``state`` also moves it between the table's
+    per-state counts (:meth:`RankTable.count`).
+    """
 
     rank: int
     peer: Peer
@@ -42,11 +48,33 @@ class RankRecord:
     progress: int = 0   # the last step it reported finished
     restarts: int = 0
     held_round: int = -1  # the recovery round in which ``held`` was reported
+    alive = True  # not a field: set with every assignment to ``state`` (below)
 
-    @property
-    def alive(self) -> bool:
-        state = self.state
-        return state is not RankState.DEAD and state is not RankState.OFF_DEVICE and state is not RankState.LOST
+
+class _CountedState:
+    """``RankRecord.state`` as a setter only: reads are plain attribute reads (a record's
+    state and ``alive`` are read for every message the controller receives), and every
+    assignment updates ``alive`` and the counts of the table holding the record, so that
+    "has every rank finished" costs O(1), not a scan of the table per ``Done``."""
+
+    def __set__(self, record: RankRecord, state: RankState) -> None:
+        values = record.__dict__
+        old = values.get("state")
+        values["state"] = state
+        values["alive"] = state is not _DEAD and state is not _OFF_DEVICE and state is not _LOST
+        counts = values.get("_counts")
+        if counts is not None and old is not state:
+            counts[old] -= 1
+            counts[state] += 1
+
+
+_DEAD, _OFF_DEVICE, _LOST = RankState.DEAD, RankState.OFF_DEVICE, RankState.LOST
+# (an Enum's class attribute costs 3 times a global)
+
+
+# After @dataclass, which made the field's default an __init__ default: __init__ assigns
+# ``self.state = state`` through the descriptor, and reads find the instance's own value.
+RankRecord.state = _CountedState()  # type: ignore[assignment]
 
 
 class RankTable:
@@ -59,6 +87,7 @@ class RankTable:
         self._records: dict[int, RankRecord] = {}
         self._by_peer: dict[Peer, int] = {}
         self._at: Counter[int] = Counter()  # progress -> number of ranks there
+        self._in_state = dict.fromkeys(RankState, 0)  # state -> number of records in it (kept by the records)
         self.slowest = 0
 
     def __len__(self) -> int:
@@ -81,6 +110,15 @@ class RankTable:
     def missing(self) -> list[int]:
         return [r for r in range(self.world_size) if r not in self._records]
 
+    def count(self, state: RankState) -> int:
+        """How many records are in ``state``, in O(1)."""
+        return self._in_state[state]
+
+    @property
+    def state_counts(self) -> Mapping[RankState, int]:
+        """Records per state, every state listed (a read-only live view)."""
+        return MappingProxyType(self._in_state)
+
     def peers(self) -> tuple[Peer, ...]:
         """Peers of the live ranks (broadcast targets)."""
         return tuple(r.peer for r in self._records.values() if r.alive)
@@ -91,9 +129,15 @@ class RankTable:
         if old is not None:
             self._by_peer.pop(old.peer, None)
             self._count(old.progress, -1)
+            if old.__dict__.pop("_counts", None) is not None:
+                self._in_state[old.state] -= 1
+        if record.__dict__.get("_counts") is not None and old is not record:
+            raise ValueError(f"rank {record.rank}'s record is already in a table")
         self._records[record.rank] = record
         self._by_peer[record.peer] = record.rank
         self._count(record.progress, +1)
+        record.__dict__["_counts"] = self._in_state
+        self._in_state[record.state] += 1
         return old
 
     def rebind(self, record: RankRecord, peer: Peer) -> None:

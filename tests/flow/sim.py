@@ -44,8 +44,8 @@ from typing import NoReturn, Optional
 from mindft.config import Timeouts
 from mindft.exitcodes import ExitCode
 from mindft.flow import (TRANSITIONS, Armed, Broadcast, DeviceFailed, DeviceFaulty, DeviceRecovered, Finish,
-                         Finished, Follower, Job, JobState, KillRank, ProcessExited, Resumed, Send, StartRank,
-                         Transition)
+                         Finished, Follower, Job, JobState, KillRank, ProcessExited, RankState, Resumed, Send,
+                         StartRank, Transition)
 from mindft.flow.cadence import Budget, Schedule
 from mindft.protocol import (Action, ActionKind, Cadence, CostReport, Done, FaultKind, FaultReport, Heartbeat, NodeLost,
                              Progress, Register, RegisterAck, ReplicaReport)
@@ -56,6 +56,7 @@ _ALLOWED = {(source, target) for (source, _), target in TRANSITIONS.items()}
 PLUGIN_PROCESS_WAIT = 60.0  # the device plugin waits this long for the processes on a chip to exit
 REPORT_EVERY = 1.0  # s between an agent's replica reports (mindft.replication.REPORT_INTERVAL)
 AGENT_LOST_AFTER = 5.0  # s a capture may wait for its replica before the agent says protection is lost
+_NONE_IN_ANY_STATE = dict.fromkeys(RankState, 0)
 
 
 class Violation(AssertionError):
@@ -473,6 +474,7 @@ class SimJob:
                         rank.mode = "train"  # RegisterAck after the start barrier
 
     def _apply(self, effects: list) -> None:
+        self._check_bookkeeping()  # every input of the job comes with its effects through here
         if self.finished_at is not None and any(isinstance(e, Broadcast) or (isinstance(e, Send) and not _last_word(e))
                                                 for e in effects):
             raise Violation(f"message after the job ended: {effects}")
@@ -498,6 +500,19 @@ class SimJob:
                 self.finished_at = self.now
                 if effect.exit_code != ExitCode.OK:
                     self.truth = self._restorable()
+
+    def _check_bookkeeping(self) -> None:
+        """The rank table's incremental counts and ``alive`` flags match a full recount."""
+        table = self.job.ranks
+        counted = _NONE_IN_ANY_STATE.copy()
+        for record in table:
+            counted[record.state] += 1
+            if record.alive != (record.state not in (RankState.DEAD, RankState.OFF_DEVICE, RankState.LOST)):
+                raise Violation(f"rank {record.rank} is {record.state.value} but alive={record.alive}")
+        if counted != table.state_counts:
+            state = next(s for s in RankState if counted[s] != table.count(s))
+            raise Violation(f"the rank table counts {table.count(state)} rank(s) {state.value}, "
+                            f"a recount finds {counted[state]}")
 
     def _on_transition(self, effect: Transition) -> None:
         if (effect.source, effect.target) not in _ALLOWED:

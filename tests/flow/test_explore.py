@@ -1,6 +1,7 @@
 """The simulated job: named fault schedules, then thousands of seeded random ones.
 
-Every run checks, as it goes: only table transitions; recovery rounds never go back; every
+Every run checks, as it goes: only table transitions; recovery rounds never go back; the rank
+table's per-state counts match a recount after every input (the job's end needs them); every
 rank restores (and dumps) only a step it holds; every recovery ends in NORMAL or FAILED
 before its deadlines; no message after the job ended; a rank on a chip being reset leaves it
 (the simulated plugin waits for that, as the real one does, and isolates the chip after 60 s)
@@ -16,7 +17,7 @@ import logging
 import pytest
 
 from mindft.exitcodes import ExitCode
-from mindft.flow import Follower, JobState
+from mindft.flow import Follower, JobState, RankState
 from mindft.protocol import FaultKind
 from explore import explore, random_job
 from sim import SimJob, Violation
@@ -90,6 +91,22 @@ def test_the_explorer_catches_ranks_that_stay_on_a_device_being_reset(monkeypatc
     monkeypatch.setattr(Job, "_leave_devices", lambda self, now: None)
     with pytest.raises(AssertionError, match="device not recovered|still on its device"):
         explore(range(300))
+
+
+def test_the_explorer_catches_state_counts_out_of_sync(monkeypatch) -> None:
+    # The job ends when the table counts every rank DONE; a state change the counts miss
+    # (here: every change to DONE and back) is caught where it happens.
+    from mindft.flow import ranks
+    real = ranks._CountedState.__set__
+
+    def set_uncounted_done(self, record, state) -> None:
+        if state is RankState.DONE or record.__dict__.get("state") is RankState.DONE:
+            record.__dict__["state"] = state
+        else:
+            real(self, record, state)
+    monkeypatch.setattr(ranks._CountedState, "__set__", set_uncounted_done)
+    with pytest.raises(AssertionError, match="a recount finds"):
+        explore(range(50))
 
 
 def test_a_hot_reset_restarts_the_rank_from_agent_memory_after_its_device_is_back() -> None:

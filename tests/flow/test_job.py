@@ -6,7 +6,7 @@ import pytest
 from mindft.config import Timeouts
 from mindft.exitcodes import ExitCode
 from mindft.flow import (Broadcast, DeviceFailed, DeviceFaulty, DeviceRecovered, Finish, HoldRepairs, Job, JobState,
-                         KillRank, ProcessExited, RollbackAll, Send, StartRank, StopJob, Transition,
+                         KillRank, ProcessExited, RankState, RollbackAll, Send, StartRank, StopJob, Transition,
                          held_after)
 from mindft.protocol import (Ack, Action, ActionKind, Done, FaultKind, FaultReport, Heartbeat, InjectRequest,
                              Progress, ProcessExit, Register, RegisterAck, Reply, StatusReply, StatusRequest,
@@ -281,6 +281,46 @@ def test_done_is_a_barrier_and_a_late_fault_rolls_finished_ranks_back_too() -> N
     d.send(1, Done(1, 5))
     assert d.job.state is S.DONE and d.actions(ActionKind.FINISH)
     assert d.job.result == Finish(ExitCode.OK, "all 2 ranks finished at step 5; 1 recoveries")
+
+
+def test_done_counts_the_current_incarnation_only() -> None:
+    # The job ends when its table counts every rank DONE (no scan per Done): a rank that
+    # finished and was then restarted must finish again.
+    d = Driver(2).start()
+    d.steps(5)
+    d.send(0, Done(0, 5))
+    d.send(0, Register(0, 1, 200, (4, 5)), incarnation=1)  # its process died after Done; the launcher restarted it
+    assert d.job.state is S.PAUSING and d.job.ranks.count(RankState.DONE) == 0
+    round_ = d.job.recovery.round
+    d.send(1, Ack(1, ActionKind.PAUSE, 5, (4, 5), round_))
+    for kind in (ActionKind.ROLLBACK, ActionKind.RESUME):
+        d.send(0, Ack(0, kind, 5, (4, 5), round_), incarnation=1)
+        d.send(1, Ack(1, kind, 5, (4, 5), round_))
+    assert d.job.state is S.NORMAL
+    d.send(1, Done(1, 5))
+    assert d.job.state is S.NORMAL and d.job.ranks.count(RankState.DONE) == 1
+    d.send(0, Done(0, 5), incarnation=1)
+    assert d.job.state is S.DONE
+
+
+def test_a_recovery_ends_with_progress_only_when_ranks_got_past_the_repair_step() -> None:
+    def recover(report_during_resume: bool) -> list:
+        d = Driver(2).start()
+        d.steps(4)
+        d.send(1, FaultReport(1, 5, FaultKind.UCE))
+        d.ack_all(ActionKind.PAUSE, 4, held=(3, 4))
+        d.ack_all(ActionKind.ROLLBACK, 4)
+        round_ = d.job.recovery.round
+        d.send(0, Ack(0, ActionKind.RESUME, 4, (), round_))
+        if report_during_resume:  # resumed ranks train on while the last acknowledgement is on its way
+            d.send(0, StepReport(0, 5, round_))
+            d.send(1, StepReport(1, 5, round_))
+        out = d.send(1, Ack(1, ActionKind.RESUME, 4, (), round_))
+        assert d.job.state is S.NORMAL
+        return [e.message for e in out if isinstance(e, Broadcast)]
+
+    assert recover(report_during_resume=False) == []  # RESUME already told every rank step 4
+    assert recover(report_during_resume=True) == [Progress(5)]
 
 
 def test_inject_is_relayed_in_normal_and_refused_during_a_recovery() -> None:
