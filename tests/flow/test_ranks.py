@@ -24,7 +24,7 @@ def assert_in_sync(table: RankTable) -> None:
     for state in RankState:
         assert table.count(state) == counts[state], (state, table.count(state), counts[state])
     for r in table:
-        assert r.alive == (r.state not in (RankState.DEAD, RankState.OFF_DEVICE)), r
+        assert r.alive == (r.state not in (RankState.DEAD, RankState.OFF_DEVICE, RankState.LOST)), r
 
 
 def test_counts_follow_assignments_and_replacements() -> None:
