@@ -27,8 +27,8 @@ from mindft.exitcodes import ExitCode
 from mindft.flow import DeviceFailed, DeviceFaulty, DeviceRecovered, JobState
 from mindft.keys import generate_keys, secure_client
 from mindft.processor import Processor, ProcessorError
-from mindft.protocol import (ActionKind, FaultKind, InjectRequest, ProcessExit, StatusReply,
-                             StatusRequest, encode)
+from mindft.protocol import (ActionKind, FaultKind, InjectRequest, ProcessExit, Register, RegisterAck, StatusReply,
+                             StatusRequest, decode, encode)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -576,3 +576,34 @@ def test_the_job_chooses_one_cadence_for_every_rank(make_job) -> None:
     assert all(s == 1 + i for i, s in enumerate(sorted(set(s for s in captured[0] if s < switch)))), captured[0]
     restored = [e["step"] for e in job.events(1) if e["event"] == "restored"]
     assert len(restored) == 1 and restored[0] in after and restored[0] <= 32, restored
+
+
+def test_a_large_broadcast_reaches_every_rank_whole(tmp_path: Path) -> None:
+    # The start barrier's RegisterAck carries every rank's endpoint; from 2 kB on the
+    # controller sends one shared buffer to every peer instead of a copy each.
+    world = 3
+    config = MindftConfig(world_size=world, controller_port=0, insecure=True,
+                          timeouts=Timeouts(heartbeat_interval=0.5, register=20.0))
+    controller = Controller(config)
+    controller.start()
+    context = zmq.Context()
+    endpoints = {rank: f"tcp://10.0.0.{rank}:{29600 + rank}/" + "x" * 3000 for rank in range(world)}
+    try:
+        socks = []
+        for rank in range(world):
+            sock = context.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.IDENTITY, f"rank{rank}.inc0".encode())
+            sock.connect(controller.endpoint)
+            sock.send(encode(Register(rank, 0, 100 + rank, (0,), endpoints[rank])))
+            socks.append(sock)
+        frames = []
+        for sock in socks:
+            assert sock.poll(10_000), "no RegisterAck"
+            frames.append(sock.recv())
+        assert len(frames[0]) >= 9000 and frames.count(frames[0]) == world
+        ack = decode(frames[0])
+        assert isinstance(ack, RegisterAck) and ack.endpoints == endpoints
+    finally:
+        context.destroy(0)
+        controller.stop()
