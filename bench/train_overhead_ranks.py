@@ -1,0 +1,406 @@
+"""What mindft costs a training step at 1, 2 or 4 ranks on one node, launched as users launch it.
+
+Each rank trains the same MLP with Adam (``--width 4096``: 25.2M parameters, 288 MiB of weights
+and moments, as ``bench/train_overhead.py``) in MindSpore PyNative mode on CPU, with a
+hand-written loop. Every job runs under ``mindft-launch --nproc N``; the two modes differ only
+in ``MS_ENABLE_TFT``:
+
+- ``plain``: unset. mindft-launch then runs the ranks as msrun would (no controller, no
+  snapshots) and the rank script calls its step function directly: no mindft at all;
+- ``mindft``: ``'{RSC:1}'``, the default overhead budget (``MINDFT_OVERHEAD_BUDGET`` and
+  ``MINDFT_SNAPSHOT_EVERY`` unset: the controller chooses the cadence), the rank wraps its
+  step in ``FaultTolerantLoop.step``; the ranks' snapshots live in the node agent's shared
+  memory, and on one node no replica is pushed.
+
+With ``--dp on`` the ranks form MindSpore's cluster (``init()``, MCCL) and all-reduce the
+gradients every step (``nn.DistributedGradReducer``); mindft then holds each rank at the step
+boundary until every rank finished the step (lockstep), as it does for any job with
+collectives. With ``--dp off`` (``--no-scheduler``) the ranks train independently.
+
+The jobs alternate plain / mindft, in ABBA order round after round, so each pair sees the
+same machine; the overhead of a round is the ratio of the two jobs' step times. A job's
+step time is the mean over its ranks of each rank's mean step time over ``--steps`` steps
+after ``--warmup`` steps (the budget has chosen its cadence by then: the rank reports the
+step its cadence settled at); the mindft window includes the wait for its last capture.
+Memory: each rank's peak RSS (``VmHWM``, which counts the agent's shared memory it maps),
+the launcher's (the node agent and the controller), and the snapshot files the agent held;
+the increase over the plain job is given in units of the rank's state.
+
+One command per table of the README (batch 64 and 256, with and without all-reduce)::
+
+    python bench/train_overhead_ranks.py --nproc 2
+    python bench/train_overhead_ranks.py --nproc 4 --width 2048
+
+Options: ``--batch-sizes 64 256``, ``--dp off on``, ``--rounds 3``, ``--steps``, ``--warmup``,
+``--width``; results in ``bench/results/train_overhead_ranks-<N>.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).parent / "results"
+IN_OUT = 1024
+RANK_VARIABLE = "BENCH_RANKS_OUT"
+TARGET = 1.03
+MODES = ("plain", "mindft")
+RESULTS_GRACE = 5.0  # seconds the launcher may linger once every rank wrote its results
+
+
+def _status(pid: str = "self") -> Dict[str, int]:
+    """Memory lines of /proc/PID/status in bytes (VmHWM, VmRSS, RssAnon, RssFile, RssShmem)."""
+    out = {}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem"):
+                out[key] = int(value.split()[0]) * 1024
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def rank_main() -> None:
+    """One rank: train, time every step, write the figures to $BENCH_RANKS_OUT/rank<R>.json."""
+    # Not bench/ on the path: MindSpore imports a module named mindio if it can (bench/mindio.py is one).
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+    import mindspore as ms
+    import numpy as np
+    from mindspore import nn
+
+    width, batch, warmup, steps, dp = (int(os.environ[f"BENCH_RANKS_{name}"])
+                                       for name in ("WIDTH", "BATCH", "WARMUP", "STEPS", "DP"))
+    protected = bool(os.environ.get("MS_ENABLE_TFT"))
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    ms.set_device("CPU")
+    rank = int(os.environ.get("RANK_ID", "0"))
+    if dp:
+        from mindspore.communication import init
+
+        init()
+        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
+    ms.set_seed(0)
+    net = nn.SequentialCell(nn.Dense(IN_OUT, width), nn.ReLU(), nn.Dense(width, width), nn.ReLU(),
+                            nn.Dense(width, IN_OUT))
+    optimizer = nn.Adam(net.trainable_params(), learning_rate=1e-4)
+    loss_fn = nn.MSELoss()
+    grad_fn = ms.value_and_grad(lambda x, y: loss_fn(net(x), y), None, optimizer.parameters)
+    reducer = nn.DistributedGradReducer(optimizer.parameters) if dp else None
+    rng = np.random.default_rng(rank)
+    x = ms.Tensor(rng.random((batch, IN_OUT), dtype=np.float32))
+    y = ms.Tensor(rng.random((batch, IN_OUT), dtype=np.float32))
+
+    def train_step(xb: Any, yb: Any) -> None:
+        loss, grads = grad_fn(xb, yb)
+        if reducer is not None:
+            grads = reducer(grads)
+        optimizer(grads)
+        loss.asnumpy()  # wait for the step's kernels
+
+    # What mindft snapshots: the network's parameters and the optimizer's (its moments), each once.
+    state = {p.name: p for p in (*net.get_parameters(), *optimizer.get_parameters())}
+    state_bytes = sum(p.asnumpy().nbytes for p in state.values())
+    total = warmup + steps
+    times: List[float] = []
+    result: Dict[str, Any] = {"rank": rank, "protected": protected, "state_bytes": state_bytes}
+    if not protected:
+        for step in range(1, total + 1):
+            if step == warmup + 1:
+                cpu_start = time.process_time()
+            started = time.perf_counter()
+            train_step(x, y)
+            times.append(time.perf_counter() - started)
+        window, cpu = sum(times[warmup:]), time.process_time() - cpu_start
+    else:
+        from mindft.mindspore import FaultTolerantLoop
+
+        # Where a protected step's time goes (bench-only instrumentation, same calls): the
+        # training itself, the optimizer's wait for a capture still copying, the wait for the
+        # other ranks (lockstep) or for the window, the capture call.
+        parts: Dict[str, List[float]] = {"train": [], "hook_wait": [], "wait_peers": [], "wait_window": [],
+                                         "capture": []}
+
+        def timed(name: str, fn: Any) -> Any:
+            def call(*args: Any) -> Any:
+                started = time.perf_counter()
+                try:
+                    return fn(*args)
+                finally:
+                    parts[name][-1] += time.perf_counter() - started
+            return call
+
+        def protected_step(xb: Any, yb: Any) -> None:
+            started = time.perf_counter()
+            train_step(xb, yb)
+            # _hook_wait: the optimizer's wait for a capture, and the wait for the peers when it
+            # happens in the hook before the collectives (counted under wait_peers)
+            parts["hook_wait"][-1] = session._hook_wait - parts["wait_peers"][-1]
+            parts["train"][-1] = time.perf_counter() - started - session._hook_wait
+
+        with FaultTolerantLoop(net, optimizer) as loop:
+            session = loop.session
+            processor = session.processor
+            processor.wait_peers = timed("wait_peers", processor.wait_peers)
+            processor.wait_window = timed("wait_window", processor.wait_window)
+            session._capture = timed("capture", session._capture)
+            window_start = 0.0
+            for step, _ in loop.batches(lambda step: None, total):
+                if step == warmup + 1:
+                    window_start, cpu_start = time.perf_counter(), time.process_time()
+                for values in parts.values():
+                    values.append(0.0)
+                started = time.perf_counter()
+                loop.step(protected_step, x, y)
+                times.append(time.perf_counter() - started)
+                if step == total:
+                    session.store.wait()  # the window pays for its last capture
+                    window, cpu = time.perf_counter() - window_start, time.process_time() - cpu_start
+                    result["memory"] = _status()  # while the snapshots are still mapped
+            result["parts"] = parts
+            schedule = session.processor.follower.schedule
+            result.update(segments=[list(s) for s in schedule.segments],
+                          captures=sum(schedule.is_capture(s) for s in range(1, total + 1)),
+                          captures_in_window=sum(schedule.is_capture(s) for s in range(warmup + 1, total + 1)),
+                          store_bytes=session.store.nbytes,
+                          step_cost=session.costs.step_time, capture_cost=session.costs.capture_time)
+    result.setdefault("memory", _status())
+    result.update(times=times, window_s=window, step_s=window / steps, cpu_s=cpu)
+    if dp:
+        from mindspore.communication import release
+
+        release()  # unregister from the scheduler, which otherwise waits for this rank to time out
+    out = Path(os.environ[RANK_VARIABLE])
+    partial = out / f".rank{rank}.json.tmp"
+    partial.write_text(json.dumps(result))
+    partial.rename(out / f"rank{rank}.json")  # the driver waits for the name
+
+
+def _load() -> List[float]:
+    return [round(v, 2) for v in os.getloadavg()]
+
+
+class _Sampler:
+    """Samples the launcher's memory and the size of the agent's snapshot files while a job runs."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.launcher: Dict[str, int] = {}
+        self.shm_peak = 0
+        self._known = set(Path("/dev/shm").glob("mindft-state-*")) if Path("/dev/shm").is_dir() else set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            status = _status(str(self.pid))
+            if status:
+                self.launcher = status
+            shm = 0
+            for directory in Path("/dev/shm").glob("mindft-state-*"):
+                if directory in self._known:
+                    continue
+                try:
+                    shm += sum(f.stat().st_blocks * 512 for f in directory.rglob("*") if f.is_file())
+                except OSError:
+                    pass
+            self.shm_peak = max(self.shm_peak, shm)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _wait_job(launcher: subprocess.Popen, results: List[Path], timeout: float) -> Optional[int]:
+    """The launcher's exit code; 0 once every rank wrote its results and the launcher lingers.
+
+    A rank that called init() exits without unregistering from MindSpore's scheduler, which then
+    waits ~25 s for it to time out (after the measured window, whatever the mode): not worth waiting for.
+    """
+    deadline = time.monotonic() + timeout
+    done_at: Optional[float] = None
+    while time.monotonic() < deadline:
+        code = launcher.poll()
+        if code is not None:
+            return code
+        if done_at is None and all(path.exists() for path in results):
+            done_at = time.monotonic()
+        if done_at is not None and time.monotonic() - done_at > RESULTS_GRACE:
+            return 0
+        time.sleep(0.2)
+    return None
+
+
+def run_job(mode: str, nproc: int, batch: int, dp: bool, args: argparse.Namespace, work: Path) -> Dict[str, Any]:
+    out = work / f"{mode}-b{batch}-dp{int(dp)}-{time.monotonic_ns()}"
+    out.mkdir(parents=True)
+    env = dict(os.environ, PYTHONPATH=str(REPO), **{RANK_VARIABLE: str(out)},
+               BENCH_RANKS_WIDTH=str(args.width), BENCH_RANKS_BATCH=str(batch),
+               BENCH_RANKS_WARMUP=str(args.warmup), BENCH_RANKS_STEPS=str(args.steps),
+               BENCH_RANKS_DP=str(int(dp)), MINDFT_RESET_FILE=str(work / "reset.json"),
+               MINDFT_REGISTER_TIMEOUT="600")
+    for name in ("MS_ENABLE_TFT", "MINDFT_SNAPSHOT_EVERY", "MINDFT_OVERHEAD_BUDGET", "MINDFT_KEY_FILE",
+                 "MINDFT_INSECURE", "MS_TFT_PORT", "MINDFT_REPLICA_BUDDY", "MINDFT_STATE_DIR"):
+        env.pop(name, None)
+    if mode == "mindft":
+        env["MS_ENABLE_TFT"] = "{RSC:1}"
+    command = [sys.executable, "-m", "mindft.launch", "--nproc", str(nproc), "--run-dir", str(out / "run"),
+               *([] if dp else ["--no-scheduler"]), __file__]
+    load_before = _load()
+    started = time.monotonic()
+    with open(out / "launcher.out", "wb") as log:
+        launcher = subprocess.Popen(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        sampler = _Sampler(launcher.pid)
+        try:
+            code = _wait_job(launcher, [out / f"rank{r}.json" for r in range(nproc)], args.timeout)
+        finally:
+            sampler.stop()
+            if launcher.poll() is None:
+                os.killpg(launcher.pid, signal.SIGTERM)  # it stops its ranks and the scheduler
+                try:
+                    launcher.wait(120)
+                except subprocess.TimeoutExpired:
+                    os.killpg(launcher.pid, signal.SIGKILL)
+                    launcher.wait()
+    text = (out / "launcher.out").read_text(errors="replace")
+    if code != 0:
+        raise SystemExit(f"{mode} batch {batch} dp={dp}: mindft-launch exited {code}:\n{text[-4000:]}")
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
+    job = {"mode": mode, "batch": batch, "dp": dp, "nproc": nproc,
+           "step_ms": statistics.fmean(r["step_s"] for r in ranks) * 1e3,
+           "per_rank_ms": [r["step_s"] * 1e3 for r in ranks],
+           "cpu_ms": statistics.fmean(r["cpu_s"] for r in ranks) / args.steps * 1e3,
+           "state_bytes": ranks[0]["state_bytes"],
+           "rank_hwm": [r["memory"].get("VmHWM", 0) for r in ranks],
+           "rank_memory": [r["memory"] for r in ranks],
+           "launcher_hwm": sampler.launcher.get("VmHWM", 0), "shm_peak": sampler.shm_peak,
+           "seconds": time.monotonic() - started, "load_before": load_before, "load_after": _load()}
+    if mode == "mindft":
+        job.update(segments=[r["segments"] for r in ranks], every=ranks[0]["segments"][-1][1],
+                   settled_at=max(start for r in ranks for start, _ in r["segments"]
+                                  if start <= args.warmup + args.steps),
+                   captures_in_window=[r["captures_in_window"] for r in ranks],
+                   step_cost_ms=[(r["step_cost"] or 0) * 1e3 for r in ranks],
+                   capture_cost_ms=[(r["capture_cost"] or 0) * 1e3 for r in ranks],
+                   # ms per step in the window, mean over ranks: training, and mindft's waits
+                   parts_ms={name: statistics.fmean(statistics.fmean(r["parts"][name][args.warmup:])
+                                                    for r in ranks) * 1e3 for name in ranks[0]["parts"]})
+        if job["settled_at"] > args.warmup:
+            print(f"  note: the cadence changed at step {job['settled_at']}, after the warm-up "
+                  f"({args.warmup}); raise --warmup", flush=True)
+    return job
+
+
+def summarize(jobs: List[Dict[str, Any]], batch: int, dp: bool) -> Dict[str, Any]:
+    mine = [j for j in jobs if j["batch"] == batch and j["dp"] == dp]
+    rounds = sorted({j["round"] for j in mine})
+    by = {(j["round"], j["mode"]): j for j in mine}
+    ratios = [by[(r, "mindft")]["step_ms"] / by[(r, "plain")]["step_ms"] for r in rounds]
+    state = mine[0]["state_bytes"]
+
+    def spread(values: List[float]) -> List[float]:
+        return [min(values), statistics.median(values), max(values)]
+
+    rank_extra = [max(p - q for p, q in zip(by[(r, "mindft")]["rank_hwm"], by[(r, "plain")]["rank_hwm"]))
+                  for r in rounds]
+    launcher_extra = [by[(r, "mindft")]["launcher_hwm"] - by[(r, "plain")]["launcher_hwm"] for r in rounds]
+    loads = [j["load_before"][0] for j in mine] + [j["load_after"][0] for j in mine]
+    return {"batch": batch, "dp": dp, "rounds": len(rounds),
+            "plain_ms": spread([by[(r, "plain")]["step_ms"] for r in rounds]),
+            "mindft_ms": spread([by[(r, "mindft")]["step_ms"] for r in rounds]),
+            "ratio": spread(ratios), "every": [by[(r, "mindft")]["every"] for r in rounds],
+            "cpu_ratio": spread([by[(r, "mindft")]["cpu_ms"] / by[(r, "plain")]["cpu_ms"] for r in rounds]),
+            # mindft's own time on the training thread, ms per step (median over rounds)
+            "parts_ms": {name: statistics.median(by[(r, "mindft")]["parts_ms"][name] for r in rounds)
+                         for name in by[(rounds[0], "mindft")]["parts_ms"]},
+            "state_bytes": state,
+            # The worst rank's peak RSS over the plain job's, in units of the rank's state
+            # (the agent's shared memory the rank maps counts in its RSS).
+            "rank_extra_state": spread([e / state for e in rank_extra]),
+            "launcher_extra_mb": spread([e / 2**20 for e in launcher_extra]),
+            "shm_per_rank_state": spread([by[(r, "mindft")]["shm_peak"] / by[(r, "mindft")]["nproc"] / state
+                                          for r in rounds]),
+            "load_1min": [min(loads), max(loads)]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nproc", type=int, default=2, help="ranks on this node")
+    parser.add_argument("--width", type=int, default=4096, help="hidden width (4096: 25.2M parameters, 2048: 8.4M)")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--dp", nargs="+", choices=("off", "on"), default=["off", "on"],
+                        help="without / with the gradient all-reduce")
+    parser.add_argument("--rounds", type=int, default=3, help="plain/mindft pairs per configuration")
+    parser.add_argument("--warmup", type=int, default=10, help="steps before the measured window")
+    parser.add_argument("--steps", type=int, default=60, help="steps in the measured window")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help=argparse.SUPPRESS)
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per job")
+    parser.add_argument("--output", type=Path, default=None)
+    args = parser.parse_args()
+    output = args.output or RESULTS / f"train_overhead_ranks-{args.nproc}.json"
+    configs = [(batch, dp == "on") for dp in args.dp for batch in args.batch_sizes]
+    jobs: List[Dict[str, Any]] = []
+    load_start = _load()
+    with tempfile.TemporaryDirectory(prefix="mindft-bench-ranks-") as tmp:
+        for round_ in range(args.rounds):
+            for batch, dp in configs:
+                order = args.modes if round_ % 2 == 0 else args.modes[::-1]
+                for mode in order:
+                    job = run_job(mode, args.nproc, batch, dp, args, Path(tmp))
+                    job["round"] = round_
+                    jobs.append(job)
+                    extra = (f", every {job['every']} (from step {job['settled_at']}), captures in window "
+                             f"{job['captures_in_window']}, per step: " + ", ".join(
+                                 f"{k} {v:.1f}" for k, v in job["parts_ms"].items()) if mode == "mindft" else "")
+                    print(f"round {round_} batch {batch:>3} dp {'on ' if dp else 'off'} {mode:>6}: step "
+                          f"{job['step_ms']:7.1f} ms (cpu {job['cpu_ms']:.1f} ms; ranks {', '.join(f'{v:.1f}' for v in job['per_rank_ms'])})"
+                          f"{extra}; peak RSS {max(job['rank_hwm']) / 2**20:.0f} MiB; load "
+                          f"{job['load_before'][0]:.2f}→{job['load_after'][0]:.2f}; {job['seconds']:.0f} s",
+                          flush=True)
+    if len(args.modes) < 2:
+        return  # profiling one mode: nothing to compare
+    rows = [summarize(jobs, batch, dp) for batch, dp in configs]
+    import mindspore  # only for the version in the record
+
+    result = {"benchmark": "train_overhead_ranks", "nproc": args.nproc, "width": args.width,
+              "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds, "target": TARGET,
+              "cpus": os.cpu_count(), "machine": platform.platform(), "python": platform.python_version(),
+              "mindspore": mindspore.__version__, "load_start": load_start, "load_end": _load(),
+              "rows": rows, "jobs": jobs}
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(result, indent=1))
+    state = rows[0]["state_bytes"]
+    print(f"{args.nproc} rank(s) on one node, {state / 2**20:.0f} MiB of state per rank (width {args.width}); "
+          f"{args.steps} steps measured after {args.warmup}; {args.rounds} rounds; min / median / max over rounds")
+    print(f"{'batch':>5} {'all-reduce':>10} {'plain ms':>20} {'mindft ms':>20} {'ratio':>20} {'N':>10} "
+          f"{'cpu ratio':>20} {'wait peers ms':>13} {'rank RSS +x state':>18} {'load 1 min':>11}")
+    for r in rows:
+        def fmt(v: List[float], p: int = 1) -> str:
+            return " / ".join(f"{x:.{p}f}" for x in v)
+        print(f"{r['batch']:>5} {'on' if r['dp'] else 'off':>10} {fmt(r['plain_ms']):>20} {fmt(r['mindft_ms']):>20} "
+              f"{fmt(r['ratio'], 3):>20} {','.join(map(str, r['every'])):>10} {fmt(r['cpu_ratio'], 3):>20} "
+              f"{r['parts_ms']['wait_peers']:>13.1f} {fmt(r['rank_extra_state'], 2):>18} "
+              f"{r['load_1min'][0]:.1f}–{r['load_1min'][1]:.1f}")
+    worst = max(r["ratio"][1] for r in rows)
+    print(f"worst median ratio {worst:.3f} — target <= {TARGET}: {'met' if worst <= TARGET else 'NOT met'}")
+    print(f"wrote {output}")
+
+
+if __name__ == "__main__":
+    if os.environ.get(RANK_VARIABLE):
+        rank_main()
+    else:
+        main()
