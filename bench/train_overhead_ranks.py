@@ -40,6 +40,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import signal
 import statistics
 import subprocess
@@ -192,11 +193,11 @@ def _load() -> List[float]:
 
 
 class _Sampler:
-    """Samples the launcher's memory and the size of the agent's snapshot files while a job runs."""
+    """Samples the launchers' memory and the size of the agents' snapshot files while a job runs."""
 
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.launcher: Dict[str, int] = {}
+    def __init__(self, pids: List[int]) -> None:
+        self.pids = pids
+        self.launchers: List[Dict[str, int]] = [{} for _ in pids]
         self.shm_peak = 0
         self._known = set(Path("/dev/shm").glob("mindft-state-*")) if Path("/dev/shm").is_dir() else set()
         self._stop = threading.Event()
@@ -205,9 +206,10 @@ class _Sampler:
 
     def _run(self) -> None:
         while not self._stop.wait(0.25):
-            status = _status(str(self.pid))
-            if status:
-                self.launcher = status
+            for index, pid in enumerate(self.pids):
+                status = _status(str(pid))
+                if status:
+                    self.launchers[index] = status
             shm = 0
             for directory in Path("/dev/shm").glob("mindft-state-*"):
                 if directory in self._known:
@@ -223,8 +225,8 @@ class _Sampler:
         self._thread.join()
 
 
-def _wait_job(launcher: subprocess.Popen, results: List[Path], timeout: float) -> Optional[int]:
-    """The launcher's exit code; 0 once every rank wrote its results and the launcher lingers.
+def _wait_job(launchers: List[subprocess.Popen], results: List[Path], timeout: float) -> Optional[int]:
+    """The launchers' worst exit code; 0 once every rank wrote its results and a launcher lingers.
 
     A rank that called init() exits without unregistering from MindSpore's scheduler, which then
     waits ~25 s for it to time out (after the measured window, whatever the mode): not worth waiting for.
@@ -232,9 +234,11 @@ def _wait_job(launcher: subprocess.Popen, results: List[Path], timeout: float) -
     deadline = time.monotonic() + timeout
     done_at: Optional[float] = None
     while time.monotonic() < deadline:
-        code = launcher.poll()
-        if code is not None:
-            return code
+        codes = [launcher.poll() for launcher in launchers]
+        if any(code for code in codes):
+            return max(code for code in codes if code is not None)
+        if all(code == 0 for code in codes):
+            return 0
         if done_at is None and all(path.exists() for path in results):
             done_at = time.monotonic()
         if done_at is not None and time.monotonic() - done_at > RESULTS_GRACE:
@@ -246,6 +250,7 @@ def _wait_job(launcher: subprocess.Popen, results: List[Path], timeout: float) -
 def run_job(mode: str, nproc: int, batch: int, dp: bool, args: argparse.Namespace, work: Path) -> Dict[str, Any]:
     out = work / f"{mode}-b{batch}-dp{int(dp)}-{time.monotonic_ns()}"
     out.mkdir(parents=True)
+    nnodes, world = args.nnodes, nproc * args.nnodes
     env = dict(os.environ, PYTHONPATH=str(REPO), **{RANK_VARIABLE: str(out)},
                BENCH_RANKS_WIDTH=str(args.width), BENCH_RANKS_BATCH=str(batch),
                BENCH_RANKS_WARMUP=str(args.warmup), BENCH_RANKS_STEPS=str(args.steps),
@@ -256,37 +261,54 @@ def run_job(mode: str, nproc: int, batch: int, dp: bool, args: argparse.Namespac
         env.pop(name, None)
     if mode == "mindft":
         env["MS_ENABLE_TFT"] = "{RSC:1}"
-    command = [sys.executable, "-m", "mindft.launch", "--nproc", str(nproc), "--run-dir", str(out / "run"),
-               *([] if dp else ["--no-scheduler"]), __file__]
+    command = [sys.executable, "-m", "mindft.launch", "--nproc", str(nproc), *([] if dp else ["--no-scheduler"])]
+    if nnodes > 1:
+        # Several nodes on loopback: one launcher (node agent) each, as on separate machines.
+        from mindft.launch import free_port_pair
+
+        command += ["--nnodes", str(nnodes), "--master-addr", "127.0.0.1",
+                    "--master-port", str(free_port_pair("127.0.0.1"))]
+        if mode == "mindft":
+            command += ["--key-file", str(work / "keys.json")]
     load_before = _load()
     started = time.monotonic()
-    with open(out / "launcher.out", "wb") as log:
-        launcher = subprocess.Popen(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-        sampler = _Sampler(launcher.pid)
+    launchers, logs = [], [out / f"node{node}.out" for node in range(nnodes)]
+    try:
+        for node in reversed(range(nnodes)):
+            with open(logs[node], "wb") as log:
+                launchers.append(subprocess.Popen(
+                    [*command, *(["--node-rank", str(node)] if nnodes > 1 else []), "--run-dir",
+                     str(out / f"run{node}"), __file__], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True))
+        sampler = _Sampler([launcher.pid for launcher in launchers])
         try:
-            code = _wait_job(launcher, [out / f"rank{r}.json" for r in range(nproc)], args.timeout)
+            code = _wait_job(launchers, [out / f"rank{r}.json" for r in range(world)], args.timeout)
         finally:
             sampler.stop()
+    finally:
+        for launcher in launchers:
             if launcher.poll() is None:
                 os.killpg(launcher.pid, signal.SIGTERM)  # it stops its ranks and the scheduler
-                try:
-                    launcher.wait(120)
-                except subprocess.TimeoutExpired:
-                    os.killpg(launcher.pid, signal.SIGKILL)
-                    launcher.wait()
-    text = (out / "launcher.out").read_text(errors="replace")
+        for launcher in launchers:
+            try:
+                launcher.wait(120)
+            except subprocess.TimeoutExpired:
+                os.killpg(launcher.pid, signal.SIGKILL)
+                launcher.wait()
+    text = "\n".join(path.read_text(errors="replace") for path in logs)
     if code != 0:
         raise SystemExit(f"{mode} batch {batch} dp={dp}: mindft-launch exited {code}:\n{text[-4000:]}")
-    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
-    job = {"mode": mode, "batch": batch, "dp": dp, "nproc": nproc,
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+    sent = [int(n) for n in re.findall(r"replication: sent (\d+) replica", text)]
+    job = {"mode": mode, "batch": batch, "dp": dp, "nproc": nproc, "nnodes": nnodes,
+           "replicas_sent": sum(sent) if sent else None, "lost_protection": text.count("LOST PROTECTION"),
            "step_ms": statistics.fmean(r["step_s"] for r in ranks) * 1e3,
            "per_rank_ms": [r["step_s"] * 1e3 for r in ranks],
            "cpu_ms": statistics.fmean(r["cpu_s"] for r in ranks) / args.steps * 1e3,
            "state_bytes": ranks[0]["state_bytes"],
            "rank_hwm": [r["memory"].get("VmHWM", 0) for r in ranks],
            "rank_memory": [r["memory"] for r in ranks],
-           "launcher_hwm": sampler.launcher.get("VmHWM", 0), "shm_peak": sampler.shm_peak,
+           "launcher_hwm": [status.get("VmHWM", 0) for status in sampler.launchers], "shm_peak": sampler.shm_peak,
            "seconds": time.monotonic() - started, "load_before": load_before, "load_after": _load()}
     if mode == "mindft":
         job.update(segments=[r["segments"] for r in ranks], every=ranks[0]["segments"][-1][1],
@@ -316,7 +338,14 @@ def summarize(jobs: List[Dict[str, Any]], batch: int, dp: bool) -> Dict[str, Any
 
     rank_extra = [max(p - q for p, q in zip(by[(r, "mindft")]["rank_hwm"], by[(r, "plain")]["rank_hwm"]))
                   for r in rounds]
-    launcher_extra = [by[(r, "mindft")]["launcher_hwm"] - by[(r, "plain")]["launcher_hwm"] for r in rounds]
+    launcher_extra = [sum(by[(r, "mindft")]["launcher_hwm"]) - sum(by[(r, "plain")]["launcher_hwm"]) for r in rounds]
+    world = mine[0]["nproc"] * mine[0]["nnodes"]
+    # Every process's peak (ranks and node agents; shared memory counts in whichever maps it),
+    # protected over plain, per rank, in units of the rank's state: an upper bound (the peaks
+    # need not coincide).
+    job_extra = [(sum(by[(r, "mindft")]["rank_hwm"]) + sum(by[(r, "mindft")]["launcher_hwm"])
+                  - sum(by[(r, "plain")]["rank_hwm"]) - sum(by[(r, "plain")]["launcher_hwm"])) / world / state
+                 for r in rounds]
     loads = [j["load_before"][0] for j in mine] + [j["load_after"][0] for j in mine]
     return {"batch": batch, "dp": dp, "rounds": len(rounds),
             "plain_ms": spread([by[(r, "plain")]["step_ms"] for r in rounds]),
@@ -331,14 +360,16 @@ def summarize(jobs: List[Dict[str, Any]], batch: int, dp: bool) -> Dict[str, Any
             # (the agent's shared memory the rank maps counts in its RSS).
             "rank_extra_state": spread([e / state for e in rank_extra]),
             "launcher_extra_mb": spread([e / 2**20 for e in launcher_extra]),
-            "shm_per_rank_state": spread([by[(r, "mindft")]["shm_peak"] / by[(r, "mindft")]["nproc"] / state
-                                          for r in rounds]),
+            "job_extra_state": spread(job_extra),
+            "shm_per_rank_state": spread([by[(r, "mindft")]["shm_peak"] / world / state for r in rounds]),
             "load_1min": [min(loads), max(loads)]}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--nproc", type=int, default=2, help="ranks on this node")
+    parser.add_argument("--nproc", type=int, default=2, help="ranks per node")
+    parser.add_argument("--nnodes", type=int, default=1,
+                        help="nodes, played by one mindft-launch each on 127.0.0.1 (the agents replicate)")
     parser.add_argument("--width", type=int, default=4096, help="hidden width (4096: 25.2M parameters, 2048: 8.4M)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--dp", nargs="+", choices=("off", "on"), default=["off", "on"],
@@ -350,11 +381,15 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per job")
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args()
-    output = args.output or RESULTS / f"train_overhead_ranks-{args.nproc}.json"
+    output = args.output or RESULTS / f"train_overhead_ranks-{args.nproc}{f'x{args.nnodes}' if args.nnodes > 1 else ''}.json"
     configs = [(batch, dp == "on") for dp in args.dp for batch in args.batch_sizes]
     jobs: List[Dict[str, Any]] = []
     load_start = _load()
     with tempfile.TemporaryDirectory(prefix="mindft-bench-ranks-") as tmp:
+        if args.nnodes > 1:  # one job key for every node, as a user distributes it
+            subprocess.run([sys.executable, "-c", "from mindft.cli import main; main()", "keygen",
+                            str(Path(tmp) / "keys.json")], check=True, cwd=REPO, capture_output=True,
+                           env=dict(os.environ, PYTHONPATH=str(REPO)))
         for round_ in range(args.rounds):
             for batch, dp in configs:
                 order = args.modes if round_ % 2 == 0 else args.modes[::-1]
@@ -367,7 +402,10 @@ def main() -> None:
                                  f"{k} {v:.1f}" for k, v in job["parts_ms"].items()) if mode == "mindft" else "")
                     print(f"round {round_} batch {batch:>3} dp {'on ' if dp else 'off'} {mode:>6}: step "
                           f"{job['step_ms']:7.1f} ms (cpu {job['cpu_ms']:.1f} ms; ranks {', '.join(f'{v:.1f}' for v in job['per_rank_ms'])})"
-                          f"{extra}; peak RSS {max(job['rank_hwm']) / 2**20:.0f} MiB; load "
+                          f"{extra}; peak RSS {max(job['rank_hwm']) / 2**20:.0f} MiB, agents "
+                          f"{', '.join(f'{v / 2**20:.0f}' for v in job['launcher_hwm'])} MiB"
+                          + (f", replicas sent {job['replicas_sent']}, lost protection {job['lost_protection']}"
+                             if mode == "mindft" and job["nnodes"] > 1 else "") + "; load "
                           f"{job['load_before'][0]:.2f}→{job['load_after'][0]:.2f}; {job['seconds']:.0f} s",
                           flush=True)
     if len(args.modes) < 2:
@@ -375,7 +413,7 @@ def main() -> None:
     rows = [summarize(jobs, batch, dp) for batch, dp in configs]
     import mindspore  # only for the version in the record
 
-    result = {"benchmark": "train_overhead_ranks", "nproc": args.nproc, "width": args.width,
+    result = {"benchmark": "train_overhead_ranks", "nproc": args.nproc, "nnodes": args.nnodes, "width": args.width,
               "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds, "target": TARGET,
               "cpus": os.cpu_count(), "machine": platform.platform(), "python": platform.python_version(),
               "mindspore": mindspore.__version__, "load_start": load_start, "load_end": _load(),
@@ -383,16 +421,19 @@ def main() -> None:
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(result, indent=1))
     state = rows[0]["state_bytes"]
-    print(f"{args.nproc} rank(s) on one node, {state / 2**20:.0f} MiB of state per rank (width {args.width}); "
+    where = "one node" if args.nnodes == 1 else f"each of {args.nnodes} nodes (loopback)"
+    print(f"{args.nproc} rank(s) on {where}, {state / 2**20:.0f} MiB of state per rank (width {args.width}); "
           f"{args.steps} steps measured after {args.warmup}; {args.rounds} rounds; min / median / max over rounds")
     print(f"{'batch':>5} {'all-reduce':>10} {'plain ms':>20} {'mindft ms':>20} {'ratio':>20} {'N':>10} "
-          f"{'cpu ratio':>20} {'wait peers ms':>13} {'rank RSS +x state':>18} {'load 1 min':>11}")
+          f"{'cpu ratio':>20} {'wait peers ms':>13} {'rank RSS +x state':>18} {'job +x state/rank':>18} "
+          f"{'load 1 min':>11}")
     for r in rows:
         def fmt(v: List[float], p: int = 1) -> str:
             return " / ".join(f"{x:.{p}f}" for x in v)
         print(f"{r['batch']:>5} {'on' if r['dp'] else 'off':>10} {fmt(r['plain_ms']):>20} {fmt(r['mindft_ms']):>20} "
               f"{fmt(r['ratio'], 3):>20} {','.join(map(str, r['every'])):>10} {fmt(r['cpu_ratio'], 3):>20} "
               f"{r['parts_ms']['wait_peers']:>13.1f} {fmt(r['rank_extra_state'], 2):>18} "
+              f"{fmt(r['job_extra_state'], 2):>18} "
               f"{r['load_1min'][0]:.1f}–{r['load_1min'][1]:.1f}")
     worst = max(r["ratio"][1] for r in rows)
     print(f"worst median ratio {worst:.3f} — target <= {TARGET}: {'met' if worst <= TARGET else 'NOT met'}")
