@@ -217,6 +217,25 @@ def measure(batch: int, rounds: int, steps: int, every: int, port: int, budget_s
     }
 
 
+def markdown(rows: list) -> str:
+    """The README's table of one rank, from a run's rows."""
+    def spread(values: list) -> str:
+        return " / ".join(f"{v:.3f}" for v in values)
+    lines = ["| batch | plain step | **budget: N** | **budget: ratio** | every step | every 4th step "
+             "| `save_checkpoint` every step, sync | async | `save_checkpoint` every N, sync | async "
+             "| load (1/5/15 min) before → after |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['batch']} | {r['plain_ms']:.1f} ms | **{r['budget_every']}** | "
+            f"**{spread([r['ratio_budget_min'], r['ratio_budget'], r['ratio_budget_max']])}** | "
+            f"{spread([r['ratio_min'], r['ratio'], r['ratio_max']])} | {r['ratio_sparse']:.3f} | "
+            f"{spread(r['ratio_ckpt_sync'])} | {spread(r['ratio_ckpt_async'])} | "
+            f"{spread(r['ratio_ckpt_sync_budget'])} | {spread(r['ratio_ckpt_async_budget'])} | "
+            f"{r['load_before']} → {r['load_after']} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 256])
@@ -228,7 +247,12 @@ def main() -> None:
     parser.add_argument("--ckpt-steps", type=int, default=2, help="steps per save_checkpoint-every-step block")
     parser.add_argument("--ckpt-dir", type=Path, default=None,
                         help="where save_checkpoint writes (default: a temporary directory under bench/results)")
+    parser.add_argument("--table", type=Path, metavar="JSON",
+                        help="print the README's table from a recorded run (its JSON) and exit")
     args = parser.parse_args()
+    if args.table:
+        print(markdown(json.loads(args.table.read_text())["rows"]))
+        return
     ms.set_device("CPU")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     ckpt_dir = Path(tempfile.mkdtemp(prefix="ckpt-", dir=args.ckpt_dir or RESULTS.parent))
@@ -283,7 +307,8 @@ def main() -> None:
     RESULTS.write_text(json.dumps({"target": TARGET, "worst_ratio": worst, "rows": rows,
                                    "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                                                "mindspore": ms.__version__}}, indent=1))
-    print(f"wrote {RESULTS}")
+    print(f"wrote {RESULTS}; the README's table (ratios: min / median / max over rounds):")
+    print(markdown(rows))
 
 
 if __name__ == "__main__":

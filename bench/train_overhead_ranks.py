@@ -365,6 +365,23 @@ def summarize(jobs: List[Dict[str, Any]], batch: int, dp: bool) -> Dict[str, Any
             "load_1min": [min(loads), max(loads)]}
 
 
+def markdown(rows: List[Dict[str, Any]]) -> str:
+    """The README's table for one rank count, from a run's rows."""
+    def spread(values: List[float], digits: int = 1) -> str:
+        return " / ".join(f"{v:.{digits}f}" for v in values)
+    lines = ["| batch | all-reduce | plain step, ms | mindft step, ms | **ratio** | N chosen | CPU ratio "
+             "| mindft's wait per step | peak RSS over plain, × state per rank | load (1 min) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        waits = r["parts_ms"]
+        wait = waits["wait_peers"] + waits["wait_window"] + waits["hook_wait"] + waits["capture"]
+        lines.append(f"| {r['batch']} | {'yes' if r['dp'] else 'no'} | {spread(r['plain_ms'])} | "
+                     f"{spread(r['mindft_ms'])} | **{spread(r['ratio'], 3)}** | {', '.join(map(str, r['every']))} | "
+                     f"{spread(r['cpu_ratio'], 3)} | {wait:.1f} ms | {spread(r['job_extra_state'], 2)} | "
+                     f"{r['load_1min'][0]:.1f}–{r['load_1min'][1]:.1f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nproc", type=int, default=2, help="ranks per node")
@@ -380,7 +397,19 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help=argparse.SUPPRESS)
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per job")
     parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument("--table", type=Path, metavar="JSON",
+                        help="print the README's table from a recorded run (its JSON) and exit")
     args = parser.parse_args()
+    if args.table:
+        recorded = json.loads(args.table.read_text())
+        jobs = recorded["jobs"]
+        for job in jobs:  # runs recorded before --nnodes
+            job.setdefault("nnodes", 1)
+            if not isinstance(job["launcher_hwm"], list):
+                job["launcher_hwm"] = [job["launcher_hwm"]]
+        configs = sorted({(j["batch"], j["dp"]) for j in jobs}, key=lambda c: (c[1], c[0]))
+        print(markdown([summarize(jobs, batch, dp) for batch, dp in configs]))
+        return
     output = args.output or RESULTS / f"train_overhead_ranks-{args.nproc}{f'x{args.nnodes}' if args.nnodes > 1 else ''}.json"
     configs = [(batch, dp == "on") for dp in args.dp for batch in args.batch_sizes]
     jobs: List[Dict[str, Any]] = []
@@ -437,7 +466,8 @@ def main() -> None:
               f"{r['load_1min'][0]:.1f}–{r['load_1min'][1]:.1f}")
     worst = max(r["ratio"][1] for r in rows)
     print(f"worst median ratio {worst:.3f} — target <= {TARGET}: {'met' if worst <= TARGET else 'NOT met'}")
-    print(f"wrote {output}")
+    print(f"wrote {output}; the README's table (min / median / max over rounds):")
+    print(markdown(rows))
 
 
 if __name__ == "__main__":
