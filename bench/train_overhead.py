@@ -127,6 +127,9 @@ def measure(batch: int, rounds: int, steps: int, every: int, port: int, budget_s
                           timeouts=Timeouts(heartbeat_interval=0.5))
     times: dict[str, list[float]] = {mode: [] for mode in MODES}
     paired: dict[str, list[float]] = {mode: [] for mode, (_, against) in MODES.items() if against}
+    # The same ratio in CPU time (every thread of the process: the copy thread too), which a
+    # busy machine disturbs less than wall time.
+    paired_cpu: dict[str, list[float]] = {mode: [] for mode in paired}
     ckpt_file = str(ckpt_dir / f"bench-b{batch}.ckpt")
     saved = [0]  # checkpoint-mode steps so far, for "every N-th step"
 
@@ -154,12 +157,13 @@ def measure(batch: int, rounds: int, steps: int, every: int, port: int, budget_s
         counts = {"short": steps, "ckpt": ckpt_steps, "long": long_steps}
         for _ in range(rounds):
             block: dict[str, float] = {}
+            block_cpu: dict[str, float] = {}
             for mode, (length, _) in MODES.items():
                 # Bench-only switches: overlap the copy or not, the cadence.
                 session._overlap = mode != "mindft_sync"
                 count = counts[length]
                 session._step_exit = None  # the other modes' blocks in between are no step of this one
-                start = time.perf_counter()
+                start, cpu_start = time.perf_counter(), time.process_time()
                 for _ in range(count):
                     if mode.startswith("plain"):
                         run(x, y)
@@ -174,11 +178,13 @@ def measure(batch: int, rounds: int, steps: int, every: int, port: int, budget_s
                 session.store.wait()  # the block pays for its last capture too
                 wait_async_saves()  # and for its last asynchronous checkpoint
                 block[mode] = (time.perf_counter() - start) / count
+                block_cpu[mode] = (time.process_time() - cpu_start) / count
                 times[mode].append(block[mode])
             # Adjacent blocks see the same background load: their ratio cancels slow drift.
             for mode, (_, against) in MODES.items():
                 if against:
                     paired[mode].append(block[mode] / block[against])
+                    paired_cpu[mode].append(block_cpu[mode] / block_cpu[against])
         budget_every_end = announced[0].segments[-1][1]
         processor.follower.schedule = Schedule.fixed(1)
         session._overlap = True
@@ -197,7 +203,8 @@ def measure(batch: int, rounds: int, steps: int, every: int, port: int, budget_s
                                             for k in ("plain", "mindft", "mindft_sync", "mindft_sparse", "mindft_budget"))
     ckpt = {f"ratio_{mode}": [min(paired[mode]), statistics.median(paired[mode]), max(paired[mode])]
             for mode in ("ckpt_sync", "ckpt_async", "ckpt_sync_budget", "ckpt_async_budget")}
-    return {**ckpt, "ckpt_steps": ckpt_steps, "budget_block_steps": long_steps,
+    cpu = {f"cpu_ratio_{mode}": [min(v), statistics.median(v), max(v)] for mode, v in paired_cpu.items()}
+    return {**ckpt, **cpu, "ckpt_steps": ckpt_steps, "budget_block_steps": long_steps,
             "plain_long_ms": statistics.median(times["plain_long"]) * 1e3,
         "batch": batch, "parameters": params, "state_bytes": state_bytes,
         "steps_per_mode": len(times["plain"]) * steps,
@@ -221,14 +228,15 @@ def markdown(rows: list) -> str:
     """The README's table of one rank, from a run's rows."""
     def spread(values: list) -> str:
         return " / ".join(f"{v:.3f}" for v in values)
-    lines = ["| batch | plain step | **budget: N** | **budget: ratio** | every step | every 4th step "
+    lines = ["| batch | plain step | **budget: N** | **budget: ratio** | budget: CPU ratio | every step | every 4th step "
              "| `save_checkpoint` every step, sync | async | `save_checkpoint` every N, sync | async "
              "| load (1/5/15 min) before → after |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['batch']} | {r['plain_ms']:.1f} ms | **{r['budget_every']}** | "
             f"**{spread([r['ratio_budget_min'], r['ratio_budget'], r['ratio_budget_max']])}** | "
+            f"{spread(r['cpu_ratio_mindft_budget']) if 'cpu_ratio_mindft_budget' in r else '—'} | "
             f"{spread([r['ratio_min'], r['ratio'], r['ratio_max']])} | {r['ratio_sparse']:.3f} | "
             f"{spread(r['ratio_ckpt_sync'])} | {spread(r['ratio_ckpt_async'])} | "
             f"{spread(r['ratio_ckpt_sync_budget'])} | {spread(r['ratio_ckpt_async_budget'])} | "

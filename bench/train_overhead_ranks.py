@@ -57,6 +57,7 @@ IN_OUT = 1024
 RANK_VARIABLE = "BENCH_RANKS_OUT"
 TARGET = 1.03
 MODES = ("plain", "mindft")
+JOB_ATTEMPTS = 3  # a job that fails is run again (recorded in its "attempts")
 RESULTS_GRACE = 5.0  # seconds the launcher may linger once every rank wrote its results
 
 
@@ -225,6 +226,10 @@ class _Sampler:
         self._thread.join()
 
 
+class JobFailed(RuntimeError):
+    """A job did not finish: the launcher's exit code and the end of its output."""
+
+
 def _wait_job(launchers: List[subprocess.Popen], results: List[Path], timeout: float) -> Optional[int]:
     """The launchers' worst exit code; 0 once every rank wrote its results and a launcher lingers.
 
@@ -297,7 +302,7 @@ def run_job(mode: str, nproc: int, batch: int, dp: bool, args: argparse.Namespac
                 launcher.wait()
     text = "\n".join(path.read_text(errors="replace") for path in logs)
     if code != 0:
-        raise SystemExit(f"{mode} batch {batch} dp={dp}: mindft-launch exited {code}:\n{text[-4000:]}")
+        raise JobFailed(f"mindft-launch exited {code}:\n{text[-3000:]}")
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
     sent = [int(n) for n in re.findall(r"replication: sent (\d+) replica", text)]
     job = {"mode": mode, "batch": batch, "dp": dp, "nproc": nproc, "nnodes": nnodes,
@@ -423,8 +428,18 @@ def main() -> None:
             for batch, dp in configs:
                 order = args.modes if round_ % 2 == 0 else args.modes[::-1]
                 for mode in order:
-                    job = run_job(mode, args.nproc, batch, dp, args, Path(tmp))
+                    for attempt in range(1, JOB_ATTEMPTS + 1):
+                        try:
+                            job = run_job(mode, args.nproc, batch, dp, args, Path(tmp))
+                            break
+                        except JobFailed as failure:
+                            # On a shared machine a job can die of something else (a stray signal).
+                            print(f"round {round_} batch {batch} dp {dp} {mode}: attempt {attempt} failed: "
+                                  f"{failure}", flush=True)
+                            if attempt == JOB_ATTEMPTS:
+                                raise SystemExit(f"giving up after {attempt} attempts") from failure
                     job["round"] = round_
+                    job["attempts"] = attempt
                     jobs.append(job)
                     extra = (f", every {job['every']} (from step {job['settled_at']}), captures in window "
                              f"{job['captures_in_window']}, per step: " + ", ".join(
