@@ -115,16 +115,16 @@ def rank_main() -> None:
     state = {p.name: p for p in (*net.get_parameters(), *optimizer.get_parameters())}
     state_bytes = sum(p.asnumpy().nbytes for p in state.values())
     total = warmup + steps
-    times: List[float] = []
+    times: List[float] = []  # wall time of each step
+    cpus: List[float] = []  # CPU time of the process (every thread) during each step
     result: Dict[str, Any] = {"rank": rank, "protected": protected, "state_bytes": state_bytes}
     if not protected:
         for step in range(1, total + 1):
-            if step == warmup + 1:
-                cpu_start = time.process_time()
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             train_step(x, y)
             times.append(time.perf_counter() - started)
-        window, cpu = sum(times[warmup:]), time.process_time() - cpu_start
+            cpus.append(time.process_time() - cpu_started)
+        first, last = warmup + 1, total  # the window: steps first..last
     else:
         from mindft.mindspore import FaultTolerantLoop
 
@@ -157,28 +157,35 @@ def rank_main() -> None:
             processor.wait_peers = timed("wait_peers", processor.wait_peers)
             processor.wait_window = timed("wait_window", processor.wait_window)
             session._capture = timed("capture", session._capture)
-            window_start = 0.0
             for step, _ in loop.batches(lambda step: None, total):
-                if step == warmup + 1:
-                    window_start, cpu_start = time.perf_counter(), time.process_time()
                 for values in parts.values():
                     values.append(0.0)
-                started = time.perf_counter()
+                started, cpu_started = time.perf_counter(), time.process_time()
                 loop.step(protected_step, x, y)
-                times.append(time.perf_counter() - started)
                 if step == total:
-                    session.store.wait()  # the window pays for its last capture
-                    window, cpu = time.perf_counter() - window_start, time.process_time() - cpu_start
+                    session.store.wait()  # the last step pays for its capture's copy
                     result["memory"] = _status()  # while the snapshots are still mapped
+                times.append(time.perf_counter() - started)
+                cpus.append(time.process_time() - cpu_started)
             result["parts"] = parts
             schedule = session.processor.follower.schedule
-            result.update(segments=[list(s) for s in schedule.segments],
-                          captures=sum(schedule.is_capture(s) for s in range(1, total + 1)),
-                          captures_in_window=sum(schedule.is_capture(s) for s in range(warmup + 1, total + 1)),
+            # The window: whole snapshot periods, so that it holds as many captures as the
+            # cadence gives its length, wherever they fall. A capture at the end of step c costs
+            # in step c (the call) and in step c + 1 (the copy overlapped with it): from the step
+            # after the first capture past the warm-up to the last capture, each of the captures
+            # but the last is counted whole. Fewer than two captures: the fixed window, flagged.
+            captured = [c for c in range(warmup + 1, total) if schedule.is_capture(c)]
+            first, last = (captured[0] + 1, captured[-1]) if len(captured) >= 2 else (warmup + 1, total)
+            result.update(segments=[list(s) for s in schedule.segments], whole_periods=len(captured) >= 2,
+                          captures_in_window=max(len(captured) - 1, 0) if len(captured) >= 2 else sum(
+                              schedule.is_capture(c) for c in range(first, last + 1)),
+                          every_in_window=schedule.every_at(first),
                           store_bytes=session.store.nbytes,
                           step_cost=session.costs.step_time, capture_cost=session.costs.capture_time)
     result.setdefault("memory", _status())
-    result.update(times=times, window_s=window, step_s=window / steps, cpu_s=cpu)
+    count = last - first + 1
+    result.update(times=times, cpus=cpus, window=[first, last], step_s=sum(times[first - 1:last]) / count,
+                  cpu_s=sum(cpus[first - 1:last]) / count)
     if dp:
         from mindspore.communication import release
 
@@ -309,32 +316,37 @@ def run_job(mode: str, nproc: int, batch: int, dp: bool, args: argparse.Namespac
            "replicas_sent": sum(sent) if sent else None, "lost_protection": text.count("LOST PROTECTION"),
            "step_ms": statistics.fmean(r["step_s"] for r in ranks) * 1e3,
            "per_rank_ms": [r["step_s"] * 1e3 for r in ranks],
-           "cpu_ms": statistics.fmean(r["cpu_s"] for r in ranks) / args.steps * 1e3,
+           "cpu_ms": statistics.fmean(r["cpu_s"] for r in ranks) * 1e3,
            "state_bytes": ranks[0]["state_bytes"],
            "rank_hwm": [r["memory"].get("VmHWM", 0) for r in ranks],
            "rank_memory": [r["memory"] for r in ranks],
            "launcher_hwm": [status.get("VmHWM", 0) for status in sampler.launchers], "shm_peak": sampler.shm_peak,
            "seconds": time.monotonic() - started, "load_before": load_before, "load_after": _load()}
     if mode == "mindft":
-        job.update(segments=[r["segments"] for r in ranks], every=ranks[0]["segments"][-1][1],
+        job.update(segments=[r["segments"] for r in ranks], every=ranks[0]["every_in_window"],
+                   whole_periods=all(r["whole_periods"] for r in ranks), windows=[r["window"] for r in ranks],
                    settled_at=max(start for r in ranks for start, _ in r["segments"]
                                   if start <= args.warmup + args.steps),
                    captures_in_window=[r["captures_in_window"] for r in ranks],
                    step_cost_ms=[(r["step_cost"] or 0) * 1e3 for r in ranks],
                    capture_cost_ms=[(r["capture_cost"] or 0) * 1e3 for r in ranks],
                    # ms per step in the window, mean over ranks: training, and mindft's waits
-                   parts_ms={name: statistics.fmean(statistics.fmean(r["parts"][name][args.warmup:])
-                                                    for r in ranks) * 1e3 for name in ranks[0]["parts"]})
-        if job["settled_at"] > args.warmup:
-            print(f"  note: the cadence changed at step {job['settled_at']}, after the warm-up "
-                  f"({args.warmup}); raise --warmup", flush=True)
+                   parts_ms={name: statistics.fmean(statistics.fmean(r["parts"][name][r["window"][0] - 1:r["window"][1]])
+                                                    for r in ranks) * 1e3 for name in ranks[0]["parts"]},
+                   # What the budget itself expects: a capture's measured cost over N steps' time.
+                   expected_overhead=statistics.fmean(
+                       (r["capture_cost"] or 0) / (r["every_in_window"] * r["step_cost"]) if r["step_cost"] else 0
+                       for r in ranks))
+        if not job["whole_periods"]:
+            print(f"  note: fewer than two snapshots after the warm-up (every {job['every']} steps): the "
+                  f"window is not whole snapshot periods; raise --steps", flush=True)
     return job
 
 
 def summarize(jobs: List[Dict[str, Any]], batch: int, dp: bool) -> Dict[str, Any]:
     mine = [j for j in jobs if j["batch"] == batch and j["dp"] == dp]
-    rounds = sorted({j["round"] for j in mine})
     by = {(j["round"], j["mode"]): j for j in mine}
+    rounds = sorted({j["round"] for j in mine if all((j["round"], mode) in by for mode in MODES)})
     ratios = [by[(r, "mindft")]["step_ms"] / by[(r, "plain")]["step_ms"] for r in rounds]
     state = mine[0]["state_bytes"]
 
@@ -351,11 +363,12 @@ def summarize(jobs: List[Dict[str, Any]], batch: int, dp: bool) -> Dict[str, Any
     job_extra = [(sum(by[(r, "mindft")]["rank_hwm"]) + sum(by[(r, "mindft")]["launcher_hwm"])
                   - sum(by[(r, "plain")]["rank_hwm"]) - sum(by[(r, "plain")]["launcher_hwm"])) / world / state
                  for r in rounds]
-    loads = [j["load_before"][0] for j in mine] + [j["load_after"][0] for j in mine]
+    loads = [by[(r, m)][key][0] for r in rounds for m in MODES for key in ("load_before", "load_after")]
     return {"batch": batch, "dp": dp, "rounds": len(rounds),
             "plain_ms": spread([by[(r, "plain")]["step_ms"] for r in rounds]),
             "mindft_ms": spread([by[(r, "mindft")]["step_ms"] for r in rounds]),
             "ratio": spread(ratios), "every": [by[(r, "mindft")]["every"] for r in rounds],
+            "expected_overhead": spread([by[(r, "mindft")].get("expected_overhead", 0) for r in rounds]),
             "cpu_ratio": spread([by[(r, "mindft")]["cpu_ms"] / by[(r, "plain")]["cpu_ms"] for r in rounds]),
             # mindft's own time on the training thread, ms per step (median over rounds)
             "parts_ms": {name: statistics.median(by[(r, "mindft")]["parts_ms"][name] for r in rounds)
@@ -374,14 +387,15 @@ def markdown(rows: List[Dict[str, Any]]) -> str:
     """The README's table for one rank count, from a run's rows."""
     def spread(values: List[float], digits: int = 1) -> str:
         return " / ".join(f"{v:.{digits}f}" for v in values)
-    lines = ["| batch | all-reduce | plain step, ms | mindft step, ms | **ratio** | N chosen | CPU ratio "
-             "| mindft's wait per step | peak RSS over plain, × state per rank | load (1 min) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| batch | all-reduce | plain step, ms | mindft step, ms | **ratio** | N chosen | budget's estimate "
+             "| CPU ratio | mindft's wait per step | peak RSS over plain, × state per rank | load (1 min) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         waits = r["parts_ms"]
         wait = waits["wait_peers"] + waits["wait_window"] + waits["hook_wait"] + waits["capture"]
         lines.append(f"| {r['batch']} | {'yes' if r['dp'] else 'no'} | {spread(r['plain_ms'])} | "
                      f"{spread(r['mindft_ms'])} | **{spread(r['ratio'], 3)}** | {', '.join(map(str, r['every']))} | "
+                     f"{' / '.join(f'{v:.1%}' for v in r.get('expected_overhead', []))} | "
                      f"{spread(r['cpu_ratio'], 3)} | {wait:.1f} ms | {spread(r['job_extra_state'], 2)} | "
                      f"{r['load_1min'][0]:.1f}–{r['load_1min'][1]:.1f} |")
     return "\n".join(lines)
@@ -419,6 +433,20 @@ def main() -> None:
     configs = [(batch, dp == "on") for dp in args.dp for batch in args.batch_sizes]
     jobs: List[Dict[str, Any]] = []
     load_start = _load()
+    # SIGTERM ends the run like Ctrl-C: the jobs' launchers are stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    import mindspore  # only for the version in the record
+
+    def record(rows: Optional[List[Dict[str, Any]]]) -> None:
+        """The run so far (every job as it ends: a run cut short keeps what it measured)."""
+        result = {"benchmark": "train_overhead_ranks", "nproc": args.nproc, "nnodes": args.nnodes,
+                  "width": args.width, "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds,
+                  "target": TARGET, "cpus": os.cpu_count(), "machine": platform.platform(),
+                  "python": platform.python_version(), "mindspore": mindspore.__version__,
+                  "load_start": load_start, "load_end": _load(), "complete": rows is not None,
+                  "rows": rows or [], "jobs": jobs}
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(result, indent=1))
     with tempfile.TemporaryDirectory(prefix="mindft-bench-ranks-") as tmp:
         if args.nnodes > 1:  # one job key for every node, as a user distributes it
             subprocess.run([sys.executable, "-c", "from mindft.cli import main; main()", "keygen",
@@ -441,8 +469,10 @@ def main() -> None:
                     job["round"] = round_
                     job["attempts"] = attempt
                     jobs.append(job)
-                    extra = (f", every {job['every']} (from step {job['settled_at']}), captures in window "
-                             f"{job['captures_in_window']}, per step: " + ", ".join(
+                    record(None)
+                    extra = (f", every {job['every']}, window {job['windows'][0][0]}–{job['windows'][0][1]} "
+                             f"({job['captures_in_window'][0]} captures), budget expects "
+                             f"{job['expected_overhead']:.2%}, per step: " + ", ".join(
                                  f"{k} {v:.1f}" for k, v in job["parts_ms"].items()) if mode == "mindft" else "")
                     print(f"round {round_} batch {batch:>3} dp {'on ' if dp else 'off'} {mode:>6}: step "
                           f"{job['step_ms']:7.1f} ms (cpu {job['cpu_ms']:.1f} ms; ranks {', '.join(f'{v:.1f}' for v in job['per_rank_ms'])})"
@@ -455,15 +485,7 @@ def main() -> None:
     if len(args.modes) < 2:
         return  # profiling one mode: nothing to compare
     rows = [summarize(jobs, batch, dp) for batch, dp in configs]
-    import mindspore  # only for the version in the record
-
-    result = {"benchmark": "train_overhead_ranks", "nproc": args.nproc, "nnodes": args.nnodes, "width": args.width,
-              "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds, "target": TARGET,
-              "cpus": os.cpu_count(), "machine": platform.platform(), "python": platform.python_version(),
-              "mindspore": mindspore.__version__, "load_start": load_start, "load_end": _load(),
-              "rows": rows, "jobs": jobs}
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(result, indent=1))
+    record(rows)
     state = rows[0]["state_bytes"]
     where = "one node" if args.nnodes == 1 else f"each of {args.nnodes} nodes (loopback)"
     print(f"{args.nproc} rank(s) on {where}, {state / 2**20:.0f} MiB of state per rank (width {args.width}); "
