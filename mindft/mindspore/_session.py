@@ -37,9 +37,12 @@ MAX_FAULTS_PER_STEP = 3
 # Controller states in which a restarted rank that holds nothing may simply start training.
 _RUNNING_STATES = ("STARTING", "NORMAL")
 # The measured costs the job chooses the cadence from: smoothed with this weight per sample,
-# reported when one moves by more than COST_CHANGE (relative), at most every COST_REPORT_INTERVAL s.
+# reported when one moves by more than COST_CHANGE (relative), or when a snapshot's share of a
+# step (capture / step, what the cadence follows) rises by more than COST_RISE: the cadence may
+# then be over the budget. At most every COST_REPORT_INTERVAL s.
 COST_SMOOTHING = 0.3
 COST_CHANGE = 0.2
+COST_RISE = 0.05
 COST_REPORT_INTERVAL = 1.0
 
 
@@ -66,11 +69,21 @@ class CostMeter:
         if self.step_time is None or self.capture_time is None:
             return None
         figures = (self.step_time, self.capture_time)
-        if self._sent is not None and (now - self._sent_at < COST_REPORT_INTERVAL or all(
-                abs(new - old) <= COST_CHANGE * old for new, old in zip(figures, self._sent))):
-            return None
+        if self._sent is not None:
+            if now - self._sent_at < COST_REPORT_INTERVAL:
+                return None
+            moved = any(abs(new - old) > COST_CHANGE * old for new, old in zip(figures, self._sent))
+            sent_step, sent_capture = self._sent
+            share, sent_share = _share(*figures), _share(sent_step, sent_capture)
+            if not moved and share <= sent_share * (1 + COST_RISE):
+                return None
         self._sent, self._sent_at = figures, now
         return figures
+
+
+def _share(step_time: float, capture_time: float) -> float:
+    """A snapshot's cost in steps' time (what the budget's cadence is proportional to)."""
+    return capture_time / step_time if step_time > 0 else float("inf")
 
 
 class RewindRequired(RuntimeError):

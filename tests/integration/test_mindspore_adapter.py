@@ -292,3 +292,20 @@ def test_an_action_before_the_collectives_interrupts_the_step_and_it_is_replayed
     assert_same(trainer.state(), reference)
     result = ctl.join(10)
     assert result.exit_code == ExitCode.OK and len(ctl.recovery_times) == 1
+
+
+def test_costs_are_reported_when_a_snapshots_share_of_a_step_rises() -> None:
+    from mindft.mindspore._session import CostMeter
+
+    meter = CostMeter()
+    meter.step(1.0)
+    meter.capture(0.1)
+    assert meter.due(0.0) == (1.0, 0.1)
+    # Step 10% shorter, snapshot 10% longer: neither moved by 20%, but a snapshot now costs 22%
+    # more steps' time, so the cadence may be over the budget: reported (after the 1 s minimum).
+    meter.step_time, meter.capture_time = 0.9, 0.11
+    assert meter.due(0.5) is None
+    assert meter.due(1.5) == (0.9, 0.11)
+    # The share falling a little (the budget would allow a few more snapshots) is not worth a report.
+    meter.step_time, meter.capture_time = 0.95, 0.105
+    assert meter.due(3.0) is None
