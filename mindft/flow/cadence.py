@@ -19,8 +19,9 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-# A new cadence replaces the current one only if it differs by this factor (either way):
-# measured figures wobble, and every change is announced to every rank.
+# A cadence that snapshots less often than the budget allows is replaced only if the budget's
+# choice is this factor more frequent: measured figures wobble, and every change is announced
+# to every rank. One that snapshots more often than the budget allows is replaced at once.
 HYSTERESIS = 1.25
 
 
@@ -50,8 +51,10 @@ def choose_every(step_time: float, capture_time: float, budget: Budget) -> int:
 
 
 def worth_changing(current: int, proposed: int) -> bool:
-    """True when ``proposed`` differs enough from ``current`` to announce it."""
-    return proposed != current and (proposed >= current * HYSTERESIS or proposed * HYSTERESIS <= current)
+    """True when ``proposed`` differs enough from ``current`` to announce it: always when the
+    current cadence is over the budget (``proposed`` is larger: snapshot less often), and when
+    ``proposed`` is :data:`HYSTERESIS` times more frequent (the budget allows more snapshots)."""
+    return proposed > current or proposed * HYSTERESIS <= current
 
 
 class ScheduleError(ValueError):

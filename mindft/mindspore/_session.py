@@ -40,9 +40,12 @@ MAX_FAULTS_PER_STEP = 3
 # Controller states in which a restarted rank that holds nothing may simply start training.
 _RUNNING_STATES = ("STARTING", "NORMAL")
 # The measured costs the job chooses the cadence from: smoothed with this weight per sample,
-# reported when one moves by more than COST_CHANGE (relative), at most every COST_REPORT_INTERVAL s.
+# reported when one moves by more than COST_CHANGE (relative), or when a snapshot's share of a
+# step (capture / step, what the cadence follows) rises by more than COST_RISE: the cadence may
+# then be over the budget. At most every COST_REPORT_INTERVAL s.
 COST_SMOOTHING = 0.3
 COST_CHANGE = 0.2
+COST_RISE = 0.05
 COST_REPORT_INTERVAL = 1.0
 
 
@@ -69,11 +72,21 @@ class CostMeter:
         if self.step_time is None or self.capture_time is None:
             return None
         figures = (self.step_time, self.capture_time)
-        if self._sent is not None and (now - self._sent_at < COST_REPORT_INTERVAL or all(
-                abs(new - old) <= COST_CHANGE * old for new, old in zip(figures, self._sent))):
-            return None
+        if self._sent is not None:
+            if now - self._sent_at < COST_REPORT_INTERVAL:
+                return None
+            moved = any(abs(new - old) > COST_CHANGE * old for new, old in zip(figures, self._sent))
+            sent_step, sent_capture = self._sent
+            share, sent_share = _share(*figures), _share(sent_step, sent_capture)
+            if not moved and share <= sent_share * (1 + COST_RISE):
+                return None
         self._sent, self._sent_at = figures, now
         return figures
+
+
+def _share(step_time: float, capture_time: float) -> float:
+    """A snapshot's cost in steps' time (what the budget's cadence is proportional to)."""
+    return capture_time / step_time if step_time > 0 else float("inf")
 
 
 class RewindRequired(RuntimeError):
@@ -87,6 +100,33 @@ class RewindRequired(RuntimeError):
         super().__init__(f"rolled back to step {step}: re-enter training at batch {step + 1} "
                          f"(use mindft.mindspore.train(...) instead of Model.train to do this for you)")
         self.step = step
+
+
+class StepInterrupted(RuntimeError):
+    """The controller acted before this step's collectives: the step is abandoned (nothing in
+    it was applied yet) and the rank follows the action; the step is replayed after it."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"step {step} interrupted before its collectives by the controller")
+        self.step = step
+
+
+def collective_gate(cell: nn.Cell, optimizer: Optional[nn.Cell]) -> Optional[Tuple[nn.Cell, bool]]:
+    """Where a step of ``cell`` is last before its gradients are all-reduced: (the Cell, True
+    for a forward pre-hook / False for a forward hook), or None when there is no such Cell.
+
+    A ``DistributedGradReducer`` inside ``cell`` (``Model.train``'s ``TrainOneStepCell`` in data
+    parallel mode) is called after the forward and backward passes, just before the all-reduce:
+    a pre-hook on it. Otherwise the network's own forward: a hook after it (a custom loop's
+    reducer is not known to mindft; the backward pass is still to come). A cell that holds the
+    optimizer with no reducer is a whole training step: no gate.
+    """
+    for _, sub in cell.cells_and_names():
+        if isinstance(sub, nn.DistributedGradReducer):
+            return sub, True
+    if optimizer is not None and any(sub is optimizer for _, sub in cell.cells_and_names()):
+        return None
+    return cell, False
 
 
 class TrainingState:
@@ -106,6 +146,7 @@ class TrainingState:
                 params.setdefault(param.name, param)
         if not params:
             raise ValueError(f"{type(cell).__name__} has no parameters to protect")
+        self.cell = cell
         self.params = params
         probe = next(iter(params.values()))
         self.aliased = bool(np.shares_memory(probe.asnumpy(), probe.asnumpy()))
@@ -206,7 +247,13 @@ class Session:
             # Graph mode compiles Cell hooks into the graph (where they break it): PyNative only.
             overlap = ms.get_context("mode") == ms.PYNATIVE_MODE
         self._overlap = bool(overlap) and optimizer is not None
+        self._optimizer = optimizer
         self._hook = None
+        # Lockstep before the collectives (see _gate_collectives): the hook, whether it ran in
+        # the current step, and the action that interrupted a step there.
+        self._gate = None
+        self._gate_seen = True
+        self._interrupt = None
         self._rollback_started = 0.0
         self.last_recovery: Dict[str, float] = {}
         if not self.enabled:
@@ -263,6 +310,8 @@ class Session:
             self.meta = dict(meta or {})
             self._capture(self.step)
             self.store.wait()
+        if collectives:
+            self._gate_collectives()
         return self.step
 
     def close(self) -> None:
@@ -273,6 +322,7 @@ class Session:
         if self._replication is not None:
             self._replication.close()
             self._replication = None
+        self._ungate()
         if self.processor is not None:
             self.processor.close()
             self.processor = None
@@ -303,6 +353,7 @@ class Session:
             fault, self._armed = self._armed, None
             raise fault
         self._hook_seen = False
+        self._gate_seen = self._gate is None
 
     def end_step(self, meta: Optional[Mapping[str, Any]] = None) -> Optional[int]:
         """Called after step ``self.step + 1`` finished: snapshot, report, obey.
@@ -320,6 +371,13 @@ class Session:
             log.info("rank=%d optimizer hook not reached (graph mode?): snapshots copy synchronously",
                      self.config.rank)
             self._overlap = False
+        if not self._gate_seen:
+            # This step ran its collectives without passing the gate (graph mode, ms.jit, or
+            # the network was not called): hold the rank at each step's end instead.
+            log.info("rank=%d the step did not pass the collective gate: lockstep at the step's end",
+                     self.config.rank)
+            self._ungate()
+            processor.lockstep = True
         self.meta = dict(meta or {})
         before = self.step
         entered = time.perf_counter()
@@ -352,6 +410,13 @@ class Session:
         if self.processor is None:
             raise error
         self._step_exit = None  # the time until training resumes is no step's
+        if self._interrupt is not None:
+            action, self._interrupt = self._interrupt, None
+            try:
+                resumed = self.processor.follow(self, action)
+            except ProcessorError as lost:
+                self.dump_and_exit(-1, f"lost the controller: {lost}")
+            return self.step if resumed is None else resumed
         step = self.step + 1
         kind = classify(error)
         count = self._faults_at.get(step, 0) + 1
@@ -465,6 +530,48 @@ class Session:
         """Stream this rank's snapshots to its buddy's keeper; its step reports wait for them."""
         self._replication = RankReplication.attach(self.processor, self.store, self._buddy,
                                                    self.config.timeouts.dead_after, self._keys)
+
+    def _gate_collectives(self) -> None:
+        """Lockstep without a wait on the step: instead of holding the rank at the end of step
+        ``s`` until every rank finished it (a controller round trip per step), hold it just
+        before the all-reduce of step ``s + 1``, which its forward (and backward) pass has
+        overlapped with the round trip. A rank that faults after its all-reduce still finds every
+        peer short of the next all-reduce; a peer the controller pauses there abandons its step
+        (nothing applied yet) and replays it after the recovery. PyNative only (hooks)."""
+        if ms.get_context("mode") != ms.PYNATIVE_MODE:
+            return
+        gate = collective_gate(self.state.cell, self._optimizer)
+        if gate is None:
+            return
+        cell, before = gate
+        if before:
+            self._gate = cell.register_forward_pre_hook(lambda c, inputs: self._pass_gate())
+        else:
+            self._gate = cell.register_forward_hook(lambda c, inputs, outputs: self._pass_gate())
+        self.processor.lockstep = False
+        log.info("rank=%d lockstep before the collectives (%s of %s)", self.config.rank,
+                 "pre-hook" if before else "hook", type(cell).__name__)
+
+    def _ungate(self) -> None:
+        if self._gate is not None:
+            self._gate.remove()
+            self._gate = None
+        self._gate_seen = True
+
+    def _pass_gate(self) -> None:
+        """Before this step's collectives: wait until every rank finished the previous step."""
+        if self._gate_seen or self.processor is None:
+            return None  # once per step (a network called again in the same step passes)
+        self._gate_seen = True
+        started = time.perf_counter()
+        action = self.processor.wait_peers(self.step)
+        self._hook_wait += time.perf_counter() - started
+        if action is not None:
+            self._interrupt = action
+            log.info("rank=%d step %d interrupted before its collectives by %s", self.config.rank,
+                     self.step + 1, action.kind.name)
+            raise StepInterrupted(self.step + 1)
+        return None
 
     def _adopt_replica(self) -> bool:
         """A restarted rank takes its state back from its buddy's replica keeper.

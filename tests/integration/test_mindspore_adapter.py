@@ -239,3 +239,73 @@ def test_model_train_in_graph_mode_snapshots_synchronously() -> None:
     done = subprocess.run([sys.executable, "-c", GRAPH_MODE_RUN.format(examples=examples)],
                           capture_output=True, text=True, timeout=100)
     assert "GRAPH MODE OK" in done.stdout, done.stdout[-2000:] + done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_lockstep_waits_before_the_collectives_not_at_the_step_end(controller, reference, monkeypatch,
+                                                                   jit: bool) -> None:
+    # A job with collectives: the rank waits for its peers' previous step in the network's
+    # forward hook (overlapped with the step), not at the step's end; under jit the hook never
+    # runs, and the rank falls back to waiting at the step's end.
+    import mindft.mindspore._session as session_module
+
+    monkeypatch.setattr(session_module, "uses_collectives", lambda: True)
+    ctl, config = controller
+    trainer = Trainer(jit=jit)
+    with FaultTolerantLoop(trainer.net, trainer.optimizer, config) as loop:
+        assert loop.session.processor.lockstep is False and loop.session._gate is not None
+        for step, batch in loop.batches(trainer.batch, 10):
+            loop.step(trainer.train_step, *batch)
+            assert loop.session.processor.lockstep is jit
+            assert (loop.session._gate is None) is jit
+    assert_same(trainer.state(), reference)
+    assert ctl.join(10).exit_code == ExitCode.OK
+
+
+def test_an_action_before_the_collectives_interrupts_the_step_and_it_is_replayed(controller, reference,
+                                                                                  monkeypatch) -> None:
+    # The controller's action is pending when step 4 reaches its gate: the step is abandoned
+    # there (nothing applied), the rank follows the action (an injected fault, armed), replays
+    # step 4, which raises the armed fault at its start and is recovered; the run ends as the
+    # uninterrupted one.
+    import mindft.mindspore._session as session_module
+
+    monkeypatch.setattr(session_module, "uses_collectives", lambda: True)
+    ctl, config = controller
+    trainer = Trainer()
+    replies: list = []
+
+    def batch(step: int) -> tuple[ms.Tensor, ms.Tensor]:
+        if step == 4 and not replies:
+            replies.append(channel.request(config.controller_address, None,
+                                           InjectRequest(0, FaultKind.DEVICE_RESET, "test")))
+            processor = loop.session.processor
+            with processor._cond:
+                processor._cond.wait_for(lambda: processor._actions, timeout=10)
+            assert processor._actions, "the injected action did not arrive"
+        return trainer.batch(step)
+
+    with FaultTolerantLoop(trainer.net, trainer.optimizer, config) as loop:
+        results = [loop.step(trainer.train_step, *b) for _, b in loop.batches(batch, 10)]
+    assert isinstance(replies[0], Reply) and replies[0].ok
+    assert results.count(None) == 2  # step 4 interrupted at its gate, then its replay raised the armed fault
+    assert_same(trainer.state(), reference)
+    result = ctl.join(10)
+    assert result.exit_code == ExitCode.OK and len(ctl.recovery_times) == 1
+
+
+def test_costs_are_reported_when_a_snapshots_share_of_a_step_rises() -> None:
+    from mindft.mindspore._session import CostMeter
+
+    meter = CostMeter()
+    meter.step(1.0)
+    meter.capture(0.1)
+    assert meter.due(0.0) == (1.0, 0.1)
+    # Step 10% shorter, snapshot 10% longer: neither moved by 20%, but a snapshot now costs 22%
+    # more steps' time, so the cadence may be over the budget: reported (after the 1 s minimum).
+    meter.step_time, meter.capture_time = 0.9, 0.11
+    assert meter.due(0.5) is None
+    assert meter.due(1.5) == (0.9, 0.11)
+    # The share falling a little (the budget would allow a few more snapshots) is not worth a report.
+    meter.step_time, meter.capture_time = 0.95, 0.105
+    assert meter.due(3.0) is None
