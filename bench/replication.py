@@ -45,6 +45,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from step_cost import export_old  # bench/ is the script's directory
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results" / "replication.json"
 HAND_MODES = ("hand_plain", "hand_sync", "hand_async", "hand_budget")
@@ -110,17 +112,6 @@ def free_port_pair() -> int:
     from mindft.launch import free_port_pair as pick
 
     return pick("127.0.0.1")
-
-
-def export_old(ref: str, into: Path) -> Optional[str]:
-    """``git archive`` the mindft package at ``ref`` into ``into``; the reason if that fails."""
-    try:
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", ref, "mindft"], capture_output=True, check=True)
-        subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
-    except (OSError, subprocess.CalledProcessError) as error:
-        detail = getattr(error, "stderr", b"") or b""
-        return f"cannot export mindft at {ref!r} from {REPO}: {error} {detail.decode(errors='replace').strip()}"
-    return None
 
 
 def base_env(args: argparse.Namespace, out: Path, work: Path, tree: Path) -> dict:

@@ -2,15 +2,18 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 import psutil
 import pytest
 
 from mindft import launch
+from mindft.controller import Controller
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT = 300.0  # one 2-rank MindSpore job; ~15-25 s on 2 busy cores
@@ -75,6 +78,19 @@ class Processes:
         for process in self.started:
             if process.poll() is None:
                 process.wait(10)
+
+
+def end_job(procs: Iterable[subprocess.Popen], controller: Controller) -> None:
+    """Kill a hand-made job's rank processes that still run and stop its controller."""
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                os.kill(proc.pid, signal.SIGCONT)  # a stopped process cannot die otherwise
+            except ProcessLookupError:
+                pass
+            proc.kill()
+        proc.wait(10)
+    controller.stop()
 
 
 def environment(tmp_path: Path, **changes: str) -> dict[str, str]:

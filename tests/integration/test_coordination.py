@@ -30,6 +30,8 @@ from mindft.processor import Processor, ProcessorError
 from mindft.protocol import (ActionKind, FaultKind, InjectRequest, ProcessExit, Register, RegisterAck, StatusReply,
                              StatusRequest, decode, encode)
 
+from launched import end_job
+
 pytestmark = pytest.mark.timeout(120)
 
 RANK_SCRIPT = Path(__file__).with_name("coord_rank.py")
@@ -138,15 +140,7 @@ class Job:
         return codes
 
     def cleanup(self) -> None:
-        for proc in self.all_procs:
-            if proc.poll() is None:
-                try:
-                    os.kill(proc.pid, signal.SIGCONT)  # a stopped process cannot die otherwise
-                except ProcessLookupError:
-                    pass
-                proc.kill()
-            proc.wait(10)
-        self.controller.stop()
+        end_job(self.all_procs, self.controller)
 
 
 @pytest.fixture

@@ -24,6 +24,8 @@ from mindft.controller import Controller
 from mindft.exitcodes import ExitCode
 from mindft.keys import generate_keys
 
+from launched import end_job
+
 pytestmark = pytest.mark.timeout(300)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,11 +124,7 @@ class Job:
             return dict(data)
 
     def cleanup(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-        self.controller.stop()
+        end_job(self.procs, self.controller)
 
 
 @pytest.fixture

@@ -25,6 +25,8 @@ from mindft.exitcodes import ExitCode
 from mindft.keys import generate_keys, load_keys
 from mindft.protocol import StatusReply, StatusRequest
 
+from launched import end_job
+
 pytestmark = pytest.mark.timeout(180)
 
 RANK_SCRIPT = Path(__file__).with_name("replica_rank.py")
@@ -84,11 +86,7 @@ class Job:
                          for p in sorted(self.tmp.glob("stderr-*.txt")))
 
     def cleanup(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-        self.controller.stop()
+        end_job(self.procs, self.controller)
 
 
 @pytest.fixture
