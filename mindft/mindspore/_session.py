@@ -568,8 +568,8 @@ class Session:
         self._hook_wait += time.perf_counter() - started
         if action is not None:
             self._interrupt = action
-            log.info("rank=%d step %d interrupted before its collectives by %s", self.config.rank,
-                     self.step + 1, action.kind.name)
+            log.warning("rank=%d step %d interrupted before its collectives by %s", self.config.rank,
+                        self.step + 1, action.kind.name)
             raise StepInterrupted(self.step + 1)
         return None
 

@@ -10,6 +10,7 @@ with a new scheduler, and every rank rolls back to the step they all hold.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -92,8 +93,10 @@ def test_a_rank_killed_mid_step_restarts_every_worker_from_memory(api: str, tmp_
     assert "rank 1 (pid" in out and "killed by SIGKILL" in out
     assert "restarting every worker from the node agents' memory" in out
     assert "started MindSpore's scheduler" in out and out.count("started MindSpore's scheduler") == 2
-    # The restarted processes found their snapshots in the agent's memory: both hold step 11.
-    assert "every rank holds step 11" in out
+    # The restarted processes found their snapshots in the agent's memory: both hold step 11,
+    # or 10 when rank 1 died while its capture of step 11 was still copying (overlapped with
+    # step 12, which no longer waits for the peers at its start but before its all-reduce).
+    assert re.search(r"every rank holds step 1[01]\b", out), out[-4000:]
     assert "the node agent held" in out and "for 2 rank(s)" in out  # reported, then freed
     assert_bit_identical(tmp_path / "run" / "out", references(api, 2), 2)
     assert processes.leftovers() == []
@@ -106,9 +109,15 @@ def test_a_uce_before_the_all_reduce_restarts_every_worker_after_the_stall(api: 
                           "--fault-kind", "uce")
     out = output.read_text()
     assert code == 0, out[-4000:]
-    # Rank 1 waits in step 9's all-reduce for rank 0 and never pauses: no MCCL timeout is waited for.
-    assert "rank 0 UCE in step 9" in out and "did not pause within 2 s (timeouts.stall)" in out
-    assert "every rank holds step 8" in out
+    assert "rank 0 UCE in step 9" in out and "every rank holds step 8" in out
+    if "did not pause within 2 s (timeouts.stall)" in out:
+        # Rank 1 passed its lockstep gate and waits in step 9's all-reduce for rank 0: it never
+        # pauses, every worker restarts, no MCCL timeout is waited for.
+        assert "restarting every worker" in out
+    else:
+        # The PAUSE reached rank 1 before its gate: it abandoned step 9 there and rolled back in
+        # place (rank 0's drill fails step 9 again on every replay until its process gives up).
+        assert "every live rank paused" in out and "rank=1 step 9 interrupted before its collectives" in out
     assert_bit_identical(tmp_path / "run" / "out", references(api, 2), 2)
 
 
