@@ -109,7 +109,7 @@ def rank_main() -> None:
 
 def free_port_pair() -> int:
     sys.path.insert(0, str(REPO))
-    from mindft.launch import free_port_pair as pick
+    from mindft.launch_plan import free_port_pair as pick
 
     return pick("127.0.0.1")
 

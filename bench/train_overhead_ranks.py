@@ -310,7 +310,7 @@ def run_job(mode: str, nproc: int, batch: int, dp: bool, args: argparse.Namespac
     command = [sys.executable, "-m", "mindft.launch", "--nproc", str(nproc), *([] if dp else ["--no-scheduler"])]
     if nnodes > 1:
         # Several nodes on loopback: one launcher (node agent) each, as on separate machines.
-        from mindft.launch import free_port_pair
+        from mindft.launch_plan import free_port_pair
 
         command += ["--nnodes", str(nnodes), "--master-addr", "127.0.0.1",
                     "--master-port", str(free_port_pair("127.0.0.1"))]

@@ -14,7 +14,9 @@ import pytest
 from mindft.config import MindftConfig, Timeouts
 from mindft.controller import Controller
 from mindft.exitcodes import ExitCode
-from mindft.launch import Agent, Console, LaunchSpec, _ControllerRunner
+from mindft.launch import _ControllerRunner
+from mindft.launch_plan import LaunchSpec
+from mindft.workers import Agent, Console
 
 
 def _config(world_size: int = 2) -> MindftConfig:

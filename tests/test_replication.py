@@ -10,7 +10,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -208,7 +208,7 @@ def test_node_replication_finds_the_buddy_keeper_through_the_controller(tmp_path
 
 def test_under_mindft_launch_with_a_keeper_the_ranks_announce_it_and_push_nothing(tmp_path: Path) -> None:
     from mindft.config import load_config
-    from mindft.launch import LaunchSpec, rank_environment
+    from mindft.launch_plan import LaunchSpec, rank_environment
 
     spec = LaunchSpec(command=("train.py",), nproc=2, nnodes=2, node_rank=1, state_dir=tmp_path,
                       key_file=tmp_path / "keys.json", replica_endpoint="tcp://127.0.0.1:4000")

@@ -12,7 +12,7 @@ import numpy as np
 import psutil
 import pytest
 
-from mindft import launch
+from mindft import launch_plan
 from mindft.controller import Controller
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,7 +23,7 @@ LAUNCH_VARIABLES = ("MINDFT_NPROC", "MINDFT_NNODES", "MINDFT_NODE_RANK", "VC_TAS
 
 def free_port_pair() -> int:
     """A port P with P and P + 1 free (the scheduler and the controller), as mindft-launch picks them."""
-    return launch.free_port_pair("127.0.0.1")
+    return launch_plan.free_port_pair("127.0.0.1")
 
 
 class Processes:

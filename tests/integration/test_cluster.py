@@ -19,8 +19,8 @@ import pytest
 
 from mindft.keys import generate_keys
 from launched import LAUNCH_VARIABLES, ROOT, Processes, assert_identical, environment, free_port_pair, weights
-from mindft.launch import (LaunchSpec, UsageError, main, plan_launch, rank_environment,
-                           scheduler_environment)
+from mindft.launch import main
+from mindft.launch_plan import LaunchSpec, UsageError, plan_launch, rank_environment, scheduler_environment
 
 DP_SCRIPT = ROOT / "examples" / "train_dp.py"
 PLAIN_SCRIPT = Path(__file__).resolve().parent / "plain_rank.py"

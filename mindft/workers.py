@@ -1,0 +1,290 @@
+"""The processes of one node: msrun's external agent (:class:`Agent`: kill a worker, start all,
+start a list, monitor), MindSpore's :class:`Scheduler` on node 0, the shared memory the ranks'
+snapshots live in, and the :class:`Console` every rank's output goes through.
+
+Mechanism only: when to start, kill or restart is the launcher's policy (:mod:`mindft.launch`).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Iterable, Optional
+
+from mindft.launch_plan import DEFAULT_GRACE_PERIOD, LaunchSpec, rank_environment, scheduler_environment
+
+log = logging.getLogger(__name__)
+
+# MindSpore's scheduler: MS_ROLE=MS_SCHED makes init() serve the cluster until every worker has
+# unregistered. msrun runs the training script itself in this role; a command of its own keeps
+# the script's code (argument parsing, output files) out of the scheduler, which needs none of it.
+CLUSTER_FORMED_LINE = "Cluster is successfully initialized"  # in the scheduler's log (MindSpore 2.x)
+SCHEDULER_COMMAND = ("-c", "from mindspore.communication import init; init()")
+
+
+def agent_memory() -> Path:
+    """A fresh directory for the ranks' snapshots: on /dev/shm (memory, not disk) where it exists."""
+    base = Path("/dev/shm")
+    return Path(tempfile.mkdtemp(prefix="mindft-state-", dir=base if base.is_dir() else None))
+
+
+def agent_memory_report(state_dir: Path) -> str:
+    """One line: the shared memory the ranks' snapshots took in the node agent (two slots each)."""
+    sizes = {}
+    for rank_dir in sorted(state_dir.glob("rank*")):
+        sizes[rank_dir.name] = sum(f.stat().st_size for f in rank_dir.rglob("*") if f.is_file())
+    if not sizes:
+        return f"the node agent held no snapshots ({state_dir})"
+    return (f"the node agent held {_size(sum(sizes.values()))} of snapshots for {len(sizes)} rank(s) "
+            f"(largest {_size(max(sizes.values()))}: two slots of the rank's state)")
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+class Console:
+    """Serialized, prefixed output of every rank and of the launcher."""
+
+    def __init__(self, stream: Optional[IO[str]] = None, prefix: bool = True) -> None:
+        self._stream = stream
+        self._prefix = prefix
+        self._lock = threading.Lock()
+
+    def line(self, source: str, text: str) -> None:
+        """Write one line, prefixed with ``[source]``."""
+        stream = self._stream or sys.stdout
+        if not text.endswith("\n"):
+            text += "\n"
+        with self._lock:
+            try:
+                stream.write(f"[{source}] {text}" if self._prefix else text)
+                stream.flush()
+            except (OSError, ValueError):
+                pass  # a closed console must not kill the launcher
+
+
+@dataclass
+class Worker:
+    """One local rank and its current process."""
+
+    rank: int
+    log_path: Path
+    restarts: int = 0
+    process: Optional[subprocess.Popen] = None
+    pump: Optional[threading.Thread] = None
+    returncode: Optional[int] = None
+    final: bool = False  # exited for good (done, dumped, out of restarts or stopped)
+    # Its process is gone and its state is in the agent's memory: it starts again when the
+    # controller says (its device is back after a hot reset, or every worker restarts).
+    awaiting_start: bool = False
+    crashes: int = 0  # exits not ordered by the controller (bounded by --max-restarts)
+
+    @property
+    def pid(self) -> Optional[int]:
+        """The pid of the running process, if any."""
+        return self.process.pid if self.process is not None and self.returncode is None else None
+
+
+class Agent:
+    """msrun's external agent on one node: kill worker, start all, start a list, monitor."""
+
+    def __init__(self, spec: LaunchSpec, console: Console) -> None:
+        self.spec = spec
+        self.console = console
+        spec.log_dir.mkdir(parents=True, exist_ok=True)
+        self.workers: dict[int, Worker] = {
+            rank: Worker(rank, spec.log_dir / f"rank_{rank}.log") for rank in spec.local_ranks}
+
+    def start_all_workers(self) -> None:
+        """Start every local rank (the first incarnation)."""
+        self.start_worker_list(self.workers)
+
+    def start_worker_list(self, ranks: Iterable[int]) -> None:
+        """(Re)start the given local ranks; each gets its restart count in MINDFT_RESTART_COUNT."""
+        for rank in ranks:
+            worker = self.workers[rank]
+            if worker.pid is not None:
+                raise RuntimeError(f"rank {rank} is still running (pid {worker.pid})")
+            env = rank_environment(self.spec, rank, worker.restarts)
+            log_file = open(worker.log_path, "ab")
+            log_file.write(f"--- mindft-launch: rank {rank}, incarnation {worker.restarts}, "
+                           f"{time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
+            log_file.flush()
+            # A new session: the terminal's Ctrl-C reaches the launcher only, which forwards it,
+            # and killpg reaches whatever the rank spawned.
+            worker.process = subprocess.Popen(
+                list(self.spec.command), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+            worker.returncode = None
+            worker.pump = threading.Thread(target=self._pump, args=(worker.process, rank, log_file),
+                                           name=f"mindft-pump-{rank}", daemon=True)
+            worker.pump.start()
+            log.info("started rank %d (pid %d, restart %d), log %s", rank, worker.process.pid,
+                     worker.restarts, worker.log_path)
+
+    def _pump(self, process: subprocess.Popen, rank: int, log_file: IO[bytes]) -> None:
+        # The pump must outlive any failure to write a line: a dead pump leaves the rank's
+        # pipe full and the rank blocked in print(), which no heartbeat would explain.
+        assert process.stdout is not None
+        failed: set[str] = set()
+        try:
+            for raw in iter(process.stdout.readline, b""):
+                for where, write in (("log file", lambda: (log_file.write(raw), log_file.flush())),
+                                     ("console", lambda: self.console.line(
+                                         f"rank {rank}", raw.decode("utf-8", "replace").rstrip("\n")))):
+                    try:
+                        write()
+                    except Exception as error:
+                        if where not in failed:
+                            failed.add(where)
+                            log.error("rank %d: cannot write its output to the %s (%s: %s); "
+                                      "still draining it", rank, where, type(error).__name__, error)
+        except (OSError, ValueError) as error:
+            log.error("rank %d: reading its output failed: %s", rank, error)
+        finally:
+            log_file.close()
+            process.stdout.close()
+
+    def monitor(self) -> dict[int, Optional[int]]:
+        """Poll every local rank: rank → exit code, or None while it runs.
+
+        A rank whose process exited since the last call gets its ``returncode`` set.
+        """
+        result: dict[int, Optional[int]] = {}
+        for rank, worker in self.workers.items():
+            if worker.process is not None and worker.returncode is None:
+                worker.returncode = worker.process.poll()
+            result[rank] = worker.returncode
+        return result
+
+    def signal_workers(self, ranks: Iterable[int], signum: int) -> None:
+        """Send ``signum`` to the process group of each running rank."""
+        for rank in ranks:
+            worker = self.workers[rank]
+            if worker.process is None or worker.process.poll() is not None:
+                continue
+            try:
+                os.killpg(worker.process.pid, signum)
+            except ProcessLookupError:
+                pass
+            except PermissionError as error:
+                log.warning("cannot signal rank %d (pid %d): %s", rank, worker.process.pid, error)
+
+    def kill_worker(self, ranks: Iterable[int], signum: int = signal.SIGTERM,
+                    grace: float = DEFAULT_GRACE_PERIOD) -> None:
+        """Stop the given ranks: ``signum``, up to ``grace`` seconds, then SIGKILL; waits for them."""
+        ranks = [r for r in ranks if self.workers[r].process is not None]
+        self.signal_workers(ranks, signum)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(self.workers[r].process.poll() is None for r in ranks):
+            time.sleep(0.05)
+        stubborn = [r for r in ranks if self.workers[r].process.poll() is None]
+        if stubborn:
+            log.warning("rank(s) %s did not stop within %.3gs; sending SIGKILL", stubborn, grace)
+            self.signal_workers(stubborn, signal.SIGKILL)
+            # A SIGSTOPped process still dies of SIGKILL; wait so no child outlives the launcher.
+            for rank in stubborn:
+                try:
+                    self.workers[rank].process.wait(timeout=10.0)
+                except subprocess.TimeoutExpired:
+                    log.error("rank %d (pid %d) survived SIGKILL", rank, self.workers[rank].process.pid)
+        self.monitor()
+
+    def running(self) -> list[int]:
+        """Local ranks whose process is alive."""
+        return [r for r, code in self.monitor().items()
+                if code is None and self.workers[r].process is not None]
+
+    def pids(self) -> dict[int, int]:
+        """rank → pid of each running local rank."""
+        return {r: w.pid for r, w in self.workers.items() if w.pid is not None}
+
+
+class Scheduler:
+    """MindSpore's scheduler (``MS_ROLE=MS_SCHED``) on node 0, started before the workers as msrun does.
+
+    Its output goes to ``LOG_DIR/scheduler.log`` only (as under msrun): MindSpore's cluster
+    logging is verbose and says nothing about training.
+    """
+
+    def __init__(self, spec: LaunchSpec) -> None:
+        self.spec = spec
+        self.log_path = spec.log_dir / "scheduler.log"
+        self.process: Optional[subprocess.Popen] = None
+        self.exit_seen = False  # its exit was handled by the supervise loop
+        # False once a worker of its cluster exited: restarted workers need a new scheduler.
+        self.serves_workers = False
+
+    @property
+    def address(self) -> str:
+        """``host:port`` the workers connect to."""
+        host = f"[{self.spec.master_ip}]" if ":" in self.spec.master_ip else self.spec.master_ip
+        return f"{host}:{self.spec.scheduler_port}"
+
+    @property
+    def pid(self) -> Optional[int]:
+        """The pid of the scheduler process, if it was started."""
+        return self.process.pid if self.process is not None else None
+
+    def start(self) -> None:
+        """Start the scheduler process (a new session: the launcher forwards signals itself)."""
+        self.spec.log_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log_file:
+            self.process = subprocess.Popen(
+                [sys.executable, *SCHEDULER_COMMAND], env=scheduler_environment(self.spec),
+                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                start_new_session=True, close_fds=True)
+        self.serves_workers = True
+        log.info("started MindSpore's scheduler on %s (pid %d), log %s", self.address, self.process.pid,
+                 self.log_path)
+
+    def cluster_formed(self) -> bool:
+        """True once its log says every worker joined (MindSpore's own WARNING-level line)."""
+        try:
+            return CLUSTER_FORMED_LINE in self.log_path.read_text(errors="replace")
+        except OSError:
+            return False
+
+    def poll(self) -> Optional[int]:
+        """Its exit code, or None while it runs (or before it was started)."""
+        return None if self.process is None else self.process.poll()
+
+    def last_error(self) -> str:
+        """The last error line of its log (MindSpore's own explanation of why it stopped), or ''."""
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        for line in reversed(lines):
+            if any(word in line for word in ("Error", "ERROR", "CRITICAL", "timed out")):
+                return line.strip()[:400]
+        return ""
+
+    def stop(self, wait: float, grace: float) -> Optional[int]:
+        """Let it finish on its own for up to ``wait`` s, then SIGTERM, ``grace`` s, SIGKILL; its code."""
+        process = self.process
+        if process is None:
+            return None
+        for signum, timeout in ((None, wait), (signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+            if signum is not None and process.poll() is None:
+                try:
+                    os.killpg(process.pid, signum)
+                except ProcessLookupError:
+                    pass
+            try:
+                return process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                continue
+        log.error("MindSpore's scheduler (pid %d) survived SIGKILL", process.pid)
+        return None
