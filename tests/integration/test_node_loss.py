@@ -151,7 +151,7 @@ def test_a_lost_node_comes_back_from_its_replica_on_the_next_node(nodes: Nodes, 
     assert "this node replaces node 1, lost with rank(s) [1]" in new
     restored = int(re.search(r"restored rank 1's replica of step (\d+) from the keeper at tcp://", new)[1])
     assert restored >= held
-    assert f"rank=1 NODE LOST" in node0 and f"its new node restored its replica of step {restored}" in node0
+    assert "rank=1 NODE LOST" in node0 and f"its new node restored its replica of step {restored}" in node0
     assert f"every rank holds step {restored}" in node0
     assert f"[rank 1] rank 1 ROLLBACK step {restored}" in new  # from its agent's memory, not a file
     for rank in (0, 1):
