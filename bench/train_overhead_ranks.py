@@ -28,10 +28,15 @@ the whole job's PSS sampled every 0.25 s (every process of every launcher's tree
 page counts once, split among the processes that map it); the increase over the plain job
 is given in units of the rank's state.
 
-One command per table of the README (batch 64 and 256, with and without all-reduce)::
+One command per table of the README (batch 64 and 256, with and without all-reduce; the
+budget snapshots every 14–82 steps there, so 220 steps hold whole snapshot periods)::
 
-    python bench/train_overhead_ranks.py --nproc 2
-    python bench/train_overhead_ranks.py --nproc 4 --width 2048
+    python bench/train_overhead_ranks.py --nproc 2 --width 2048 --rounds 2 --steps 220
+    python bench/train_overhead_ranks.py --nproc 4 --width 1024 --rounds 2 --steps 220
+
+and the job's memory with the node agents replicating (two launchers on loopback)::
+
+    python bench/train_overhead_ranks.py --nproc 1 --nnodes 2 --width 2048 --rounds 1 --steps 150 --dp off --batch-sizes 64
 
 Options: ``--batch-sizes 64 256``, ``--dp off on``, ``--rounds 3``, ``--steps``, ``--warmup``,
 ``--width``; results in ``bench/results/train_overhead_ranks-<N>.json``.
