@@ -137,7 +137,9 @@ def test_four_ranks_recover_a_killed_rank_bit_identically(tmp_path: Path, proces
                           "--fault-kind", "exit")
     out = output.read_text()
     assert code == 0, out[-4000:]
-    assert "every rank holds step 5" in out
+    # Step 5, or 4 when rank 2 exited while its capture of step 5 was still copying (overlapped
+    # with step 6, which waits for its peers only before its all-reduce).
+    assert re.search(r"every rank holds step [45]\b", out), out[-4000:]
     assert_bit_identical(tmp_path / "run" / "out", references("model", 4), 4)
 
 
