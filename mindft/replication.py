@@ -19,10 +19,21 @@ Two users share one :class:`Sender` (a thread, ONE long-lived CurveZMQ DEALER) a
   that claims the slot while it is being sent makes the push fail its check before it is sealed
   (the slot's sequence number changed before ZeroMQ released every part), and the next one goes.
 
-A push is ``begin`` (the header, with the checksums the capture recorded: no second hash),
-``part`` messages of at most :data:`CHUNK` bytes, and ``end``; the keeper writes the parts into
-a second slot and, on ``end`` with every byte there, makes it the replica and frees the old one,
-so a push cut short (a dead sender, a slot overwritten) never costs the replica held. Checksums
+A push is ``begin`` (the header, with the checksums the capture recorded: no second hash), the
+keeper's ``have`` (the arrays it already holds), ``part`` messages of at most :data:`CHUNK` bytes
+for the others, and ``end``; the keeper writes the parts into a second slot and, on ``end`` with
+every byte there, makes it the replica and frees the old one, so a push cut short (a dead sender,
+a slot overwritten) never costs the replica held.
+
+Data-parallel ranks hold the same weights and optimizer state after every step (the all-reduce
+gives each the same gradients), as MindIO TFT and torchft use when they recover a rank from a
+live replica. A keeper therefore asks only for the arrays that differ from its own ranks'
+snapshot of the same step (same name, dtype, shape and recorded checksum) and points into that
+snapshot for the rest: a replica of a data-parallel rank costs its small differences, not a
+state. The pointer is as good as the copy: a replica of step ``s`` restores a lost node only
+together with the other ranks' snapshots of ``s``, the ones it points into. A begin that comes
+before this node's ranks have completed that step's capture waits for it, up to
+:data:`SHARE_WAIT`. Checksums
 are verified when a replica is fetched (:func:`mindft.snapshot.fetch_replica`) or restored, not
 on receipt. Newest wins: per rank only the newest unsent snapshot is remembered and one push is
 in flight per sender; queues are bounded in messages (:data:`PIPE_HWM`), so a slow or dead keeper
@@ -45,14 +56,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import zmq
 
 from mindft.keys import CurveKeys, secure_client, secure_server, start_authenticator
 from mindft.protocol import ReplicaReport
-from mindft.snapshot import ReplicaHeader, SnapshotError, SnapshotStore, _check_frames, _Slot
+from mindft.snapshot import ReplicaHeader, SnapshotError, SnapshotStore, _check_frames, _Slot, size_text
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +77,7 @@ FIND_INTERVAL = 1.0        # s between look-ups of the buddy node's keeper while
 KEEPER_POLL_MS = 100       # the keeper's thread wakes this often to notice close()
 CHUNK = 4 * 1024 * 1024    # bytes per part message: what a pipe holds per message
 PIPE_HWM = 4               # messages queued per direction: a few chunks, never a whole state
+SHARE_WAIT = 2.0           # s a begin may wait for this node's own capture of its step (arrays to share)
 
 
 def node_ip(toward: str) -> str:
@@ -87,6 +99,78 @@ def _nbytes(dtype: str, shape: Sequence[int]) -> int:
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
+@dataclass(frozen=True)
+class LocalSnapshot:
+    """A complete snapshot of a rank on the keeper's side, which a replica may point into."""
+
+    step: int
+    algorithm: str
+    arrays: Mapping[str, Tuple[str, Tuple[int, ...], int]]  # name → (dtype.str, shape, checksum)
+    read: Callable[[str], Optional[bytes]]                  # an array's bytes now; None once overwritten
+
+    def holds(self, step: int, algorithm: str, spec: Tuple[str, str, Tuple[int, ...], int]) -> bool:
+        name, dtype, shape, value = spec
+        return self.step == step and self.algorithm == algorithm and self.arrays.get(name) == (dtype, shape, value)
+
+
+def slot_files(directories: Sequence[Path]) -> Callable[[], List[LocalSnapshot]]:
+    """The complete snapshots in these ranks' slot files (a node agent's own ranks)."""
+
+    def snapshots() -> List[LocalSnapshot]:
+        found = []
+        for directory in directories:
+            for index in (0, 1):
+                snapshot = _slot_file(Path(directory), index)
+                if snapshot is not None:
+                    found.append(snapshot)
+        return found
+
+    return snapshots
+
+
+def _slot_file(directory: Path, index: int) -> Optional[LocalSnapshot]:
+    manifest, data = directory / f"slot{index}.json", directory / f"slot{index}.bin"
+    before = _identity(manifest)
+    try:
+        body = json.loads(manifest.read_text())
+        layout = {str(n): (np.dtype(d).str, tuple(int(x) for x in s), int(o)) for n, d, s, o in body["layout"]}
+        arrays = {name: (dtype, shape, int(body["checksums"][name])) for name, (dtype, shape, _) in layout.items()}
+        step, algorithm = int(body["step"]), str(body["algorithm"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if before is None:
+        return None
+
+    def read(name: str) -> Optional[bytes]:
+        dtype, shape, start = layout[name]
+        try:
+            with open(data, "rb") as handle:
+                chunk = os.pread(handle.fileno(), _nbytes(dtype, shape), start)
+        except OSError:
+            return None
+        return chunk if len(chunk) == _nbytes(dtype, shape) and _identity(manifest) == before else None
+
+    return LocalSnapshot(step, algorithm, arrays, read)
+
+
+def store_slots(store: SnapshotStore) -> Callable[[], List[LocalSnapshot]]:
+    """The complete snapshots of a rank's own store (a rank keeping its buddy's replica)."""
+
+    def snapshots() -> List[LocalSnapshot]:
+        found = []
+        for view in store.views():
+            def read(name: str, view: Any = view) -> Optional[bytes]:
+                data = view.arrays[name].tobytes()
+                return data if store.intact(view.seq) else None
+
+            found.append(LocalSnapshot(view.step, view.algorithm, {
+                name: (array.dtype.str, tuple(array.shape), int(view.checksums[name]))
+                for name, array in view.arrays.items()}, read))
+        return found
+
+    return snapshots
+
+
 @dataclass
 class _Incoming:
     """A replica arriving part by part, into a slot of its own until every byte is there."""
@@ -94,25 +178,50 @@ class _Incoming:
     header: ReplicaHeader
     slot: _Slot
     total: int
+    shared: FrozenSet[str]  # arrays not sent: this node's snapshot of the same step holds them
     received: int = 0
+
+
+@dataclass
+class _Held:
+    """A complete replica: the arrays in ``slot``, the ``shared`` ones in a local snapshot."""
+
+    index: int
+    slot: _Slot
+    header: ReplicaHeader
+    shared: FrozenSet[str]
+
+
+@dataclass
+class _Waiting:
+    """A begin waiting for this node's capture of its step."""
+
+    identity: Any
+    header: ReplicaHeader
+    until: float
 
 
 class Keeper:
     """Holds the newest replica of each remote rank and serves it back.
 
     ``home`` (shared memory) keeps the replicas as files in a rank's slot format
-    (``SnapshotStore(home=home / "rank<R>", resume=True)`` reads them); ``home=None`` keeps them
-    in this process's memory (a rank keeping its buddy's replica). One thread owns a ROUTER bound
-    on ``ip``; with ``keys`` only job members get in (CurveZMQ + ZAP). Requests: ``begin`` /
-    ``part`` / ``end`` (a streamed push, see the module docstring) → ``ok`` +
-    ``{"owner_rank", "step"}`` on ``end``; ``push`` (header, array frames; one request) → the
-    same; ``fetch`` (``{"owner_rank"}``) → ``replica`` + header + frames. Errors answer ``error``.
+    (``SnapshotStore(home=home / "rank<R>", resume=True)`` reads one that shares nothing); ``home=None``
+    keeps them in this process's memory (a rank keeping its buddy's replica). ``local()`` lists the
+    complete snapshots on this side a replica may point into (:func:`slot_files`,
+    :func:`store_slots`; None: every array is sent). One thread owns a ROUTER bound on ``ip``; with
+    ``keys`` only job members get in (CurveZMQ + ZAP). Requests: ``begin`` → ``have`` +
+    ``{"owner_rank", "step", "arrays"}`` (the indices not to send), ``part``, ``end`` (a streamed
+    push, see the module docstring) → ``ok`` + ``{"owner_rank", "step"}``; ``push`` (header, array
+    frames; one request) → the same; ``fetch`` (``{"owner_rank"}``) → ``replica`` + header + frames.
+    Errors answer ``error``.
     """
 
-    def __init__(self, home: Optional[Path], ip: str, keys: Optional[CurveKeys], port: int = 0) -> None:
+    def __init__(self, home: Optional[Path], ip: str, keys: Optional[CurveKeys], port: int = 0,
+                 local: Optional[Callable[[], List[LocalSnapshot]]] = None) -> None:
         self.home = None if home is None else Path(home)
         if self.home is not None:
             self.home.mkdir(parents=True, exist_ok=True)
+        self._local = local
         self._context = zmq.Context()
         self._authenticator = start_authenticator(self._context, keys)
         self._socket = self._context.socket(zmq.ROUTER)
@@ -126,8 +235,10 @@ class Keeper:
         else:
             port = self._socket.bind_to_random_port(f"tcp://{bind_ip}")
         self.endpoint = _endpoint(ip, port)
-        self._held: Dict[int, Tuple[int, _Slot]] = {}  # owner → (slot index, complete replica)
+        self._held: Dict[int, _Held] = {}
         self._incoming: Dict[int, Tuple[int, _Incoming]] = {}
+        self._waiting: Dict[int, _Waiting] = {}
+        self.received_bytes = self.shared_bytes = 0  # of the replicas completed: sent, and pointed into
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="mindft-keeper", daemon=True)
@@ -139,13 +250,13 @@ class Keeper:
     def held(self) -> Dict[int, int]:
         """{owner rank: step of the replica held}."""
         with self._lock:
-            return {owner: slot.step for owner, (_, slot) in self._held.items()}
+            return {owner: replica.slot.step for owner, replica in self._held.items()}
 
     @property
     def nbytes(self) -> int:
-        """Memory the replicas take (and the one arriving, while it does)."""
+        """Memory the replicas take (and the one arriving, while it does); shared arrays are not theirs."""
         with self._lock:
-            slots = [slot for _, slot in self._held.values()] + [i.slot for _, i in self._incoming.values()]
+            slots = [r.slot for r in self._held.values()] + [i.slot for _, i in self._incoming.values()]
             return sum(b.nbytes for slot in slots for b in slot.buffers.values())
 
     def close(self) -> None:
@@ -165,30 +276,35 @@ class Keeper:
     def _serve(self) -> None:
         try:
             while not self._stop.is_set():
-                if not self._socket.poll(KEEPER_POLL_MS):
-                    continue
-                identity, *message = self._socket.recv_multipart(copy=False)
-                try:
-                    reply = self._handle(message)
-                except Exception as error:  # one bad request must not stop the keeper
-                    log.warning("replica keeper %s refused a request: %s", self.endpoint, error)
-                    reply = [b"error", str(error).encode()]
-                if reply is None:
-                    continue
-                try:
-                    self._socket.send_multipart([identity, *reply], flags=zmq.NOBLOCK)
-                except zmq.Again:
-                    log.debug("replica keeper: the requester's pipe is full; reply dropped")
+                if self._socket.poll(10 if self._waiting else KEEPER_POLL_MS):
+                    identity, *message = self._socket.recv_multipart(copy=False)
+                    try:
+                        reply = self._handle(identity, message)
+                    except Exception as error:  # one bad request must not stop the keeper
+                        log.warning("replica keeper %s refused a request: %s", self.endpoint, error)
+                        reply = [b"error", str(error).encode()]
+                    if reply is not None:
+                        self._send(identity, reply)
+                for owner in list(self._waiting):
+                    self._answer(owner, time.monotonic())
         finally:
             self._socket.close(linger=0)
 
-    def _handle(self, message: List[Any]) -> Optional[List[Any]]:
+    def _send(self, identity: Any, reply: List[Any]) -> None:
+        try:
+            self._socket.send_multipart([identity, *reply], flags=zmq.NOBLOCK)
+        except zmq.Again:
+            log.debug("replica keeper: the requester's pipe is full; reply dropped")
+
+    def _handle(self, identity: Any, message: List[Any]) -> Optional[List[Any]]:
         command = message[0].bytes if message else b""
         if command == b"part" and len(message) == 3:
             self._part(_json(message[1]), message[2])
             return None
         if command == b"begin" and len(message) == 2:
-            self._begin(ReplicaHeader.decode(message[1].bytes))
+            header = ReplicaHeader.decode(message[1].bytes)
+            self._waiting[header.owner_rank] = _Waiting(identity, header, time.monotonic() + SHARE_WAIT)
+            self._answer(header.owner_rank, time.monotonic())
             return None
         if command == b"end" and len(message) == 2:
             answer = _json(message[1])
@@ -196,7 +312,7 @@ class Keeper:
         if command == b"push" and len(message) >= 2:
             header = ReplicaHeader.decode(message[1].bytes)
             _check_frames(header, message[2:])
-            self._begin(header)
+            self._begin(header, frozenset())
             for index, frame in enumerate(message[2:]):
                 self._part({"owner_rank": header.owner_rank, "step": header.step, "array": index, "offset": 0}, frame)
             return self._end(header.owner_rank, header.step)
@@ -205,19 +321,30 @@ class Keeper:
                 owner = int(_json(message[1])["owner_rank"])
             except (KeyError, TypeError, ValueError) as error:
                 raise SnapshotError(f"garbage fetch request ({error!r})") from None
-            with self._lock:
-                index_slot = self._held.get(owner)
-                if index_slot is None:
-                    raise SnapshotError(f"no replica of rank {owner} held here (holding {sorted(self._held)})")
-                slot = index_slot[1]
-                header = ReplicaHeader(owner, slot.step, tuple(
-                    (name, buffer.dtype.str, buffer.shape, int(slot.checksums[name]))
-                    for name, buffer in slot.buffers.items()), dict(slot.meta), slot.algorithm)
-                # Copies: the next push of this rank may free the slot before ZeroMQ sends these.
-                return [b"replica", header.encode(), *(buffer.tobytes() for buffer in slot.buffers.values())]
+            return self._fetch(owner)
         raise SnapshotError(f"unknown request {command[:32]!r} with {len(message)} frames")
 
-    def _begin(self, header: ReplicaHeader) -> None:
+    def _answer(self, owner: int, now: float) -> None:
+        """Answer a waiting begin with the arrays not to send, once this node's snapshot of its
+        step is complete (or newer, or the wait is over)."""
+        waiting = self._waiting[owner]
+        header = waiting.header
+        local = self._local() if self._local is not None else []
+        if self._local is not None and now < waiting.until and not any(s.step >= header.step for s in local):
+            return
+        del self._waiting[owner]
+        shared = frozenset(index for index, spec in enumerate(header.arrays)
+                           if any(s.holds(header.step, header.algorithm, spec) for s in local))
+        try:
+            self._begin(header, frozenset(header.arrays[i][0] for i in shared))
+        except Exception as error:
+            log.warning("replica keeper %s refused a request: %s", self.endpoint, error)
+            self._send(waiting.identity, [b"error", str(error).encode()])
+            return
+        self._send(waiting.identity, [b"have", json.dumps({"owner_rank": owner, "step": header.step,
+                                                           "arrays": sorted(shared)}).encode()])
+
+    def _begin(self, header: ReplicaHeader, shared: FrozenSet[str]) -> None:
         """A replica of ``header.owner_rank`` starts: into the slot the held replica does not use."""
         owner = header.owner_rank
         with self._lock:
@@ -225,12 +352,13 @@ class Keeper:
             if dropped is not None:  # a push cut short: what it wrote is garbage
                 dropped[1].slot.release()
             held = self._held.get(owner)
-            index = 1 - held[0] if held is not None else 0
+            index = 1 - held.index if held is not None else 0
             slot = _Slot(None if self.home is None else self._directory(owner) / f"slot{index}.bin")
             slot.forget()
-            slot.prepare([(name, dtype, tuple(shape)) for name, dtype, shape, _ in header.arrays])
-            total = sum(_nbytes(dtype, shape) for _, dtype, shape, _ in header.arrays)
-            self._incoming[owner] = (index, _Incoming(header, slot, total))
+            sent = [(name, dtype, tuple(shape)) for name, dtype, shape, _ in header.arrays if name not in shared]
+            slot.prepare(sent)
+            total = sum(_nbytes(dtype, shape) for _, dtype, shape in sent)
+            self._incoming[owner] = (index, _Incoming(header, slot, total, shared))
 
     def _part(self, where: Mapping[str, Any], frame: Any) -> None:
         """Copy one part into the arriving replica; parts of a push that was replaced are dropped."""
@@ -248,6 +376,8 @@ class Keeper:
             if not 0 <= array < len(incoming.header.arrays):
                 raise SnapshotError(f"part of rank {owner} step {step}: no array {array}")
             name = incoming.header.arrays[array][0]
+            if name in incoming.shared:
+                raise SnapshotError(f"part of rank {owner} step {step}: {name!r} was not asked for")
             target = incoming.slot.buffers[name].reshape(-1).view(np.uint8)
             if offset < 0 or offset + data.size > target.size:
                 raise SnapshotError(f"part of rank {owner} step {step}: bytes {offset}..{offset + data.size} "
@@ -269,17 +399,46 @@ class Keeper:
                 raise SnapshotError(f"replica of rank {owner} step {step} is incomplete: "
                                     f"{incoming.received} of {incoming.total} bytes arrived")
             del self._incoming[owner]
-            header, slot = incoming.header, incoming.slot
+            header, slot, shared = incoming.header, incoming.slot, incoming.shared
             slot.step, slot.meta, slot.algorithm = header.step, dict(header.meta), header.algorithm
-            slot.checksums = {name: value for name, _, _, value in header.arrays}
-            slot.record()
+            slot.checksums = {name: value for name, _, _, value in header.arrays if name not in shared}
+            if not shared:  # a slot that points into another cannot be read back as a rank's own
+                slot.record()
             slot.complete = True
             old = self._held.get(owner)
-            self._held[owner] = (index, slot)
+            self._held[owner] = _Held(index, slot, header, shared)
             if old is not None:
-                old[1].release()
-        log.debug("holding the replica of rank %d, step %d", owner, step)
+                old.slot.release()
+            self.received_bytes += incoming.total
+            self.shared_bytes += sum(_nbytes(d, s) for name, d, s, _ in header.arrays if name in shared)
+        log.debug("holding the replica of rank %d, step %d (%d of %d arrays shared with this node's snapshot)",
+                  owner, step, len(shared), len(header.arrays))
         return [b"ok", json.dumps({"owner_rank": owner, "step": step}).encode()]
+
+    def _fetch(self, owner: int) -> List[Any]:
+        """The replica as a push would carry it; shared arrays are read from the local snapshot."""
+        with self._lock:
+            replica = self._held.get(owner)
+            if replica is None:
+                raise SnapshotError(f"no replica of rank {owner} held here (holding {sorted(self._held)})")
+            header, slot = replica.header, replica.slot
+            # Copies: the next push of this rank may free the slot before ZeroMQ sends these.
+            own = {name: slot.buffers[name].tobytes() for name, _, _, _ in header.arrays
+                   if name not in replica.shared}
+        local = self._local() if replica.shared and self._local is not None else []
+        frames = []
+        for spec in header.arrays:
+            data = own.get(spec[0])
+            for snapshot in local:
+                if data is not None:
+                    break
+                if snapshot.holds(header.step, header.algorithm, spec):
+                    data = snapshot.read(spec[0])
+            if data is None:
+                raise SnapshotError(f"the replica of rank {owner}, step {header.step} shares {spec[0]!r} with "
+                                    f"this node's snapshot of that step, which is no longer held")
+            frames.append(data)
+        return [b"replica", header.encode(), *frames]
 
     def _directory(self, owner: int) -> Path:
         directory = self.home / f"rank{owner}"
@@ -295,9 +454,10 @@ def _json(frame: Any) -> Any:
 
 
 class _Outgoing:
-    """One snapshot on its way out: its header, its bytes part by part, and whether they still hold."""
+    """One snapshot on its way out: its header, its bytes part by part (``parts(skip)``: all but the
+    arrays the keeper has), and whether they still hold."""
 
-    def __init__(self, header: ReplicaHeader, nbytes: int, parts: Iterator[Tuple[int, int, Any]],
+    def __init__(self, header: ReplicaHeader, nbytes: int, parts: Callable[[FrozenSet[int]], Iterator[Tuple[int, int, Any]]],
                  intact: Callable[[], bool], zero_copy: bool, close: Callable[[], None] = lambda: None) -> None:
         self.header, self.nbytes, self.parts = header, nbytes, parts
         self.intact, self.zero_copy, self.close = intact, zero_copy, close
@@ -348,8 +508,10 @@ class _FileSource:
                                dict(body.get("meta", {})), str(body.get("algorithm")))
         short = []
 
-        def parts() -> Iterator[Tuple[int, int, Any]]:
+        def parts(skip: FrozenSet[int]) -> Iterator[Tuple[int, int, Any]]:
             for array, (_, dtype, shape, start) in enumerate(layout):
+                if array in skip:
+                    continue
                 size = _nbytes(dtype, shape)
                 for offset in range(0, size, CHUNK):
                     wanted = min(CHUNK, size - offset)
@@ -368,7 +530,7 @@ class _FileSource:
             if descriptor:
                 os.close(descriptor.pop())
 
-        return _Outgoing(header, sum(_nbytes(d, s) for _, d, s, _ in layout), parts(), intact, False, close)
+        return _Outgoing(header, sum(_nbytes(d, s) for _, d, s, _ in layout), parts, intact, False, close)
 
 
 class _StoreSource:
@@ -399,12 +561,13 @@ class _StoreSource:
             dict(view.meta), view.algorithm)
         flats = [array.reshape(-1).view(np.uint8) for array in view.arrays.values()]
 
-        def parts() -> Iterator[Tuple[int, int, Any]]:
+        def parts(skip: FrozenSet[int]) -> Iterator[Tuple[int, int, Any]]:
             for array, flat in enumerate(flats):
-                for offset in range(0, flat.size, CHUNK):
-                    yield array, offset, memoryview(flat[offset:offset + CHUNK])
+                if array not in skip:
+                    for offset in range(0, flat.size, CHUNK):
+                        yield array, offset, memoryview(flat[offset:offset + CHUNK])
 
-        return _Outgoing(header, sum(f.size for f in flats), parts(), lambda: self.store.intact(seq), True)
+        return _Outgoing(header, sum(f.size for f in flats), parts, lambda: self.store.intact(seq), True)
 
 
 Source = Union[_FileSource, _StoreSource]
@@ -444,6 +607,7 @@ class _Push:
     outgoing: _Outgoing
     started: float
     deadline: float
+    parts: Optional[Iterator[Tuple[int, int, Any]]] = None  # once the keeper said which arrays it has
     waiting: Optional[Tuple[int, int, Any]] = None  # a part the pipe had no room for
     trackers: List[Any] = field(default_factory=list)  # ZeroMQ's hold on zero-copy parts
     queued: bool = False                    # every part handed to ZeroMQ
@@ -515,6 +679,7 @@ class Sender:
         self._mailbox: List[ReplicaReport] = []
         self._mail = threading.Condition()
         self.pushes = self.skipped = self.timeouts = 0
+        self.shared_arrays = 0  # arrays a keeper already had (data-parallel weights): not sent
         self.push_seconds: Optional[float] = None  # how long the newest confirmed push took
         self._thread = threading.Thread(target=self._run, name="mindft-replication", daemon=True)
         self._reporter = threading.Thread(target=self._report_loop, name="mindft-replica-report", daemon=True)
@@ -651,11 +816,11 @@ class Sender:
 
     def _pump(self, push: _Push) -> None:
         """Hand ZeroMQ the next parts while the pipe has room; seal the push once they are all out."""
-        if push.ended:
+        if push.ended or push.parts is None:
             return
         socket = self._socket
         while not push.queued:
-            part = push.waiting or next(push.outgoing.parts, None)
+            part = push.waiting or next(push.parts, None)
             push.waiting = None
             if part is None:
                 push.queued = True
@@ -739,7 +904,9 @@ class Sender:
             self._wake.wait(self._poll)
             self._wake.clear()
             return
-        if not push.queued:
+        if push.parts is None:
+            events, timeout = zmq.POLLIN, self._poll  # the keeper's answer to begin
+        elif not push.queued:
             events, timeout = zmq.POLLIN | zmq.POLLOUT, self._poll
         elif not push.ended:
             events, timeout = zmq.POLLIN, 0.0  # ZeroMQ still holds parts: _pump waits for them
@@ -764,12 +931,19 @@ class Sender:
                             push.step, detail)
                 self._abort(push, "refused")
             return
-        if reply[0] != b"ok" or len(reply) < 2 or push is None or not push.ended:
+        if len(reply) < 2 or push is None:
             return
         answer = json.loads(reply[1])
         track = push.track
         if answer.get("owner_rank") != track.rank or answer.get("step") != push.step:
             return  # a late answer to an earlier push: keep waiting for ours
+        if reply[0] == b"have" and push.parts is None:
+            have = frozenset(int(i) for i in answer.get("arrays", ()))
+            push.parts = push.outgoing.parts(have)
+            self.shared_arrays += len(have)
+            return
+        if reply[0] != b"ok" or not push.ended:
+            return
         self._push = None
         now = time.monotonic()
         self.push_seconds = now - push.started
@@ -943,7 +1117,8 @@ class NodeReplication:
         self._address, self._keys = controller_address, keys
         buddy_node = (node_rank + 1) % nnodes
         self._buddy_ranks = set(range(buddy_node * nproc, (buddy_node + 1) * nproc))
-        self.keeper = Keeper(Path(state_dir) / "replicas", node_ip(master_ip), keys)
+        self.keeper = Keeper(Path(state_dir) / "replicas", node_ip(master_ip), keys,
+                             local=slot_files([Path(state_dir) / f"rank{rank}" for rank in local_ranks]))
         self.sender = Sender({rank: Path(state_dir) / f"rank{rank}" for rank in local_ranks}, keys,
                              self._find_keeper, node=node_rank, report=self._send_report)
 
@@ -971,7 +1146,9 @@ class NodeReplication:
         sent, held = self.sender.replicated, self.keeper.held
         return (f"replication: sent {self.sender.pushes} replica(s) (newest confirmed per rank: {sent}; "
                 f"{self.sender.skipped} skipped as overwritten while read, {self.sender.timeouts} unconfirmed); "
-                f"holding {len(held)} replica(s) of the previous node ({held}, {self.keeper.nbytes / 2**20:.1f} MiB)")
+                f"holding {len(held)} replica(s) of the previous node ({held}, {size_text(self.keeper.nbytes)}; "
+                f"received {size_text(self.keeper.received_bytes)}, shared {size_text(self.keeper.shared_bytes)} "
+                f"with this node's snapshots)")
 
     def close(self) -> None:
         """Stop sending and serving."""

@@ -42,7 +42,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 log = logging.getLogger(__name__)
 
-REPLICA_VERSION = 1
+REPLICA_VERSION = 2  # 2: a streamed push waits for the keeper's answer to begin
 # 512 KiB chunks fit in L2, so hashing a chunk right after copying it reads from cache.
 _CHUNK = 512 * 1024
 # MindSpore slices parameters larger than 512 MiB into several records with the same tag.
@@ -104,6 +104,19 @@ class SlotView:
     checksums: Mapping[str, int]
     meta: Mapping[str, Any]
     algorithm: str
+
+
+def size_text(nbytes: int) -> str:
+    """``nbytes`` for people: 512 B, 1.5 KiB, 96.0 MiB."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def _view(slot: _Slot) -> SlotView:
+    return SlotView(slot.seq, slot.step, {name: _readonly(b) for name, b in slot.buffers.items()},
+                    dict(slot.checksums), dict(slot.meta), slot.algorithm)
 
 
 def checksum(array: np.ndarray, algorithm: str = CHECKSUM) -> int:
@@ -311,10 +324,12 @@ class SnapshotStore:
         """
         with self._cond:
             slot = self._slots[self._keep]
-            if not slot.complete:
-                return None
-            return SlotView(slot.seq, slot.step, {name: _readonly(b) for name, b in slot.buffers.items()},
-                            dict(slot.checksums), dict(slot.meta), slot.algorithm)
+            return _view(slot) if slot.complete else None
+
+    def views(self) -> List[SlotView]:
+        """Every complete snapshot held, as :meth:`view` gives the one to keep."""
+        with self._cond:
+            return [_view(slot) for slot in self._slots if slot.complete]
 
     def intact(self, seq: int) -> bool:
         """True while the snapshot of capture ``seq`` is held, unchanged since :meth:`view` returned it."""

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import IO, Iterable, Optional
 
 from mindft.launch_plan import DEFAULT_GRACE_PERIOD, LaunchSpec, rank_environment, scheduler_environment
+from mindft.snapshot import size_text
 
 log = logging.getLogger(__name__)
 
@@ -42,15 +43,8 @@ def agent_memory_report(state_dir: Path) -> str:
         sizes[rank_dir.name] = sum(f.stat().st_size for f in rank_dir.rglob("*") if f.is_file())
     if not sizes:
         return f"the node agent held no snapshots ({state_dir})"
-    return (f"the node agent held {_size(sum(sizes.values()))} of snapshots for {len(sizes)} rank(s) "
-            f"(largest {_size(max(sizes.values()))}: two slots of the rank's state)")
-
-
-def _size(nbytes: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.1f} {unit}"
-    return f"{nbytes} B"
+    return (f"the node agent held {size_text(sum(sizes.values()))} of snapshots for {len(sizes)} rank(s) "
+            f"(largest {size_text(max(sizes.values()))}: two slots of the rank's state)")
 
 
 class Console:

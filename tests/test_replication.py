@@ -229,21 +229,24 @@ def test_a_slot_a_capture_claims_while_it_is_read_is_not_sealed(tmp_path: Path, 
     source = _FileSource(tmp_path / "rank0")
     [(step, index)] = source.notice()
     outgoing = source.open(0, index)
-    sent = list(outgoing.parts)
+    sent = list(outgoing.parts(frozenset()))
     assert step == 1 and outgoing.intact() and outgoing.header.step == 1
     assert b"".join(data for _, _, data in sent) == b"".join(a.tobytes() for a in state(1).values())
     outgoing.close()
     outgoing = source.open(0, index)
-    next(outgoing.parts)
+    reading = outgoing.parts(frozenset())
+    next(reading)
     capture(store, 2)
     capture(store, 3)  # claims the slot being read
-    list(outgoing.parts)
+    list(reading)
     assert not outgoing.intact()
     outgoing.close()
     outgoing.close()  # idempotent
 
 
 def _raw(endpoint: str, keys, frames: list, answer: bool = True):
+    import json
+
     import zmq
 
     from mindft.keys import secure_client
@@ -256,8 +259,12 @@ def _raw(endpoint: str, keys, frames: list, answer: bool = True):
             sock.send_multipart(message)
         if not answer:
             return None
-        assert sock.poll(10_000), "no answer"
-        return sock.recv_multipart()
+        while True:  # the answer to the last request; a begin's ("have": send everything) comes first
+            assert sock.poll(10_000), "no answer"
+            reply = sock.recv_multipart()
+            if reply[0] != b"have":
+                return reply
+            assert json.loads(reply[1])["arrays"] == []
 
 
 def test_the_keeper_keeps_the_old_replica_until_a_new_one_is_complete(tmp_path: Path, keys, parts) -> None:
@@ -398,3 +405,89 @@ def test_a_step_report_waits_for_the_replica_and_the_status_shows_it(keys, parts
         assert keeper.held == {0: 2}
     finally:
         controller.stop()
+
+
+# ---- data-parallel ranks: a replica points into the keeper's own ranks' snapshot of its step ----
+
+def dp_state(rank: int, step: int) -> dict[str, np.ndarray]:
+    """Weights every data-parallel rank has (state(step)), and a position only this rank has."""
+    return {**state(step), "position": np.array([rank, step * 64], dtype=np.int64)}
+
+
+def test_a_data_parallel_replica_receives_only_what_differs_and_comes_back_whole(tmp_path: Path, keys,
+                                                                                 parts) -> None:
+    from mindft.replication import slot_files
+
+    keeper = Keeper(tmp_path / "node1" / "replicas", "127.0.0.1", keys, local=slot_files([tmp_path / "node1" / "rank1"]))
+    parts.append(keeper)
+    own, theirs = SnapshotStore(home=tmp_path / "node0" / "rank0"), SnapshotStore(home=tmp_path / "node1" / "rank1")
+    parts += [own, theirs]
+    sender = Sender({0: tmp_path / "node0" / "rank0"}, keys, lambda: keeper.endpoint)
+    parts.append(sender)
+    weights = sum(a.nbytes for a in state(1).values())
+    theirs.capture(1, dp_state(1, 1))
+    theirs.wait()
+    own.capture(1, dp_state(0, 1), {"step": 1})
+    own.wait()
+    until(lambda: sender.replicated == {0: 1}, "the replica of step 1")
+    assert keeper.nbytes == dp_state(0, 1)["position"].nbytes  # the weights were not sent
+    assert (keeper.received_bytes, keeper.shared_bytes) == (16, weights) and sender.shared_arrays == 3
+    replica = fetch_replica(keeper.endpoint, 0, keys, 5.0)  # verified against rank 0's own checksums
+    assert replica.step == 1 and replica.meta == {"step": 1} and list(replica.arrays) == list(dp_state(0, 1))
+    for name, array in dp_state(0, 1).items():
+        assert replica.arrays[name].tobytes() == array.tobytes() and replica.arrays[name].shape == array.shape
+    # Weights that differ (a rank that is not data-parallel, or another step) are sent whole.
+    theirs.capture(2, dp_state(1, 7))
+    theirs.wait()
+    own.capture(2, dp_state(0, 2))
+    own.wait()
+    until(lambda: sender.replicated == {0: 2}, "the replica of step 2")
+    assert keeper.nbytes == sum(a.nbytes for a in dp_state(0, 2).values())
+    assert fetch_replica(keeper.endpoint, 0, keys, 5.0).arrays["w"].tobytes() == state(2)["w"].tobytes()
+
+
+def test_a_shared_replica_is_refused_once_the_snapshot_it_points_into_is_overwritten(tmp_path: Path, keys,
+                                                                                     parts) -> None:
+    """Rank 1 captures twice more: its snapshot of step 1 is gone, and with it a rollback to step 1."""
+    from mindft.replication import slot_files
+
+    keeper = Keeper(None, "127.0.0.1", keys, local=slot_files([tmp_path / "rank1"]))
+    parts.append(keeper)
+    own, theirs = SnapshotStore(home=tmp_path / "rank0"), SnapshotStore(home=tmp_path / "rank1")
+    parts += [own, theirs]
+    sender = Sender({0: tmp_path / "rank0"}, keys, lambda: keeper.endpoint)
+    parts.append(sender)
+    for store, rank in ((theirs, 1), (own, 0)):
+        store.capture(1, dp_state(rank, 1))
+        store.wait()
+    until(lambda: keeper.held == {0: 1}, "the replica of step 1")
+    assert keeper.shared_bytes > 0
+    for step in (2, 3):
+        theirs.capture(step, dp_state(1, step))
+        theirs.wait()
+    with pytest.raises(SnapshotError, match="shares 'w' with this node's snapshot of that step, which is no longer"):
+        fetch_replica(keeper.endpoint, 0, keys, 5.0)
+
+
+def test_a_begin_waits_for_the_keepers_own_capture_of_its_step(tmp_path: Path, keys, parts) -> None:
+    """Rank 0's snapshot completes first: the keeper answers its begin once rank 1's is there."""
+    from mindft.replication import RankReplication, store_slots
+
+    theirs = SnapshotStore()
+    parts.append(theirs)
+    keeper = Keeper(None, "127.0.0.1", keys, local=store_slots(theirs))
+    parts.append(keeper)
+    own = SnapshotStore()
+    parts.append(own)
+    replication = RankReplication(0, own, keys, lambda: keeper.endpoint, None, lambda: None, lost_after=60.0)
+    parts.append(replication)
+    replication.captured(own.capture(5, dp_state(0, 5)), 5)
+    own.wait()
+    until(lambda: replication.sender.in_flight == (0, 5), "the push of step 5 to begin")
+    time.sleep(0.3)  # the begin is waiting, not refused or sent whole
+    assert keeper.held == {} and keeper.received_bytes == 0
+    theirs.capture(5, dp_state(1, 5))
+    theirs.wait()
+    until(lambda: keeper.held == {0: 5}, "the replica of step 5")
+    assert keeper.nbytes == 16 and keeper.shared_bytes == sum(a.nbytes for a in state(5).values())
+    assert fetch_replica(keeper.endpoint, 0, keys, 5.0).arrays["position"].tolist() == [0, 320]

@@ -29,7 +29,7 @@ from mindft.faults import DeviceFault, classify, describe
 from mindft.keys import job_keys
 from mindft.processor import Processor, ProcessorError
 from mindft.protocol import FaultKind, StatusRequest
-from mindft.replication import Keeper, RankReplication
+from mindft.replication import Keeper, RankReplication, store_slots
 from mindft.snapshot import SnapshotError, SnapshotStore, fetch_replica
 
 log = logging.getLogger(__name__)
@@ -282,7 +282,7 @@ class Session:
             log.critical("rank=%d %s", config.rank, error)
             raise SystemExit(ExitCode.USAGE) from None
         if self._buddy is not None:
-            self._keeper = Keeper(None, config.controller_ip, self._keys)
+            self._keeper = Keeper(None, config.controller_ip, self._keys, local=store_slots(self.store))
         adopted = False
         if restarted and self.store.steps:
             adopted = True

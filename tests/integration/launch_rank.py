@@ -9,10 +9,12 @@ Started by ``mindft-launch`` (it reads the environment the launcher sets). Extra
   LAUNCH_IGNORE_TERM   "1": ignore SIGTERM (the launcher must escalate to SIGKILL)
   LAUNCH_GIVE_UP    "RANK:STEP": that rank exits 3 (as after its own dying gasp) inside STEP
   LAUNCH_NO_FILE_REPLICA  "1": a restarted rank finds its state only in its node agent's memory
+  LAUNCH_DATA_PARALLEL    "1": every rank's weights are the same, as data-parallel ranks' are
 
 The "weights" are a float64 vector updated by a non-linear, step-dependent rule, so
 the final bytes equal :func:`reference` only if every rollback restored exactly the
-right step. After each step the rank writes its snapshot to its buddy's replica file
+right step. Each snapshot in the node agent's memory also holds the rank's own position (a
+small array no other rank has). After each step the rank writes its snapshot to its buddy's replica file
 (whole or absent) before reporting the step; a restarted incarnation adopts that replica.
 """
 from __future__ import annotations
@@ -33,14 +35,17 @@ from mindft.protocol import FaultKind
 from mindft.snapshot import SnapshotStore
 
 SIZE = 64
+DATA_PARALLEL = os.environ.get("LAUNCH_DATA_PARALLEL") == "1"
 GIVE_UP_CODE = int(ExitCode.DUMPED)  # the exit code of LAUNCH_GIVE_UP (dump_failed_rank.py changes it)
 
 
 def initial(rank: int) -> np.ndarray:
+    rank = 0 if DATA_PARALLEL else rank
     return np.linspace(-1.0, 1.0, SIZE) * (rank + 1)
 
 
 def update(weights: np.ndarray, step: int, rank: int) -> np.ndarray:
+    rank = 0 if DATA_PARALLEL else rank
     return np.tanh(weights * 1.0001 + np.sin(step * 0.37 + rank)) * 0.999
 
 
@@ -93,7 +98,7 @@ class Rank:
     def capture(self, step: int) -> None:
         self.snapshots[step] = self.weights.copy()
         if self.store is not None:
-            self.store.capture(step, {"weights": self.weights})
+            self.store.capture(step, {"weights": self.weights, "position": np.array([self.rank, step])})
             self.store.wait()
         for old in sorted(self.snapshots)[:-2]:
             del self.snapshots[old]

@@ -127,11 +127,22 @@ def nodes(tmp_path: Path) -> Iterator[Nodes]:
     started.kill_all()
 
 
+def _bytes(text: str) -> float:
+    number, unit = text.split()
+    return float(number) * {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[unit]
+
+
 def rows(status) -> dict:
     return {row.rank: row for row in status.ranks}
 
 
-def test_a_lost_node_comes_back_from_its_replica_on_the_next_node(nodes: Nodes, tmp_path: Path) -> None:
+@pytest.mark.parametrize("data_parallel", [False, True], ids=["own-weights", "data-parallel"])
+def test_a_lost_node_comes_back_from_its_replica_on_the_next_node(nodes: Nodes, tmp_path: Path,
+                                                                  data_parallel: bool) -> None:
+    """Data-parallel ranks hold the same weights: node 0's keeper received only rank 1's position
+    and restores the weights from rank 0's snapshot of the same step."""
+    if data_parallel:
+        nodes.env["LAUNCH_DATA_PARALLEL"] = "1"
     nodes.start("node1", 1)
     nodes.start("node0", 0)
     nodes.until("both ranks training, rank 1 replicated",
@@ -154,9 +165,17 @@ def test_a_lost_node_comes_back_from_its_replica_on_the_next_node(nodes: Nodes, 
     assert "rank=1 NODE LOST" in node0 and f"its new node restored its replica of step {restored}" in node0
     assert f"every rank holds step {restored}" in node0
     assert f"[rank 1] rank 1 ROLLBACK step {restored}" in new  # from its agent's memory, not a file
+    shared = re.search(r"received (.+?), shared (.+?) with this node's snapshots", node0)
+    assert shared, node0[-3000:]
+    received, pointed = (_bytes(text) for text in shared.groups())
+    if data_parallel:  # per push: 16 B of position received, 512 B of weights shared
+        assert 0 < received < pointed / 10, shared[0]
+    else:
+        assert pointed == 0 < received, shared[0]
+    references = {rank: launch_rank.reference(rank if not data_parallel else 0, STEPS) for rank in (0, 1)}
     for rank in (0, 1):
         final = np.load(tmp_path / f"final-{rank}.npy")
-        assert final.tobytes() == launch_rank.reference(rank, STEPS).tobytes(), f"rank {rank} differs"
+        assert final.tobytes() == references[rank].tobytes(), f"rank {rank} differs"
 
 
 def test_a_lost_node_without_a_replica_ends_with_dying_gasps_at_once(nodes: Nodes, tmp_path: Path) -> None:

@@ -145,7 +145,7 @@ def test_malformed_pushes_are_refused(buddy, keys):
     short = ReplicaHeader(0, 1, (("x", payload.dtype.str, (5,), checksum(payload)),))
     cases = {
         b"garbage replica header": [b"push", b"{not json", payload.tobytes()],
-        b"replica format version 2": [b"push", json.dumps(future).encode(), payload.tobytes()],
+        f"replica format version {REPLICA_VERSION + 1}".encode(): [b"push", json.dumps(future).encode(), payload.tobytes()],
         b"'x' has 16 bytes, expected 20": [b"push", short.encode(), payload.tobytes()],
         b"has 2 array frames": [b"push", header.encode(), payload.tobytes(), b"extra"],
         b"unknown request": [b"load", b"x"],
