@@ -36,7 +36,11 @@ budget snapshots every 14–82 steps there, so 220 steps hold whole snapshot per
 
 and the job's memory with the node agents replicating (two launchers on loopback)::
 
-    python bench/train_overhead_ranks.py --nproc 1 --nnodes 2 --width 2048 --rounds 1 --steps 150 --dp off --batch-sizes 64
+    python bench/train_overhead_ranks.py --nproc 1 --nnodes 2 --width 2048 --rounds 1 --steps 150 --dp off on --batch-sizes 64
+    python bench/train_overhead_ranks.py --nproc 4 --nnodes 2 --width 1024 --rounds 1 --steps 150 --dp on --batch-sizes 64
+
+(the node agents' end-of-job lines say what each keeper received and what it pointed into
+its own ranks' snapshots instead: all of a data-parallel replica)
 
 Options: ``--batch-sizes 64 256``, ``--dp off on``, ``--rounds 3``, ``--steps``, ``--warmup``,
 ``--width``; results in ``bench/results/train_overhead_ranks-<N>.json``.
@@ -207,6 +211,12 @@ def _load() -> List[float]:
     return [round(v, 2) for v in os.getloadavg()]
 
 
+def _bytes(text: str) -> float:
+    """The bytes in a size mindft prints (``512 B``, ``96.0 MiB``)."""
+    number, unit = text.split()
+    return float(number) * {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[unit]
+
+
 def _pss(pid: int) -> int:
     """The process's proportional set size in bytes: each shared page counts 1/n in each of its n
     mappers, so a sum over processes counts the agent's shared memory once."""
@@ -351,8 +361,10 @@ def run_job(mode: str, nproc: int, batch: int, dp: bool, args: argparse.Namespac
         raise JobFailed(f"mindft-launch exited {code}:\n{text[-3000:]}")
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
     sent = [int(n) for n in re.findall(r"replication: sent (\d+) replica", text)]
+    kept = re.findall(r"received (.+?), shared (.+?) with this node's snapshots", text)
     job = {"mode": mode, "batch": batch, "dp": dp, "nproc": nproc, "nnodes": nnodes,
            "replicas_sent": sum(sent) if sent else None, "lost_protection": text.count("LOST PROTECTION"),
+           "replica_bytes": [[_bytes(received), _bytes(shared)] for received, shared in kept],
            "step_ms": statistics.fmean(r["step_s"] for r in ranks) * 1e3,
            "per_rank_ms": [r["step_s"] * 1e3 for r in ranks],
            "cpu_ms": statistics.fmean(r["cpu_s"] for r in ranks) * 1e3,
@@ -529,7 +541,9 @@ def main() -> None:
                           f"{job['step_ms']:7.1f} ms (cpu {job['cpu_ms']:.1f} ms; ranks {', '.join(f'{v:.1f}' for v in job['per_rank_ms'])})"
                           f"{extra}; peak RSS {max(job['rank_hwm']) / 2**20:.0f} MiB, agents "
                           f"{', '.join(f'{v / 2**20:.0f}' for v in job['launcher_hwm'])} MiB"
-                          + (f", replicas sent {job['replicas_sent']}, lost protection {job['lost_protection']}"
+                          + (f", replicas sent {job['replicas_sent']}, lost protection {job['lost_protection']}, "
+                             "keepers received / shared with their own ranks " + ", ".join(
+                                 f"{r / 2**20:.1f} / {s / 2**20:.1f} MiB" for r, s in job["replica_bytes"])
                              if mode == "mindft" and job["nnodes"] > 1 else "") + "; load "
                           f"{job['load_before'][0]:.2f}→{job['load_after'][0]:.2f}; {job['seconds']:.0f} s",
                           flush=True)
