@@ -128,29 +128,58 @@ def slot_files(directories: Sequence[Path]) -> Callable[[], List[LocalSnapshot]]
     return snapshots
 
 
-def _slot_file(directory: Path, index: int) -> Optional[LocalSnapshot]:
-    manifest, data = directory / f"slot{index}.json", directory / f"slot{index}.bin"
-    before = _identity(manifest)
+@dataclass(frozen=True)
+class _Manifest:
+    """A slot file's manifest (``slot<i>.json``, written by :meth:`mindft.snapshot._Slot.record`) as read once."""
+
+    path: Path
+    identity: Tuple[int, int, int, bytes]    # :func:`_identity` before it was read: unchanged means same bytes
+    step: int
+    algorithm: str
+    meta: Dict[str, Any]
+    layout: Tuple[Tuple[str, str, Tuple[int, ...], int], ...]  # (name, dtype.str, shape, offset in the file)
+    checksums: Dict[str, int]
+
+    @property
+    def data(self) -> Path:
+        return self.path.with_suffix(".bin")
+
+    def intact(self) -> bool:
+        return _identity(self.path) == self.identity
+
+
+def _read_manifest(path: Path) -> Optional[_Manifest]:
+    """The complete snapshot a slot file holds; None if there is none (or it is garbage)."""
+    identity = _identity(path)
     try:
-        body = json.loads(manifest.read_text())
-        layout = {str(n): (np.dtype(d).str, tuple(int(x) for x in s), int(o)) for n, d, s, o in body["layout"]}
-        arrays = {name: (dtype, shape, int(body["checksums"][name])) for name, (dtype, shape, _) in layout.items()}
-        step, algorithm = int(body["step"]), str(body["algorithm"])
-    except (OSError, ValueError, KeyError, TypeError):
+        body = json.loads(path.read_text())
+        layout = tuple((str(n), np.dtype(d).str, tuple(int(x) for x in s), int(o)) for n, d, s, o in body["layout"])
+        checksums = {name: int(body["checksums"][name]) for name, _, _, _ in layout}
+        manifest = _Manifest(path, identity, int(body["step"]), str(body.get("algorithm")),
+                             dict(body.get("meta", {})), layout, checksums)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        log.debug("%s: no readable snapshot (%s)", path, error)
         return None
-    if before is None:
+    return manifest if identity is not None else None
+
+
+def _slot_file(directory: Path, index: int) -> Optional[LocalSnapshot]:
+    manifest = _read_manifest(directory / f"slot{index}.json")
+    if manifest is None:
         return None
+    where = {name: (_nbytes(dtype, shape), start) for name, dtype, shape, start in manifest.layout}
 
     def read(name: str) -> Optional[bytes]:
-        dtype, shape, start = layout[name]
+        size, start = where[name]
         try:
-            with open(data, "rb") as handle:
-                chunk = os.pread(handle.fileno(), _nbytes(dtype, shape), start)
+            with open(manifest.data, "rb") as handle:
+                chunk = os.pread(handle.fileno(), size, start)
         except OSError:
             return None
-        return chunk if len(chunk) == _nbytes(dtype, shape) and _identity(manifest) == before else None
+        return chunk if len(chunk) == size and manifest.intact() else None
 
-    return LocalSnapshot(step, algorithm, arrays, read)
+    return LocalSnapshot(manifest.step, manifest.algorithm, {
+        name: (dtype, shape, manifest.checksums[name]) for name, dtype, shape, _ in manifest.layout}, read)
 
 
 def store_slots(store: SnapshotStore) -> Callable[[], List[LocalSnapshot]]:
@@ -169,6 +198,17 @@ def store_slots(store: SnapshotStore) -> Callable[[], List[LocalSnapshot]]:
         return found
 
     return snapshots
+
+
+def _read_shared(local: List[LocalSnapshot], header: ReplicaHeader,
+                 spec: Tuple[str, str, Tuple[int, ...], int]) -> Optional[bytes]:
+    """A shared array's bytes, from the first local snapshot of the replica's step that still holds them."""
+    for snapshot in local:
+        if snapshot.holds(header.step, header.algorithm, spec):
+            data = snapshot.read(spec[0])
+            if data is not None:
+                return data
+    return None
 
 
 @dataclass
@@ -429,11 +469,8 @@ class Keeper:
         frames = []
         for spec in header.arrays:
             data = own.get(spec[0])
-            for snapshot in local:
-                if data is not None:
-                    break
-                if snapshot.holds(header.step, header.algorithm, spec):
-                    data = snapshot.read(spec[0])
+            if data is None:
+                data = _read_shared(local, header, spec)
             if data is None:
                 raise SnapshotError(f"the replica of rank {owner}, step {header.step} shares {spec[0]!r} with "
                                     f"this node's snapshot of that step, which is no longer held")
@@ -489,23 +526,18 @@ class _FileSource:
 
     def open(self, rank: int, index: Any) -> Optional[_Outgoing]:
         """The slot's bytes (read as they are sent) and recorded checksums; None if it is gone."""
-        manifest = self.home / f"slot{index}.json"
-        before = _identity(manifest)
+        manifest = _read_manifest(self.home / f"slot{index}.json")
+        if manifest is None:
+            return None
         try:
-            body = json.loads(manifest.read_text())
-            layout = [(str(n), str(d), tuple(int(x) for x in s), int(o)) for n, d, s, o in body["layout"]]
-            checksums = {str(k): int(v) for k, v in body["checksums"].items()}
-            step = int(body["step"])
-            fd = os.open(self.home / f"slot{index}.bin", os.O_RDONLY)
-        except (OSError, ValueError, KeyError, TypeError) as error:
+            fd = os.open(manifest.data, os.O_RDONLY)
+        except OSError as error:
             log.debug("rank=%d slot %d: no readable snapshot (%s)", rank, index, error)
             return None
-        if before is None:
-            os.close(fd)
-            return None
-        header = ReplicaHeader(rank, step, tuple((name, np.dtype(dtype).str, shape, checksums[name])
-                                                 for name, dtype, shape, _ in layout),
-                               dict(body.get("meta", {})), str(body.get("algorithm")))
+        layout = manifest.layout
+        header = ReplicaHeader(rank, manifest.step, tuple((name, dtype, shape, manifest.checksums[name])
+                                                          for name, dtype, shape, _ in layout),
+                               manifest.meta, manifest.algorithm)
         short = []
 
         def parts(skip: FrozenSet[int]) -> Iterator[Tuple[int, int, Any]]:
@@ -522,7 +554,7 @@ class _FileSource:
                     yield array, offset, data
 
         def intact() -> bool:
-            return not short and _identity(manifest) == before
+            return not short and manifest.intact()
 
         descriptor = [fd]
 
