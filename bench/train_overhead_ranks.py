@@ -131,6 +131,8 @@ def rank_main() -> None:
     result: Dict[str, Any] = {"rank": rank, "protected": protected, "state_bytes": state_bytes}
     if not protected:
         for step in range(1, total + 1):
+            if step == warmup + 1:
+                threads_before = _thread_cpu()
             started, cpu_started = time.perf_counter(), time.process_time()
             train_step(x, y)
             times.append(time.perf_counter() - started)
@@ -171,6 +173,8 @@ def rank_main() -> None:
             for step, _ in loop.batches(lambda step: None, total):
                 for values in parts.values():
                     values.append(0.0)
+                if step == warmup + 1:
+                    threads_before = _thread_cpu()
                 started, cpu_started = time.perf_counter(), time.process_time()
                 loop.step(protected_step, x, y)
                 if step == total:
@@ -194,6 +198,10 @@ def rank_main() -> None:
                           store_bytes=session.store.nbytes,
                           step_cost=session.costs.step_time, capture_cost=session.costs.capture_time)
     result.setdefault("memory", _status())
+    threads_after = _thread_cpu()
+    # CPU per step of each thread (by name) from the warm-up's end to the last step
+    result["thread_cpu_ms"] = {name: (seconds - threads_before.get(name, 0.0)) / steps * 1e3
+                               for name, seconds in threads_after.items()}
     count = last - first + 1
     result.update(times=times, cpus=cpus, window=[first, last], step_s=sum(times[first - 1:last]) / count,
                   cpu_s=sum(cpus[first - 1:last]) / count)
@@ -205,6 +213,19 @@ def rank_main() -> None:
     partial = out / f".rank{rank}.json.tmp"
     partial.write_text(json.dumps(result))
     partial.rename(out / f"rank{rank}.json")  # the driver waits for the name
+
+
+def _thread_cpu(pid: str = "self") -> Dict[str, float]:
+    """CPU seconds of each of the process's threads so far, summed by thread name."""
+    out: Dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
 
 
 def _load() -> List[float]:
@@ -246,6 +267,25 @@ def _tree(pid: int) -> List[int]:
     return tree
 
 
+def _process(pid: int) -> Optional[tuple]:
+    """(what the process is, its CPU seconds so far): the launcher, a rank, MindSpore's scheduler."""
+    try:
+        fields = (Path(f"/proc/{pid}/stat")).read_text().rsplit(")", 1)[1].split()
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    if b"mindft.launch" in command:
+        kind = "launcher"
+    elif b"MS_ROLE=MS_SCHED" in environ:
+        kind = "scheduler"
+    elif any(part.endswith(b"train_overhead_ranks.py") for part in command):
+        kind = "rank"
+    else:
+        kind = Path(command[0].decode(errors="replace")).name
+    return kind, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class _Sampler:
     """Samples the launchers' memory, the whole job's (PSS: shared memory counted once) and the
     size of the agents' snapshot files while a job runs."""
@@ -255,6 +295,7 @@ class _Sampler:
         self.launchers: List[Dict[str, int]] = [{} for _ in pids]
         self.shm_peak = 0
         self.pss_peak = 0
+        self.cpu: Dict[int, tuple] = {}  # pid: (kind, CPU seconds at its last sample)
         self._known = set(Path("/dev/shm").glob("mindft-state-*")) if Path("/dev/shm").is_dir() else set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -275,11 +316,63 @@ class _Sampler:
                 except OSError:
                     pass
             self.shm_peak = max(self.shm_peak, shm)
-            self.pss_peak = max(self.pss_peak, sum(_pss(p) for launcher in self.pids for p in _tree(launcher)))
+            tree = [p for launcher in self.pids for p in _tree(launcher)]
+            self.pss_peak = max(self.pss_peak, sum(_pss(p) for p in tree))
+            for pid in tree:
+                sample = _process(pid)
+                if sample is not None:
+                    self.cpu[pid] = sample
+
+    def cpu_by_kind(self) -> Dict[str, float]:
+        """CPU seconds each kind of process used over the job (as last sampled)."""
+        out: Dict[str, float] = {}
+        for kind, seconds in self.cpu.values():
+            out[kind] = out.get(kind, 0.0) + seconds
+        return out
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+
+
+class _SpeedProbe:
+    """The machine's speed while a job runs: once a second, the CPU time (of this thread, not
+    the wall time: not the wait for a core) a fixed piece of work takes, passes over 8 MiB and
+    an exponential. A VM's cores run the same code faster or slower from minute to minute (its
+    neighbours share caches and memory): then every thread of every rank, MindSpore's as much as
+    mindft's, takes more or less CPU per step alike (``thread_cpu_ms`` in the record)."""
+
+    PERIOD = 1.0
+
+    def __init__(self) -> None:
+        import numpy as np
+
+        rng = np.random.default_rng(0)
+        self._np = np
+        self._a = rng.random(2 * 2**20, dtype=np.float32)
+        self._b = np.empty_like(self._a)
+        self.costs: List[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _work(self) -> float:
+        started = time.thread_time()
+        np = self._np
+        for _ in range(3):
+            np.multiply(self._a, 1.0001, out=self._b)
+            np.exp(self._a, out=self._b)
+        return time.thread_time() - started
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.PERIOD):
+            self.costs.append(self._work())
+
+    def stop(self) -> float:
+        """The median cost of the work over the job, seconds."""
+        self._stop.set()
+        self._thread.join()
+        return statistics.median(self.costs) if self.costs else float("nan")
 
 
 class JobFailed(RuntimeError):
@@ -342,10 +435,12 @@ def run_job(mode: str, nproc: int, batch: int, dp: bool, args: argparse.Namespac
                      str(out / f"run{node}"), __file__], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                     start_new_session=True))
         sampler = _Sampler([launcher.pid for launcher in launchers])
+        probe = _SpeedProbe()
         try:
             code = _wait_job(launchers, [out / f"rank{r}.json" for r in range(world)], args.timeout)
         finally:
             sampler.stop()
+            probe_s = probe.stop()
     finally:
         for launcher in launchers:
             if launcher.poll() is None:
@@ -372,7 +467,10 @@ def run_job(mode: str, nproc: int, batch: int, dp: bool, args: argparse.Namespac
            "rank_hwm": [r["memory"].get("VmHWM", 0) for r in ranks],
            "rank_memory": [r["memory"] for r in ranks],
            "launcher_hwm": [status.get("VmHWM", 0) for status in sampler.launchers], "shm_peak": sampler.shm_peak,
-           "job_pss_peak": sampler.pss_peak,
+           "job_pss_peak": sampler.pss_peak, "job_cpu_s": sampler.cpu_by_kind(), "probe_ms": probe_s * 1e3,
+           "probe_samples": len(probe.costs),
+           "thread_cpu_ms": {name: statistics.fmean(r["thread_cpu_ms"].get(name, 0.0) for r in ranks)
+                             for name in sorted({n for r in ranks for n in r["thread_cpu_ms"]})},
            "seconds": time.monotonic() - started, "load_before": load_before, "load_after": _load()}
     if mode == "mindft":
         job.update(segments=[r["segments"] for r in ranks], every=ranks[0]["every_in_window"],
@@ -420,7 +518,11 @@ def summarize(jobs: List[Dict[str, Any]], batch: int, dp: bool) -> Dict[str, Any
     job_extra_pss = [(by[(r, "mindft")]["job_pss_peak"] - by[(r, "plain")]["job_pss_peak"]) / world / state
                      for r in rounds]
     loads = [by[(r, m)][key][0] for r in rounds for m in MODES for key in ("load_before", "load_after")]
-    return {"batch": batch, "dp": dp, "rounds": len(rounds),
+    # The probe's cost in the mindft job over the plain one's: above 1, the machine was slower.
+    speeds = [by[(r, "mindft")].get("probe_ms", 0) / by[(r, "plain")].get("probe_ms", 1) for r in rounds]
+    speed = {"probe_ratio": spread(speeds), "ratio_at_equal_speed": spread([q / s for q, s in zip(ratios, speeds)])
+             } if all(speeds) else {}
+    return {**speed, "batch": batch, "dp": dp, "rounds": len(rounds),
             "plain_ms": spread([by[(r, "plain")]["step_ms"] for r in rounds]),
             "mindft_ms": spread([by[(r, "mindft")]["step_ms"] for r in rounds]),
             "ratio": spread(ratios), "every": [by[(r, "mindft")]["every"] for r in rounds],
@@ -451,15 +553,18 @@ def markdown(rows: List[Dict[str, Any]]) -> str:
     def spread(values: List[float], digits: int = 1) -> str:
         return " / ".join(f"{v:.{digits}f}" for v in values)
     lines = ["| batch | all-reduce | plain step, ms | mindft step, ms | **ratio** | N chosen | budget's estimate "
-             "| CPU ratio | mindft's wait per step | job memory over plain, × state per rank | load (1 min) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| CPU ratio | probe's cost, mindft / plain job | ratio at equal probe cost | mindft's wait per step "
+             "| job memory over plain, × state per rank | load (1 min) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         waits = r["parts_ms"]
         wait = waits["wait_peers"] + waits["wait_window"] + waits["hook_wait"] + waits["capture"]
         lines.append(f"| {r['batch']} | {'yes' if r['dp'] else 'no'} | {spread(r['plain_ms'])} | "
                      f"{spread(r['mindft_ms'])} | **{spread(r['ratio'], 3)}** | {', '.join(map(str, r['every']))} | "
                      f"{' / '.join(f'{v:.1%}' for v in r.get('expected_overhead', []))} | "
-                     f"{spread(r['cpu_ratio'], 3)} | {wait:.1f} ms | {spread(_job_memory(r), 2)} | "
+                     f"{spread(r['cpu_ratio'], 3)} | {spread(r['probe_ratio'], 3) if 'probe_ratio' in r else '—'} | "
+                     f"{spread(r['ratio_at_equal_speed'], 3) if 'probe_ratio' in r else '—'} | "
+                     f"{wait:.1f} ms | {spread(_job_memory(r), 2)} | "
                      f"{r['load_1min'][0]:.1f}–{r['load_1min'][1]:.1f} |")
     return "\n".join(lines)
 
