@@ -17,8 +17,8 @@ gradients every step (``nn.DistributedGradReducer``); mindft then holds each ran
 boundary until every rank finished the step (lockstep), as it does for any job with
 collectives. With ``--dp off`` (``--no-scheduler``) the ranks train independently.
 
-The jobs alternate plain / mindft, in ABBA order round after round, so each pair sees the
-same machine; the overhead of a round is the ratio of the two jobs' step times. A job's
+The jobs alternate plain / mindft, in ABBA order round after round, so a slow drift of the
+machine's speed affects both modes alike; the overhead of a round is the ratio of the two jobs' step times. A job's
 step time is the mean over its ranks of each rank's mean step time over ``--steps`` steps
 after ``--warmup`` steps (the budget has chosen its cadence by then: the rank reports the
 step its cadence settled at); the mindft window includes the wait for its last capture.
@@ -27,6 +27,13 @@ the launcher's (the node agent and the controller), the snapshot files the agent
 the whole job's PSS sampled every 0.25 s (every process of every launcher's tree; a shared
 page counts once, split among the processes that map it); the increase over the plain job
 is given in units of the rank's state.
+
+The machine's speed: this VM's cores run the same code up to ~20% faster or slower from one
+job to the next (neighbours share the host's caches and memory), which moves every thread of
+every rank alike (each thread's CPU per step is recorded). Beside each job the driver times a
+fixed piece of work once a second in CPU time (:class:`_SpeedProbe`); the table gives the
+probe's cost in the mindft job over the plain one's and the ratio at equal probe cost (the
+step ratio divided by it) next to the plain ratio.
 
 One command per table of the README (batch 64 and 256, with and without all-reduce; the
 budget snapshots every 14–82 steps there, so 220 steps hold whole snapshot periods)::
