@@ -63,7 +63,8 @@ import zmq
 
 from mindft.keys import CurveKeys, secure_client, secure_server, start_authenticator
 from mindft.protocol import ReplicaReport
-from mindft.snapshot import ReplicaHeader, SnapshotError, SnapshotStore, _check_frames, _Slot, size_text
+from mindft.snapshot import (ReplicaHeader, SnapshotError, SnapshotStore, _check_frames, _Slot, manifest_identity,
+                             read_manifest, size_text)
 
 log = logging.getLogger(__name__)
 
@@ -128,43 +129,8 @@ def slot_files(directories: Sequence[Path]) -> Callable[[], List[LocalSnapshot]]
     return snapshots
 
 
-@dataclass(frozen=True)
-class _Manifest:
-    """A slot file's manifest (``slot<i>.json``, written by :meth:`mindft.snapshot._Slot.record`) as read once."""
-
-    path: Path
-    identity: Tuple[int, int, int, bytes]    # :func:`_identity` before it was read: unchanged means same bytes
-    step: int
-    algorithm: str
-    meta: Dict[str, Any]
-    layout: Tuple[Tuple[str, str, Tuple[int, ...], int], ...]  # (name, dtype.str, shape, offset in the file)
-    checksums: Dict[str, int]
-
-    @property
-    def data(self) -> Path:
-        return self.path.with_suffix(".bin")
-
-    def intact(self) -> bool:
-        return _identity(self.path) == self.identity
-
-
-def _read_manifest(path: Path) -> Optional[_Manifest]:
-    """The complete snapshot a slot file holds; None if there is none (or it is garbage)."""
-    identity = _identity(path)
-    try:
-        body = json.loads(path.read_text())
-        layout = tuple((str(n), np.dtype(d).str, tuple(int(x) for x in s), int(o)) for n, d, s, o in body["layout"])
-        checksums = {name: int(body["checksums"][name]) for name, _, _, _ in layout}
-        manifest = _Manifest(path, identity, int(body["step"]), str(body.get("algorithm")),
-                             dict(body.get("meta", {})), layout, checksums)
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        log.debug("%s: no readable snapshot (%s)", path, error)
-        return None
-    return manifest if identity is not None else None
-
-
 def _slot_file(directory: Path, index: int) -> Optional[LocalSnapshot]:
-    manifest = _read_manifest(directory / f"slot{index}.json")
+    manifest = read_manifest(directory / f"slot{index}.json")
     if manifest is None:
         return None
     where = {name: (_nbytes(dtype, shape), start) for name, dtype, shape, start in manifest.layout}
@@ -511,22 +477,22 @@ class _FileSource:
         """(step, slot index) of snapshots completed since the last look, oldest first."""
         fresh = []
         for index in (0, 1):
-            identity = _identity(self.home / f"slot{index}.json")
+            identity = manifest_identity(self.home / f"slot{index}.json")
             if identity is None:
                 self.seen.pop(index, None)
                 continue
             if identity == self.seen.get(index):
                 continue
             self.seen[index] = identity
-            step = _manifest_step(self.home / f"slot{index}.json")
-            if step is not None:
-                fresh.append((step, index))
+            manifest = read_manifest(self.home / f"slot{index}.json")
+            if manifest is not None:
+                fresh.append((manifest.step, index))
         # Both slots new since the last look: two captures, the newer one holds the higher step.
         return sorted(fresh)
 
     def open(self, rank: int, index: Any) -> Optional[_Outgoing]:
         """The slot's bytes (read as they are sent) and recorded checksums; None if it is gone."""
-        manifest = _read_manifest(self.home / f"slot{index}.json")
+        manifest = read_manifest(self.home / f"slot{index}.json")
         if manifest is None:
             return None
         try:
@@ -648,23 +614,6 @@ class _Push:
     @property
     def step(self) -> int:
         return self.outgoing.header.step
-
-
-def _identity(path: Path) -> Optional[Tuple[int, int, int, bytes]]:
-    """What tells one manifest from the next: file timestamps are coarse (a clock tick) and tmpfs
-    reuses inode numbers, so two fast captures can look alike; the head of the JSON holds the step."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        info = os.fstat(fd)
-        head = os.read(fd, 64)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return info.st_ino, info.st_mtime_ns, info.st_size, head
 
 
 class Sender:
@@ -1049,13 +998,6 @@ class Sender:
             except Exception as error:  # the controller may be busy or gone: the next report says it again
                 log.debug("report to the controller failed: %s", error)
                 self._reported = None
-
-
-def _manifest_step(path: Path) -> Optional[int]:
-    try:
-        return int(json.loads(path.read_text())["step"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 class RankReplication:

@@ -163,6 +163,63 @@ def _readonly(array: np.ndarray) -> np.ndarray:
 _ALIGN = 64  # each array of a slot file starts on a cache line
 
 
+@dataclass(frozen=True)
+class SlotManifest:
+    """A slot file's manifest (``slot<i>.json`` beside ``slot<i>.bin``, written by
+    :meth:`_Slot.record` once the snapshot is complete), as read once."""
+
+    path: Path
+    identity: Tuple[int, int, int, bytes]  # :func:`manifest_identity` before it was read
+    step: int
+    algorithm: str
+    meta: Dict[str, Any]
+    layout: Tuple[Tuple[str, str, Tuple[int, ...], int], ...]  # (name, dtype.str, shape, offset in the file)
+    checksums: Dict[str, int]
+
+    @property
+    def data(self) -> Path:
+        return self.path.with_suffix(".bin")
+
+    def intact(self) -> bool:
+        """The slot still holds this snapshot (a capture that overwrites it removes the manifest first)."""
+        return manifest_identity(self.path) == self.identity
+
+
+def read_manifest(path: Path) -> Optional[SlotManifest]:
+    """The complete snapshot a slot file holds; None if there is none (or it is garbage)."""
+    identity = manifest_identity(path)
+    if identity is None:
+        return None
+    try:
+        body = json.loads(path.read_text())
+        layout = tuple((str(n), np.dtype(d).str, tuple(int(x) for x in s), int(o)) for n, d, s, o in body["layout"])
+        checksums = {name: int(body["checksums"][name]) for name, _, _, _ in layout}
+        return SlotManifest(path, identity, int(body["step"]), str(body.get("algorithm")),
+                            dict(body.get("meta", {})), layout, checksums)
+    except FileNotFoundError:
+        return None  # overwritten since
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        log.warning("ignoring the snapshot in %s: %s", path, error)
+        return None
+
+
+def manifest_identity(path: Path) -> Optional[Tuple[int, int, int, bytes]]:
+    """What tells one manifest from the next: file timestamps are coarse (a clock tick) and tmpfs
+    reuses inode numbers, so two fast captures can look alike; the head of the JSON holds the step."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        head = os.read(fd, 64)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return info.st_ino, info.st_mtime_ns, info.st_size, head
+
+
 class _Slot:
     """One of the two buffers; ``complete`` only once copy and checksums finished.
 
@@ -252,15 +309,16 @@ class _Slot:
 
     def load(self) -> bool:
         """Map a complete snapshot a previous process of this rank left here; False if there is none."""
-        try:
-            body = json.loads(self.manifest.read_text())
-            self._map([(name, dtype, tuple(shape)) for name, dtype, shape, _ in body["layout"]])
-            self.step, self.meta = int(body["step"]), dict(body["meta"])
-            self.checksums, self.algorithm = {k: int(v) for k, v in body["checksums"].items()}, body["algorithm"]
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            if not isinstance(error, FileNotFoundError):
-                log.warning("ignoring the snapshot in %s: %s", self.path, error)
+        manifest = read_manifest(self.manifest)
+        if manifest is None:
             return False
+        try:
+            self._map([(name, dtype, shape) for name, dtype, shape, _ in manifest.layout])
+        except (OSError, ValueError) as error:
+            log.warning("ignoring the snapshot in %s: %s", self.path, error)
+            return False
+        self.step, self.meta, self.algorithm = manifest.step, manifest.meta, manifest.algorithm
+        self.checksums = dict(manifest.checksums)
         self.complete = self.algorithm in _HASHERS
         return self.complete
 
