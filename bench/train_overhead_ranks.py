@@ -18,22 +18,19 @@ boundary until every rank finished the step (lockstep), as it does for any job w
 collectives. With ``--dp off`` (``--no-scheduler``) the ranks train independently.
 
 The jobs alternate plain / mindft, in ABBA order round after round, so a slow drift of the
-machine's speed affects both modes alike; the overhead of a round is the ratio of the two jobs' step times. A job's
-step time is the mean over its ranks of each rank's mean step time over ``--steps`` steps
+machine's speed affects both modes alike; the overhead of a round is the ratio of the two
+jobs' step times. A job's step time is the mean over its ranks of each rank's mean step time over ``--steps`` steps
 after ``--warmup`` steps (the budget has chosen its cadence by then: the rank reports the
 step its cadence settled at); the mindft window includes the wait for its last capture.
 Memory: each rank's peak RSS (``VmHWM``, which counts the agent's shared memory it maps),
 the launcher's (the node agent and the controller), the snapshot files the agent held, and
-the whole job's PSS sampled every 0.25 s (every process of every launcher's tree; a shared
-page counts once, split among the processes that map it); the increase over the plain job
-is given in units of the rank's state.
+the whole job's PSS sampled every 2 s, every 0.25 s on several nodes (every process of every
+launcher's tree; a shared page counts once, split among the processes that map it); the
+increase over the plain job is given in units of the rank's state.
 
-The machine's speed: this VM's cores run the same code up to ~20% faster or slower from one
-job to the next (neighbours share the host's caches and memory), which moves every thread of
-every rank alike (each thread's CPU per step is recorded). Beside each job the driver times a
-fixed piece of work once a second in CPU time (:class:`_SpeedProbe`); the table gives the
-probe's cost in the mindft job over the plain one's and the ratio at equal probe cost (the
-step ratio divided by it) next to the plain ratio.
+Where the CPU goes: each rank records each thread's CPU per step after the warm-up (MindSpore's
+threads by their names, mindft's by theirs), and the driver each process's CPU over the job
+(the launcher with the node agent and the controller, MindSpore's scheduler, the ranks).
 
 One command per table of the README (batch 64 and 256, with and without all-reduce; the
 budget snapshots every 14–82 steps there, so 220 steps hold whole snapshot periods)::
@@ -144,6 +141,7 @@ def rank_main() -> None:
             train_step(x, y)
             times.append(time.perf_counter() - started)
             cpus.append(time.process_time() - cpu_started)
+        threads_after = _thread_cpu()
         first, last = warmup + 1, total  # the window: steps first..last
     else:
         from mindft.mindspore import FaultTolerantLoop
@@ -187,6 +185,7 @@ def rank_main() -> None:
                 if step == total:
                     session.store.wait()  # the last step pays for its capture's copy
                     result["memory"] = _status()  # while the snapshots are still mapped
+                    threads_after = _thread_cpu()  # while mindft's threads still run
                 times.append(time.perf_counter() - started)
                 cpus.append(time.process_time() - cpu_started)
             result["parts"] = parts
@@ -205,7 +204,6 @@ def rank_main() -> None:
                           store_bytes=session.store.nbytes,
                           step_cost=session.costs.step_time, capture_cost=session.costs.capture_time)
     result.setdefault("memory", _status())
-    threads_after = _thread_cpu()
     # CPU per step of each thread (by name) from the warm-up's end to the last step
     result["thread_cpu_ms"] = {name: (seconds - threads_before.get(name, 0.0)) / steps * 1e3
                                for name, seconds in threads_after.items()}
@@ -223,11 +221,13 @@ def rank_main() -> None:
 
 
 def _thread_cpu(pid: str = "self") -> Dict[str, float]:
-    """CPU seconds of each of the process's threads so far, summed by thread name."""
+    """CPU seconds of each of the process's threads so far, summed by thread name (Python's
+    own name for a Python thread)."""
     out: Dict[str, float] = {}
+    python = {str(t.native_id): t.name for t in threading.enumerate()}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            name = (task / "comm").read_text().strip()
+            name = python.get(task.name) or (task / "comm").read_text().strip()
             fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
@@ -295,9 +295,18 @@ def _process(pid: int) -> Optional[tuple]:
 
 class _Sampler:
     """Samples the launchers' memory, the whole job's (PSS: shared memory counted once) and the
-    size of the agents' snapshot files while a job runs."""
+    size of the agents' snapshot files while a job runs.
 
-    def __init__(self, pids: List[int]) -> None:
+    PSS is read every ``pss_every`` ticks: the kernel walks every page of a process for it,
+    ~10 ms of CPU per rank of 600 MiB on this VM, a fifth of a core taken from the job at every
+    tick. On one node the peak lasts (the double buffer stays once allocated): every 2 s. With
+    replicas (several nodes) the peak is the old replica and the new one while it arrives:
+    every tick."""
+
+    TICK = 0.25
+
+    def __init__(self, pids: List[int], pss_every: int) -> None:
+        self.pss_every = pss_every
         self.pids = pids
         self.launchers: List[Dict[str, int]] = [{} for _ in pids]
         self.shm_peak = 0
@@ -309,7 +318,9 @@ class _Sampler:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(0.25):
+        tick = 0
+        while not self._stop.wait(self.TICK):
+            tick += 1
             for index, pid in enumerate(self.pids):
                 status = _status(str(pid))
                 if status:
@@ -324,7 +335,8 @@ class _Sampler:
                     pass
             self.shm_peak = max(self.shm_peak, shm)
             tree = [p for launcher in self.pids for p in _tree(launcher)]
-            self.pss_peak = max(self.pss_peak, sum(_pss(p) for p in tree))
+            if (tick - 1) % self.pss_every == 0:
+                self.pss_peak = max(self.pss_peak, sum(_pss(p) for p in tree))
             for pid in tree:
                 sample = _process(pid)
                 if sample is not None:
@@ -340,46 +352,6 @@ class _Sampler:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
-
-
-class _SpeedProbe:
-    """The machine's speed while a job runs: once a second, the CPU time (of this thread, not
-    the wall time: not the wait for a core) a fixed piece of work takes, passes over 8 MiB and
-    an exponential. A VM's cores run the same code faster or slower from minute to minute (its
-    neighbours share caches and memory): then every thread of every rank, MindSpore's as much as
-    mindft's, takes more or less CPU per step alike (``thread_cpu_ms`` in the record)."""
-
-    PERIOD = 1.0
-
-    def __init__(self) -> None:
-        import numpy as np
-
-        rng = np.random.default_rng(0)
-        self._np = np
-        self._a = rng.random(2 * 2**20, dtype=np.float32)
-        self._b = np.empty_like(self._a)
-        self.costs: List[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _work(self) -> float:
-        started = time.thread_time()
-        np = self._np
-        for _ in range(3):
-            np.multiply(self._a, 1.0001, out=self._b)
-            np.exp(self._a, out=self._b)
-        return time.thread_time() - started
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.PERIOD):
-            self.costs.append(self._work())
-
-    def stop(self) -> float:
-        """The median cost of the work over the job, seconds."""
-        self._stop.set()
-        self._thread.join()
-        return statistics.median(self.costs) if self.costs else float("nan")
 
 
 class JobFailed(RuntimeError):
@@ -441,13 +413,11 @@ def run_job(mode: str, nproc: int, batch: int, dp: bool, args: argparse.Namespac
                     [*command, *(["--node-rank", str(node)] if nnodes > 1 else []), "--run-dir",
                      str(out / f"run{node}"), __file__], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                     start_new_session=True))
-        sampler = _Sampler([launcher.pid for launcher in launchers])
-        probe = _SpeedProbe()
+        sampler = _Sampler([launcher.pid for launcher in launchers], pss_every=1 if nnodes > 1 else 8)
         try:
             code = _wait_job(launchers, [out / f"rank{r}.json" for r in range(world)], args.timeout)
         finally:
             sampler.stop()
-            probe_s = probe.stop()
     finally:
         for launcher in launchers:
             if launcher.poll() is None:
@@ -474,8 +444,7 @@ def run_job(mode: str, nproc: int, batch: int, dp: bool, args: argparse.Namespac
            "rank_hwm": [r["memory"].get("VmHWM", 0) for r in ranks],
            "rank_memory": [r["memory"] for r in ranks],
            "launcher_hwm": [status.get("VmHWM", 0) for status in sampler.launchers], "shm_peak": sampler.shm_peak,
-           "job_pss_peak": sampler.pss_peak, "job_cpu_s": sampler.cpu_by_kind(), "probe_ms": probe_s * 1e3,
-           "probe_samples": len(probe.costs),
+           "job_pss_peak": sampler.pss_peak, "job_cpu_s": sampler.cpu_by_kind(),
            "thread_cpu_ms": {name: statistics.fmean(r["thread_cpu_ms"].get(name, 0.0) for r in ranks)
                              for name in sorted({n for r in ranks for n in r["thread_cpu_ms"]})},
            "seconds": time.monotonic() - started, "load_before": load_before, "load_after": _load()}
@@ -485,6 +454,9 @@ def run_job(mode: str, nproc: int, batch: int, dp: bool, args: argparse.Namespac
                    settled_at=max(start for r in ranks for start, _ in r["segments"]
                                   if start <= args.warmup + args.steps),
                    captures_in_window=[r["captures_in_window"] for r in ranks],
+                   # CPU per step of mindft's own threads (snapshot copy, processor, ZeroMQ I/O)
+                   mindft_threads_ms=sum(ms for name, ms in job["thread_cpu_ms"].items()
+                                         if name.startswith(("mindft", "ZMQbg"))),
                    step_cost_ms=[(r["step_cost"] or 0) * 1e3 for r in ranks],
                    capture_cost_ms=[(r["capture_cost"] or 0) * 1e3 for r in ranks],
                    # ms per step in the window, mean over ranks: training, and mindft's waits
@@ -521,15 +493,11 @@ def summarize(jobs: List[Dict[str, Any]], batch: int, dp: bool) -> Dict[str, Any
                   - sum(by[(r, "plain")]["rank_hwm"]) - sum(by[(r, "plain")]["launcher_hwm"])) / world / state
                  for r in rounds]
     # The same from the job's sampled PSS (every process of every launcher's tree, shared pages
-    # counted once): what the job holds, not an upper bound; sampled every 0.25 s.
+    # counted once): what the job holds, not an upper bound.
     job_extra_pss = [(by[(r, "mindft")]["job_pss_peak"] - by[(r, "plain")]["job_pss_peak"]) / world / state
                      for r in rounds]
     loads = [by[(r, m)][key][0] for r in rounds for m in MODES for key in ("load_before", "load_after")]
-    # The probe's cost in the mindft job over the plain one's: above 1, the machine was slower.
-    speeds = [by[(r, "mindft")].get("probe_ms", 0) / by[(r, "plain")].get("probe_ms", 1) for r in rounds]
-    speed = {"probe_ratio": spread(speeds), "ratio_at_equal_speed": spread([q / s for q, s in zip(ratios, speeds)])
-             } if all(speeds) else {}
-    return {**speed, "batch": batch, "dp": dp, "rounds": len(rounds),
+    return {"batch": batch, "dp": dp, "rounds": len(rounds),
             "plain_ms": spread([by[(r, "plain")]["step_ms"] for r in rounds]),
             "mindft_ms": spread([by[(r, "mindft")]["step_ms"] for r in rounds]),
             "ratio": spread(ratios), "every": [by[(r, "mindft")]["every"] for r in rounds],
@@ -560,18 +528,15 @@ def markdown(rows: List[Dict[str, Any]]) -> str:
     def spread(values: List[float], digits: int = 1) -> str:
         return " / ".join(f"{v:.{digits}f}" for v in values)
     lines = ["| batch | all-reduce | plain step, ms | mindft step, ms | **ratio** | N chosen | budget's estimate "
-             "| CPU ratio | probe's cost, mindft / plain job | ratio at equal probe cost | mindft's wait per step "
-             "| job memory over plain, × state per rank | load (1 min) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| CPU ratio | mindft's wait per step | job memory over plain, × state per rank | load (1 min) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         waits = r["parts_ms"]
         wait = waits["wait_peers"] + waits["wait_window"] + waits["hook_wait"] + waits["capture"]
         lines.append(f"| {r['batch']} | {'yes' if r['dp'] else 'no'} | {spread(r['plain_ms'])} | "
                      f"{spread(r['mindft_ms'])} | **{spread(r['ratio'], 3)}** | {', '.join(map(str, r['every']))} | "
                      f"{' / '.join(f'{v:.1%}' for v in r.get('expected_overhead', []))} | "
-                     f"{spread(r['cpu_ratio'], 3)} | {spread(r['probe_ratio'], 3) if 'probe_ratio' in r else '—'} | "
-                     f"{spread(r['ratio_at_equal_speed'], 3) if 'probe_ratio' in r else '—'} | "
-                     f"{wait:.1f} ms | {spread(_job_memory(r), 2)} | "
+                     f"{spread(r['cpu_ratio'], 3)} | {wait:.1f} ms | {spread(_job_memory(r), 2)} | "
                      f"{r['load_1min'][0]:.1f}–{r['load_1min'][1]:.1f} |")
     return "\n".join(lines)
 
@@ -648,7 +613,8 @@ def main() -> None:
                     extra = (f", every {job['every']}, window {job['windows'][0][0]}–{job['windows'][0][1]} "
                              f"({job['captures_in_window'][0]} captures), budget expects "
                              f"{job['expected_overhead']:.2%}, per step: " + ", ".join(
-                                 f"{k} {v:.1f}" for k, v in job["parts_ms"].items()) if mode == "mindft" else "")
+                                 f"{k} {v:.1f}" for k, v in job["parts_ms"].items()) + ", mindft's threads' CPU "
+                             f"{job['mindft_threads_ms']:.2f}" if mode == "mindft" else "")
                     print(f"round {round_} batch {batch:>3} dp {'on ' if dp else 'off'} {mode:>6}: step "
                           f"{job['step_ms']:7.1f} ms (cpu {job['cpu_ms']:.1f} ms; ranks {', '.join(f'{v:.1f}' for v in job['per_rank_ms'])})"
                           f"{extra}; peak RSS {max(job['rank_hwm']) / 2**20:.0f} MiB, agents "
