@@ -19,18 +19,20 @@ collectives. With ``--dp off`` (``--no-scheduler``) the ranks train independentl
 
 The jobs alternate plain / mindft, in ABBA order round after round, so a slow drift of the
 machine's speed affects both modes alike; the overhead of a round is the ratio of the two
-jobs' step times. A job's step time is the mean over its ranks of each rank's mean step time over ``--steps`` steps
-after ``--warmup`` steps (the budget has chosen its cadence by then: the rank reports the
-step its cadence settled at); the mindft window includes the wait for its last capture.
+jobs' step times. A job's step time is the mean over its ranks of each rank's mean step time
+over ``--steps`` steps after ``--warmup`` steps (the budget has chosen its cadence by then:
+the rank reports the step its cadence settled at); the mindft window includes the wait for
+its last capture.
 Memory: each rank's peak RSS (``VmHWM``, which counts the agent's shared memory it maps),
 the launcher's (the node agent and the controller), the snapshot files the agent held, and
 the whole job's PSS sampled every 2 s, every 0.25 s on several nodes (every process of every
 launcher's tree; a shared page counts once, split among the processes that map it); the
 increase over the plain job is given in units of the rank's state.
 
-Where the CPU goes: each rank records each thread's CPU per step after the warm-up (MindSpore's
-threads by their names, mindft's by theirs), and the driver each process's CPU over the job
-(the launcher with the node agent and the controller, MindSpore's scheduler, the ranks).
+Where the CPU goes: each rank records each thread's CPU per step after the warm-up
+(MindSpore's threads by their names, mindft's by theirs), and the driver each process's CPU
+over the job (the launcher with the node agent and the controller, MindSpore's scheduler,
+the ranks).
 
 One command per table of the README (batch 64 and 256, with and without all-reduce; the
 budget snapshots every 14–82 steps there, so 220 steps hold whole snapshot periods)::
