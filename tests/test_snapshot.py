@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from mindft import snapshot as snapshot_module
-from mindft.snapshot import Snapshot, SnapshotError, SnapshotStore, checksum
+from mindft.snapshot import Snapshot, SnapshotError, SnapshotStore, checksum, read_manifest
 
 
 def state(value: float, size: int = 1000) -> dict:
@@ -422,6 +422,45 @@ def test_a_corrupted_home_snapshot_fails_verification(tmp_path: Path) -> None:
         assert resumed.steps == (1,)
         with pytest.raises(SnapshotError, match="checksum mismatch"):
             resumed.restore(1)
+
+
+def test_a_slot_manifest_is_read_once_and_knows_when_its_slot_is_overwritten(tmp_path: Path) -> None:
+    with SnapshotStore(home=tmp_path) as store:
+        store.capture(1, _state(1), {"epoch": 0})
+        store.wait()
+        slot = next(p for p in tmp_path.glob("slot*.json") if json.loads(p.read_text())["step"] == 1)
+        manifest = read_manifest(slot)
+        assert manifest is not None and manifest.step == 1 and manifest.meta == {"epoch": 0}
+        assert manifest.data == slot.with_suffix(".bin")
+        assert [name for name, _, _, _ in manifest.layout] == list(_state(1))
+        for name, dtype, shape, start in manifest.layout:
+            value = _state(1)[name]
+            assert (dtype, shape) == (value.dtype.str, value.shape)
+            assert manifest.checksums[name] == checksum(value, manifest.algorithm)
+            stored = np.frombuffer(manifest.data.read_bytes()[start:start + value.nbytes], dtype)
+            assert stored.tobytes() == value.tobytes()
+        assert manifest.intact()
+        store.capture(2, _state(2))
+        store.wait()
+        store.capture(3, _state(3))  # the slot of step 1
+        store.wait()
+        assert not manifest.intact()
+        assert read_manifest(slot).step == 3
+
+
+def test_a_garbage_manifest_is_named_and_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with SnapshotStore(home=tmp_path) as store:
+        for step in (1, 2):
+            store.capture(step, _state(step))
+            store.wait()
+    older = next(p for p in tmp_path.glob("slot*.json") if json.loads(p.read_text())["step"] == 1)
+    older.write_text('{"step": 1, "layout": [')
+    assert read_manifest(older) is None
+    assert read_manifest(tmp_path / "slot9.json") is None  # no such slot: nothing to say
+    assert [(r.levelname, r.getMessage().startswith(f"ignoring the snapshot in {older}: "))
+            for r in caplog.records] == [("WARNING", True)]
+    with SnapshotStore(home=tmp_path, resume=True) as resumed:
+        assert resumed.steps == (2,)
 
 
 def test_an_unusable_home_is_a_clear_error(tmp_path: Path) -> None:
