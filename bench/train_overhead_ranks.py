@@ -222,6 +222,12 @@ def rank_main() -> None:
     partial.rename(out / f"rank{rank}.json")  # the driver waits for the name
 
 
+def _cpu_seconds(stat: Path) -> float:
+    """User + system CPU seconds from a /proc ``stat`` file (a process's or a thread's)."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _thread_cpu(pid: str = "self") -> Dict[str, float]:
     """CPU seconds of each of the process's threads so far, summed by thread name (Python's
     own name for a Python thread)."""
@@ -230,10 +236,10 @@ def _thread_cpu(pid: str = "self") -> Dict[str, float]:
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             name = python.get(task.name) or (task / "comm").read_text().strip()
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            seconds = _cpu_seconds(task / "stat")
         except OSError:
             continue
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        out[name] = out.get(name, 0.0) + seconds
     return out
 
 
@@ -279,7 +285,7 @@ def _tree(pid: int) -> List[int]:
 def _process(pid: int) -> Optional[tuple]:
     """(what the process is, its CPU seconds so far): the launcher, a rank, MindSpore's scheduler."""
     try:
-        fields = (Path(f"/proc/{pid}/stat")).read_text().rsplit(")", 1)[1].split()
+        seconds = _cpu_seconds(Path(f"/proc/{pid}/stat"))
         command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
@@ -292,7 +298,7 @@ def _process(pid: int) -> Optional[tuple]:
         kind = "rank"
     else:
         kind = Path(command[0].decode(errors="replace")).name
-    return kind, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return kind, seconds
 
 
 class _Sampler:
