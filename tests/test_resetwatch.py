@@ -431,14 +431,20 @@ def test_kubelet_swaps_under_a_polling_thread(tmp_path: Path) -> None:
     watcher = ResetWatcher(volume.path, 0.001)
     seen: list[object] = []
     watcher.start(seen.append)
+
+    def wait_until_seen(event: object) -> None:
+        deadline = time.monotonic() + 10
+        while event not in seen and time.monotonic() < deadline:
+            time.sleep(0.005)
+
     try:
         for episode in range(1, 41):
             volume.publish(plugin_episode([episode % 4], "unrecovered", retry_time=episode))
+            if episode == 1:  # one swap is certainly read mid-stream, however loaded the machine
+                wait_until_seen(DeviceFaulty(1, UCE, "reset"))
             volume.publish(plugin_episode([episode % 4], "recovered", retry_time=episode))
         volume.publish(plugin_episode([9], "unrecovered", retry_time=99))
-        deadline = time.monotonic() + 10
-        while DeviceFaulty(9, UCE, "reset") not in seen and time.monotonic() < deadline:
-            time.sleep(0.005)
+        wait_until_seen(DeviceFaulty(9, UCE, "reset"))
         assert watcher.alive
     finally:
         watcher.stop()
