@@ -200,8 +200,9 @@ def test_killed_rank_restarts_from_its_peer_replica_bit_identically(make_job, re
 
 
 def test_unrecoverable_job_ends_in_dying_gasp_checkpoints(make_job) -> None:
-    """Rank 1 dies in step 5 and never comes back: rank 0 dumps step 4, the newest step both
-    ranks held (rank 1's last finished step), and exits 3."""
+    """Rank 1 dies in step 5 and never comes back: rank 0 dumps the newest step both ranks are
+    known to hold, and exits 3. Rank 1 finished step 4, but its report of step 4 may not have
+    reached the controller before it died (under load): then that step is 3."""
     import mindspore as ms
 
     fast = dataclasses.replace(TIMEOUTS, repair=3.0)
@@ -210,12 +211,15 @@ def test_unrecoverable_job_ends_in_dying_gasp_checkpoints(make_job) -> None:
     assert job.wait(procs) == [EXIT_DUMPED, 137], job.tail()
     result = job.controller.join(30)
     assert result is not None and result.exit_code != ExitCode.OK
-    assert "rank 1" in result.reason and "repair" in result.reason and "every rank dumps step 4" in result.reason
+    assert "rank 1" in result.reason and "repair" in result.reason, result.reason
+    dumped = re.search(r"every rank dumps step (\d+)", result.reason)
+    assert dumped is not None and int(dumped[1]) in (3, 4), result.reason
+    step = int(dumped[1])
     dumps = list((job.tmp / "dump").glob("mindft-rank0-step*.ckpt"))
-    assert [d.name for d in dumps] == ["mindft-rank0-step4.ckpt"], job.tail()
+    assert [d.name for d in dumps] == [f"mindft-rank0-step{step}.ckpt"], job.tail()
     params = ms.load_checkpoint(str(dumps[0]))
     assert {"0.weight", "moment1.0.weight", "global_step"} <= set(params)
-    assert int(params["global_step"].asnumpy().reshape(-1)[0]) == 4
+    assert int(params["global_step"].asnumpy().reshape(-1)[0]) == step
 
 
 def test_sparse_snapshots_roll_back_further_and_replay_bit_identically(make_job, reference: Path) -> None:
