@@ -68,6 +68,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from mindft.snapshot import size_from_text
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results"
 IN_OUT = 1024
@@ -245,12 +247,6 @@ def _thread_cpu(pid: str = "self") -> Dict[str, float]:
 
 def _load() -> List[float]:
     return [round(v, 2) for v in os.getloadavg()]
-
-
-def _bytes(text: str) -> float:
-    """The bytes in a size mindft prints (``512 B``, ``96.0 MiB``)."""
-    number, unit = text.split()
-    return float(number) * {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[unit]
 
 
 def _pss(pid: int) -> int:
@@ -444,7 +440,7 @@ def run_job(mode: str, nproc: int, batch: int, dp: bool, args: argparse.Namespac
     kept = re.findall(r"received (.+?), shared (.+?) with this node's snapshots", text)
     job = {"mode": mode, "batch": batch, "dp": dp, "nproc": nproc, "nnodes": nnodes,
            "replicas_sent": sum(sent) if sent else None, "lost_protection": text.count("LOST PROTECTION"),
-           "replica_bytes": [[_bytes(received), _bytes(shared)] for received, shared in kept],
+           "replica_bytes": [[size_from_text(received), size_from_text(shared)] for received, shared in kept],
            "step_ms": statistics.fmean(r["step_s"] for r in ranks) * 1e3,
            "per_rank_ms": [r["step_s"] * 1e3 for r in ranks],
            "cpu_ms": statistics.fmean(r["cpu_s"] for r in ranks) * 1e3,

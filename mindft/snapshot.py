@@ -106,12 +106,21 @@ class SlotView:
     algorithm: str
 
 
+_SIZE_UNITS = {"GiB": 2**30, "MiB": 2**20, "KiB": 2**10}
+
+
 def size_text(nbytes: int) -> str:
     """``nbytes`` for people: 512 B, 1.5 KiB, 96.0 MiB."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    for unit, scale in _SIZE_UNITS.items():
         if nbytes >= scale:
             return f"{nbytes / scale:.1f} {unit}"
     return f"{nbytes} B"
+
+
+def size_from_text(text: str) -> float:
+    """The bytes a :func:`size_text` stands for (to the rounding it printed)."""
+    number, unit = text.split()
+    return float(number) * (1 if unit == "B" else _SIZE_UNITS[unit])
 
 
 def _view(slot: _Slot) -> SlotView:

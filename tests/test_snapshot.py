@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from mindft import snapshot as snapshot_module
-from mindft.snapshot import Snapshot, SnapshotError, SnapshotStore, checksum, read_manifest
+from mindft.snapshot import (Snapshot, SnapshotError, SnapshotStore, checksum, read_manifest, size_from_text,
+                             size_text)
 
 
 def state(value: float, size: int = 1000) -> dict:
@@ -468,3 +469,8 @@ def test_an_unusable_home_is_a_clear_error(tmp_path: Path) -> None:
     blocker.write_text("")
     with pytest.raises(SnapshotError, match="MINDFT_STATE_DIR: cannot create"):
         SnapshotStore(home=blocker / "rank0")
+
+
+@pytest.mark.parametrize("nbytes", [0, 512, 1536, 96 * 2**20, 3 * 2**30])
+def test_a_printed_size_reads_back_as_its_bytes(nbytes: int) -> None:
+    assert size_from_text(size_text(nbytes)) == pytest.approx(nbytes, rel=0.05)

@@ -27,6 +27,7 @@ import launch_rank
 from launched import ROOT, free_port_pair
 from mindft.channel import Client, ControllerUnreachable
 from mindft.keys import generate_keys, load_keys
+from mindft.snapshot import size_from_text
 
 RANK_SCRIPT = Path(__file__).with_name("launch_rank.py")
 STEPS = 40
@@ -127,11 +128,6 @@ def nodes(tmp_path: Path) -> Iterator[Nodes]:
     started.kill_all()
 
 
-def _bytes(text: str) -> float:
-    number, unit = text.split()
-    return float(number) * {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[unit]
-
-
 def rows(status) -> dict:
     return {row.rank: row for row in status.ranks}
 
@@ -167,7 +163,7 @@ def test_a_lost_node_comes_back_from_its_replica_on_the_next_node(nodes: Nodes, 
     assert f"[rank 1] rank 1 ROLLBACK step {restored}" in new  # from its agent's memory, not a file
     shared = re.search(r"received (.+?), shared (.+?) with this node's snapshots", node0)
     assert shared, node0[-3000:]
-    received, pointed = (_bytes(text) for text in shared.groups())
+    received, pointed = (size_from_text(text) for text in shared.groups())
     if data_parallel:  # per push: 16 B of position received, 512 B of weights shared
         assert 0 < received < pointed / 10, shared[0]
     else:
