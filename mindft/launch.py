@@ -609,7 +609,7 @@ class Launcher:
             if self.runner is not None:
                 self.runner.stop()
             if self.mindio_host is not None:
-                self.mindio_host.stop()  # after the ranks: a processor's destroy waits for it
+                self.mindio_host.stop()  # after the ranks (after a clean end the controller is gone already)
             for worker in self.agent.workers.values():
                 if worker.pump is not None:
                     worker.pump.join(2.0)

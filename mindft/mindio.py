@@ -93,6 +93,11 @@ Quirks and how they are handled
   exception", SIGABRT) when the wheel's C++ static destructors meet the thread still blocked in
   it. After an abandoned destroy the process therefore ends with ``_exit(status)`` once Python
   has finalized, skipping those destructors and keeping the exit status the program chose.
+* A processor destroyed while its controller lives can abort ("pure virtual method called",
+  SIGABRT), rarely, under load: the destroy shuts its own connection, its receive thread wakes,
+  still sees it connected and reconnects through the link being deleted. The controller's
+  destroy first tells every processor it ends, which turns that reconnect off: the launcher
+  destroys the controller once every rank finished, and the ranks' last gate opens only then.
 * ``tft_init_processor`` makes SIGTERM and SIGINT do nothing. The handlers in place before it are
   put back, so the launcher can still stop a rank.
 * Prelock gives up after 3 tries when ranks drift apart (a rank mid-update is given 3 ms); the
@@ -613,10 +618,12 @@ class StepGate:
     done at least ``need`` steps (``need == -1``: every rank finished), else ``{"open": false}``
     after :data:`GATE_HOLD_SECONDS`. For a hot reset the launcher holds the gate (:meth:`hold`: the
     ranks gather at the newest step any of them finished, :meth:`gathered`) and tells the ranks
-    on the chip to :meth:`leave` (``{"leave": true}``).
+    on the chip to :meth:`leave` (``{"leave": true}``). ``when_all_finished`` runs once, in its own
+    thread, when every rank first reported it finished; the ranks' last wait opens after it returned.
     """
 
-    def __init__(self, world_size: int, ip: str, keys: Optional[CurveKeys] = None, port: int = 0) -> None:
+    def __init__(self, world_size: int, ip: str, keys: Optional[CurveKeys] = None, port: int = 0,
+                 when_all_finished: Optional[Callable[[], Any]] = None) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         self.world_size = world_size
@@ -639,6 +646,9 @@ class StepGate:
         self._holding = False
         self._leaving: set = set()
         self._parked: Dict[int, int] = {}  # rank -> done, while refused and not let through since
+        self._when_all_finished = when_all_finished
+        self._ending: Optional[threading.Thread] = None
+        self._ended = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="mindft-step-gate", daemon=True)
         self._thread.start()
@@ -693,10 +703,28 @@ class StepGate:
         if len(self._done) < self.world_size:
             return False
         if need == _ALL_FINISHED:
-            return all(self._finished.values())
+            return all(self._finished.values()) and self._end()
         if self._holding and need >= max(self._done.values()):
             return False  # only the ranks behind catch up
         return min(self._done.values()) >= need
+
+    def _end(self) -> bool:
+        """Every rank finished: whether ``when_all_finished`` has returned (started on the first call)."""
+        if self._when_all_finished is None:
+            return True
+        if self._ending is None:
+            self._ending = threading.Thread(target=self._run_when_all_finished, name="mindft-gate-end",
+                                            daemon=True)
+            self._ending.start()
+        return self._ended.is_set()
+
+    def _run_when_all_finished(self) -> None:
+        try:
+            self._when_all_finished()
+        except Exception:  # the ranks must still be let out
+            log.exception("step gate: the action once every rank finished failed")
+        finally:
+            self._ended.set()
 
     def _answer(self, rank: int, need: int, deadline: float, now: float) -> Optional[bytes]:
         """The answer to a waiting request, or None to keep it waiting."""
@@ -1149,7 +1177,7 @@ class MindioHost:
 
     def start(self) -> None:
         """Start the gate, MindIO's controller with the MindX stand-in, then the reset watcher."""
-        self.gate = StepGate(*self._gate_args)
+        self.gate = StepGate(*self._gate_args, when_all_finished=self._destroy_controller_first)
         try:
             mindx = None
             if self._standin_args:
@@ -1170,6 +1198,18 @@ class MindioHost:
         except Exception:
             self.stop()
             raise
+
+    def _destroy_controller_first(self) -> None:
+        """Every rank finished: destroy the controller before any rank destroys its processor.
+
+        The controller's destroy first tells every processor it ends, which stops their reconnect;
+        a processor destroyed while the controller lives can race its own reconnect and abort
+        (see the quirks above). MindSpore's rank 0 destroys the controller first for the same order.
+        """
+        controller = self.controller
+        if controller is not None:
+            log.info("every rank finished: destroying MindIO's controller before the ranks' processors")
+            controller.stop()
 
     def check(self, max_restarts: int = 10) -> Optional[str]:
         """Restart a reset watcher that died; the reason to fail the job once it died too often."""

@@ -94,6 +94,28 @@ def test_finished_means_every_rank_finished_and_a_rollback_reopens_it(gate) -> N
     assert outcome == ["open"]
 
 
+def test_the_last_wait_opens_only_after_the_action_once_every_rank_finished(tmp_path: Path) -> None:
+    # mindft-launch destroys MindIO's controller there, before any rank destroys its processor.
+    release, calls = threading.Event(), []
+    server = StepGate(2, "127.0.0.1", when_all_finished=lambda: (calls.append(time.monotonic()), release.wait(10)))
+    rank0, rank1 = (StepGateClient(server.endpoint, rank) for rank in range(2))
+    try:
+        flags = Flags()
+        first, first_outcome = wait_in_thread(rank0, 7, -1, flags, finished=True)
+        first.join(0.5)
+        assert first.is_alive() and calls == []  # rank 1 still trains: nothing ends yet
+        last, last_outcome = wait_in_thread(rank1, 7, -1, flags, finished=True)
+        last.join(0.5)
+        assert len(calls) == 1 and first.is_alive() and last.is_alive()  # both wait for the action
+        release.set()
+        first.join(5), last.join(5)
+        assert first_outcome == last_outcome == ["open"] and len(calls) == 1
+    finally:
+        release.set()
+        rank0.close(), rank1.close()
+        server.close()
+
+
 def test_the_gate_refuses_a_client_without_the_job_key(gate, tmp_path: Path, monkeypatch) -> None:
     import mindft.mindio as mindio
 
