@@ -52,11 +52,16 @@ def run_job(world_size: int, steps: int, fault: Optional[str], workdir: Path) ->
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(HELPERS)]),
            "TTP_LOG_LEVEL": os.environ.get("TTP_LOG_LEVEL", "ERROR")}
     port = free_port()
-    hub, close_hub = mindio_rank.serve_hub(world_size)
     script = str(HELPERS / "mindio_rank.py")
     controller = subprocess.Popen([sys.executable, script, "controller", str(world_size), str(port)],
                                   stdin=subprocess.PIPE, stdout=open(workdir / "controller.out", "w"),
                                   stderr=subprocess.STDOUT, env=env)
+
+    def destroy_controller() -> None:  # once every rank finished, before their processors
+        controller.stdin.close()
+        controller.wait(30)
+
+    hub, close_hub = mindio_rank.serve_hub(world_size, destroy_controller)
     ranks: List[subprocess.Popen] = []
     try:
         deadline = time.monotonic() + RUN_TIMEOUT
@@ -75,8 +80,7 @@ def run_job(world_size: int, steps: int, fault: Optional[str], workdir: Path) ->
             code = process.wait(max(1.0, deadline - time.monotonic()))
             if code != 0:
                 raise RuntimeError(f"rank {rank} exited with {code}; see {workdir}")
-        controller.stdin.close()
-        controller.wait(30)
+        destroy_controller()
     finally:
         for process in [*ranks, controller]:
             if process.poll() is None:

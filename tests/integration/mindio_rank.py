@@ -4,11 +4,12 @@
 run it); prints ``ready`` and serves until stdin closes or SIGTERM.
 
 ``python mindio_rank.py rank RANK WORLD PORT HUB STEPS OUT [--fault uce:STEP | kill:STEP]``: one
-rank. ``HUB`` is ``host:port|replica endpoint`` of the harness's hub (see :func:`serve_hub`): an abortable barrier
-standing in for the step's all-reduce, and a replica keeper standing in for the node agent that
-holds every rank's snapshot. Each step: barrier, begin_update, update from a seeded RNG, capture
-and push the snapshot, end_update. The final state goes to ``OUT`` (``.npz``) with a JSON line
-per event on stdout.
+rank. ``HUB`` is ``host:port|replica endpoint|gate endpoint`` of the harness's hub (see
+:func:`serve_hub`): an abortable barrier standing in for the step's all-reduce, a replica keeper
+standing in for the node agent that holds every rank's snapshot, and the step gate at which the
+ranks wait once finished until the controller is destroyed (as under mindft-launch). Each step:
+barrier, begin_update, update from a seeded RNG, capture and push the snapshot, end_update. The
+final state goes to ``OUT`` (``.npz``) with a JSON line per event on stdout.
 """
 from __future__ import annotations
 
@@ -21,12 +22,12 @@ import threading
 import time
 from multiprocessing.managers import BaseManager
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 
-from mindft.mindio import (PROCESSOR_CLOSE_TIMEOUT, FaultKind, MindioController, MindioExit, MindioRank,
-                           RankCallbacks, RecoveryRequested)
+from mindft.mindio import (PROCESSOR_CLOSE_TIMEOUT, FaultKind, MindioController, MindioError, MindioExit,
+                           MindioRank, RankCallbacks, RecoveryRequested, StepGate, StepGateClient)
 from mindft.replication import Keeper
 from mindft.snapshot import SnapshotError, SnapshotStore, fetch_replica, push_replica
 
@@ -64,10 +65,14 @@ class _Hub(BaseManager):
     pass
 
 
-def serve_hub(world_size: int) -> tuple:
-    """Start the barrier + replica server in this process; (the HUB argument of ranks, closer)."""
+def serve_hub(world_size: int, destroy_controller: Callable[[], Any]) -> tuple:
+    """Start the barrier, replica and gate servers in this process; (the HUB argument of ranks, closer).
+
+    ``destroy_controller`` runs once every rank finished, before the ranks destroy their processors.
+    """
     barrier = threading.Barrier(world_size)
     replicas = Keeper(None, "127.0.0.1", None)
+    gate = StepGate(world_size, "127.0.0.1", when_all_finished=destroy_controller)
     _Hub.register("barrier", callable=lambda: barrier)
     manager = _Hub(("127.0.0.1", 0), authkey=AUTHKEY)
     server = manager.get_server()
@@ -84,8 +89,9 @@ def serve_hub(world_size: int) -> tuple:
     def close() -> None:
         server.stop_event.set()
         replicas.close()
+        gate.close()
 
-    return f"{host}:{port}|{replicas.endpoint}", close
+    return f"{host}:{port}|{replicas.endpoint}|{gate.endpoint}", close
 
 
 def emit(**event: Any) -> None:
@@ -106,7 +112,7 @@ def run_controller(world_size: int, port: int) -> int:
 
 def run_rank(rank: int, world_size: int, port: int, hub: str, steps: int, out: Path,
              fault: Optional[str]) -> int:
-    address, agent = hub.split("|")
+    address, agent, gate_endpoint = hub.split("|")
     host, hub_port = address.rsplit(":", 1)
     _Hub.register("barrier")
     manager = _Hub((host, int(hub_port)), authkey=AUTHKEY)
@@ -183,10 +189,14 @@ def run_rank(rank: int, world_size: int, port: int, hub: str, steps: int, out: P
         return int(exit_order.code)
     np.savez(out, **state)
     emit(event="done", rank=rank, step=step - 1, hook_ns=hook_ns)
+    # No rank closes while another still needs the controller, and the controller goes first.
+    gate = StepGateClient(gate_endpoint, rank)
     try:
-        barrier.wait(BARRIER_TIMEOUT)  # no rank closes while another still needs the controller
-    except threading.BrokenBarrierError:
-        pass
+        gate.wait(steps, -1, mindio, finished=True)
+    except (MindioError, MindioExit) as error:  # the controller is gone: close all the same
+        emit(event="gate", rank=rank, error=str(error))
+    finally:
+        gate.close()
     closed = mindio.close(CLOSE_TIMEOUT)
     emit(event="closed", rank=rank, clean=closed)
     store.close()

@@ -50,7 +50,7 @@ class Job:
     def __init__(self, tmp: Path, world_size: int) -> None:
         self.tmp, self.world_size = tmp, world_size
         self.port = free_port()
-        self.hub, self._close_hub = mindio_rank.serve_hub(world_size)
+        self.hub, self._close_hub = mindio_rank.serve_hub(world_size, self._destroy_controller)
         self.env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parents[1]), str(HERE)]),
                     "TTP_LOG_LEVEL": os.environ.get("TTP_LOG_LEVEL", "WARNING")}
         self.controller: Optional[subprocess.Popen] = None
@@ -91,6 +91,11 @@ class Job:
         assert self.controller is not None
         self.controller.stdin.close()
         return self.controller.wait(timeout)
+
+    def _destroy_controller(self) -> None:
+        """Every rank finished: the controller goes before their processors (the hub's gate waits)."""
+        if self.controller is not None:
+            self.stop_controller()
 
     def events(self, rank: int) -> List[dict]:
         lines = (self.tmp / f"rank{rank}.out").read_text().splitlines()
