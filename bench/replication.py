@@ -70,21 +70,23 @@ def rank_main() -> None:
     from mindft.mindspore import FaultTolerantLoop
 
     width, steps, batch = (int(os.environ[f"BENCH_REPLICATION_{name}"]) for name in ("WIDTH", "STEPS", "BATCH"))
+    config = load_config()
     ms.set_device("CPU")
-    ms.set_seed(0)
+    # Weights and data differ per rank: equal weights (data-parallel) would let a keeper point into
+    # its own snapshot and send no array at all; here every replica is the whole state.
+    ms.set_seed(config.rank)
     net = nn.SequentialCell(nn.Dense(IN_OUT, width), nn.ReLU(), nn.Dense(width, width), nn.ReLU(),
                             nn.Dense(width, IN_OUT))
     optimizer = nn.Adam(net.trainable_params(), learning_rate=1e-4)
     train_step = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), optimizer)
     train_step.set_train()
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(config.rank)
     x = ms.Tensor(rng.random((batch, IN_OUT), dtype=np.float32))
     y = ms.Tensor(rng.random((batch, IN_OUT), dtype=np.float32))
 
     def run(xb: ms.Tensor, yb: ms.Tensor) -> None:
         train_step(xb, yb).asnumpy()
 
-    config = load_config()
     times, stats = [], {}
     with FaultTolerantLoop(net, optimizer) as loop:
         for _ in range(steps):
@@ -97,7 +99,8 @@ def rank_main() -> None:
         if replication is not None:
             sender = replication.sender
             stats = {"pushes": sender.pushes, "skipped": sender.skipped, "push_timeouts": sender.timeouts,
-                     "replicated": sender.replicated.get(config.rank, -1), "push_s": sender.push_seconds}
+                     "replicated": sender.replicated.get(config.rank, -1), "push_s": sender.push_seconds,
+                     "shared_arrays": sender.shared_arrays}
         processor = getattr(session, "processor", None)
         if processor is not None:
             stats["snapshot_every"] = processor.follower.snapshot_every
@@ -196,6 +199,7 @@ def run_job(mode: str, args: argparse.Namespace, keys: Path, work: Path, old: Op
     return {"mode": mode, "step_ms": max(medians) * 1e3, "per_rank_ms": [m * 1e3 for m in medians],
             "state_bytes": ranks[0]["state_bytes"], "peak_rss": [r["peak_rss"] for r in ranks],
             "pushes": [r.get("pushes") for r in ranks], "skipped": [r.get("skipped") for r in ranks],
+            "shared_arrays": [r.get("shared_arrays") for r in ranks],
             "push_s": [r.get("push_s") for r in ranks], "snapshot_every": [r.get("snapshot_every") for r in ranks],
             "agent_replicas_sent": sum(sent) if sent else None,
             "lost_protection_warnings": text.count("LOST PROTECTION"),
@@ -243,7 +247,7 @@ def main() -> None:
                 jobs.append(job)
                 print(f"round {round_} {mode:>11}: step {job['step_ms']:7.1f} ms  (ranks {job['per_rank_ms'][0]:.1f}, "
                       f"{job['per_rank_ms'][1]:.1f}; peak RSS {job['peak_rss'][0] / 2**20:.0f}, "
-                      f"{job['peak_rss'][1] / 2**20:.0f} MiB; pushes {job['pushes']}, cadence {job['snapshot_every']}, "
+                      f"{job['peak_rss'][1] / 2**20:.0f} MiB; pushes {job['pushes']} (arrays not sent: {job['shared_arrays']}), cadence {job['snapshot_every']}, "
                       f"lost-protection warnings {job['lost_protection_warnings']}; load "
                       f"{job['load_before'][0]:.2f}→{job['load_after'][0]:.2f})", flush=True)
     state = jobs[0]["state_bytes"]
