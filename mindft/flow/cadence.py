@@ -50,6 +50,11 @@ def choose_every(step_time: float, capture_time: float, budget: Budget) -> int:
     return max(1, min(every, budget.max_replay))
 
 
+def overhead_of(step_time: float, capture_time: float, every: int) -> float:
+    """The slowdown a snapshot every ``every`` steps costs (0.01: 1%)."""
+    return capture_time / (every * step_time) if step_time > 0 else 0.0
+
+
 def worth_changing(current: int, proposed: int) -> bool:
     """True when ``proposed`` differs enough from ``current`` to announce it: always when the
     current cadence is over the budget (``proposed`` is larger: snapshot less often), and when

@@ -32,7 +32,7 @@ from typing import Optional
 
 from mindft.config import Timeouts
 from mindft.exitcodes import ExitCode
-from mindft.flow.cadence import Budget, Schedule, choose_every, worth_changing
+from mindft.flow.cadence import Budget, Schedule, choose_every, overhead_of, worth_changing
 from mindft.flow.effects import (Broadcast, DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, Effect,
                                  Finish, HoldRepairs, KillRank, Peer, ProcessExited, RollbackAll, Send, StartRank,
                                  StopJob, Transition)
@@ -142,6 +142,7 @@ class Job:
         self.budget = budget
         self.costs: dict[int, tuple[float, float]] = {}  # rank -> (step seconds, snapshot seconds)
         self._retune_due = False  # a cost report came while a change was still pending
+        self._over_budget = False  # the replay bound keeps the cadence above the budget (warned once)
         self.replicas: dict[int, tuple[int, bool]] = {}  # rank → (replicated step, lost), from the node agents
         self.unprotected: set[int] = set()  # ranks judged LOST PROTECTION (logged once; status shows them)
         self._gone_replicas: dict[int, int] = {}  # rank → step of its replica held by a node that was lost
@@ -872,6 +873,7 @@ class Job:
             return
         self.costs[record.rank] = (message.step_time, message.capture_time)
         if self.budget is not None and self.state is _S.NORMAL:
+            self._warn_over_budget()
             self._retune()
 
     def _retune(self) -> None:
@@ -899,6 +901,23 @@ class Job:
                  "ranks; budget %g, at most %d steps replayed)", current, every, start, step_time, capture_time,
                  self.budget.overhead, self.budget.max_replay)
         self._emit(Broadcast(self.ranks.peers(), Cadence(self.schedule.wire())))
+
+    def _warn_over_budget(self) -> None:
+        """Say once (until it is met again) that the replay bound, not the budget, sets the cadence."""
+        budget = self.budget
+        step_time = max(step for step, _ in self.costs.values())
+        capture_time = max(capture for _, capture in self.costs.values())
+        cost = overhead_of(step_time, capture_time, budget.max_replay)
+        over = cost > budget.overhead
+        if over and not self._over_budget:
+            log.warning("snapshots cost %.1f%% of the step even every %d steps, the most a recovery may replay "
+                        "(MINDFT_MAX_REPLAY_STEPS), over the %g%% budget (MINDFT_OVERHEAD_BUDGET; step %.4f s, "
+                        "snapshot %.4f s, slowest ranks): allow more replayed steps or a larger budget",
+                        100 * cost, budget.max_replay, 100 * budget.overhead, step_time, capture_time)
+        elif self._over_budget and not over:
+            log.info("snapshots fit the %g%% budget again (%.1f%% every %d steps)", 100 * budget.overhead,
+                     100 * cost, budget.max_replay)
+        self._over_budget = over
 
     def _changed_endpoints(self) -> dict[int, str]:
         """Replica endpoints that differ from the start barrier's map (restarted ranks)."""

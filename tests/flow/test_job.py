@@ -428,3 +428,29 @@ def test_a_fixed_cadence_ignores_cost_reports() -> None:
     d.steps(8)
     d.send(0, CostReport(0, 0.1, 0.5))
     assert d.job.schedule.segments == ((0, 4),)
+
+
+def test_a_budget_the_replay_bound_cannot_meet_is_warned_once_until_it_is_met_again(caplog) -> None:
+    import logging
+    from mindft.flow.cadence import Budget
+    from mindft.protocol import CostReport
+    caplog.set_level(logging.INFO, "mindft.flow.job")
+    d = Driver(2)
+    d.job = Job(2, T, d.now, budget=Budget(overhead=0.01, max_replay=100))
+    d.start()
+    d.steps(2)
+
+    def said(text: str) -> int:
+        return sum(text in r.getMessage() for r in caplog.records)
+
+    d.send(0, CostReport(0, 0.10, 0.010))  # every 10th step: within the budget
+    assert said("over the 1% budget") == 0
+    d.send(1, CostReport(1, 0.20, 0.40))  # 0.4 s every 100 steps of 0.2 s: 2%
+    d.send(1, CostReport(1, 0.21, 0.40))
+    warnings = [r for r in caplog.records if "over the 1% budget" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+    assert "2.0% of the step even every 100 steps" in warnings[0].getMessage()
+    d.send(1, CostReport(1, 0.20, 0.10))  # 0.5%: met again
+    assert said("fit the 1% budget again") == 1
+    d.send(1, CostReport(1, 0.20, 0.40))
+    assert said("over the 1% budget") == 2
