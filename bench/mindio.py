@@ -53,17 +53,18 @@ def run_job(world_size: int, steps: int, fault: Optional[str], workdir: Path) ->
            "TTP_LOG_LEVEL": os.environ.get("TTP_LOG_LEVEL", "ERROR")}
     port = free_port()
     script = str(HELPERS / "mindio_rank.py")
-    controller = subprocess.Popen([sys.executable, script, "controller", str(world_size), str(port)],
-                                  stdin=subprocess.PIPE, stdout=open(workdir / "controller.out", "w"),
-                                  stderr=subprocess.STDOUT, env=env)
+    processes: List[subprocess.Popen] = []  # the controller, then the ranks: all killed if still running
 
     def destroy_controller() -> None:  # once every rank finished, before their processors
-        controller.stdin.close()
-        controller.wait(30)
+        processes[0].stdin.close()
+        processes[0].wait(30)
 
     hub, close_hub = mindio_rank.serve_hub(world_size, destroy_controller)
-    ranks: List[subprocess.Popen] = []
     try:
+        controller = subprocess.Popen([sys.executable, script, "controller", str(world_size), str(port)],
+                                      stdin=subprocess.PIPE, stdout=open(workdir / "controller.out", "w"),
+                                      stderr=subprocess.STDOUT, env=env)
+        processes.append(controller)
         deadline = time.monotonic() + RUN_TIMEOUT
         while "ready\n" not in (workdir / "controller.out").read_text():
             if controller.poll() is not None or time.monotonic() > deadline:
@@ -74,15 +75,15 @@ def run_job(world_size: int, steps: int, fault: Optional[str], workdir: Path) ->
                        str(steps), str(workdir / f"rank{rank}.npz")]
             if fault and rank == world_size - 1:
                 command += ["--fault", fault]
-            ranks.append(subprocess.Popen(command, stdout=open(workdir / f"rank{rank}.out", "w"),
-                                          stderr=subprocess.DEVNULL, env=env))
-        for rank, process in enumerate(ranks):
+            processes.append(subprocess.Popen(command, stdout=open(workdir / f"rank{rank}.out", "w"),
+                                              stderr=subprocess.DEVNULL, env=env))
+        for rank, process in enumerate(processes[1:]):
             code = process.wait(max(1.0, deadline - time.monotonic()))
             if code != 0:
                 raise RuntimeError(f"rank {rank} exited with {code}; see {workdir}")
         destroy_controller()
     finally:
-        for process in [*ranks, controller]:
+        for process in processes:
             if process.poll() is None:
                 process.kill()
                 process.wait(10)
