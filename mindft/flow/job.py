@@ -889,8 +889,7 @@ class Job:
             self._retune_due = True  # one change at a time: decide again once it is reached
             return
         self._retune_due = False
-        step_time = max(step for step, _ in self.costs.values())
-        capture_time = max(capture for _, capture in self.costs.values())
+        step_time, capture_time = self._slowest_costs()
         every = choose_every(step_time, capture_time, self.budget)
         current = self.schedule.segments[-1][1]
         if not worth_changing(current, every):
@@ -905,8 +904,7 @@ class Job:
     def _warn_over_budget(self) -> None:
         """Say once (until it is met again) that the replay bound, not the budget, sets the cadence."""
         budget = self.budget
-        step_time = max(step for step, _ in self.costs.values())
-        capture_time = max(capture for _, capture in self.costs.values())
+        step_time, capture_time = self._slowest_costs()
         cost = overhead_of(step_time, capture_time, budget.max_replay)
         over = cost > budget.overhead
         if over and not self._over_budget:
@@ -918,6 +916,11 @@ class Job:
             log.info("snapshots fit the %g%% budget again (%.1f%% every %d steps)", 100 * budget.overhead,
                      100 * cost, budget.max_replay)
         self._over_budget = over
+
+    def _slowest_costs(self) -> tuple[float, float]:
+        """The slowest step time and the slowest snapshot time any rank reported (seconds)."""
+        return (max(step for step, _ in self.costs.values()),
+                max(capture for _, capture in self.costs.values()))
 
     def _changed_endpoints(self) -> dict[int, str]:
         """Replica endpoints that differ from the start barrier's map (restarted ranks)."""
