@@ -246,7 +246,7 @@ def status(job: Optional[Path], address: Optional[str], key_file: Optional[Path]
         click.echo(json.dumps(_jsonable(reply), indent=2))
         return
     click.echo(f"job state: {reply.state}   every rank finished step: {reply.step}   "
-               f"recoveries: {reply.recoveries}")
+               f"recoveries: {reply.recoveries}   snapshots: {_cadence_text(reply)}")
     if reply.reason:
         click.echo(f"reason: {reply.reason}")
     header = ("RANK", "STATE", "STEP", "LAST HEARTBEAT", "RESTARTS", "PID")
@@ -270,6 +270,18 @@ def status(job: Optional[Path], address: Optional[str], key_file: Optional[Path]
     if lost:
         click.echo(f"NODE LOST: {_rank_list(lost)} can roll back only to the step of "
                    f"{'its replica' if len(lost) == 1 else 'their replicas'}, restored on the node that replaces it")
+
+
+def _cadence_text(reply: Any) -> str:
+    """How often the ranks snapshot, what it costs, and against which budget."""
+    every = "every step" if reply.snapshot_every == 1 else f"every {reply.snapshot_every} steps"
+    if not reply.overhead_budget:
+        return f"{every} (MINDFT_SNAPSHOT_EVERY)"
+    budget = f"budget {100 * reply.overhead_budget:g}%"
+    if reply.snapshot_cost < 0:
+        return f"{every} (no cost measured yet, {budget})"
+    over = " OVER BUDGET: MINDFT_MAX_REPLAY_STEPS bounds the cadence" if reply.over_budget else ""
+    return f"{every} (~{100 * reply.snapshot_cost:.1f}% of a step, {budget}){over}"
 
 
 def _replica_cell(row: Any) -> str:

@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Mapping, Optional, Union
 # 4: the job decides the snapshot cadence: ranks send CostReport, the job announces Cadence
 # (and RegisterAck carries it); node agents send ReplicaReport; RankStatus.replicated and
 # .replica_lost. Within 4 (a message added, none changed): NodeLost.
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 # Large enough for an endpoint map of ~20k ranks; bigger frames are refused unread.
 MAX_FRAME = 4 * 1024 * 1024
 
@@ -240,6 +240,10 @@ class StatusReply:
     recoveries: int = 0
     request_id: int = 0
     restart_all: bool = False  # a lost process restarts every worker (the launchers wait for StartRank)
+    snapshot_every: int = 1  # the snapshot cadence the job chose last (in force from its switch step)
+    snapshot_cost: float = -1.0  # its slowdown by the slowest ranks' figures (0.01: 1%; -1: none reported yet)
+    overhead_budget: float = 0.0  # MINDFT_OVERHEAD_BUDGET; 0 when MINDFT_SNAPSHOT_EVERY fixes the cadence
+    over_budget: bool = False  # even every MINDFT_MAX_REPLAY_STEPS steps, snapshots cost more than the budget
 
 
 @dataclass(frozen=True)

@@ -188,7 +188,7 @@ def test_status_table_and_inject_kill_a_registered_rank(runner: CliRunner, tmp_p
 def test_status_shows_replicas_and_lost_protection(runner: CliRunner, tmp_path: Path,
                                                    controller: tuple[Controller, Path]) -> None:
     from mindft.channel import Client
-    from mindft.protocol import ReplicaReport, StepReport
+    from mindft.protocol import CostReport, ReplicaReport, StepReport
 
     ctl, key_file = controller
     keys = load_keys(key_file)
@@ -216,6 +216,14 @@ def test_status_shows_replicas_and_lost_protection(runner: CliRunner, tmp_path: 
         assert client.request(ReplicaReport(node=0, ranks=(0, 1), steps=(3, 6))).ok
         job = _job_file(tmp_path, ctl, key_file)
         table = runner.invoke(main, ["status", "--job", str(job)]).output.splitlines()
+        assert table[0].endswith("snapshots: every step (no cost measured yet, budget 1%)")
+        sockets[0].send(encode(CostReport(0, 0.2, 0.4)))  # 0.4 s per 0.2 s step: 2% even every 100th step
+        while not client.status().over_budget:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        table = runner.invoke(main, ["status", "--job", str(job)]).output.splitlines()
+        assert table[0].endswith("snapshots: every 100 steps (~2.0% of a step, budget 1%) OVER BUDGET: "
+                                 "MINDFT_MAX_REPLAY_STEPS bounds the cadence")
         assert table[1].split()[-1] == "REPLICA"
         assert table[2].endswith("3 LOST PROTECTION") and table[3].endswith(" 6")
         assert table[4].startswith("LOST PROTECTION: rank 0: the replica on the next node is gone or older than "

@@ -285,9 +285,13 @@ class Job:
             reason = self.result.reason
         else:
             reason = self._fault_summary() if self.state in RECOVERY_STATES else ""
+        every = self.schedule.segments[-1][1]
+        cost = overhead_of(*self._slowest_costs(), every) if self.costs else -1.0
         return StatusReply(state=self.state.value, step=self.ranks.slowest, ranks=rows, reason=reason,
                            round=self.recovery.round, recoveries=len(self.recoveries), request_id=request_id,
-                           restart_all=self.restart_all)
+                           restart_all=self.restart_all, snapshot_every=every, snapshot_cost=round(cost, 6),
+                           overhead_budget=self.budget.overhead if self.budget is not None else 0.0,
+                           over_budget=self._over_budget)
 
     # ---- rank messages ----------------------------------------------------------------------
 

@@ -450,7 +450,12 @@ def test_a_budget_the_replay_bound_cannot_meet_is_warned_once_until_it_is_met_ag
     warnings = [r for r in caplog.records if "over the 1% budget" in r.getMessage()]
     assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
     assert "2.0% of the step even every 100 steps" in warnings[0].getMessage()
+    status = d.job.status(d.now)
+    assert status.over_budget and status.overhead_budget == 0.01
+    # every 10th step (rank 0's figures) is the cadence chosen last: 100 waits until it is reached
+    assert (status.snapshot_every, status.snapshot_cost) == (10, 0.190476)  # 0.4 / (10 * 0.21)
     d.send(1, CostReport(1, 0.20, 0.10))  # 0.5%: met again
     assert said("fit the 1% budget again") == 1
+    assert not d.job.status(d.now).over_budget
     d.send(1, CostReport(1, 0.20, 0.40))
     assert said("over the 1% budget") == 2
