@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
 import re
 import typing
 from dataclasses import dataclass, field
@@ -286,14 +287,17 @@ class ProcessExit:
 class ReplicaReport:
     """A node agent's replicas of its ranks on the buddy node (or, ``node`` -1, a rank's own replica
     on its buddy rank): ``steps[i]`` is the newest step of ``ranks[i]`` the keeper confirmed holding
-    (-1: none yet); ``lost`` lists the ranks whose replica fell behind (lost protection). The
-    controller answers with a :class:`Reply`."""
+    (-1: none yet); ``lost`` lists the ranks whose replica fell behind (lost protection);
+    ``stream_seconds`` (a node agent's) is how long streaming one replica of each of its ranks
+    takes, one after another: what a snapshot costs the node besides the ranks' captures, which
+    the overhead budget counts. The controller answers with a :class:`Reply`."""
 
     KIND: ClassVar[str] = "replica_report"
     node: int
     ranks: tuple[int, ...]
     steps: tuple[int, ...]
     lost: tuple[int, ...] = ()
+    stream_seconds: float = 0.0
     request_id: int = 0
 
 
@@ -496,8 +500,8 @@ def _bool(value: Any, where: str, name: str) -> bool:
 
 
 def _float(value: Any, where: str, name: str) -> float:
-    if type(value) not in (int, float):
-        raise _bad(where, name, "a number", value)
+    if type(value) not in (int, float) or not math.isfinite(value):  # JSON's decoder takes NaN and Infinity
+        raise _bad(where, name, "a finite number", value)
     return float(value)
 
 

@@ -78,6 +78,7 @@ FIND_INTERVAL = 1.0        # s between look-ups of the buddy node's keeper while
 KEEPER_POLL_MS = 100       # the keeper's thread wakes this often to notice close()
 CHUNK = 4 * 1024 * 1024    # bytes per part message: what a pipe holds per message
 PIPE_HWM = 4               # messages queued per direction: a few chunks, never a whole state
+PUSH_SMOOTHING = 0.5       # weight of the newest push's duration in a rank's smoothed figure
 SHARE_WAIT = 2.0           # s a begin may wait for this node's own capture of its step (arrays to share)
 
 
@@ -587,6 +588,7 @@ class _Track:
     behind_since: Optional[float] = None    # when the oldest snapshot newer than the replica was noticed
     lost: bool = False
     nbytes: int = 0                         # the size of the newest push: a large one may take longer
+    push_seconds: float = 0.0               # its confirmed pushes' duration, smoothed (the budget counts it)
 
     def behind(self, now: float) -> Tuple[int, float]:
         """(captures, seconds) the replica is behind the newest local snapshot."""
@@ -929,6 +931,8 @@ class Sender:
         now = time.monotonic()
         self.push_seconds = now - push.started
         with self._lock:
+            track.push_seconds = self.push_seconds if track.replicated < 0 else (
+                PUSH_SMOOTHING * self.push_seconds + (1 - PUSH_SMOOTHING) * track.push_seconds)
             first = track.replicated < 0
             track.replicated, track.replicated_capture, track.confirmed = push.step, push.capture, push.token
             newer = [at for number, at in track.noticed if number > push.capture]
@@ -976,13 +980,15 @@ class Sender:
             ranks = tuple(self._tracks)
             steps = tuple(t.replicated for t in self._tracks.values())
             lost = tuple(r for r, t in self._tracks.items() if t.lost)
+            stream = round(sum(t.push_seconds for t in self._tracks.values()), 4) if self.node >= 0 else 0.0
         key = (steps, lost)
         now = time.monotonic()
         if key == self._reported or (not force and now - self._reported_at < REPORT_INTERVAL):
             return
         self._reported, self._reported_at = key, now
         with self._mail:
-            self._mailbox[:] = [ReplicaReport(node=self.node, ranks=ranks, steps=steps, lost=lost)]
+            self._mailbox[:] = [ReplicaReport(node=self.node, ranks=ranks, steps=steps, lost=lost,
+                                              stream_seconds=stream)]
             self._mail.notify()
 
     def _report_loop(self) -> None:

@@ -141,6 +141,7 @@ class Job:
         self.schedule = Schedule.fixed(snapshot_every)  # the snapshot cadence every rank follows
         self.budget = budget
         self.costs: dict[int, tuple[float, float]] = {}  # rank -> (step seconds, snapshot seconds)
+        self.stream_costs: dict[int, float] = {}  # node -> seconds its agent takes to stream its ranks' replicas
         self._retune_due = False  # a cost report came while a change was still pending
         self._over_budget = False  # the replay bound keeps the cadence above the budget (warned once)
         self.replicas: dict[int, tuple[int, bool]] = {}  # rank → (replicated step, lost), from the node agents
@@ -740,6 +741,9 @@ class Job:
                     del self._gone_replicas[rank]
             self.replicas[rank] = (step, rank in lost)
             self._judge_protection(rank, step, rank in lost)
+        if message.node >= 0 and message.stream_seconds != self.stream_costs.get(message.node, 0.0):
+            self.stream_costs[message.node] = max(message.stream_seconds, 0.0)
+            self._cost_changed()
         return ""
 
     def _judge_protection(self, rank: int, step: int, agent_lost: bool) -> None:
@@ -876,7 +880,10 @@ class Job:
         if record is None:
             return
         self.costs[record.rank] = (message.step_time, message.capture_time)
-        if self.budget is not None and self.state is _S.NORMAL:
+        self._cost_changed()
+
+    def _cost_changed(self) -> None:
+        if self.budget is not None and self.state is _S.NORMAL and self.costs:
             self._warn_over_budget()
             self._retune()
 
@@ -922,9 +929,10 @@ class Job:
         self._over_budget = over
 
     def _slowest_costs(self) -> tuple[float, float]:
-        """The slowest step time and the slowest snapshot time any rank reported (seconds)."""
+        """The slowest step time and the slowest snapshot time (seconds): a rank's capture, plus
+        the slowest node agent's stream of its ranks' replicas (it shares the node's CPU)."""
         return (max(step for step, _ in self.costs.values()),
-                max(capture for _, capture in self.costs.values()))
+                max(capture for _, capture in self.costs.values()) + max(self.stream_costs.values(), default=0.0))
 
     def _changed_endpoints(self) -> dict[int, str]:
         """Replica endpoints that differ from the start barrier's map (restarted ranks)."""
