@@ -921,7 +921,7 @@ class Job:
         if over and not self._over_budget:
             log.warning("snapshots cost %.1f%% of the step even every %d steps, the most a recovery may replay "
                         "(MINDFT_MAX_REPLAY_STEPS), over the %g%% budget (MINDFT_OVERHEAD_BUDGET; step %.4f s, "
-                        "snapshot %.4f s, slowest ranks): allow more replayed steps or a larger budget",
+                        "snapshot %.4f s, the slowest figures): allow more replayed steps or a larger budget",
                         100 * cost, budget.max_replay, 100 * budget.overhead, step_time, capture_time)
         elif self._over_budget and not over:
             log.info("snapshots fit the %g%% budget again (%.1f%% every %d steps)", 100 * budget.overhead,
