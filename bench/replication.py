@@ -14,16 +14,19 @@ records its step times and its peak RSS. Two ways to run the job:
   background over one connection; only the step's report waits for the replica;
 - ``hand_budget``: this tree with the cadence the overhead budget chooses (the others snapshot
   every step, ``--every``); it chooses up to every 100th step, so give it the steps to show
-  its steady state: ``--modes hand_plain,hand_budget --steps 200``.
+  its steady state: ``--modes hand_plain,hand_budget --steps 240`` (two whole periods once settled).
 
 **Two nodes under mindft-launch** (two launchers on loopback, one rank each):
 
 - ``none``: MS_ENABLE_TFT unset; ``rank_stream``: MINDFT_AGENT_REPLICATION=0, the ranks stream
   as ``hand_async`` does (their own snapshots live in the agent's shared memory);
-- ``agent``: the node agents stream the newest snapshots (the default).
+- ``agent``: the node agents stream the newest snapshots (the default);
+- ``agent_budget``: as ``agent``, with the cadence the overhead budget chooses: mindft-launch's
+  defaults on several nodes (``--modes none,agent_budget --steps 240``).
 
-Modes run interleaved round by round, so they see the same machine. Reported per mode: the median
-step time of each job (warm-up steps dropped), min/median/max over rounds, the ratio to the plain
+Modes run interleaved round by round, so they see the same machine. Reported per mode: the mean
+step time of each job over whole snapshot periods past the warm-up (a median would hide a snapshot
+every N-th step; the median is recorded too), min/median/max over rounds, the ratio to the plain
 job of its setup, replicas confirmed and lost-protection warnings, the load average before and
 after each job, and each rank's peak RSS above the plain job's, in units of the state's size.
 
@@ -50,7 +53,7 @@ from step_cost import export_old  # bench/ is the script's directory
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results" / "replication.json"
 HAND_MODES = ("hand_plain", "hand_sync", "hand_async", "hand_budget")
-LAUNCH_MODES = ("none", "rank_stream", "agent")
+LAUNCH_MODES = ("none", "rank_stream", "agent", "agent_budget")
 FLOOR = {mode: "hand_plain" for mode in HAND_MODES} | {mode: "none" for mode in LAUNCH_MODES}
 OLD_REF = "4468e9d"  # main before ranks streamed: the per-step synchronous push
 WARMUP = 5
@@ -103,7 +106,10 @@ def rank_main() -> None:
                      "shared_arrays": sender.shared_arrays}
         processor = getattr(session, "processor", None)
         if processor is not None:
+            schedule = processor.follower.schedule
             stats["snapshot_every"] = processor.follower.snapshot_every
+            settled = schedule.segments[-1][0]  # the budget's adaptation happens before
+            stats["captures"] = [step for step in range(settled, steps + 1) if step and schedule.is_capture(step)]
     out = Path(os.environ[RANK_VARIABLE])
     (out / f"rank{config.rank}.json").write_text(json.dumps({
         "times": times, "state_bytes": state, "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -155,8 +161,9 @@ def run_launch(mode: str, args: argparse.Namespace, keys: Path, out: Path, work:
     """Two mindft-launch processes on loopback as two nodes, one rank each; returns their output."""
     port = free_port_pair()
     env = base_env(args, out, work, REPO)
-    env.update(MINDFT_AGENT_REPLICATION="0" if mode == "rank_stream" else "1",
-               MINDFT_SNAPSHOT_EVERY=str(args.every))
+    env.update(MINDFT_AGENT_REPLICATION="0" if mode == "rank_stream" else "1")
+    if mode != "agent_budget":
+        env["MINDFT_SNAPSHOT_EVERY"] = str(args.every)
     if mode != "none":
         env["MS_ENABLE_TFT"] = "{RSC:1}"
     processes, logs = [], []
@@ -185,6 +192,17 @@ def wait_all(mode: str, processes: list, logs: list, timeout: float) -> str:
     return text
 
 
+def whole_periods_mean(times: list, captures: list) -> float:
+    """The mean step over whole snapshot periods past the warm-up, once the cadence settled: from
+    the step after the first capture to the last capture (a capture costs in its step and,
+    overlapped, the next one), so the window holds as many snapshots and replicas as the cadence
+    gives its length. A median would hide a snapshot every N-th step. Fewer than two captures
+    (no mindft): every step past the warm-up."""
+    captured = [step for step in captures if step > WARMUP]
+    first, last = (captured[0] + 1, captured[-1]) if len(captured) >= 2 else (WARMUP + 1, len(times))
+    return statistics.fmean(times[first - 1:last])
+
+
 def run_job(mode: str, args: argparse.Namespace, keys: Path, work: Path, old: Optional[Path]) -> dict:
     out = work / mode
     out.mkdir(parents=True)
@@ -194,9 +212,11 @@ def run_job(mode: str, args: argparse.Namespace, keys: Path, work: Path, old: Op
     else:
         text = run_launch(mode, args, keys, out, work)
     ranks = [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    means = [whole_periods_mean(r["times"], r.get("captures", [])) for r in ranks]
     medians = [statistics.median(r["times"][WARMUP:]) for r in ranks]
     sent = [int(n) for n in re.findall(r"replication: sent (\d+) replica", text)]
-    return {"mode": mode, "step_ms": max(medians) * 1e3, "per_rank_ms": [m * 1e3 for m in medians],
+    return {"mode": mode, "step_ms": max(means) * 1e3, "per_rank_ms": [m * 1e3 for m in means],
+            "median_ms": max(medians) * 1e3,
             "state_bytes": ranks[0]["state_bytes"], "peak_rss": [r["peak_rss"] for r in ranks],
             "pushes": [r.get("pushes") for r in ranks], "skipped": [r.get("skipped") for r in ranks],
             "shared_arrays": [r.get("shared_arrays") for r in ranks],
@@ -212,7 +232,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=4096, help="hidden width of the MLP (4096: ~25.2M parameters)")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--every", type=int, default=1, help="snapshot cadence of every mode but hand_budget")
+    parser.add_argument("--every", type=int, default=1, help="snapshot cadence of every mode but the budget's")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--modes", default=",".join(HAND_MODES),
                         help=f"comma-separated, of {', '.join(HAND_MODES + LAUNCH_MODES)}")
@@ -245,7 +265,7 @@ def main() -> None:
                 job = run_job(mode, args, keys, work / f"round{round_}", old)
                 job["round"] = round_
                 jobs.append(job)
-                print(f"round {round_} {mode:>11}: step {job['step_ms']:7.1f} ms  (ranks {job['per_rank_ms'][0]:.1f}, "
+                print(f"round {round_} {mode:>11}: step {job['step_ms']:7.1f} ms, median {job['median_ms']:.1f}  (ranks {job['per_rank_ms'][0]:.1f}, "
                       f"{job['per_rank_ms'][1]:.1f}; peak RSS {job['peak_rss'][0] / 2**20:.0f}, "
                       f"{job['peak_rss'][1] / 2**20:.0f} MiB; pushes {job['pushes']} (arrays not sent: {job['shared_arrays']}), cadence {job['snapshot_every']}, "
                       f"lost-protection warnings {job['lost_protection_warnings']}; load "
@@ -266,7 +286,7 @@ def main() -> None:
               "cpus": os.cpu_count(), "machine": platform.platform(), "jobs": jobs, "summary": summary}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=1))
-    print(f"state per rank {state / 2**20:.0f} MiB; median step over rounds (min/median/max), ratio to the plain "
+    print(f"state per rank {state / 2**20:.0f} MiB; mean step over whole snapshot periods, over rounds (min/median/max), ratio to the plain "
           f"job of the same round (median, min-max), peak RSS per rank above the plain job's (states, median/max):")
     for mode in modes:
         s = summary[mode]
