@@ -143,8 +143,8 @@ def test_a_dead_keeper_blocks_nothing_and_is_reported_as_lost_protection_until_i
     until(lambda: sender.lost == () and sender.replicated == {0: 4}, "protection restored")
     assert keeper.held == {0: 4}
     until(lambda: reports[-1].steps == (4,) and reports[-1].lost == (), "a report of step 4")
-    # the one push's duration: what a snapshot costs this node besides the capture (the budget counts it)
-    assert reports[-1].stream_seconds == round(sender.push_seconds, 4) > 0
+    # the pushes' smoothed duration: what a snapshot costs this node besides the capture (the budget counts it)
+    assert 0 < reports[-1].stream_seconds < 10
     assert "rank=0 protection restored" in caplog.text
     assert keeper.held == {0: 4}
 
