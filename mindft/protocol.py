@@ -29,6 +29,8 @@ from typing import Any, ClassVar, Mapping, Optional, Union
 # 4: the job decides the snapshot cadence: ranks send CostReport, the job announces Cadence
 # (and RegisterAck carries it); node agents send ReplicaReport; RankStatus.replicated and
 # .replica_lost. Within 4 (a message added, none changed): NodeLost.
+# 5: StatusReply carries the cadence, its cost and the budget; ReplicaReport.stream_seconds
+# (the budget counts the node agents' streams); numbers must be finite.
 PROTOCOL_VERSION = 5
 # Large enough for an endpoint map of ~20k ranks; bigger frames are refused unread.
 MAX_FRAME = 4 * 1024 * 1024

@@ -931,9 +931,9 @@ class Sender:
         now = time.monotonic()
         self.push_seconds = now - push.started
         with self._lock:
-            track.push_seconds = self.push_seconds if track.replicated < 0 else (
-                PUSH_SMOOTHING * self.push_seconds + (1 - PUSH_SMOOTHING) * track.push_seconds)
             first = track.replicated < 0
+            track.push_seconds = self.push_seconds if first else (
+                PUSH_SMOOTHING * self.push_seconds + (1 - PUSH_SMOOTHING) * track.push_seconds)
             track.replicated, track.replicated_capture, track.confirmed = push.step, push.capture, push.token
             newer = [at for number, at in track.noticed if number > push.capture]
             track.behind_since = newer[0] if newer else None
