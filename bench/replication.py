@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Optional
 
 from step_cost import export_old  # bench/ is the script's directory
+from train_overhead_ranks import whole_periods
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results" / "replication.json"
@@ -193,13 +194,10 @@ def wait_all(mode: str, processes: list, logs: list, timeout: float) -> str:
 
 
 def whole_periods_mean(times: list, captures: list) -> float:
-    """The mean step over whole snapshot periods past the warm-up, once the cadence settled: from
-    the step after the first capture to the last capture (a capture costs in its step and,
-    overlapped, the next one), so the window holds as many snapshots and replicas as the cadence
-    gives its length. A median would hide a snapshot every N-th step. Fewer than two captures
-    (no mindft): every step past the warm-up."""
-    captured = [step for step in captures if step > WARMUP]
-    first, last = (captured[0] + 1, captured[-1]) if len(captured) >= 2 else (WARMUP + 1, len(times))
+    """The mean step over whole snapshot periods (:func:`whole_periods`) once the cadence settled;
+    a median would hide a snapshot every N-th step. No captures (no mindft): every step past the
+    warm-up."""
+    first, last = whole_periods(captures, WARMUP, len(times))
     return statistics.fmean(times[first - 1:last])
 
 

@@ -66,7 +66,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from mindft.snapshot import size_from_text
 
@@ -78,6 +78,17 @@ TARGET = 1.03
 MODES = ("plain", "mindft")
 JOB_ATTEMPTS = 3  # a job that fails is run again (recorded in its "attempts")
 RESULTS_GRACE = 5.0  # seconds the launcher may linger once every rank wrote its results
+
+
+def whole_periods(captures: Sequence[int], warmup: int, total: int) -> Tuple[int, int]:
+    """The measured window, steps ``first`` to ``last`` (1-based, inclusive): whole snapshot
+    periods, so that it holds as many captures as the cadence gives its length, wherever they
+    fall. A capture at the end of step c costs in step c (the call) and in step c + 1 (the copy
+    overlapped with it): from the step after the first capture past the warm-up to the last
+    capture before the end, each capture but the last is counted whole. Fewer than two such
+    captures: every step past the warm-up (the caller flags it)."""
+    captured = [c for c in captures if warmup < c < total]
+    return (captured[0] + 1, captured[-1]) if len(captured) >= 2 else (warmup + 1, total)
 
 
 def _status(pid: str = "self") -> Dict[str, int]:
@@ -194,13 +205,8 @@ def rank_main() -> None:
                 cpus.append(time.process_time() - cpu_started)
             result["parts"] = parts
             schedule = session.processor.follower.schedule
-            # The window: whole snapshot periods, so that it holds as many captures as the
-            # cadence gives its length, wherever they fall. A capture at the end of step c costs
-            # in step c (the call) and in step c + 1 (the copy overlapped with it): from the step
-            # after the first capture past the warm-up to the last capture, each of the captures
-            # but the last is counted whole. Fewer than two captures: the fixed window, flagged.
             captured = [c for c in range(warmup + 1, total) if schedule.is_capture(c)]
-            first, last = (captured[0] + 1, captured[-1]) if len(captured) >= 2 else (warmup + 1, total)
+            first, last = whole_periods(captured, warmup, total)
             result.update(segments=[list(s) for s in schedule.segments], whole_periods=len(captured) >= 2,
                           captures_in_window=max(len(captured) - 1, 0) if len(captured) >= 2 else sum(
                               schedule.is_capture(c) for c in range(first, last + 1)),
