@@ -189,8 +189,12 @@ class Processor:
     def wait_window(self, step: int) -> Optional[Action]:
         """Before capturing ``step``: return at once when the window allows it, else wait.
 
-        Returns an action if one arrives first (the caller follows it).
+        Returns an action if one arrives first (the caller follows it). An action already
+        pending does not stop a capture the window allows: the step is finished and
+        consistent, and a PAUSE that finds it held rolls back one step less.
         """
+        if self.follower.may_capture(step):
+            return None
         return self._wait_until(lambda: self.follower.may_capture(step))
 
     def wait_peers(self, step: int) -> Optional[Action]:

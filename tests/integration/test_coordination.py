@@ -502,6 +502,76 @@ def test_process_exit_of_a_stale_pid_is_ignored_and_of_the_current_one_pauses(tm
         controller.stop()
 
 
+class RecordingHooks:
+    """A rank's snapshots as a list of steps, and what the flow asked of it, in order."""
+
+    def __init__(self) -> None:
+        self.held: list[int] = []
+        self.calls: list[str] = []
+
+    def capture(self, step: int) -> None:
+        self.held = [*self.held, step][-2:]
+        self.calls.append(f"capture {step}")
+
+    def settle(self) -> list[int]:
+        self.calls.append("settle")
+        return self.held
+
+    def restore(self, step: int) -> list[int]:
+        self.calls.append(f"restore {step}")
+        return self.held
+
+    def resume(self, step: int) -> None:
+        self.calls.append(f"resume {step}")
+
+
+def test_a_pause_pending_at_a_capture_step_finds_that_step_captured() -> None:
+    """Rank 0 faults in step 4 while rank 1 is finishing step 3: rank 1 captures step 3 (its
+    window is open) before it follows the PAUSE, so the job rolls back to 3, not 2."""
+    import threading
+
+    timeouts = Timeouts(heartbeat_interval=0.05, heartbeat_misses=40, register=10.0, pause=10.0)
+    config = MindftConfig(world_size=2, controller_port=0, insecure=True, timeouts=timeouts, snapshot_every=1)
+    controller = Controller(config)
+    port = int(controller.endpoint.rsplit(":", 1)[1])
+    controller.start()
+    client = dataclasses.replace(config, controller_port=port)
+    processors = [Processor(dataclasses.replace(client, rank=r)) for r in range(2)]
+    hooks = [RecordingHooks(), RecordingHooks()]
+    resumed: dict[int, Optional[int]] = {}
+
+    def train(rank: int, steps: int) -> None:
+        for step in range(1, steps + 1):
+            assert processors[rank].end_step(step, hooks[rank], hooks[rank].capture) is None
+
+    def faulty_rank_0() -> None:
+        train(0, 3)
+        processors[0].report_fault(FaultKind.UCE, "drill", step=4)
+        resumed[0] = processors[0].follow(hooks[0])
+
+    try:
+        registering = [threading.Thread(target=p.register) for p in processors]
+        for thread in registering:
+            thread.start()
+        for thread in registering:
+            thread.join(10)
+        rank_0 = threading.Thread(target=faulty_rank_0)
+        rank_0.start()
+        train(1, 2)
+        deadline = time.monotonic() + 10
+        while not processors[1]._actions:  # the PAUSE waits in rank 1's queue
+            assert time.monotonic() < deadline, f"no PAUSE reached rank 1; controller {controller.state}"
+            time.sleep(0.01)
+        resumed[1] = processors[1].end_step(3, hooks[1], hooks[1].capture)
+        rank_0.join(10)
+        assert resumed == {0: 3, 1: 3}
+        assert hooks[1].calls[-4:] == ["capture 3", "settle", "restore 3", "resume 3"]
+    finally:
+        for processor in processors:
+            processor.close()
+        controller.stop()
+
+
 def test_status_command_counts_recoveries_not_rounds(make_job) -> None:
     """Two rounds (a second fault during the first recovery) are one recovery; then a second one."""
     from click.testing import CliRunner

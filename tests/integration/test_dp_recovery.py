@@ -109,7 +109,10 @@ def test_a_uce_before_the_all_reduce_restarts_every_worker_after_the_stall(api: 
                           "--fault-kind", "uce")
     out = output.read_text()
     assert code == 0, out[-4000:]
-    assert "rank 0 UCE in step 9" in out and "every rank holds step 8" in out
+    # Rank 1 has finished step 8 when rank 0 faults in step 9: it captures step 8 even when
+    # the PAUSE is already waiting, so step 8 is held by every rank.
+    assert "rank 0 UCE in step 9" in out and "every rank holds step 8" in out, out[-4000:]
+    assert "every rank holds step 7" not in out, out[-4000:]
     if "did not pause within 2 s (timeouts.stall)" in out:
         # Rank 1 passed its lockstep gate and waits in step 9's all-reduce for rank 0: it never
         # pauses, every worker restarts, no MCCL timeout is waited for.
