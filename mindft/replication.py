@@ -61,6 +61,7 @@ from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Opti
 import numpy as np
 import zmq
 
+from mindft.flow.cadence import smoothed
 from mindft.keys import CurveKeys, secure_client, secure_server, start_authenticator
 from mindft.protocol import ReplicaReport
 from mindft.snapshot import (ReplicaHeader, SnapshotError, SnapshotStore, _check_frames, _Slot, manifest_identity,
@@ -932,8 +933,7 @@ class Sender:
         self.push_seconds = now - push.started
         with self._lock:
             first = track.replicated < 0
-            track.push_seconds = self.push_seconds if first else (
-                PUSH_SMOOTHING * self.push_seconds + (1 - PUSH_SMOOTHING) * track.push_seconds)
+            track.push_seconds = smoothed(None if first else track.push_seconds, self.push_seconds, PUSH_SMOOTHING)
             track.replicated, track.replicated_capture, track.confirmed = push.step, push.capture, push.token
             newer = [at for number, at in track.noticed if number > push.capture]
             track.behind_since = newer[0] if newer else None

@@ -55,6 +55,12 @@ def overhead_of(step_time: float, capture_time: float, every: int) -> float:
     return capture_time / (every * step_time) if step_time > 0 else 0.0
 
 
+def smoothed(previous: Optional[float], sample: float, weight: float) -> float:
+    """An exponentially weighted mean of measured costs: ``sample`` alone at first, then each
+    new sample counts with ``weight`` (one slow step must not swing the cadence)."""
+    return sample if previous is None else previous + weight * (sample - previous)
+
+
 def worth_changing(current: int, proposed: int) -> bool:
     """True when ``proposed`` differs enough from ``current`` to announce it: always when the
     current cadence is over the budget (``proposed`` is larger: snapshot less often), and when

@@ -26,6 +26,7 @@ from mindft.channel import ControllerUnreachable, request
 from mindft.config import ConfigError, MindftConfig, load_config
 from mindft.exitcodes import ExitCode
 from mindft.faults import DeviceFault, classify, describe
+from mindft.flow.cadence import smoothed
 from mindft.keys import job_keys
 from mindft.processor import Processor, ProcessorError
 from mindft.protocol import FaultKind, StatusRequest
@@ -58,14 +59,11 @@ class CostMeter:
         self._sent: Optional[Tuple[float, float]] = None
         self._sent_at = -1e9
 
-    def _smooth(self, old: Optional[float], sample: float) -> float:
-        return sample if old is None else old + COST_SMOOTHING * (sample - old)
-
     def step(self, seconds: float) -> None:
-        self.step_time = self._smooth(self.step_time, max(seconds, 0.0))
+        self.step_time = smoothed(self.step_time, max(seconds, 0.0), COST_SMOOTHING)
 
     def capture(self, seconds: float) -> None:
-        self.capture_time = self._smooth(self.capture_time, max(seconds, 0.0))
+        self.capture_time = smoothed(self.capture_time, max(seconds, 0.0), COST_SMOOTHING)
 
     def due(self, now: float) -> Optional[Tuple[float, float]]:
         """The figures to report now, if any (then they count as sent)."""

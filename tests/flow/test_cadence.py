@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from mindft.flow.cadence import Budget, Schedule, ScheduleError, choose_every, worth_changing
+from mindft.flow.cadence import Budget, Schedule, ScheduleError, choose_every, smoothed, worth_changing
 from mindft.flow.job import held_after
 
 
@@ -70,3 +70,12 @@ def test_bad_budgets_are_refused() -> None:
     for bad in (dict(overhead=0), dict(overhead=2), dict(max_replay=0), dict(failure_rate=-1)):
         with pytest.raises(ValueError):
             Budget(**bad)
+
+
+def test_a_smoothed_cost_starts_at_the_first_sample_and_follows_with_its_weight() -> None:
+    assert smoothed(None, 2.0, 0.3) == 2.0
+    assert smoothed(2.0, 3.0, 0.3) == pytest.approx(2.3)
+    cost = None
+    for sample in (1.0, 1.0, 10.0, 1.0):  # one slow step moves the figure by its weight only
+        cost = smoothed(cost, sample, 0.5)
+    assert cost == pytest.approx(3.25)
