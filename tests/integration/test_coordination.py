@@ -633,11 +633,13 @@ def test_the_job_chooses_one_cadence_for_every_rank(make_job) -> None:
     segments = job.controller.job.schedule.segments
     assert len(segments) == 2 and segments[1][1] == 5, segments
     switch = segments[1][0]
-    captured = [[e["captured"] for e in job.events(rank) if e["event"] == "capture"] for rank in range(2)]
+    # A rank ahead of the faulty one may capture a step past the fault (its window is open) and
+    # capture it again on the replay: the steps captured are the same, not their counts.
+    captured = [sorted({e["captured"] for e in job.events(rank) if e["event"] == "capture"}) for rank in range(2)]
     assert captured[0] == captured[1], captured
-    after = sorted(set(s for s in captured[0] if s >= switch))
+    after = [s for s in captured[0] if s >= switch]
     assert after and all(s % 5 == switch % 5 for s in after) and after[-1] >= 35, after
-    assert all(s == 1 + i for i, s in enumerate(sorted(set(s for s in captured[0] if s < switch)))), captured[0]
+    assert all(s == 1 + i for i, s in enumerate(s for s in captured[0] if s < switch)), captured[0]
     restored = [e["step"] for e in job.events(1) if e["event"] == "restored"]
     assert len(restored) == 1 and restored[0] in after and restored[0] <= 32, restored
 
