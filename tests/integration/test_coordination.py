@@ -6,6 +6,7 @@ state is only right if every rollback restored the right step).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -13,9 +14,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import pytest
 import zmq
@@ -452,7 +454,6 @@ def test_processor_waits_for_a_late_controller(tmp_path: Path) -> None:
                                        timeouts=timeouts))
     controller = None
     try:
-        import threading
         registered = {}
         thread = threading.Thread(target=lambda: registered.update(ack=processor.register()))
         thread.start()
@@ -471,22 +472,32 @@ def test_processor_waits_for_a_late_controller(tmp_path: Path) -> None:
             controller.stop()
 
 
-def test_process_exit_of_a_stale_pid_is_ignored_and_of_the_current_one_pauses(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def two_registered_ranks(**config: object) -> Iterator[tuple[Controller, MindftConfig, list[Processor]]]:
+    """A controller thread and two Processors of this process, registered; all closed after."""
     timeouts = Timeouts(heartbeat_interval=0.05, heartbeat_misses=40, register=10.0, pause=10.0)
-    config = MindftConfig(world_size=2, controller_port=0, insecure=True, timeouts=timeouts)
-    controller = Controller(config)
+    server = MindftConfig(world_size=2, controller_port=0, insecure=True, timeouts=timeouts, **config)
+    controller = Controller(server)
     port = int(controller.endpoint.rsplit(":", 1)[1])
     controller.start()
-    client = dataclasses.replace(config, controller_port=port)
+    client = dataclasses.replace(server, controller_port=port)
     processors = [Processor(dataclasses.replace(client, rank=r)) for r in range(2)]
     try:
-        import threading
-        threads = [threading.Thread(target=p.register) for p in processors]
-        for thread in threads:
+        registering = [threading.Thread(target=p.register) for p in processors]
+        for thread in registering:
             thread.start()
-        for thread in threads:
+        for thread in registering:
             thread.join(10)
         assert controller.state is ControllerState.NORMAL
+        yield controller, client, processors
+    finally:
+        for processor in processors:
+            processor.close()
+        controller.stop()
+
+
+def test_process_exit_of_a_stale_pid_is_ignored_and_of_the_current_one_pauses() -> None:
+    with two_registered_ranks() as (controller, client, processors):
         reply = request(client, ProcessExit(1, -9, pid=os.getpid() + 100_000))
         assert reply.ok and "not rank 1's current process" in reply.detail
         assert request(client, StatusRequest()).state == ControllerState.NORMAL.value
@@ -496,10 +507,6 @@ def test_process_exit_of_a_stale_pid_is_ignored_and_of_the_current_one_pauses(tm
         assert action.kind is ActionKind.PAUSE and "PROCESS_DIED" in action.reason
         status = request(client, StatusRequest())
         assert status.ranks[1].state == "dead"
-    finally:
-        for processor in processors:
-            processor.close()
-        controller.stop()
 
 
 class RecordingHooks:
@@ -528,33 +535,18 @@ class RecordingHooks:
 def test_a_pause_pending_at_a_capture_step_finds_that_step_captured() -> None:
     """Rank 0 faults in step 4 while rank 1 is finishing step 3: rank 1 captures step 3 (its
     window is open) before it follows the PAUSE, so the job rolls back to 3, not 2."""
-    import threading
-
-    timeouts = Timeouts(heartbeat_interval=0.05, heartbeat_misses=40, register=10.0, pause=10.0)
-    config = MindftConfig(world_size=2, controller_port=0, insecure=True, timeouts=timeouts, snapshot_every=1)
-    controller = Controller(config)
-    port = int(controller.endpoint.rsplit(":", 1)[1])
-    controller.start()
-    client = dataclasses.replace(config, controller_port=port)
-    processors = [Processor(dataclasses.replace(client, rank=r)) for r in range(2)]
     hooks = [RecordingHooks(), RecordingHooks()]
     resumed: dict[int, Optional[int]] = {}
+    with two_registered_ranks(snapshot_every=1) as (controller, _, processors):
+        def train(rank: int, steps: int) -> None:
+            for step in range(1, steps + 1):
+                assert processors[rank].end_step(step, hooks[rank], hooks[rank].capture) is None
 
-    def train(rank: int, steps: int) -> None:
-        for step in range(1, steps + 1):
-            assert processors[rank].end_step(step, hooks[rank], hooks[rank].capture) is None
+        def faulty_rank_0() -> None:
+            train(0, 3)
+            processors[0].report_fault(FaultKind.UCE, "drill", step=4)
+            resumed[0] = processors[0].follow(hooks[0])
 
-    def faulty_rank_0() -> None:
-        train(0, 3)
-        processors[0].report_fault(FaultKind.UCE, "drill", step=4)
-        resumed[0] = processors[0].follow(hooks[0])
-
-    try:
-        registering = [threading.Thread(target=p.register) for p in processors]
-        for thread in registering:
-            thread.start()
-        for thread in registering:
-            thread.join(10)
         rank_0 = threading.Thread(target=faulty_rank_0)
         rank_0.start()
         train(1, 2)
@@ -566,10 +558,6 @@ def test_a_pause_pending_at_a_capture_step_finds_that_step_captured() -> None:
         rank_0.join(10)
         assert resumed == {0: 3, 1: 3}
         assert hooks[1].calls[-4:] == ["capture 3", "settle", "restore 3", "resume 3"]
-    finally:
-        for processor in processors:
-            processor.close()
-        controller.stop()
 
 
 def test_status_command_counts_recoveries_not_rounds(make_job) -> None:
