@@ -191,7 +191,7 @@ class Processor:
 
         Returns an action if one arrives first (the caller follows it). An action already
         pending does not stop a capture the window allows: the step is finished and
-        consistent, and a PAUSE that finds it held rolls back one step less.
+        consistent, and a PAUSE that finds it held replays one snapshot period less.
         """
         if self.follower.may_capture(step):
             return None
