@@ -294,7 +294,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "a file readable only by the job's user"),
     EnvVar("MINDFT_INSECURE", "1 turns authentication and encryption off (debugging only)", "0",
            "0, 1"),
-    EnvVar("MINDFT_DUMP_DIR", "where dying-gasp checkpoints are written", "mindft_dump", "a path"),
+    EnvVar("MINDFT_DUMP_DIR", "where dying-gasp checkpoints are written, and a keeper's replica while the next "
+           "arrives (on disk, not tmpfs)", "mindft_dump", "a path"),
     EnvVar("MINDFT_STATE_DIR", "where this rank's snapshots live, outliving the process (mindft-launch sets "
            "it to a directory on /dev/shm that it owns); unset: in the process's own memory", "", "a path"),
     EnvVar("MINDFT_BACKEND", "who coordinates recovery: mindft's own controller, or MindIO TFT's "

@@ -157,12 +157,14 @@ def start_replication(spec: LaunchSpec, keys: Any) -> Optional[Any]:
     several nodes, mindft's own backend, MINDFT_AGENT_REPLICATION not 0; else None."""
     if not spec.protected or spec.mindio or spec.nnodes < 2 or spec.state_dir is None:
         return None
-    if not load_config(spec.env).agent_replication:
+    config = load_config(spec.env)
+    if not config.agent_replication:
         return None
-    from mindft.replication import NodeReplication
+    from mindft.replication import NodeReplication, replica_spill
 
     return NodeReplication(spec.state_dir, spec.local_ranks, spec.nproc, spec.nnodes, spec.node_rank,
-                           spec.master_ip, spec.controller_address, keys)
+                           spec.master_ip, spec.controller_address, keys,
+                           spill=replica_spill(config.dump_dir, f"node{spec.node_rank}"))
 
 
 class _ControllerRunner:

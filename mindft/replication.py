@@ -23,7 +23,8 @@ A push is ``begin`` (the header, with the checksums the capture recorded: no sec
 keeper's ``have`` (the arrays it already holds), ``part`` messages of at most :data:`CHUNK` bytes
 for the others, and ``end``; the keeper writes the parts into a second slot and, on ``end`` with
 every byte there, makes it the replica and frees the old one, so a push cut short (a dead sender,
-a slot overwritten) never costs the replica held.
+a slot overwritten) never costs the replica held. With a spill directory the old one waits on
+disk meanwhile (:func:`replica_spill`): memory holds one replica per rank, never two.
 
 Data-parallel ranks hold the same weights and optimizer state after every step (the all-reduce
 gives each the same gradients), as MindIO TFT and torchft use when they recover a rank from a
@@ -92,6 +93,12 @@ def node_ip(toward: str) -> str:
             return probe.getsockname()[0]
     except OSError:
         return toward
+
+
+def replica_spill(dump_dir: Path, keeper: str) -> Path:
+    """Where a keeper moves a replica while the next one arrives: beside the dying-gasp
+    checkpoints (``MINDFT_DUMP_DIR``), on disk; one directory per keeper (``node<N>``, ``rank<R>``)."""
+    return Path(dump_dir) / "replica-spill" / keeper
 
 
 def _endpoint(ip: str, port: int) -> str:
@@ -192,12 +199,24 @@ class _Incoming:
 
 @dataclass
 class _Held:
-    """A complete replica: the arrays in ``slot``, the ``shared`` ones in a local snapshot."""
+    """A complete replica: the arrays in ``slot`` (or ``spilled`` to disk while the next one
+    arrives), the ``shared`` ones in a local snapshot."""
 
     index: int
     slot: _Slot
     header: ReplicaHeader
     shared: FrozenSet[str]
+    spilled: Optional[Path] = None
+
+    def own(self) -> List[Tuple[str, str, Tuple[int, ...], int]]:
+        """The arrays this replica holds itself (header order), not pointing into a local snapshot."""
+        return [spec for spec in self.header.arrays if spec[0] not in self.shared]
+
+    def drop(self) -> None:
+        """Free the replica's memory, and its spill file."""
+        self.slot.release()
+        if self.spilled is not None:
+            self.spilled.unlink(missing_ok=True)
 
 
 @dataclass
@@ -216,7 +235,9 @@ class Keeper:
     (``SnapshotStore(home=home / "rank<R>", resume=True)`` reads one that shares nothing); ``home=None``
     keeps them in this process's memory (a rank keeping its buddy's replica). ``local()`` lists the
     complete snapshots on this side a replica may point into (:func:`slot_files`,
-    :func:`store_slots`; None: every array is sent). One thread owns a ROUTER bound on ``ip``; with
+    :func:`store_slots`; None: every array is sent). With a ``spill`` directory (on disk, not
+    tmpfs) a held replica moves there while the next one of its rank arrives, so memory holds one
+    replica per rank at any time and a sender lost mid-transfer is still restored (from disk). One thread owns a ROUTER bound on ``ip``; with
     ``keys`` only job members get in (CurveZMQ + ZAP). Requests: ``begin`` → ``have`` +
     ``{"owner_rank", "step", "arrays"}`` (the indices not to send), ``part``, ``end`` (a streamed
     push, see the module docstring) → ``ok`` + ``{"owner_rank", "step"}``; ``push`` (header, array
@@ -225,11 +246,12 @@ class Keeper:
     """
 
     def __init__(self, home: Optional[Path], ip: str, keys: Optional[CurveKeys], port: int = 0,
-                 local: Optional[Callable[[], List[LocalSnapshot]]] = None) -> None:
+                 local: Optional[Callable[[], List[LocalSnapshot]]] = None, spill: Optional[Path] = None) -> None:
         self.home = None if home is None else Path(home)
         if self.home is not None:
             self.home.mkdir(parents=True, exist_ok=True)
         self._local = local
+        self._spill = None if spill is None else Path(spill)
         self._context = zmq.Context()
         self._authenticator = start_authenticator(self._context, keys)
         self._socket = self._context.socket(zmq.ROUTER)
@@ -258,7 +280,7 @@ class Keeper:
     def held(self) -> Dict[int, int]:
         """{owner rank: step of the replica held}."""
         with self._lock:
-            return {owner: replica.slot.step for owner, replica in self._held.items()}
+            return {owner: replica.header.step for owner, replica in self._held.items()}
 
     @property
     def nbytes(self) -> int:
@@ -278,8 +300,16 @@ class Keeper:
             for _, incoming in self._incoming.values():
                 incoming.slot.forget()
             self._incoming.clear()
-            if self.home is None:
-                self._held.clear()
+            for owner, replica in list(self._held.items()):
+                if replica.spilled is not None or self.home is None:  # nobody reads a spill file later
+                    replica.drop()
+                    del self._held[owner]
+        if self._spill is not None:
+            for directory in (self._spill, self._spill.parent):  # left only if something else is there
+                try:
+                    directory.rmdir()
+                except OSError:
+                    break
 
     def _serve(self) -> None:
         try:
@@ -355,6 +385,9 @@ class Keeper:
     def _begin(self, header: ReplicaHeader, shared: FrozenSet[str]) -> None:
         """A replica of ``header.owner_rank`` starts: into the slot the held replica does not use."""
         owner = header.owner_rank
+        held = self._held.get(owner)
+        if self._spill is not None and held is not None and held.spilled is None:
+            self._spill_held(owner, held)
         with self._lock:
             dropped = self._incoming.pop(owner, None)
             if dropped is not None:  # a push cut short: what it wrote is garbage
@@ -394,6 +427,30 @@ class Keeper:
                 target[offset:offset + data.size] = data
             incoming.received += data.size
 
+    def _spill_held(self, owner: int, held: _Held) -> None:
+        """Write the held replica to disk and free its memory (this thread alone changes it)."""
+        path = self._spill / f"rank{owner}.bin"
+        started = time.perf_counter()
+        try:
+            self._spill.mkdir(parents=True, exist_ok=True)
+            with open(path, "wb") as handle:
+                for name, _, _, _ in held.own():
+                    handle.write(held.slot.buffers[name].reshape(-1).view(np.uint8))
+                handle.flush()
+                os.fsync(handle.fileno())
+                # Written and on disk: the page cache need not keep a copy in memory.
+                os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError as error:
+            path.unlink(missing_ok=True)
+            log.warning("replica keeper: cannot spill rank %d's replica to %s (%s); both stay in memory "
+                        "while the next arrives", owner, path, error)
+            return
+        with self._lock:
+            held.slot.release()
+            held.spilled = path
+        log.debug("spilled rank %d's replica of step %d to %s in %.3f s", owner, held.header.step, path,
+                  time.perf_counter() - started)
+
     def _end(self, owner: int, step: int) -> List[Any]:
         """The push is complete: the new replica replaces the one held (no hash here)."""
         with self._lock:
@@ -416,7 +473,7 @@ class Keeper:
             old = self._held.get(owner)
             self._held[owner] = _Held(index, slot, header, shared)
             if old is not None:
-                old.slot.release()
+                old.drop()
             self.received_bytes += incoming.total
             self.shared_bytes += sum(_nbytes(d, s) for name, d, s, _ in header.arrays if name in shared)
         log.debug("holding the replica of rank %d, step %d (%d of %d arrays shared with this node's snapshot)",
@@ -431,8 +488,8 @@ class Keeper:
                 raise SnapshotError(f"no replica of rank {owner} held here (holding {sorted(self._held)})")
             header, slot = replica.header, replica.slot
             # Copies: the next push of this rank may free the slot before ZeroMQ sends these.
-            own = {name: slot.buffers[name].tobytes() for name, _, _, _ in header.arrays
-                   if name not in replica.shared}
+            own = ({name: slot.buffers[name].tobytes() for name, _, _, _ in replica.own()}
+                   if replica.spilled is None else _read_spilled(replica))
         local = self._local() if replica.shared and self._local is not None else []
         frames = []
         for spec in header.arrays:
@@ -449,6 +506,15 @@ class Keeper:
         directory = self.home / f"rank{owner}"
         directory.mkdir(parents=True, exist_ok=True)
         return directory
+
+
+def _read_spilled(replica: _Held) -> Dict[str, bytes]:
+    """A spilled replica's own arrays, read back from its file in the order they were written."""
+    arrays = {}
+    with open(replica.spilled, "rb") as handle:
+        for name, dtype, shape, _ in replica.own():
+            arrays[name] = handle.read(_nbytes(dtype, shape))
+    return arrays
 
 
 def _json(frame: Any) -> Any:
@@ -1089,7 +1155,8 @@ class NodeReplication:
     """The keeper and the sender of one node agent, wired to the job's controller."""
 
     def __init__(self, state_dir: Path, local_ranks: Sequence[int], nproc: int, nnodes: int, node_rank: int,
-                 master_ip: str, controller_address: str, keys: Optional[CurveKeys]) -> None:
+                 master_ip: str, controller_address: str, keys: Optional[CurveKeys],
+                 spill: Optional[Path] = None) -> None:
         from mindft.channel import request  # the control channel; imported here to keep this module light
         from mindft.protocol import StatusReply, StatusRequest
 
@@ -1098,7 +1165,7 @@ class NodeReplication:
         buddy_node = (node_rank + 1) % nnodes
         self._buddy_ranks = set(range(buddy_node * nproc, (buddy_node + 1) * nproc))
         self.keeper = Keeper(Path(state_dir) / "replicas", node_ip(master_ip), keys,
-                             local=slot_files([Path(state_dir) / f"rank{rank}" for rank in local_ranks]))
+                             local=slot_files([Path(state_dir) / f"rank{rank}" for rank in local_ranks]), spill=spill)
         self.sender = Sender({rank: Path(state_dir) / f"rank{rank}" for rank in local_ranks}, keys,
                              self._find_keeper, node=node_rank, report=self._send_report)
 

@@ -6,6 +6,7 @@ assert: a test polls for the state it expects, within a generous deadline.
 """
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -19,7 +20,7 @@ from mindft.config import Timeouts
 from mindft.flow import Job
 from mindft.keys import generate_keys
 from mindft.protocol import ReplicaReport, StatusRequest
-from mindft.replication import Keeper, NodeReplication, Sender
+from mindft.replication import Keeper, NodeReplication, Sender, replica_spill
 from mindft.snapshot import SnapshotError, SnapshotStore, fetch_replica
 
 DEADLINE = 30.0
@@ -269,26 +270,27 @@ def _raw(endpoint: str, keys, frames: list, answer: bool = True):
             assert json.loads(reply[1])["arrays"] == []
 
 
-def test_the_keeper_keeps_the_old_replica_until_a_new_one_is_complete(tmp_path: Path, keys, parts) -> None:
-    """A push cut short, or sealed with bytes missing, never costs the replica held."""
-    import json
-
+def header(step: int, x: np.ndarray) -> bytes:
+    """A hand-made push's begin header: rank 7's one array ``x`` (int64) as the snapshot of ``step``."""
     from mindft.snapshot import ReplicaHeader, checksum
 
+    return ReplicaHeader(7, step, (("x", x.dtype.str, x.shape, checksum(x)),), {"step": step}).encode()
+
+
+def part(step: int, x: np.ndarray, offset: int, count: int) -> list:
+    where = json.dumps({"owner_rank": 7, "step": step, "array": 0, "offset": offset * 8}).encode()
+    return [b"part", where, x[offset:offset + count].tobytes()]
+
+
+def end(step: int) -> list:
+    return [b"end", json.dumps({"owner_rank": 7, "step": step}).encode()]
+
+
+def test_the_keeper_keeps_the_old_replica_until_a_new_one_is_complete(tmp_path: Path, keys, parts) -> None:
+    """A push cut short, or sealed with bytes missing, never costs the replica held."""
     keeper = Keeper(None, "127.0.0.1", keys)
     parts.append(keeper)
     x1, x2 = np.arange(10, dtype=np.int64), np.arange(10, 20, dtype=np.int64)
-
-    def header(step, x):
-        return ReplicaHeader(7, step, (("x", x.dtype.str, x.shape, checksum(x)),), {"step": step}).encode()
-
-    def part(step, x, offset, count):
-        where = json.dumps({"owner_rank": 7, "step": step, "array": 0, "offset": offset * 8}).encode()
-        return [b"part", where, x[offset:offset + count].tobytes()]
-
-    def end(step):
-        return [b"end", json.dumps({"owner_rank": 7, "step": step}).encode()]
-
     assert _raw(keeper.endpoint, keys, [[b"begin", header(1, x1)], part(1, x1, 0, 6), part(1, x1, 6, 4), end(1)])[0] == b"ok"
     assert keeper.held == {7: 1} and keeper.nbytes == x1.nbytes
     _raw(keeper.endpoint, keys, [[b"begin", header(2, x2)], part(2, x2, 0, 6)], answer=False)  # the sender died
@@ -302,6 +304,34 @@ def test_the_keeper_keeps_the_old_replica_until_a_new_one_is_complete(tmp_path: 
     assert _raw(keeper.endpoint, keys, [[b"begin", header(2, x2)], part(2, x2, 0, 10), end(2)])[0] == b"ok"
     assert fetch_replica(keeper.endpoint, 7, keys, 5.0).arrays["x"].tolist() == x2.tolist()
     assert keeper.nbytes == x2.nbytes  # the old replica was freed
+
+
+@pytest.mark.parametrize("in_shared_memory", [True, False], ids=["node agent", "rank"])
+def test_a_keeper_with_a_spill_directory_holds_one_replica_in_memory_while_the_next_arrives(
+        tmp_path: Path, keys, parts, in_shared_memory: bool) -> None:
+    """The double buffer plus one replica: the held replica goes to disk when the next begins and
+    is still what a fetch returns (verified) until the next one is complete."""
+    home = tmp_path / "shm" if in_shared_memory else None
+    spill = replica_spill(tmp_path / "disk", "node1")
+    keeper = Keeper(home, "127.0.0.1", keys, spill=spill)
+    parts.append(keeper)
+    x1, x2 = np.arange(4096, dtype=np.int64), np.arange(8192, dtype=np.int64) * 3
+    assert _raw(keeper.endpoint, keys, [[b"begin", header(1, x1)], part(1, x1, 0, 4096), end(1)])[0] == b"ok"
+    assert keeper.nbytes == x1.nbytes and not spill.exists()  # nothing spilled until the next push
+    _raw(keeper.endpoint, keys, [[b"begin", header(2, x2)], part(2, x2, 0, 1000)], answer=False)  # cut short
+    until(lambda: (spill / "rank7.bin").exists() and keeper.nbytes == x2.nbytes, "the old replica on disk")
+    assert (spill / "rank7.bin").read_bytes() == x1.tobytes()
+    if home is not None:
+        assert [p.name for p in (home / "rank7").iterdir()] == ["slot1.bin"]  # the arriving one only
+    replica = fetch_replica(keeper.endpoint, 7, keys, 5.0)  # read back from disk, checksum verified
+    assert replica.step == 1 and replica.arrays["x"].tolist() == x1.tolist() and keeper.held == {7: 1}
+    assert _raw(keeper.endpoint, keys, [[b"begin", header(2, x2)], part(2, x2, 0, 8192), end(2)])[0] == b"ok"
+    assert list(spill.iterdir()) == [] and keeper.nbytes == x2.nbytes
+    assert fetch_replica(keeper.endpoint, 7, keys, 5.0).arrays["x"].tolist() == x2.tolist()
+    _raw(keeper.endpoint, keys, [[b"begin", header(3, x1)], part(3, x1, 0, 10)], answer=False)
+    until(lambda: (spill / "rank7.bin").exists(), "step 2's replica on disk")
+    keeper.close()
+    assert not (tmp_path / "disk" / "replica-spill").exists()  # nobody's once its keeper is gone
 
 
 def test_a_rank_streams_its_store_to_the_keeper_and_reports_a_step_only_once_its_replica_arrived(

@@ -30,7 +30,7 @@ from mindft.flow.cadence import smoothed
 from mindft.keys import job_keys
 from mindft.processor import Processor, ProcessorError
 from mindft.protocol import FaultKind, StatusRequest
-from mindft.replication import Keeper, RankReplication, store_slots
+from mindft.replication import Keeper, RankReplication, replica_spill, store_slots
 from mindft.snapshot import SnapshotError, SnapshotStore, fetch_replica
 
 log = logging.getLogger(__name__)
@@ -280,7 +280,8 @@ class Session:
             log.critical("rank=%d %s", config.rank, error)
             raise SystemExit(ExitCode.USAGE) from None
         if self._buddy is not None:
-            self._keeper = Keeper(None, config.controller_ip, self._keys, local=store_slots(self.store))
+            self._keeper = Keeper(None, config.controller_ip, self._keys, local=store_slots(self.store),
+                                  spill=replica_spill(config.dump_dir, f"rank{config.rank}"))
         adopted = False
         if restarted and self.store.steps:
             adopted = True
