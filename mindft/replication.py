@@ -252,6 +252,8 @@ class Keeper:
             self.home.mkdir(parents=True, exist_ok=True)
         self._local = local
         self._spill = None if spill is None else Path(spill)
+        for stale in self._spill.glob("rank*.bin") if self._spill is not None else ():
+            stale.unlink(missing_ok=True)  # left by a keeper of this node that was killed: nobody's now
         self._context = zmq.Context()
         self._authenticator = start_authenticator(self._context, keys)
         self._socket = self._context.socket(zmq.ROUTER)
@@ -269,6 +271,7 @@ class Keeper:
         self._incoming: Dict[int, Tuple[int, _Incoming]] = {}
         self._waiting: Dict[int, _Waiting] = {}
         self.received_bytes = self.shared_bytes = 0  # of the replicas completed: sent, and pointed into
+        self.spilled = 0  # replicas moved to disk while the next one arrived
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="mindft-keeper", daemon=True)
@@ -448,6 +451,7 @@ class Keeper:
         with self._lock:
             held.slot.release()
             held.spilled = path
+            self.spilled += 1
         log.debug("spilled rank %d's replica of step %d to %s in %.3f s", owner, held.header.step, path,
                   time.perf_counter() - started)
 
@@ -1195,7 +1199,7 @@ class NodeReplication:
                 f"{self.sender.skipped} skipped as overwritten while read, {self.sender.timeouts} unconfirmed); "
                 f"holding {len(held)} replica(s) of the previous node ({held}, {size_text(self.keeper.nbytes)}; "
                 f"received {size_text(self.keeper.received_bytes)}, shared {size_text(self.keeper.shared_bytes)} "
-                f"with this node's snapshots)")
+                f"with this node's snapshots; {self.keeper.spilled} moved to disk while the next arrived)")
 
     def close(self) -> None:
         """Stop sending and serving."""

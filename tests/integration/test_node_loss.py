@@ -168,6 +168,10 @@ def test_a_lost_node_comes_back_from_its_replica_on_the_next_node(nodes: Nodes, 
         assert 0 < received < pointed / 10, shared[0]
     else:
         assert pointed == 0 < received, shared[0]
+    # A snapshot every step: the keeper moved each replica to disk when the next began, and
+    # deleted the files when the job ended.
+    assert int(re.search(r"(\d+) moved to disk while the next arrived", node0)[1]) > 0, node0[-3000:]
+    assert not (tmp_path / "dumps" / "replica-spill").exists()
     references = {rank: launch_rank.reference(rank if not data_parallel else 0, STEPS) for rank in (0, 1)}
     for rank in (0, 1):
         final = np.load(tmp_path / f"final-{rank}.npy")
