@@ -129,7 +129,7 @@ def base_env(args: argparse.Namespace, out: Path, work: Path, tree: Path) -> dic
     env.update(PYTHONPATH=str(tree), **{RANK_VARIABLE: str(out)}, GLOG_v="3",
                BENCH_REPLICATION_WIDTH=str(args.width), BENCH_REPLICATION_STEPS=str(args.steps),
                BENCH_REPLICATION_BATCH=str(args.batch), MINDFT_RESET_FILE=str(work / "reset.json"),
-               MINDFT_REGISTER_TIMEOUT="300")
+               MINDFT_REGISTER_TIMEOUT="300", MINDFT_DUMP_DIR=str(out / "dump"))
     return env
 
 

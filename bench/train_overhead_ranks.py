@@ -398,7 +398,7 @@ def run_job(mode: str, nproc: int, batch: int, dp: bool, args: argparse.Namespac
                BENCH_RANKS_WIDTH=str(args.width), BENCH_RANKS_BATCH=str(batch),
                BENCH_RANKS_WARMUP=str(args.warmup), BENCH_RANKS_STEPS=str(args.steps),
                BENCH_RANKS_DP=str(int(dp)), MINDFT_RESET_FILE=str(work / "reset.json"),
-               MINDFT_REGISTER_TIMEOUT="600")
+               MINDFT_REGISTER_TIMEOUT="600", MINDFT_DUMP_DIR=str(out / "dump"))
     for name in ("MS_ENABLE_TFT", "MINDFT_SNAPSHOT_EVERY", "MINDFT_OVERHEAD_BUDGET", "MINDFT_KEY_FILE",
                  "MINDFT_INSECURE", "MS_TFT_PORT", "MINDFT_REPLICA_BUDDY", "MINDFT_STATE_DIR"):
         env.pop(name, None)
@@ -447,6 +447,7 @@ def run_job(mode: str, nproc: int, batch: int, dp: bool, args: argparse.Namespac
     job = {"mode": mode, "batch": batch, "dp": dp, "nproc": nproc, "nnodes": nnodes,
            "replicas_sent": sum(sent) if sent else None, "lost_protection": text.count("LOST PROTECTION"),
            "replica_bytes": [[size_from_text(received), size_from_text(shared)] for received, shared in kept],
+           "replicas_spilled": sum(int(n) for n in re.findall(r"(\d+) moved to disk while the next arrived", text)),
            "step_ms": statistics.fmean(r["step_s"] for r in ranks) * 1e3,
            "per_rank_ms": [r["step_s"] * 1e3 for r in ranks],
            "cpu_ms": statistics.fmean(r["cpu_s"] for r in ranks) * 1e3,
@@ -632,6 +633,7 @@ def main() -> None:
                           + (f", replicas sent {job['replicas_sent']}, lost protection {job['lost_protection']}, "
                              "keepers received / shared with their own ranks " + ", ".join(
                                  f"{r / 2**20:.1f} / {s / 2**20:.1f} MiB" for r, s in job["replica_bytes"])
+                             + f", {job['replicas_spilled']} replica(s) moved to disk while the next arrived"
                              if mode == "mindft" and job["nnodes"] > 1 else "") + "; load "
                           f"{job['load_before'][0]:.2f}→{job['load_after'][0]:.2f}; {job['seconds']:.0f} s",
                           flush=True)

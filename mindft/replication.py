@@ -389,8 +389,8 @@ class Keeper:
         """A replica of ``header.owner_rank`` starts: into the slot the held replica does not use."""
         owner = header.owner_rank
         held = self._held.get(owner)
-        if self._spill is not None and held is not None and held.spilled is None:
-            self._spill_held(owner, held)
+        if self._spill is not None and held is not None and held.spilled is None and held.own():
+            self._spill_held(owner, held)  # (a data-parallel replica may hold nothing of its own)
         with self._lock:
             dropped = self._incoming.pop(owner, None)
             if dropped is not None:  # a push cut short: what it wrote is garbage
