@@ -237,12 +237,12 @@ class Keeper:
     complete snapshots on this side a replica may point into (:func:`slot_files`,
     :func:`store_slots`; None: every array is sent). With a ``spill`` directory (on disk, not
     tmpfs) a held replica moves there while the next one of its rank arrives, so memory holds one
-    replica per rank at any time and a sender lost mid-transfer is still restored (from disk). One thread owns a ROUTER bound on ``ip``; with
-    ``keys`` only job members get in (CurveZMQ + ZAP). Requests: ``begin`` → ``have`` +
-    ``{"owner_rank", "step", "arrays"}`` (the indices not to send), ``part``, ``end`` (a streamed
-    push, see the module docstring) → ``ok`` + ``{"owner_rank", "step"}``; ``push`` (header, array
-    frames; one request) → the same; ``fetch`` (``{"owner_rank"}``) → ``replica`` + header + frames.
-    Errors answer ``error``.
+    replica per rank at any time and a sender lost mid-transfer is still restored (from disk).
+    One thread owns a ROUTER bound on ``ip``; with ``keys`` only job members get in (CurveZMQ +
+    ZAP). Requests: ``begin`` → ``have`` + ``{"owner_rank", "step", "arrays"}`` (the indices not to
+    send), ``part``, ``end`` (a streamed push, see the module docstring) → ``ok`` +
+    ``{"owner_rank", "step"}``; ``push`` (header, array frames; one request) → the same; ``fetch``
+    (``{"owner_rank"}``) → ``replica`` + header + frames. Errors answer ``error``.
     """
 
     def __init__(self, home: Optional[Path], ip: str, keys: Optional[CurveKeys], port: int = 0,
