@@ -81,6 +81,7 @@ KEEPER_POLL_MS = 100       # the keeper's thread wakes this often to notice clos
 CHUNK = 1024 * 1024        # bytes per part message (4 MiB parts took ~35 MB more per sender and keeper, no faster)
 PIPE_HWM = 4               # messages queued per direction: a few chunks, never a whole state
 PUSH_SMOOTHING = 0.5       # weight of the newest push's duration in a rank's smoothed figure
+SPILL_DIRECTORY = "replica-spill"  # in MINDFT_DUMP_DIR: one directory per keeper
 SHARE_WAIT = 2.0           # s a begin may wait for this node's own capture of its step (arrays to share)
 
 
@@ -98,7 +99,19 @@ def node_ip(toward: str) -> str:
 def replica_spill(dump_dir: Path, keeper: str) -> Path:
     """Where a keeper moves a replica while the next one arrives: beside the dying-gasp
     checkpoints (``MINDFT_DUMP_DIR``), on disk; one directory per keeper (``node<N>``, ``rank<R>``)."""
-    return Path(dump_dir) / "replica-spill" / keeper
+    return Path(dump_dir) / SPILL_DIRECTORY / keeper
+
+
+def in_memory_filesystem(path: Path) -> bool:
+    """True when ``path`` lies on tmpfs or ramfs (its mount in /proc/mounts): a file there is memory."""
+    try:
+        mounts = [line.split()[1:3] for line in Path("/proc/mounts").read_text().splitlines()]
+    except OSError:
+        return False
+    target = os.path.realpath(path)
+    under = [(point, kind) for point, kind in mounts
+             if target == point or target.startswith(point.rstrip("/") + "/")]
+    return bool(under) and max(under, key=lambda mount: len(mount[0]))[1] in ("tmpfs", "ramfs")
 
 
 def _endpoint(ip: str, port: int) -> str:
@@ -252,6 +265,9 @@ class Keeper:
             self.home.mkdir(parents=True, exist_ok=True)
         self._local = local
         self._spill = None if spill is None else Path(spill)
+        if self._spill is not None and in_memory_filesystem(self._spill):
+            log.warning("replica keeper: %s is in memory (tmpfs): a replica moved there while the next arrives "
+                        "still takes memory; set MINDFT_DUMP_DIR to a directory on disk", self._spill)
         for stale in self._spill.glob("rank*.bin") if self._spill is not None else ():
             stale.unlink(missing_ok=True)  # left by a keeper of this node that was killed: nobody's now
         self._context = zmq.Context()
@@ -312,6 +328,8 @@ class Keeper:
                 try:
                     directory.rmdir()
                 except OSError:
+                    break
+                if directory.parent.name != SPILL_DIRECTORY:
                     break
 
     def _serve(self) -> None:

@@ -336,6 +336,16 @@ def test_a_keeper_with_a_spill_directory_holds_one_replica_in_memory_while_the_n
     assert not (tmp_path / "disk" / "replica-spill").exists()  # nobody's once its keeper is gone
 
 
+def test_a_keeper_says_when_its_spill_directory_is_memory(keys, parts, caplog: pytest.LogCaptureFixture) -> None:
+    from mindft.replication import in_memory_filesystem
+
+    assert in_memory_filesystem(Path("/dev/shm/mindft-test/not/created"))  # tmpfs, as mindft-launch needs
+    assert not in_memory_filesystem(Path("/proc/self"))  # proc: not memory to save
+    caplog.set_level("WARNING", logger="mindft.replication")
+    parts.append(Keeper(None, "127.0.0.1", keys, spill=Path("/dev/shm/mindft-test-spill")))
+    assert "/dev/shm/mindft-test-spill is in memory (tmpfs)" in caplog.text and "MINDFT_DUMP_DIR" in caplog.text
+
+
 def test_a_rank_streams_its_store_to_the_keeper_and_reports_a_step_only_once_its_replica_arrived(
         keys, parts) -> None:
     from mindft.replication import RankReplication
