@@ -323,13 +323,12 @@ class Keeper:
                 if replica.spilled is not None or self.home is None:  # nobody reads a spill file later
                     replica.drop()
                     del self._held[owner]
-        if self._spill is not None:
-            for directory in (self._spill, self._spill.parent):  # left only if something else is there
+        if self._spill is not None:  # its directories, left only if something else is in them
+            ours = [self._spill] + ([self._spill.parent] if self._spill.parent.name == SPILL_DIRECTORY else [])
+            for directory in ours:
                 try:
                     directory.rmdir()
                 except OSError:
-                    break
-                if directory.parent.name != SPILL_DIRECTORY:
                     break
 
     def _serve(self) -> None:
