@@ -23,8 +23,11 @@ A push is ``begin`` (the header, with the checksums the capture recorded: no sec
 keeper's ``have`` (the arrays it already holds), ``part`` messages of at most :data:`CHUNK` bytes
 for the others, and ``end``; the keeper writes the parts into a second slot and, on ``end`` with
 every byte there, makes it the replica and frees the old one, so a push cut short (a dead sender,
-a slot overwritten) never costs the replica held. With a spill directory the old one waits on
-disk meanwhile (:func:`replica_spill`): memory holds one replica per rank, never two.
+a slot overwritten) never costs the replica held. With a spill directory
+(:func:`replica_spill`) the old one moves to disk as the new one arrives, piece by piece, and the
+new one takes its memory right behind the write (the same arrays; other arrays: once all of it
+is on disk): memory holds one replica per rank, never two, the write overlaps the transfer, and
+a push cut short leaves the old replica on disk up to where it got and in memory after.
 
 Data-parallel ranks hold the same weights and optimizer state after every step (the all-reduce
 gives each the same gradients), as MindIO TFT and torchft use when they recover a rank from a
@@ -82,6 +85,7 @@ CHUNK = 1024 * 1024        # bytes per part message (4 MiB parts took ~35 MB mor
 PIPE_HWM = 4               # messages queued per direction: a few chunks, never a whole state
 PUSH_SMOOTHING = 0.5       # weight of the newest push's duration in a rank's smoothed figure
 SPILL_DIRECTORY = "replica-spill"  # in MINDFT_DUMP_DIR: one directory per keeper
+SPILL_PIECE = 8 * 1024 * 1024  # bytes a keeper moving a replica to disk writes between syncs
 SHARE_WAIT = 2.0           # s a begin may wait for this node's own capture of its step (arrays to share)
 
 
@@ -201,35 +205,121 @@ def _read_shared(local: List[LocalSnapshot], header: ReplicaHeader,
 
 @dataclass
 class _Incoming:
-    """A replica arriving part by part, into a slot of its own until every byte is there."""
+    """A replica arriving part by part until every byte is there: into a slot of its own, or
+    into the held replica's behind its move to disk (``behind``)."""
 
     header: ReplicaHeader
     slot: _Slot
     total: int
     shared: FrozenSet[str]  # arrays not sent: this node's snapshot of the same step holds them
+    behind: Optional["_Spill"] = None  # the held replica moving to disk, which the parts must not overtake
     received: int = 0
+
+
+class _Spill:
+    """A held replica moving to disk while the next one arrives, in a thread of its own: its own
+    arrays, end to end in header order, written piece by piece; each piece synced and dropped
+    from the page cache before ``synced`` (bytes) passes it. Below ``synced`` the arriving
+    replica may take the memory (the keeper waits for it in :meth:`Keeper._part`), so the
+    write and the transfer overlap and memory holds one replica throughout."""
+
+    def __init__(self, path: Path, arrays: List[Tuple[str, np.ndarray]], changed: threading.Condition,
+                 done: Callable[["_Spill"], None]) -> None:
+        self.path = path
+        self.offsets: Dict[str, int] = {}
+        self.sizes: Dict[str, int] = {}
+        self.total = 0
+        for name, array in arrays:
+            self.offsets[name], self.sizes[name] = self.total, array.nbytes
+            self.total += array.nbytes
+        self.synced = 0
+        self.failed: Optional[str] = None
+        self._arrays = arrays
+        self._changed = changed  # built on the keeper's lock
+        self._done = done
+        self._cancelled = False
+        self._started = time.perf_counter()
+        self.thread = threading.Thread(target=self._write, name="mindft-spill", daemon=True)
+        self.thread.start()
+
+    def cancel(self) -> None:
+        """Stop writing (the replica is no longer held); the caller removes the file."""
+        self._cancelled = True
+
+    def read(self, name: str, memory: Optional[np.ndarray], handle: Any) -> bytes:
+        """Array ``name`` of the replica being moved: what is synced from the file, the rest
+        from ``memory`` (the keeper's lock held, so ``synced`` stands still)."""
+        size, start = self.sizes[name], self.offsets[name]
+        on_disk = min(max(self.synced - start, 0), size)
+        data = os.pread(handle.fileno(), on_disk, start) if on_disk else b""
+        if len(data) != on_disk:
+            raise SnapshotError(f"spill file {self.path}: {len(data)} of {on_disk} bytes of {name!r} read back")
+        if on_disk < size:
+            data += memory.reshape(-1).view(np.uint8)[on_disk:].tobytes()
+        return data
+
+    def _write(self) -> None:
+        arrays, self._arrays = self._arrays, []  # the keeper frees the memory once it is on disk
+        try:
+            with open(self.path, "wb") as handle:
+                descriptor, at = handle.fileno(), 0
+                for _, array in arrays:
+                    data = array.reshape(-1).view(np.uint8)
+                    for start in range(0, data.size, SPILL_PIECE):
+                        if self._cancelled:
+                            return
+                        piece = data[start:start + SPILL_PIECE]
+                        handle.write(piece)
+                        handle.flush()
+                        os.fdatasync(descriptor)
+                        # On disk: the page cache need not keep a copy in memory.
+                        os.posix_fadvise(descriptor, at, piece.size, os.POSIX_FADV_DONTNEED)
+                        at += piece.size
+                        with self._changed:
+                            self.synced = at
+                            self._changed.notify_all()
+        except OSError as error:
+            with self._changed:
+                self.failed = f"{error.strerror or error}: {self.path}"
+                self._changed.notify_all()
+            return
+        log.debug("moved a replica to %s in %.3f s", self.path, time.perf_counter() - self._started)
+        self._done(self)
 
 
 @dataclass
 class _Held:
-    """A complete replica: the arrays in ``slot`` (or ``spilled`` to disk while the next one
-    arrives), the ``shared`` ones in a local snapshot."""
+    """A complete replica: the arrays in ``slot`` (or, while the next one arrives, moving to disk
+    through ``spill``), the ``shared`` ones in a local snapshot."""
 
     index: int
     slot: _Slot
     header: ReplicaHeader
     shared: FrozenSet[str]
-    spilled: Optional[Path] = None
+    spill: Optional[_Spill] = None
 
     def own(self) -> List[Tuple[str, str, Tuple[int, ...], int]]:
         """The arrays this replica holds itself (header order), not pointing into a local snapshot."""
         return [spec for spec in self.header.arrays if spec[0] not in self.shared]
 
-    def drop(self) -> None:
-        """Free the replica's memory, and its spill file."""
-        self.slot.release()
-        if self.spilled is not None:
-            self.spilled.unlink(missing_ok=True)
+    def layout(self) -> List[Tuple[str, str, Tuple[int, ...]]]:
+        return [(name, dtype, tuple(shape)) for name, dtype, shape, _ in self.own()]
+
+    def own_bytes(self) -> Dict[str, bytes]:
+        """Copies of the replica's own arrays (the next push may overwrite the memory)."""
+        if self.spill is None or self.spill.synced == 0:
+            return {name: self.slot.buffers[name].tobytes() for name, _, _, _ in self.own()}
+        with open(self.spill.path, "rb") as handle:
+            return {name: self.spill.read(name, self.slot.buffers.get(name), handle) for name, _, _, _ in self.own()}
+
+    def forget_spill(self) -> None:
+        """The replica is no longer held: stop moving it and remove its file."""
+        if self.spill is not None:
+            self.spill.cancel()
+            try:
+                self.spill.path.unlink(missing_ok=True)
+            except OSError as error:
+                log.warning("replica keeper: cannot remove %s: %s", self.spill.path, error.strerror or error)
 
 
 @dataclass
@@ -249,8 +339,9 @@ class Keeper:
     keeps them in this process's memory (a rank keeping its buddy's replica). ``local()`` lists the
     complete snapshots on this side a replica may point into (:func:`slot_files`,
     :func:`store_slots`; None: every array is sent). With a ``spill`` directory (on disk, not
-    tmpfs) a held replica moves there while the next one of its rank arrives, so memory holds one
-    replica per rank at any time and a sender lost mid-transfer is still restored (from disk).
+    tmpfs) a held replica moves there while the next one of its rank arrives into its memory
+    (:class:`_Spill`), so memory holds one replica per rank at any time and a sender lost
+    mid-transfer is still restored (from disk and memory).
     One thread owns a ROUTER bound on ``ip``; with ``keys`` only job members get in (CurveZMQ +
     ZAP). Requests: ``begin`` → ``have`` + ``{"owner_rank", "step", "arrays"}`` (the indices not to
     send), ``part``, ``end`` (a streamed push, see the module docstring) → ``ok`` +
@@ -270,6 +361,13 @@ class Keeper:
                         "still takes memory; set MINDFT_DUMP_DIR to a directory on disk", self._spill)
         for stale in self._spill.glob("rank*.bin") if self._spill is not None else ():
             stale.unlink(missing_ok=True)  # left by a keeper of this node that was killed: nobody's now
+        if self._spill is not None:
+            try:
+                self._spill.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                log.warning("replica keeper: cannot create %s (%s); a replica stays in memory while the next "
+                            "arrives (two per rank)", self._spill, error.strerror or error)
+                self._spill = None
         self._context = zmq.Context()
         self._authenticator = start_authenticator(self._context, keys)
         self._socket = self._context.socket(zmq.ROUTER)
@@ -289,6 +387,8 @@ class Keeper:
         self.received_bytes = self.shared_bytes = 0  # of the replicas completed: sent, and pointed into
         self.spilled = 0  # replicas moved to disk while the next one arrived
         self._lock = threading.Lock()
+        self._spilling = threading.Condition(self._lock)  # a spill moved on
+        self._cannot_spill = False  # then a replica stays in memory while the next arrives
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="mindft-keeper", daemon=True)
         self._thread.start()
@@ -305,8 +405,9 @@ class Keeper:
     def nbytes(self) -> int:
         """Memory the replicas take (and the one arriving, while it does); shared arrays are not theirs."""
         with self._lock:
-            slots = [r.slot for r in self._held.values()] + [i.slot for _, i in self._incoming.values()]
-            return sum(b.nbytes for slot in slots for b in slot.buffers.values())
+            slots = {id(r.slot): r.slot for r in self._held.values()}
+            slots.update((id(i.slot), i.slot) for _, i in self._incoming.values())  # (the same slot, in place)
+            return sum(b.nbytes for slot in slots.values() for b in slot.buffers.values())
 
     def close(self) -> None:
         """Stop serving (files in ``home`` stay for whoever owns it; memory is freed)."""
@@ -319,10 +420,14 @@ class Keeper:
             for _, incoming in self._incoming.values():
                 incoming.slot.forget()
             self._incoming.clear()
+            spills = [r.spill for r in self._held.values() if r.spill is not None]
             for owner, replica in list(self._held.items()):
-                if replica.spilled is not None or self.home is None:  # nobody reads a spill file later
-                    replica.drop()
+                if replica.spill is not None or self.home is None:  # nobody reads a spill file later
+                    replica.forget_spill()
+                    replica.slot.release()
                     del self._held[owner]
+        for spill in spills:
+            spill.thread.join()
         if self._spill is not None:  # its directories, left only if something else is in them
             ours = [self._spill] + ([self._spill.parent] if self._spill.parent.name == SPILL_DIRECTORY else [])
             for directory in ours:
@@ -403,23 +508,83 @@ class Keeper:
                                                            "arrays": sorted(shared)}).encode()])
 
     def _begin(self, header: ReplicaHeader, shared: FrozenSet[str]) -> None:
-        """A replica of ``header.owner_rank`` starts: into the slot the held replica does not use."""
+        """A replica of ``header.owner_rank`` starts. With a spill directory the held one moves to
+        disk meanwhile, and the new one takes its memory as it goes (same arrays) or its place
+        once all of it is on disk (other arrays); without, it goes into the other slot."""
         owner = header.owner_rank
-        held = self._held.get(owner)
-        if self._spill is not None and held is not None and held.spilled is None and held.own():
-            self._spill_held(owner, held)  # (a data-parallel replica may hold nothing of its own)
+        sent = [(name, dtype, tuple(shape)) for name, dtype, shape, _ in header.arrays if name not in shared]
         with self._lock:
-            dropped = self._incoming.pop(owner, None)
-            if dropped is not None:  # a push cut short: what it wrote is garbage
-                dropped[1].slot.release()
             held = self._held.get(owner)
-            index = 1 - held.index if held is not None else 0
-            slot = _Slot(None if self.home is None else self._directory(owner) / f"slot{index}.bin")
-            slot.forget()
-            sent = [(name, dtype, tuple(shape)) for name, dtype, shape, _ in header.arrays if name not in shared]
+            dropped = self._incoming.pop(owner, None)
+            if dropped is not None and (held is None or dropped[1].slot is not held.slot):
+                dropped[1].slot.release()  # a push cut short: what it wrote is garbage
+            spill = None
+            if self._spill is not None and not self._cannot_spill and held is not None and held.own():
+                # (a data-parallel replica may hold nothing of its own)
+                if held.spill is None:
+                    held.slot.forget()  # its file is no longer a snapshot once the next one arrives into it
+                    held.spill = _Spill(self._spill / f"rank{owner}.bin",
+                                        [(name, held.slot.buffers[name]) for name, _, _, _ in held.own()],
+                                        self._spilling, self._spilled)
+                spill = held.spill
+            if spill is not None and held.slot.buffers and held.layout() == sent:
+                index, slot = held.index, held.slot  # in place, behind the spill
+            else:
+                index = 1 - held.index if held is not None else 0
+                slot = _Slot(None if self.home is None else self._directory(owner) / f"slot{index}.bin")
+                slot.forget()
             slot.prepare(sent)
             total = sum(_nbytes(dtype, shape) for _, dtype, shape in sent)
-            self._incoming[owner] = (index, _Incoming(header, slot, total, shared))
+            self._incoming[owner] = (index, _Incoming(header, slot, total, shared, spill))
+
+    def _spilled(self, spill: _Spill) -> None:
+        with self._lock:
+            self.spilled += 1
+
+    def _room(self, owner: int, incoming: _Incoming, name: str, end: int) -> None:
+        """Wait (the lock held) until the part ending at byte ``end`` of array ``name`` may be written:
+        the held replica's bytes it overwrites are on disk, or all of it when the part goes elsewhere."""
+        spill, held = incoming.behind, self._held.get(owner)
+        if spill is None or held is None or held.spill is not spill:
+            return
+        in_place = held.slot is incoming.slot
+        need = spill.offsets[name] + end if in_place else spill.total
+        while spill.synced < need and spill.failed is None and not self._stop.is_set():
+            self._spilling.wait(KEEPER_POLL_MS / 1000)
+        if spill.failed is not None:
+            self._spill_failed(owner, held, in_place)
+            raise SnapshotError(f"cannot move rank {owner}'s replica to disk: {spill.failed}")
+        if spill.synced < need:
+            raise SnapshotError("the keeper is closing")
+        if not in_place and held.slot.buffers:
+            held.slot.release()  # all on disk: its memory goes to the arriving replica
+
+    def _spill_failed(self, owner: int, held: _Held, in_place: bool) -> None:
+        """Spilling is over for this keeper: the held replica comes back to memory whole (the
+        push writing into it is refused) and the next push goes into the other slot."""
+        log.warning("replica keeper: cannot move rank %d's replica to disk (%s); from now on a replica stays in "
+                    "memory while the next arrives (two per rank)", owner, held.spill.failed)
+        self._cannot_spill = True
+        spill = held.spill
+        try:
+            restored = held.own_bytes()
+        except (OSError, SnapshotError) as error:
+            log.error("rank=%d LOST its replica of step %d: it cannot be read back from %s (%s)", owner,
+                      held.header.step, spill.path, error)
+            del self._held[owner]
+            restored = None
+        if in_place:
+            del self._incoming[owner]
+        held.forget_spill()
+        if restored is None:
+            held.slot.release()
+            return
+        for name, data in restored.items():
+            held.slot.buffers[name].reshape(-1).view(np.uint8)[:] = np.frombuffer(data, dtype=np.uint8)
+        held.spill = None
+        held.slot.complete = True
+        if not held.shared:
+            held.slot.record()
 
     def _part(self, where: Mapping[str, Any], frame: Any) -> None:
         """Copy one part into the arriving replica; parts of a push that was replaced are dropped."""
@@ -443,34 +608,10 @@ class Keeper:
             if offset < 0 or offset + data.size > target.size:
                 raise SnapshotError(f"part of rank {owner} step {step}: bytes {offset}..{offset + data.size} "
                                     f"outside {name!r} ({target.size} bytes)")
+            self._room(owner, incoming, name, offset + data.size)
             if data.size:
                 target[offset:offset + data.size] = data
             incoming.received += data.size
-
-    def _spill_held(self, owner: int, held: _Held) -> None:
-        """Write the held replica to disk and free its memory (this thread alone changes it)."""
-        path = self._spill / f"rank{owner}.bin"
-        started = time.perf_counter()
-        try:
-            self._spill.mkdir(parents=True, exist_ok=True)
-            with open(path, "wb") as handle:
-                for name, _, _, _ in held.own():
-                    handle.write(held.slot.buffers[name].reshape(-1).view(np.uint8))
-                handle.flush()
-                os.fsync(handle.fileno())
-                # Written and on disk: the page cache need not keep a copy in memory.
-                os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-        except OSError as error:
-            path.unlink(missing_ok=True)
-            log.warning("replica keeper: cannot spill rank %d's replica to %s (%s); both stay in memory "
-                        "while the next arrives", owner, path, error)
-            return
-        with self._lock:
-            held.slot.release()
-            held.spilled = path
-            self.spilled += 1
-        log.debug("spilled rank %d's replica of step %d to %s in %.3f s", owner, held.header.step, path,
-                  time.perf_counter() - started)
 
     def _end(self, owner: int, step: int) -> List[Any]:
         """The push is complete: the new replica replaces the one held (no hash here)."""
@@ -479,9 +620,11 @@ class Keeper:
             if entry is None or entry[1].header.step != step:
                 raise SnapshotError(f"end of rank {owner} step {step}: no such push arriving")
             index, incoming = entry
+            old = self._held.get(owner)
             if incoming.received != incoming.total:
                 del self._incoming[owner]
-                incoming.slot.release()
+                if old is None or incoming.slot is not old.slot:
+                    incoming.slot.release()
                 raise SnapshotError(f"replica of rank {owner} step {step} is incomplete: "
                                     f"{incoming.received} of {incoming.total} bytes arrived")
             del self._incoming[owner]
@@ -491,10 +634,11 @@ class Keeper:
             if not shared:  # a slot that points into another cannot be read back as a rank's own
                 slot.record()
             slot.complete = True
-            old = self._held.get(owner)
             self._held[owner] = _Held(index, slot, header, shared)
             if old is not None:
-                old.drop()
+                old.forget_spill()
+                if old.slot is not slot:
+                    old.slot.release()
             self.received_bytes += incoming.total
             self.shared_bytes += sum(_nbytes(d, s) for name, d, s, _ in header.arrays if name in shared)
         log.debug("holding the replica of rank %d, step %d (%d of %d arrays shared with this node's snapshot)",
@@ -507,10 +651,8 @@ class Keeper:
             replica = self._held.get(owner)
             if replica is None:
                 raise SnapshotError(f"no replica of rank {owner} held here (holding {sorted(self._held)})")
-            header, slot = replica.header, replica.slot
-            # Copies: the next push of this rank may free the slot before ZeroMQ sends these.
-            own = ({name: slot.buffers[name].tobytes() for name, _, _, _ in replica.own()}
-                   if replica.spilled is None else _read_spilled(replica))
+            header = replica.header
+            own = replica.own_bytes()
         local = self._local() if replica.shared and self._local is not None else []
         frames = []
         for spec in header.arrays:
@@ -527,15 +669,6 @@ class Keeper:
         directory = self.home / f"rank{owner}"
         directory.mkdir(parents=True, exist_ok=True)
         return directory
-
-
-def _read_spilled(replica: _Held) -> Dict[str, bytes]:
-    """A spilled replica's own arrays, read back from its file in the order they were written."""
-    arrays = {}
-    with open(replica.spilled, "rb") as handle:
-        for name, dtype, shape, _ in replica.own():
-            arrays[name] = handle.read(_nbytes(dtype, shape))
-    return arrays
 
 
 def _json(frame: Any) -> Any:

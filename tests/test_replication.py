@@ -336,6 +336,56 @@ def test_a_keeper_with_a_spill_directory_holds_one_replica_in_memory_while_the_n
     assert not (tmp_path / "disk" / "replica-spill").exists()  # nobody's once its keeper is gone
 
 
+@pytest.mark.parametrize("in_shared_memory", [True, False], ids=["node agent", "rank"])
+def test_a_replica_of_the_same_arrays_arrives_into_the_memory_its_predecessor_moved_to_disk(
+        tmp_path: Path, keys, parts, monkeypatch: pytest.MonkeyPatch, in_shared_memory: bool) -> None:
+    """The write to disk and the transfer overlap: the parts take the old replica's memory only
+    behind the spill (pieces of 512 bytes here, each synced, so the parts catch up with it), and a
+    push cut short still leaves the old replica whole: what is on disk, then what is in memory."""
+    monkeypatch.setattr("mindft.replication.SPILL_PIECE", 512)
+    home = tmp_path / "shm" if in_shared_memory else None
+    spill = replica_spill(tmp_path / "disk", "node1")
+    keeper = Keeper(home, "127.0.0.1", keys, spill=spill)
+    parts.append(keeper)
+    x1, x2, x3 = (np.arange(4096, dtype=np.int64) * k for k in (1, 5, 7))
+    assert _raw(keeper.endpoint, keys, [[b"begin", header(1, x1)], part(1, x1, 0, 4096), end(1)])[0] == b"ok"
+    cut_short = [[b"begin", header(2, x2)], *(part(2, x2, at, 256) for at in range(0, 3072, 256))]
+    _raw(keeper.endpoint, keys, cut_short, answer=False)
+    replica = fetch_replica(keeper.endpoint, 7, keys, 5.0)  # checksum verified: no byte overwritten too early
+    assert replica.step == 1 and replica.arrays["x"].tolist() == x1.tolist()
+    assert keeper.nbytes == x1.nbytes and (spill / "rank7.bin").exists()  # one replica in memory throughout
+    if home is not None:
+        assert [p.name for p in (home / "rank7").iterdir()] == ["slot0.bin"]
+    until(lambda: keeper.spilled == 1, "the old replica wholly on disk")
+    assert (spill / "rank7.bin").read_bytes() == x1.tobytes()
+    assert _raw(keeper.endpoint, keys, [[b"begin", header(3, x3)], part(3, x3, 0, 4096), end(3)])[0] == b"ok"
+    assert fetch_replica(keeper.endpoint, 7, keys, 5.0).arrays["x"].tolist() == x3.tolist()
+    assert list(spill.iterdir()) == [] and keeper.nbytes == x3.nbytes
+    if home is not None:
+        assert sorted(p.name for p in (home / "rank7").iterdir()) == ["slot0.bin", "slot0.json"]
+
+
+def test_a_keeper_that_cannot_write_to_disk_keeps_the_replica_in_memory(
+        tmp_path: Path, keys, parts, caplog: pytest.LogCaptureFixture) -> None:
+    """A failed spill costs memory, never the replica: the push that would overwrite it is
+    refused, and from then on the next replica arrives beside the held one."""
+    caplog.set_level("WARNING", logger="mindft.replication")
+    spill = replica_spill(tmp_path / "disk", "node1")
+    keeper = Keeper(None, "127.0.0.1", keys, spill=spill)
+    parts.append(keeper)
+    x1, x2 = np.arange(4096, dtype=np.int64), np.arange(4096, dtype=np.int64) * 3
+    assert _raw(keeper.endpoint, keys, [[b"begin", header(1, x1)], part(1, x1, 0, 4096), end(1)])[0] == b"ok"
+    (spill / "rank7.bin").mkdir()  # where the spill file goes: it cannot be opened for writing
+    refused = _raw(keeper.endpoint, keys, [[b"begin", header(2, x2)], part(2, x2, 0, 4096)])
+    assert refused[0] == b"error" and b"cannot move rank 7's replica to disk" in refused[1]
+    assert "from now on a replica stays in memory while the next arrives" in caplog.text
+    assert fetch_replica(keeper.endpoint, 7, keys, 5.0).arrays["x"].tolist() == x1.tolist()
+    assert _raw(keeper.endpoint, keys, [[b"begin", header(2, x2)], part(2, x2, 0, 4096), end(2)])[0] == b"ok"
+    assert fetch_replica(keeper.endpoint, 7, keys, 5.0).arrays["x"].tolist() == x2.tolist()
+    assert keeper.nbytes == x2.nbytes and keeper.spilled == 0
+    (spill / "rank7.bin").rmdir()
+
+
 def test_a_keeper_says_when_its_spill_directory_is_memory(keys, parts, caplog: pytest.LogCaptureFixture) -> None:
     from mindft.replication import in_memory_filesystem
 
