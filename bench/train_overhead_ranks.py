@@ -19,7 +19,11 @@ collectives. With ``--dp off`` (``--no-scheduler``) the ranks train independentl
 
 The jobs alternate plain / mindft, in ABBA order round after round, so a slow drift of the
 machine's speed affects both modes alike; the overhead of a round is the ratio of the two
-jobs' step times. A job's step time is the mean over its ranks of each rank's mean step time
+jobs' step times. ``--modes plain mindft coordination`` adds a third mode, mindft with step 0
+alone snapshotted (``MINDFT_SNAPSHOT_EVERY`` = 1000000): the cost of the flow itself (the
+processor, the reports, the lockstep), apart from the snapshots; the modes then rotate so that
+each runs in every position equally often over 6 rounds (in ABBA order one of three modes
+would always run in the middle). A job's step time is the mean over its ranks of each rank's mean step time
 over ``--steps`` steps after ``--warmup`` steps (the budget has chosen its cadence by then:
 the rank reports the step its cadence settled at); the mindft window includes the wait for
 its last capture.
@@ -75,7 +79,8 @@ RESULTS = Path(__file__).parent / "results"
 IN_OUT = 1024
 RANK_VARIABLE = "BENCH_RANKS_OUT"
 TARGET = 1.03
-MODES = ("plain", "mindft")
+MODES = ("plain", "mindft", "coordination")
+NO_SNAPSHOTS = 1_000_000  # the coordination mode's MINDFT_SNAPSHOT_EVERY: step 0 alone is snapshotted
 JOB_ATTEMPTS = 3  # a job that fails is run again (recorded in its "attempts")
 RESULTS_GRACE = 5.0  # seconds the launcher may linger once every rank wrote its results
 
@@ -402,8 +407,10 @@ def run_job(mode: str, nproc: int, batch: int, dp: bool, args: argparse.Namespac
     for name in ("MS_ENABLE_TFT", "MINDFT_SNAPSHOT_EVERY", "MINDFT_OVERHEAD_BUDGET", "MINDFT_KEY_FILE",
                  "MINDFT_INSECURE", "MS_TFT_PORT", "MINDFT_REPLICA_BUDDY", "MINDFT_STATE_DIR"):
         env.pop(name, None)
-    if mode == "mindft":
+    if mode in ("mindft", "coordination"):
         env["MS_ENABLE_TFT"] = "{RSC:1}"
+    if mode == "coordination":
+        env["MINDFT_SNAPSHOT_EVERY"] = str(NO_SNAPSHOTS)
     command = [sys.executable, "-m", "mindft.launch", "--nproc", str(nproc), *([] if dp else ["--no-scheduler"])]
     if nnodes > 1:
         # Several nodes on loopback: one launcher (node agent) each, as on separate machines.
@@ -449,7 +456,7 @@ def run_job(mode: str, nproc: int, batch: int, dp: bool, args: argparse.Namespac
            "replica_bytes": [[size_from_text(received), size_from_text(shared)] for received, shared in kept],
            "replicas_spilled": sum(int(n) for n in re.findall(r"(\d+) moved to disk while the next arrived", text)),
            "step_ms": statistics.fmean(r["step_s"] for r in ranks) * 1e3,
-           "per_rank_ms": [r["step_s"] * 1e3 for r in ranks],
+           "per_rank_ms": [r["step_s"] * 1e3 for r in ranks], "times": [r["times"] for r in ranks],
            "cpu_ms": statistics.fmean(r["cpu_s"] for r in ranks) * 1e3,
            "state_bytes": ranks[0]["state_bytes"],
            "rank_hwm": [r["memory"].get("VmHWM", 0) for r in ranks],
@@ -483,10 +490,20 @@ def run_job(mode: str, nproc: int, batch: int, dp: bool, args: argparse.Namespac
     return job
 
 
+def orders(modes: Sequence[str]) -> List[List[str]]:
+    """The order of the modes round after round: the rotations of ``modes``, then those of the
+    reversed modes, so every mode runs in every position, after every other, equally often
+    (two modes: ABBA)."""
+    modes = list(modes)
+    return [modes[i:] + modes[:i] for i in range(len(modes))] + [
+        modes[::-1][i:] + modes[::-1][:i] for i in range(len(modes))]
+
+
 def summarize(jobs: List[Dict[str, Any]], batch: int, dp: bool) -> Dict[str, Any]:
     mine = [j for j in jobs if j["batch"] == batch and j["dp"] == dp]
     by = {(j["round"], j["mode"]): j for j in mine}
-    rounds = sorted({j["round"] for j in mine if all((j["round"], mode) in by for mode in MODES)})
+    modes = sorted({j["mode"] for j in mine})
+    rounds = sorted({j["round"] for j in mine if all((j["round"], mode) in by for mode in modes)})
     ratios = [by[(r, "mindft")]["step_ms"] / by[(r, "plain")]["step_ms"] for r in rounds]
     state = mine[0]["state_bytes"]
 
@@ -507,8 +524,15 @@ def summarize(jobs: List[Dict[str, Any]], batch: int, dp: bool) -> Dict[str, Any
     # counted once): what the job holds, not an upper bound.
     job_extra_pss = [(by[(r, "mindft")]["job_pss_peak"] - by[(r, "plain")]["job_pss_peak"]) / world / state
                      for r in rounds]
-    loads = [by[(r, m)][key][0] for r in rounds for m in MODES for key in ("load_before", "load_after")]
-    return {"batch": batch, "dp": dp, "rounds": len(rounds),
+    loads = [by[(r, m)][key][0] for r in rounds for m in modes for key in ("load_before", "load_after")]
+    if "coordination" in modes:  # the flow without snapshots, against plain and against mindft
+        coordination = {"coordination_ratio": spread([by[(r, "coordination")]["step_ms"] / by[(r, "plain")]["step_ms"]
+                                                      for r in rounds]),
+                        "mindft_over_coordination": spread([by[(r, "mindft")]["step_ms"]
+                                                            / by[(r, "coordination")]["step_ms"] for r in rounds])}
+    else:
+        coordination = {}
+    return {"batch": batch, "dp": dp, "rounds": len(rounds), **coordination,
             "plain_ms": spread([by[(r, "plain")]["step_ms"] for r in rounds]),
             "mindft_ms": spread([by[(r, "mindft")]["step_ms"] for r in rounds]),
             "ratio": spread(ratios), "every": [by[(r, "mindft")]["every"] for r in rounds],
@@ -564,7 +588,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="plain/mindft pairs per configuration")
     parser.add_argument("--warmup", type=int, default=10, help="steps before the measured window")
     parser.add_argument("--steps", type=int, default=60, help="steps in the measured window")
-    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help=argparse.SUPPRESS)
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=["plain", "mindft"],
+                        help="coordination: mindft with step 0 alone snapshotted (the flow's own cost)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per job")
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--table", type=Path, metavar="JSON",
@@ -605,7 +630,7 @@ def main() -> None:
                            env=dict(os.environ, PYTHONPATH=str(REPO)))
         for round_ in range(args.rounds):
             for batch, dp in configs:
-                order = args.modes if round_ % 2 == 0 else args.modes[::-1]
+                order = orders(args.modes)[round_ % (2 * len(args.modes))]
                 for mode in order:
                     for attempt in range(1, JOB_ATTEMPTS + 1):
                         try:
@@ -637,8 +662,8 @@ def main() -> None:
                              if mode == "mindft" and job["nnodes"] > 1 else "") + "; load "
                           f"{job['load_before'][0]:.2f}→{job['load_after'][0]:.2f}; {job['seconds']:.0f} s",
                           flush=True)
-    if len(args.modes) < 2:
-        return  # profiling one mode: nothing to compare
+    if not {"plain", "mindft"} <= set(args.modes):
+        return  # profiling: nothing to compare
     rows = [summarize(jobs, batch, dp) for batch, dp in configs]
     record(rows)
     state = rows[0]["state_bytes"]
@@ -656,6 +681,9 @@ def main() -> None:
               f"{r['parts_ms']['wait_peers']:>13.1f} {fmt(r['rank_extra_state'], 2):>18} "
               f"{fmt(_job_memory(r), 2):>18} "
               f"{r['load_1min'][0]:.1f}–{r['load_1min'][1]:.1f}")
+        if "coordination_ratio" in r:
+            print(f"{'':>16} coordination alone / plain {fmt(r['coordination_ratio'], 3)}, "
+                  f"mindft / coordination alone {fmt(r['mindft_over_coordination'], 3)}")
     worst = max(r["ratio"][1] for r in rows)
     print(f"worst median ratio {worst:.3f} — target <= {TARGET}: {'met' if worst <= TARGET else 'NOT met'}")
     print(f"wrote {output}; the README's table (min / median / max over rounds):")

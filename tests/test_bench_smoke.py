@@ -1,5 +1,6 @@
 """The benchmarks still run against this tree: bench/step_cost.py (2 real ranks with and without
-mindft) and bench/coordination.py (64 simulated ranks next to the bare-zmq floor), JSON fields.
+mindft) and bench/coordination.py (64 simulated ranks next to the bare-zmq floor), JSON fields;
+bench/train_overhead_ranks.py's order of the modes.
 
 Timings are not asserted (speed is measured by the benchmark, not by tests); this only keeps
 the benchmark from rotting when the processor's API changes.
@@ -60,3 +61,17 @@ def test_coordination_quick_run_simulated_ranks_next_to_the_floor(tmp_path: Path
         assert row["frames_from_controller"]["setup"]["RegisterAck"] == 64
         assert set(row["phase_median_s"]) == {"PAUSING", "REPAIRING", "ROLLBACK", "RESUMING"}
     assert "bare zmq floor ms" in done.stdout
+
+
+def test_the_ranks_benchmark_runs_every_mode_in_every_position_equally_often() -> None:
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        from train_overhead_ranks import orders
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    assert orders(["plain", "mindft"]) == [["plain", "mindft"], ["mindft", "plain"], ["mindft", "plain"],
+                                           ["plain", "mindft"]]  # ABBA
+    rounds = orders(["plain", "mindft", "coordination"])
+    assert len(rounds) == 6 and all(sorted(order) == sorted(rounds[0]) for order in rounds)
+    for mode in rounds[0]:
+        assert sorted(order.index(mode) for order in rounds) == [0, 0, 1, 1, 2, 2]
