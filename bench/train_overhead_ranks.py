@@ -23,8 +23,8 @@ jobs' step times. ``--modes plain mindft coordination`` adds a third mode, mindf
 alone snapshotted (``MINDFT_SNAPSHOT_EVERY`` = 1000000): the cost of the flow itself (the
 processor, the reports, the lockstep), apart from the snapshots; the modes then rotate so that
 each runs in every position equally often over 6 rounds (in ABBA order one of three modes
-would always run in the middle). A job's step time is the mean over its ranks of each rank's mean step time
-over ``--steps`` steps after ``--warmup`` steps (the budget has chosen its cadence by then:
+would always run in the middle). A job's step time is the mean over its ranks of each rank's
+mean step time over ``--steps`` steps after ``--warmup`` steps (the budget has chosen its cadence by then:
 the rank reports the step its cadence settled at); the mindft window includes the wait for
 its last capture.
 Memory: each rank's peak RSS (``VmHWM``, which counts the agent's shared memory it maps),
