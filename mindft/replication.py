@@ -389,6 +389,7 @@ class Keeper:
         self._lock = threading.Lock()
         self._spilling = threading.Condition(self._lock)  # a spill moved on
         self._cannot_spill = False  # then a replica stays in memory while the next arrives
+        self._spills: List[_Spill] = []  # started, perhaps still writing (a cancelled one ends after its piece)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="mindft-keeper", daemon=True)
         self._thread.start()
@@ -420,7 +421,7 @@ class Keeper:
             for _, incoming in self._incoming.values():
                 incoming.slot.forget()
             self._incoming.clear()
-            spills = [r.spill for r in self._held.values() if r.spill is not None]
+            spills = list(self._spills)
             for owner, replica in list(self._held.items()):
                 if replica.spill is not None or self.home is None:  # nobody reads a spill file later
                     replica.forget_spill()
@@ -526,6 +527,7 @@ class Keeper:
                     held.spill = _Spill(self._spill / f"rank{owner}.bin",
                                         [(name, held.slot.buffers[name]) for name, _, _, _ in held.own()],
                                         self._spilling, self._spilled)
+                    self._spills = [s for s in self._spills if s.thread.is_alive()] + [held.spill]
                 spill = held.spill
             if spill is not None and held.slot.buffers and held.layout() == sent:
                 index, slot = held.index, held.slot  # in place, behind the spill

@@ -57,7 +57,7 @@ def parts(tmp_path: Path) -> Iterator[list]:
     yield opened
     for part in reversed(opened):
         part.close()
-    assert not [t for t in threading.enumerate() if t.name in ("mindft-replication", "mindft-keeper")]
+    assert not [t for t in threading.enumerate() if t.name in ("mindft-replication", "mindft-keeper", "mindft-spill")]
 
 
 def capture(store: SnapshotStore, step: int) -> None:
@@ -363,6 +363,8 @@ def test_a_replica_of_the_same_arrays_arrives_into_the_memory_its_predecessor_mo
     assert list(spill.iterdir()) == [] and keeper.nbytes == x3.nbytes
     if home is not None:
         assert sorted(p.name for p in (home / "rank7").iterdir()) == ["slot0.bin", "slot0.json"]
+    _raw(keeper.endpoint, keys, [[b"begin", header(4, x1)]], answer=False)
+    until(lambda: (spill / "rank7.bin").exists(), "a write under way")  # close() waits for it to stop
 
 
 def test_a_keeper_that_cannot_write_to_disk_keeps_the_replica_in_memory(
