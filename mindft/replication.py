@@ -122,6 +122,11 @@ def _endpoint(ip: str, port: int) -> str:
     return f"tcp://[{ip}]:{port}" if ":" in ip else f"tcp://{ip}:{port}"
 
 
+def _own_layout(header: ReplicaHeader, shared: FrozenSet[str]) -> List[Tuple[str, str, Tuple[int, ...]]]:
+    """(name, dtype, shape) of the arrays a replica holds itself, in header order."""
+    return [(name, dtype, tuple(shape)) for name, dtype, shape, _ in header.arrays if name not in shared]
+
+
 def _nbytes(dtype: str, shape: Sequence[int]) -> int:
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
@@ -224,7 +229,7 @@ class _Spill:
     write and the transfer overlap and memory holds one replica throughout."""
 
     def __init__(self, path: Path, arrays: List[Tuple[str, np.ndarray]], changed: threading.Condition,
-                 done: Callable[["_Spill"], None]) -> None:
+                 done: Callable[[], None]) -> None:
         self.path = path
         self.offsets: Dict[str, int] = {}
         self.sizes: Dict[str, int] = {}
@@ -284,7 +289,7 @@ class _Spill:
                 self._changed.notify_all()
             return
         log.debug("moved a replica to %s in %.3f s", self.path, time.perf_counter() - self._started)
-        self._done(self)
+        self._done()
 
 
 @dataclass
@@ -301,9 +306,6 @@ class _Held:
     def own(self) -> List[Tuple[str, str, Tuple[int, ...], int]]:
         """The arrays this replica holds itself (header order), not pointing into a local snapshot."""
         return [spec for spec in self.header.arrays if spec[0] not in self.shared]
-
-    def layout(self) -> List[Tuple[str, str, Tuple[int, ...]]]:
-        return [(name, dtype, tuple(shape)) for name, dtype, shape, _ in self.own()]
 
     def own_bytes(self) -> Dict[str, bytes]:
         """Copies of the replica's own arrays (the next push may overwrite the memory)."""
@@ -513,7 +515,7 @@ class Keeper:
         disk meanwhile, and the new one takes its memory as it goes (same arrays) or its place
         once all of it is on disk (other arrays); without, it goes into the other slot."""
         owner = header.owner_rank
-        sent = [(name, dtype, tuple(shape)) for name, dtype, shape, _ in header.arrays if name not in shared]
+        sent = _own_layout(header, shared)
         with self._lock:
             held = self._held.get(owner)
             dropped = self._incoming.pop(owner, None)
@@ -529,7 +531,7 @@ class Keeper:
                                         self._spilling, self._spilled)
                     self._spills = [s for s in self._spills if s.thread.is_alive()] + [held.spill]
                 spill = held.spill
-            if spill is not None and held.slot.buffers and held.layout() == sent:
+            if spill is not None and held.slot.buffers and _own_layout(held.header, held.shared) == sent:
                 index, slot = held.index, held.slot  # in place, behind the spill
             else:
                 index = 1 - held.index if held is not None else 0
@@ -539,7 +541,7 @@ class Keeper:
             total = sum(_nbytes(dtype, shape) for _, dtype, shape in sent)
             self._incoming[owner] = (index, _Incoming(header, slot, total, shared, spill))
 
-    def _spilled(self, spill: _Spill) -> None:
+    def _spilled(self) -> None:
         with self._lock:
             self.spilled += 1
 
