@@ -23,7 +23,8 @@ jobs' step times. ``--modes plain mindft coordination`` adds a third mode, mindf
 alone snapshotted (``MINDFT_SNAPSHOT_EVERY`` = 1000000): the cost of the flow itself (the
 processor, the reports, the lockstep), apart from the snapshots; the modes then rotate so that
 each runs in every position equally often over 6 rounds (in ABBA order one of three modes
-would always run in the middle). A job's step time is the mean over its ranks of each rank's
+would always run in the middle). ``control`` is a second unprotected job, exactly as ``plain``:
+its ratio to ``plain`` in the same round is what this machine's noise alone makes of a ratio. A job's step time is the mean over its ranks of each rank's
 mean step time over ``--steps`` steps after ``--warmup`` steps (the budget has chosen its cadence by then:
 the rank reports the step its cadence settled at); the mindft window includes the wait for
 its last capture.
@@ -79,7 +80,7 @@ RESULTS = Path(__file__).parent / "results"
 IN_OUT = 1024
 RANK_VARIABLE = "BENCH_RANKS_OUT"
 TARGET = 1.03
-MODES = ("plain", "mindft", "coordination")
+MODES = ("plain", "mindft", "coordination", "control")
 NO_SNAPSHOTS = 1_000_000  # the coordination mode's MINDFT_SNAPSHOT_EVERY: step 0 alone is snapshotted
 JOB_ATTEMPTS = 3  # a job that fails is run again (recorded in its "attempts")
 RESULTS_GRACE = 5.0  # seconds the launcher may linger once every rank wrote its results
@@ -525,14 +526,13 @@ def summarize(jobs: List[Dict[str, Any]], batch: int, dp: bool) -> Dict[str, Any
     job_extra_pss = [(by[(r, "mindft")]["job_pss_peak"] - by[(r, "plain")]["job_pss_peak"]) / world / state
                      for r in rounds]
     loads = [by[(r, m)][key][0] for r in rounds for m in modes for key in ("load_before", "load_after")]
-    if "coordination" in modes:  # the flow without snapshots, against plain and against mindft
-        coordination = {"coordination_ratio": spread([by[(r, "coordination")]["step_ms"] / by[(r, "plain")]["step_ms"]
-                                                      for r in rounds]),
-                        "mindft_over_coordination": spread([by[(r, "mindft")]["step_ms"]
-                                                            / by[(r, "coordination")]["step_ms"] for r in rounds])}
-    else:
-        coordination = {}
-    return {"batch": batch, "dp": dp, "rounds": len(rounds), **coordination,
+    # The other modes against plain (the flow alone; the noise alone), and mindft against the flow alone.
+    others = {f"{mode}_ratio": spread([by[(r, mode)]["step_ms"] / by[(r, "plain")]["step_ms"] for r in rounds])
+              for mode in modes if mode not in ("plain", "mindft")}
+    if "coordination" in modes:
+        others["mindft_over_coordination"] = spread([by[(r, "mindft")]["step_ms"] / by[(r, "coordination")]["step_ms"]
+                                                     for r in rounds])
+    return {"batch": batch, "dp": dp, "rounds": len(rounds), **others,
             "plain_ms": spread([by[(r, "plain")]["step_ms"] for r in rounds]),
             "mindft_ms": spread([by[(r, "mindft")]["step_ms"] for r in rounds]),
             "ratio": spread(ratios), "every": [by[(r, "mindft")]["every"] for r in rounds],
@@ -589,7 +589,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10, help="steps before the measured window")
     parser.add_argument("--steps", type=int, default=60, help="steps in the measured window")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=["plain", "mindft"],
-                        help="coordination: mindft with step 0 alone snapshotted (the flow's own cost)")
+                        help="coordination: mindft with step 0 alone snapshotted (the flow's own cost); "
+                             "control: a second plain job (the noise of a ratio)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per job")
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--table", type=Path, metavar="JSON",
@@ -684,6 +685,8 @@ def main() -> None:
         if "coordination_ratio" in r:
             print(f"{'':>16} coordination alone / plain {fmt(r['coordination_ratio'], 3)}, "
                   f"mindft / coordination alone {fmt(r['mindft_over_coordination'], 3)}")
+        if "control_ratio" in r:
+            print(f"{'':>16} control (a second plain job) / plain {fmt(r['control_ratio'], 3)}")
     worst = max(r["ratio"][1] for r in rows)
     print(f"worst median ratio {worst:.3f} — target <= {TARGET}: {'met' if worst <= TARGET else 'NOT met'}")
     print(f"wrote {output}; the README's table (min / median / max over rounds):")
