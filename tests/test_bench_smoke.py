@@ -95,5 +95,7 @@ def test_the_ranks_benchmark_sets_each_mode_against_plain_of_the_same_round() ->
     assert row["rounds"] == 2
     assert row["ratio"] == pytest.approx([1.01, 1.02, 1.03])
     assert row["control_ratio"] == pytest.approx([0.98, 1.015, 1.05])
+    assert row["mindft_over_unprotected"] == pytest.approx([2 * 202 / 410, (2 * 103 / 198 + 2 * 202 / 410) / 2,
+                                                             2 * 103 / 198])
     assert row["coordination_ratio"] == pytest.approx([1.0, 1.005, 1.01])
     assert row["mindft_over_coordination"] == pytest.approx([1.01, (103 / 101 + 1.01) / 2, 103 / 101])
