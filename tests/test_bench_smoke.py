@@ -1,6 +1,6 @@
 """The benchmarks still run against this tree: bench/step_cost.py (2 real ranks with and without
 mindft) and bench/coordination.py (64 simulated ranks next to the bare-zmq floor), JSON fields;
-bench/train_overhead_ranks.py's order of the modes.
+bench/train_overhead_ranks.py's order of the modes and its ratios.
 
 Timings are not asserted (speed is measured by the benchmark, not by tests); this only keeps
 the benchmark from rotting when the processor's API changes.
@@ -65,12 +65,18 @@ def test_coordination_quick_run_simulated_ranks_next_to_the_floor(tmp_path: Path
     assert "bare zmq floor ms" in done.stdout
 
 
-def test_the_ranks_benchmark_runs_every_mode_in_every_position_equally_often() -> None:
+def _ranks_bench():
+    """bench/train_overhead_ranks.py as a module (bench/ is not a package)."""
     sys.path.insert(0, str(REPO / "bench"))
     try:
-        from train_overhead_ranks import orders
+        import train_overhead_ranks
     finally:
         sys.path.remove(str(REPO / "bench"))
+    return train_overhead_ranks
+
+
+def test_the_ranks_benchmark_runs_every_mode_in_every_position_equally_often() -> None:
+    orders = _ranks_bench().orders
     assert orders(["plain", "mindft"]) == [["plain", "mindft"], ["mindft", "plain"], ["mindft", "plain"],
                                            ["plain", "mindft"]]  # ABBA
     rounds = orders(["plain", "mindft", "coordination"])
@@ -80,11 +86,7 @@ def test_the_ranks_benchmark_runs_every_mode_in_every_position_equally_often() -
 
 
 def test_the_ranks_benchmark_sets_each_mode_against_plain_of_the_same_round() -> None:
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        from train_overhead_ranks import summarize
-    finally:
-        sys.path.remove(str(REPO / "bench"))
+    summarize = _ranks_bench().summarize
     step_ms = {(0, "plain"): 100.0, (0, "mindft"): 103.0, (0, "control"): 98.0, (0, "coordination"): 101.0,
                (1, "plain"): 200.0, (1, "mindft"): 202.0, (1, "control"): 210.0, (1, "coordination"): 200.0}
     jobs = [{"round": r, "mode": mode, "batch": 64, "dp": True, "nproc": 2, "nnodes": 1, "state_bytes": 1 << 20,
