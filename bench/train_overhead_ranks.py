@@ -31,9 +31,9 @@ time is the mean over its ranks of each rank's mean step time over ``--steps`` s
 cadence settled at); the mindft window includes the wait for its last capture.
 Memory: each rank's peak RSS (``VmHWM``, which counts the agent's shared memory it maps),
 the launcher's (the node agent and the controller), the snapshot files the agent held, and
-the whole job's PSS sampled every 2 s, every 0.25 s on several nodes (every process of every
-launcher's tree; a shared page counts once, split among the processes that map it); the
-increase over the plain job is given in units of the rank's state.
+the whole job's PSS sampled every 2 s, every 0.25 s on several nodes (``--pss-every``; every
+process of every launcher's tree; a shared page counts once, split among the processes that
+map it); the increase over the plain job is given in units of the rank's state.
 
 Where the CPU goes: each rank records each thread's CPU per step after the warm-up
 (MindSpore's threads by their names, mindft's by theirs), and the driver each process's CPU
@@ -432,7 +432,9 @@ def run_job(mode: str, nproc: int, batch: int, dp: bool, args: argparse.Namespac
                     [*command, *(["--node-rank", str(node)] if nnodes > 1 else []), "--run-dir",
                      str(out / f"run{node}"), __file__], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                     start_new_session=True))
-        sampler = _Sampler([launcher.pid for launcher in launchers], pss_every=1 if nnodes > 1 else 8)
+        pss_seconds = args.pss_every or (_Sampler.TICK if nnodes > 1 else 2.0)
+        sampler = _Sampler([launcher.pid for launcher in launchers],
+                           pss_every=max(1, round(pss_seconds / _Sampler.TICK)))
         try:
             code = _wait_job(launchers, [out / f"rank{r}.json" for r in range(world)], args.timeout)
         finally:
@@ -595,6 +597,9 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", choices=MODES, default=["plain", "mindft"],
                         help="coordination: mindft with step 0 alone snapshotted (the flow's own cost); "
                              "control: a second plain job (the noise of a ratio)")
+    parser.add_argument("--pss-every", type=float, default=None, metavar="SECONDS",
+                        help="how often the whole job's PSS is read (default 2, 0.25 on several nodes to catch the "
+                             "replicas' peak; reading it takes CPU from the job, more from the protected one)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per job")
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--table", type=Path, metavar="JSON",
@@ -622,6 +627,7 @@ def main() -> None:
         """The run so far (every job as it ends: a run cut short keeps what it measured)."""
         result = {"benchmark": "train_overhead_ranks", "nproc": args.nproc, "nnodes": args.nnodes,
                   "width": args.width, "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds,
+                  "pss_every": args.pss_every,
                   "target": TARGET, "cpus": os.cpu_count(), "machine": platform.platform(),
                   "python": platform.python_version(), "mindspore": mindspore.__version__,
                   "load_start": load_start, "load_end": _load(), "complete": rows is not None,
