@@ -605,6 +605,8 @@ def main() -> None:
     parser.add_argument("--table", type=Path, metavar="JSON",
                         help="print the README's table from a recorded run (its JSON) and exit")
     args = parser.parse_args()
+    if args.pss_every is not None and args.pss_every < _Sampler.TICK:
+        parser.error(f"--pss-every must be at least {_Sampler.TICK} seconds (the sampler's tick), got {args.pss_every}")
     if args.table:
         recorded = json.loads(args.table.read_text())
         jobs = recorded["jobs"]
