@@ -314,16 +314,16 @@ class _Sampler:
     """Samples the launchers' memory, the whole job's (PSS: shared memory counted once) and the
     size of the agents' snapshot files while a job runs.
 
-    PSS is read every ``pss_every`` ticks: the kernel walks every page of a process for it,
-    ~10 ms of CPU per rank of 600 MiB on this VM, a fifth of a core taken from the job at every
-    tick. On one node the peak lasts (the double buffer stays once allocated): every 2 s. With
+    PSS is read every ``pss_seconds`` (rounded to whole ticks): the kernel walks every page of
+    a process for it, ~10 ms of CPU per rank of 600 MiB on this VM, a fifth of a core taken from
+    the job at every tick. On one node the peak lasts (the double buffer stays once allocated): every 2 s. With
     replicas (several nodes) the peak is the old replica and the new one while it arrives:
     every tick."""
 
     TICK = 0.25
 
-    def __init__(self, pids: List[int], pss_every: int) -> None:
-        self.pss_every = pss_every
+    def __init__(self, pids: List[int], pss_seconds: float) -> None:
+        self.pss_every = max(1, round(pss_seconds / self.TICK))  # ticks
         self.pids = pids
         self.launchers: List[Dict[str, int]] = [{} for _ in pids]
         self.shm_peak = 0
@@ -432,9 +432,8 @@ def run_job(mode: str, nproc: int, batch: int, dp: bool, args: argparse.Namespac
                     [*command, *(["--node-rank", str(node)] if nnodes > 1 else []), "--run-dir",
                      str(out / f"run{node}"), __file__], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                     start_new_session=True))
-        pss_seconds = args.pss_every or (_Sampler.TICK if nnodes > 1 else 2.0)
         sampler = _Sampler([launcher.pid for launcher in launchers],
-                           pss_every=max(1, round(pss_seconds / _Sampler.TICK)))
+                           pss_seconds=args.pss_every or (_Sampler.TICK if nnodes > 1 else 2.0))
         try:
             code = _wait_job(launchers, [out / f"rank{r}.json" for r in range(world)], args.timeout)
         finally:
