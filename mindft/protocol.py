@@ -31,7 +31,9 @@ from typing import Any, ClassVar, Mapping, Optional, Union
 # .replica_lost. Within 4 (a message added, none changed): NodeLost.
 # 5: StatusReply carries the cadence, its cost and the budget; ReplicaReport.stream_seconds
 # (the budget counts the node agents' streams); numbers must be finite.
-PROTOCOL_VERSION = 5
+# 6: ReplicaReport.cpu_seconds (the CPU a node's replication takes per snapshot) replaces
+# .stream_seconds (a push's duration, which undercounts it where both ends work at once).
+PROTOCOL_VERSION = 6
 # Large enough for an endpoint map of ~20k ranks; bigger frames are refused unread.
 MAX_FRAME = 4 * 1024 * 1024
 
@@ -290,16 +292,17 @@ class ReplicaReport:
     """A node agent's replicas of its ranks on the buddy node (or, ``node`` -1, a rank's own replica
     on its buddy rank): ``steps[i]`` is the newest step of ``ranks[i]`` the keeper confirmed holding
     (-1: none yet); ``lost`` lists the ranks whose replica fell behind (lost protection);
-    ``stream_seconds`` (a node agent's) is how long streaming one replica of each of its ranks
-    takes, one after another: what a snapshot costs the node besides the ranks' captures, which
-    the overhead budget counts. The controller answers with a :class:`Reply`."""
+    ``cpu_seconds`` (a node agent's) is the CPU time the node's replication takes per snapshot of
+    its ranks (sending theirs, keeping the buddy node's, in CurveZMQ's threads too): what a
+    snapshot costs the node besides the ranks' captures, which the overhead budget counts. The
+    controller answers with a :class:`Reply`."""
 
     KIND: ClassVar[str] = "replica_report"
     node: int
     ranks: tuple[int, ...]
     steps: tuple[int, ...]
     lost: tuple[int, ...] = ()
-    stream_seconds: float = 0.0
+    cpu_seconds: float = 0.0
     request_id: int = 0
 
 

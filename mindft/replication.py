@@ -70,6 +70,7 @@ from mindft.keys import CurveKeys, secure_client, secure_server, start_authentic
 from mindft.protocol import ReplicaReport
 from mindft.snapshot import (ReplicaHeader, SnapshotError, SnapshotStore, _check_frames, _Slot, manifest_identity,
                              read_manifest, size_text)
+from mindft.threadcpu import ThreadCpu
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +230,7 @@ class _Spill:
     write and the transfer overlap and memory holds one replica throughout."""
 
     def __init__(self, path: Path, arrays: List[Tuple[str, np.ndarray]], changed: threading.Condition,
-                 done: Callable[[], None]) -> None:
+                 done: Callable[[], None], cpu: Optional[ThreadCpu]) -> None:
         self.path = path
         self.offsets: Dict[str, int] = {}
         self.sizes: Dict[str, int] = {}
@@ -242,9 +243,10 @@ class _Spill:
         self._arrays = arrays
         self._changed = changed  # built on the keeper's lock
         self._done = done
+        self._cpu = cpu
         self._cancelled = False
         self._started = time.perf_counter()
-        self.thread = threading.Thread(target=self._write, name="mindft-spill", daemon=True)
+        self.thread = threading.Thread(target=self._counted_write, name="mindft-spill", daemon=True)
         self.thread.start()
 
     def cancel(self) -> None:
@@ -262,6 +264,13 @@ class _Spill:
         if on_disk < size:
             data += memory.reshape(-1).view(np.uint8)[on_disk:].tobytes()
         return data
+
+    def _counted_write(self) -> None:
+        try:
+            self._write()
+        finally:
+            if self._cpu is not None:
+                self._cpu.add_this_thread()
 
     def _write(self) -> None:
         arrays, self._arrays = self._arrays, []  # the keeper frees the memory once it is on disk
@@ -343,7 +352,8 @@ class Keeper:
     :func:`store_slots`; None: every array is sent). With a ``spill`` directory (on disk, not
     tmpfs) a held replica moves there while the next one of its rank arrives into its memory
     (:class:`_Spill`), so memory holds one replica per rank at any time and a sender lost
-    mid-transfer is still restored (from disk and memory).
+    mid-transfer is still restored (from disk and memory). ``cpu`` counts its threads' CPU
+    (:attr:`Sender.replica_cost`).
     One thread owns a ROUTER bound on ``ip``; with ``keys`` only job members get in (CurveZMQ +
     ZAP). Requests: ``begin`` → ``have`` + ``{"owner_rank", "step", "arrays"}`` (the indices not to
     send), ``part``, ``end`` (a streamed push, see the module docstring) → ``ok`` +
@@ -352,7 +362,8 @@ class Keeper:
     """
 
     def __init__(self, home: Optional[Path], ip: str, keys: Optional[CurveKeys], port: int = 0,
-                 local: Optional[Callable[[], List[LocalSnapshot]]] = None, spill: Optional[Path] = None) -> None:
+                 local: Optional[Callable[[], List[LocalSnapshot]]] = None, spill: Optional[Path] = None,
+                 cpu: Optional[ThreadCpu] = None) -> None:
         self.home = None if home is None else Path(home)
         if self.home is not None:
             self.home.mkdir(parents=True, exist_ok=True)
@@ -370,7 +381,8 @@ class Keeper:
                 log.warning("replica keeper: cannot create %s (%s); a replica stays in memory while the next "
                             "arrives (two per rank)", self._spill, error.strerror or error)
                 self._spill = None
-        self._context = zmq.Context()
+        self._cpu = cpu
+        self._context = zmq.Context() if cpu is None else cpu.name_context(zmq.Context())
         self._authenticator = start_authenticator(self._context, keys)
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.linger = 0
@@ -440,6 +452,8 @@ class Keeper:
                     break
 
     def _serve(self) -> None:
+        if self._cpu is not None:
+            self._cpu.count_this_thread()
         try:
             while not self._stop.is_set():
                 if self._socket.poll(10 if self._waiting else KEEPER_POLL_MS):
@@ -528,7 +542,7 @@ class Keeper:
                     held.slot.forget()  # its file is no longer a snapshot once the next one arrives into it
                     held.spill = _Spill(self._spill / f"rank{owner}.bin",
                                         [(name, held.slot.buffers[name]) for name, _, _, _ in held.own()],
-                                        self._spilling, self._spilled)
+                                        self._spilling, self._spilled, self._cpu)
                     self._spills = [s for s in self._spills if s.thread.is_alive()] + [held.spill]
                 spill = held.spill
             if spill is not None and held.slot.buffers and _own_layout(held.header, held.shared) == sent:
@@ -813,7 +827,6 @@ class _Track:
     behind_since: Optional[float] = None    # when the oldest snapshot newer than the replica was noticed
     lost: bool = False
     nbytes: int = 0                         # the size of the newest push: a large one may take longer
-    push_seconds: float = 0.0               # its confirmed pushes' duration, smoothed (the budget counts it)
 
     def behind(self, now: float) -> Tuple[int, float]:
         """(captures, seconds) the replica is behind the newest local snapshot."""
@@ -852,7 +865,8 @@ class Sender:
     push, or, with ``cheap_lookup``, before every push and while one is in flight (a restarted
     buddy serves elsewhere). ``report(ReplicaReport)`` is called from a thread of its own, newest
     report wins; ``on_change()`` from the sender's thread when a push is confirmed or a rank's
-    protection is lost or restored.
+    protection is lost or restored. ``cpu`` counts the CPU of this process's replication threads
+    (the sender's, and the keeper's it is given to): :attr:`replica_cost` is what one push costs.
     """
 
     def __init__(self, ranks: Mapping[int, Union[Path, str, Source]], keys: Optional[CurveKeys],
@@ -860,7 +874,8 @@ class Sender:
                  report: Optional[Callable[[ReplicaReport], None]] = None,
                  poll_interval: float = POLL_INTERVAL, lost_after: float = LOST_AFTER,
                  lost_after_captures: int = LOST_AFTER_CAPTURES, ack_timeout: float = ACK_TIMEOUT,
-                 cheap_lookup: bool = False, on_change: Optional[Callable[[], None]] = None) -> None:
+                 cheap_lookup: bool = False, on_change: Optional[Callable[[], None]] = None,
+                 cpu: Optional[ThreadCpu] = None) -> None:
         self.node = node
         self._who = f"node {node}" if node >= 0 else f"rank={next(iter(ranks), -1)}"
         self._tracks = {rank: _Track(rank, source if isinstance(source, (_FileSource, _StoreSource))
@@ -874,7 +889,9 @@ class Sender:
         self._ack_timeout = ack_timeout
         self._cheap_lookup = cheap_lookup
         self._on_change = on_change
-        self._context = zmq.Context()
+        self._cpu = cpu
+        self._cpu_mark = None if cpu is None else cpu.seconds()
+        self._context = zmq.Context() if cpu is None else cpu.name_context(zmq.Context())
         self._socket: Optional[zmq.Socket] = None
         self.keeper: Optional[str] = None
         self._found_at = -float("inf")
@@ -889,6 +906,7 @@ class Sender:
         self.pushes = self.skipped = self.timeouts = 0
         self.shared_arrays = 0  # arrays a keeper already had (data-parallel weights): not sent
         self.push_seconds: Optional[float] = None  # how long the newest confirmed push took
+        self.replica_cost: Optional[float] = None  # seconds of CPU per confirmed push, smoothed (see _count_cost)
         self._thread = threading.Thread(target=self._run, name="mindft-replication", daemon=True)
         self._reporter = threading.Thread(target=self._report_loop, name="mindft-replica-report", daemon=True)
         self._thread.start()
@@ -942,6 +960,8 @@ class Sender:
     # ---- the sender's thread ---------------------------------------------------------------
 
     def _run(self) -> None:
+        if self._cpu is not None:
+            self._cpu.count_this_thread()
         try:
             while not self._stop.is_set():
                 now = time.monotonic()
@@ -1155,9 +1175,9 @@ class Sender:
         self._push = None
         now = time.monotonic()
         self.push_seconds = now - push.started
+        self._count_cost(self.push_seconds)
         with self._lock:
             first = track.replicated < 0
-            track.push_seconds = smoothed(None if first else track.push_seconds, self.push_seconds, PUSH_SMOOTHING)
             track.replicated, track.replicated_capture, track.confirmed = push.step, push.capture, push.token
             newer = [at for number, at in track.noticed if number > push.capture]
             track.behind_since = newer[0] if newer else None
@@ -1165,6 +1185,17 @@ class Sender:
             log.info("rank=%d step %d is held by the keeper at %s (%.3f s after it was sent)",
                      track.rank, push.step, self.keeper, now - push.started)
         self._changed()
+
+    def _count_cost(self, push_seconds: float) -> None:
+        """What a replica costs: the CPU this process's replication threads used since the previous
+        push was confirmed (the sender's, its ZeroMQ threads' where CurveZMQ encrypts, and the
+        keeper's, which takes the buddy's pushes at the same cadence, if it shares ``cpu``), or
+        without ``cpu``, or where the CPU cannot be read, the push's duration. Both ends work at
+        once on the cores training uses, so the CPU is what training loses, not the duration."""
+        reading = None if self._cpu is None else self._cpu.seconds()
+        used = None if reading is None or self._cpu_mark is None else reading - self._cpu_mark
+        self._cpu_mark = reading
+        self.replica_cost = smoothed(self.replica_cost, push_seconds if used is None else used, PUSH_SMOOTHING)
 
     def _judge(self, now: float) -> None:
         """Log and report lost protection (and its recovery)."""
@@ -1204,7 +1235,8 @@ class Sender:
             ranks = tuple(self._tracks)
             steps = tuple(t.replicated for t in self._tracks.values())
             lost = tuple(r for r, t in self._tracks.items() if t.lost)
-            stream = round(sum(t.push_seconds for t in self._tracks.values()), 4) if self.node >= 0 else 0.0
+            cost = self.replica_cost if self.node >= 0 else None
+            cpu = 0.0 if cost is None else round(cost * len(self._tracks), 4)
         key = (steps, lost)
         now = time.monotonic()
         if key == self._reported or (not force and now - self._reported_at < REPORT_INTERVAL):
@@ -1212,7 +1244,7 @@ class Sender:
         self._reported, self._reported_at = key, now
         with self._mail:
             self._mailbox[:] = [ReplicaReport(node=self.node, ranks=ranks, steps=steps, lost=lost,
-                                              stream_seconds=stream)]
+                                              cpu_seconds=cpu)]
             self._mail.notify()
 
     def _report_loop(self) -> None:
@@ -1246,7 +1278,8 @@ class RankReplication:
 
     def __init__(self, rank: int, store: SnapshotStore, keys: Optional[CurveKeys],
                  find_keeper: Callable[[], Optional[str]], report: Optional[Callable[[ReplicaReport], None]],
-                 release: Callable[[], None], lost_after: float, ack_timeout: float = ACK_TIMEOUT) -> None:
+                 release: Callable[[], None], lost_after: float, ack_timeout: float = ACK_TIMEOUT,
+                 cpu: Optional[ThreadCpu] = None) -> None:
         self.rank = rank
         self._source = _StoreSource(store)
         self._release = release
@@ -1255,16 +1288,16 @@ class RankReplication:
         self._unconfirmed: collections.deque = collections.deque(maxlen=64)
         self.sender = Sender({rank: self._source}, keys, find_keeper, node=-1, report=report,
                              lost_after=lost_after, ack_timeout=ack_timeout, cheap_lookup=True,
-                             on_change=self._changed)
+                             on_change=self._changed, cpu=cpu)
         store.on_complete = self.sender.wake
 
     @classmethod
     def attach(cls, processor: Any, store: SnapshotStore, buddy: int, lost_after: float,
-               keys: Optional[CurveKeys]) -> RankReplication:
+               keys: Optional[CurveKeys], cpu: Optional[ThreadCpu] = None) -> RankReplication:
         """Replicate ``processor``'s rank to ``buddy``'s keeper (from the processor's endpoint map),
         with reports to the controller and the step reports held back as :meth:`reportable` says."""
         replication = cls(processor.rank, store, keys, lambda: processor.endpoint_of(buddy),
-                          processor.report_replica, processor.release_reports, lost_after)
+                          processor.report_replica, processor.release_reports, lost_after, cpu=cpu)
         processor.report_limit = replication.reportable
         return replication
 
@@ -1322,10 +1355,12 @@ class NodeReplication:
         self._address, self._keys = controller_address, keys
         buddy_node = (node_rank + 1) % nnodes
         self._buddy_ranks = set(range(buddy_node * nproc, (buddy_node + 1) * nproc))
+        cpu = ThreadCpu()  # the node's replication, both ends: what the overhead budget counts
         self.keeper = Keeper(Path(state_dir) / "replicas", node_ip(master_ip), keys,
-                             local=slot_files([Path(state_dir) / f"rank{rank}" for rank in local_ranks]), spill=spill)
+                             local=slot_files([Path(state_dir) / f"rank{rank}" for rank in local_ranks]), spill=spill,
+                             cpu=cpu)
         self.sender = Sender({rank: Path(state_dir) / f"rank{rank}" for rank in local_ranks}, keys,
-                             self._find_keeper, node=node_rank, report=self._send_report)
+                             self._find_keeper, node=node_rank, report=self._send_report, cpu=cpu)
 
     @property
     def endpoint(self) -> str:

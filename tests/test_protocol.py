@@ -151,7 +151,7 @@ def test_enum_values_are_stable_wire_names() -> None:
                                             "hang", "unknown"]
     assert [k.value for k in ActionKind] == ["pause", "rollback", "resume", "dump_and_exit",
                                              "inject_fault", "finish", "leave_device"]
-    assert protocol.PROTOCOL_VERSION == 5
+    assert protocol.PROTOCOL_VERSION == 6
 
 
 @pytest.mark.parametrize("rank, step, round_", [(0, 0, 0), (3, 123456789, 2), (16383, 1, 99)])
@@ -182,19 +182,19 @@ def test_hot_frames_are_decoded_without_json(message, monkeypatch: pytest.Monkey
 
 
 @pytest.mark.parametrize("text, error", [
-    ('{"v":5,"msg":"heartbeat","rank":1,"incarnation":0,"step":01}', "not JSON"),  # JSON has no leading zeros
-    ('{"v":5,"msg":"heartbeat","rank":1,"incarnation":0,"step":1,"x":2}', "unknown field"),
-    ('{"v":5,"msg":"heartbeat","rank":1,"incarnation":0}', "missing field 'step'"),
-    ('{"v":5,"msg":"step_report","rank":1,"step":1.5,"round":0}', "expected an integer"),
-    ('{"v":5,"msg":"step_report","rank":1,"step":true,"round":0}', "expected an integer"),
-    ('{"v":5,"msg":"cost_report","rank":1,"step_time":NaN,"capture_time":0.1}', "expected a finite number"),
-    ('{"v":5,"msg":"replica_report","node":0,"ranks":[0],"steps":[1],"stream_seconds":-Infinity}',
+    ('{"v":6,"msg":"heartbeat","rank":1,"incarnation":0,"step":01}', "not JSON"),  # JSON has no leading zeros
+    ('{"v":6,"msg":"heartbeat","rank":1,"incarnation":0,"step":1,"x":2}', "unknown field"),
+    ('{"v":6,"msg":"heartbeat","rank":1,"incarnation":0}', "missing field 'step'"),
+    ('{"v":6,"msg":"step_report","rank":1,"step":1.5,"round":0}', "expected an integer"),
+    ('{"v":6,"msg":"step_report","rank":1,"step":true,"round":0}', "expected an integer"),
+    ('{"v":6,"msg":"cost_report","rank":1,"step_time":NaN,"capture_time":0.1}', "expected a finite number"),
+    ('{"v":6,"msg":"replica_report","node":0,"ranks":[0],"steps":[1],"cpu_seconds":-Infinity}',
      "expected a finite number"),
     ('{"v":2,"msg":"step_report","rank":1,"step":1,"round":0}', "unsupported protocol version 2"),
-    ('{"v":5,"msg":"ack","rank":1,"action":"self_destruct","step":1,"held_steps":[1],"round":1}',
+    ('{"v":6,"msg":"ack","rank":1,"action":"self_destruct","step":1,"held_steps":[1],"round":1}',
      "not one of pause, rollback"),
-    ('{"v":5,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[1,"2"],"round":1}', "a list of integers"),
-    ('{"v":5,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[1,],"round":1}', "not JSON"),
+    ('{"v":6,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[1,"2"],"round":1}', "a list of integers"),
+    ('{"v":6,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[1,],"round":1}', "not JSON"),
 ])
 def test_near_misses_of_the_hot_templates_get_the_full_checks(text: str, error: str) -> None:
     with pytest.raises(ProtocolError, match=error):
@@ -202,11 +202,11 @@ def test_near_misses_of_the_hot_templates_get_the_full_checks(text: str, error: 
 
 
 @pytest.mark.parametrize("text, message", [
-    ('{"msg":"heartbeat","v":5,"rank":1,"incarnation":0,"step":2}', protocol.Heartbeat(1, 0, 2)),
-    ('{"v":5,"msg":"step_report","rank":1,"step":2}', protocol.StepReport(1, 2, 0)),
-    ('{"v":5,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[0, 1],"round":1}',
+    ('{"msg":"heartbeat","v":6,"rank":1,"incarnation":0,"step":2}', protocol.Heartbeat(1, 0, 2)),
+    ('{"v":6,"msg":"step_report","rank":1,"step":2}', protocol.StepReport(1, 2, 0)),
+    ('{"v":6,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[0, 1],"round":1}',
      Ack(1, ActionKind.PAUSE, 1, (0, 1), 1)),
-    ('{"v": 5, "msg": "step_report", "rank": -0, "step": 12345678901234567890123, "round": 1}',
+    ('{"v": 6, "msg": "step_report", "rank": -0, "step": 12345678901234567890123, "round": 1}',
      protocol.StepReport(0, 12345678901234567890123, 1)),
 ])
 def test_other_spellings_of_hot_messages_decode_the_same(text: str, message) -> None:

@@ -22,6 +22,7 @@ from mindft.keys import generate_keys
 from mindft.protocol import ReplicaReport, StatusRequest
 from mindft.replication import Keeper, NodeReplication, Sender, replica_spill
 from mindft.snapshot import SnapshotError, SnapshotStore, fetch_replica
+from mindft.threadcpu import ThreadCpu
 
 DEADLINE = 30.0
 
@@ -144,10 +145,58 @@ def test_a_dead_keeper_blocks_nothing_and_is_reported_as_lost_protection_until_i
     until(lambda: sender.lost == () and sender.replicated == {0: 4}, "protection restored")
     assert keeper.held == {0: 4}
     until(lambda: reports[-1].steps == (4,) and reports[-1].lost == (), "a report of step 4")
-    # the pushes' smoothed duration: what a snapshot costs this node besides the capture (the budget counts it)
-    assert 0 < reports[-1].stream_seconds < 10
+    # without a CPU meter the cost is the pushes' smoothed duration (see the next test)
+    assert 0 < reports[-1].cpu_seconds < 10
     assert "rank=0 protection restored" in caplog.text
     assert keeper.held == {0: 4}
+
+
+class ScriptedCpu(ThreadCpu):
+    """A CPU meter whose readings the test sets: the sender's arithmetic, without /proc's ticks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reading = 0.0
+
+    def seconds(self) -> float:
+        return self.reading
+
+
+def test_a_node_reports_the_cpu_its_replication_used_per_push_not_the_pushes_duration(
+        tmp_path: Path, keys, parts) -> None:
+    keeper = Keeper(tmp_path / "node1", "127.0.0.1", keys)
+    parts.append(keeper)
+    store = SnapshotStore(home=tmp_path / "rank0")
+    parts.append(store)
+    reports: list[ReplicaReport] = []
+    cpu = ScriptedCpu()
+    sender = Sender({0: tmp_path / "rank0"}, keys, lambda: keeper.endpoint, node=0, report=reports.append, cpu=cpu)
+    parts.append(sender)
+    cpu.reading = 2.0  # used by the replication threads (both ends) until the first push is confirmed
+    capture(store, 1)
+    until(lambda: reports and reports[-1].steps == (1,), "a report of step 1")
+    assert reports[-1].cpu_seconds == sender.replica_cost == 2.0 and sender.push_seconds < 2.0
+    cpu.reading = 3.0
+    capture(store, 2)
+    until(lambda: reports[-1].steps == (2,), "a report of step 2")
+    assert reports[-1].cpu_seconds == 1.5  # smoothed: 2.0 + 0.5 * (1.0 - 2.0)
+
+
+def test_the_cpu_a_push_takes_is_read_from_the_sender_keeper_and_zeromq_threads(tmp_path: Path, keys,
+                                                                               parts) -> None:
+    cpu = ThreadCpu()
+    keeper = Keeper(tmp_path / "node1", "127.0.0.1", keys, cpu=cpu)
+    parts.append(keeper)
+    store = SnapshotStore(home=tmp_path / "rank0")
+    parts.append(store)
+    sender = Sender({0: tmp_path / "rank0"}, keys, lambda: keeper.endpoint, node=0, cpu=cpu)
+    parts.append(sender)
+    big = {"w": np.random.default_rng(0).standard_normal(8 * 1024 * 1024).astype(np.float32)}  # 32 MiB
+    store.capture(1, big, {"step": 1})
+    store.wait()
+    until(lambda: sender.replicated == {0: 1}, "the replica of step 1")
+    # read, encrypted, decrypted and written: tens of milliseconds of CPU at the least
+    assert sender.replica_cost is not None and sender.replica_cost >= 0.02
 
 
 def test_a_sender_closes_promptly_with_a_push_in_flight_to_a_dead_keeper(tmp_path: Path, keys, parts) -> None:

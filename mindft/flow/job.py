@@ -141,7 +141,7 @@ class Job:
         self.schedule = Schedule.fixed(snapshot_every)  # the snapshot cadence every rank follows
         self.budget = budget
         self.costs: dict[int, tuple[float, float]] = {}  # rank -> (step seconds, snapshot seconds)
-        self.stream_costs: dict[int, float] = {}  # node -> seconds its agent takes to stream its ranks' replicas
+        self.replication_costs: dict[int, float] = {}  # node -> CPU seconds its agent's replication takes per snapshot
         self._retune_due = False  # a cost report came while a change was still pending
         self._over_budget = False  # the replay bound keeps the cadence above the budget (warned once)
         self.replicas: dict[int, tuple[int, bool]] = {}  # rank → (replicated step, lost), from the node agents
@@ -741,8 +741,8 @@ class Job:
                     del self._gone_replicas[rank]
             self.replicas[rank] = (step, rank in lost)
             self._judge_protection(rank, step, rank in lost)
-        if message.node >= 0 and message.stream_seconds != self.stream_costs.get(message.node, 0.0):
-            self.stream_costs[message.node] = max(message.stream_seconds, 0.0)
+        if message.node >= 0 and message.cpu_seconds != self.replication_costs.get(message.node, 0.0):
+            self.replication_costs[message.node] = max(message.cpu_seconds, 0.0)
             self._cost_changed()
         return ""
 
@@ -930,9 +930,10 @@ class Job:
 
     def _slowest_costs(self) -> tuple[float, float]:
         """The slowest step time and the slowest snapshot time (seconds): a rank's capture, plus
-        the slowest node agent's stream of its ranks' replicas (it shares the node's CPU)."""
+        the CPU the busiest node agent's replication takes per snapshot. It shares the node's cores
+        with training, and a synchronous job goes at its slowest rank's pace, so all of it counts."""
         return (max(step for step, _ in self.costs.values()),
-                max(capture for _, capture in self.costs.values()) + max(self.stream_costs.values(), default=0.0))
+                max(capture for _, capture in self.costs.values()) + max(self.replication_costs.values(), default=0.0))
 
     def _changed_endpoints(self) -> dict[int, str]:
         """Replica endpoints that differ from the start barrier's map (restarted ranks)."""

@@ -32,6 +32,7 @@ from mindft.processor import Processor, ProcessorError
 from mindft.protocol import FaultKind, StatusRequest
 from mindft.replication import Keeper, RankReplication, replica_spill, store_slots
 from mindft.snapshot import SnapshotError, SnapshotStore, fetch_replica
+from mindft.threadcpu import ThreadCpu
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +237,7 @@ class Session:
         self.store: Optional[SnapshotStore] = None
         self._keeper: Optional[Keeper] = None  # holds the replica of the rank whose buddy this one is
         self._replication: Optional[RankReplication] = None  # streams this rank's snapshots to its buddy
+        self._replication_cpu = ThreadCpu()  # the keeper's and the replication's threads: the budget counts them
         self._buddy = replica_buddy(self.config)
         self._keys = None
         self._armed: Optional[DeviceFault] = None
@@ -281,7 +283,7 @@ class Session:
             raise SystemExit(ExitCode.USAGE) from None
         if self._buddy is not None:
             self._keeper = Keeper(None, config.controller_ip, self._keys, local=store_slots(self.store),
-                                  spill=replica_spill(config.dump_dir, f"rank{config.rank}"))
+                                  spill=replica_spill(config.dump_dir, f"rank{config.rank}"), cpu=self._replication_cpu)
         adopted = False
         if restarted and self.store.steps:
             adopted = True
@@ -493,7 +495,7 @@ class Session:
             # The previous capture copied in the background: count its copy whole (on a busy
             # machine the overlap hides little of it), plus what it blocked synchronously.
             self.store.wait()
-            self.costs.capture(self._overlapped_capture + self.store.last_fill_seconds + self._push_seconds())
+            self.costs.capture(self._overlapped_capture + self.store.last_fill_seconds + self._replica_cost())
             self._overlapped_capture = 0.0
             started = time.perf_counter()
         meta = {"step": step, **self.meta, **rng_meta()}
@@ -507,13 +509,13 @@ class Session:
         else:
             self._overlapped_capture = max(time.perf_counter() - started, 1e-9)
             return
-        self.costs.capture(time.perf_counter() - started + self._push_seconds())
+        self.costs.capture(time.perf_counter() - started + self._replica_cost())
 
-    def _push_seconds(self) -> float:
-        """What streaming a replica took lately: it runs beside training, on the same host, and
-        the budget's cadence must leave it time to arrive before the step report waits for it."""
+    def _replica_cost(self) -> float:
+        """The CPU this process's replication (sending this rank's replica, keeping the buddy's)
+        takes per snapshot: it runs beside training, on the same cores."""
         replication = self._replication
-        seconds = None if replication is None else replication.sender.push_seconds
+        seconds = None if replication is None else replication.sender.replica_cost
         return seconds or 0.0
 
     def _before_update(self, cell: Any, inputs: Any) -> None:
@@ -528,7 +530,7 @@ class Session:
     def _start_replication(self) -> None:
         """Stream this rank's snapshots to its buddy's keeper; its step reports wait for them."""
         self._replication = RankReplication.attach(self.processor, self.store, self._buddy,
-                                                   self.config.timeouts.dead_after, self._keys)
+                                                   self.config.timeouts.dead_after, self._keys, self._replication_cpu)
 
     def _gate_collectives(self) -> None:
         """Lockstep without a wait on the step: instead of holding the rank at the end of step

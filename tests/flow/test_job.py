@@ -461,7 +461,7 @@ def test_a_budget_the_replay_bound_cannot_meet_is_warned_once_until_it_is_met_ag
     assert said("over the 1% budget") == 2
 
 
-def test_the_budget_counts_the_node_agents_stream_of_the_replicas() -> None:
+def test_the_budget_counts_the_cpu_of_the_node_agents_replication() -> None:
     from mindft.flow.cadence import Budget
     from mindft.protocol import Cadence, CostReport, ReplicaReport
     d = Driver(2)
@@ -470,9 +470,9 @@ def test_the_budget_counts_the_node_agents_stream_of_the_replicas() -> None:
     d.steps(2)
     d.send(0, CostReport(0, 0.10, 0.010))  # every 10th step
     assert d.job.schedule.segments[-1][1] == 10
-    d.send(9, ReplicaReport(-1, (0,), (0,), stream_seconds=5.0))  # a rank's own stream is in its CostReport
+    d.send(9, ReplicaReport(-1, (0,), (0,), cpu_seconds=5.0))  # a rank's own replication is in its CostReport
     assert d.job.status(d.now).snapshot_cost == 0.01
-    d.send(9, ReplicaReport(1, (0, 1), (0, 0), stream_seconds=0.04))  # node 1's agent streams 0.04 s per snapshot
+    d.send(9, ReplicaReport(1, (0, 1), (0, 0), cpu_seconds=0.04))  # node 1's replication: 0.04 s of CPU per snapshot
     assert d.job.status(d.now).snapshot_cost == 0.05  # (0.01 + 0.04) / (10 * 0.10)
     d.effects.clear()
     d.steps(d.job.schedule.segments[-1][0] + 1)  # the change to 10 is reached: the next one may go out

@@ -1,0 +1,86 @@
+"""ThreadCpu: the CPU of chosen threads of this process, read from /proc (real threads, real ZeroMQ).
+
+Each thread burns CPU until its own CPU clock says so, so the figures do not depend on how
+busy the machine is; the bounds leave room for /proc's 10 ms ticks.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import zmq
+
+from mindft.keys import CurveKeys, secure_client, secure_server
+from mindft.threadcpu import ThreadCpu
+
+
+def burn(seconds: float) -> None:
+    """Use ``seconds`` of this thread's CPU."""
+    until = time.thread_time() + seconds
+    while time.thread_time() < until:
+        pass
+
+
+def in_thread(work) -> None:
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+
+
+def test_counts_the_threads_that_register_and_keeps_their_time_once_they_ended() -> None:
+    cpu = ThreadCpu()
+    start = cpu.seconds()
+    assert start is not None  # Linux: the suite runs where mindft does
+    ready, go_on = threading.Event(), threading.Event()
+
+    def counted() -> None:
+        cpu.count_this_thread()
+        burn(0.3)
+        ready.set()
+        go_on.wait()
+
+    thread = threading.Thread(target=counted)
+    thread.start()
+    ready.wait()
+    alive = cpu.seconds() - start
+    go_on.set()
+    thread.join()
+    assert 0.28 <= alive < 0.5
+    assert cpu.seconds() - start >= alive  # the thread is gone: what it used stays counted
+    in_thread(lambda: burn(0.3))  # not registered: not counted
+    assert cpu.seconds() - start < alive + 0.1
+
+
+def test_a_short_lived_thread_adds_its_own_time_as_it_ends() -> None:
+    cpu = ThreadCpu()
+    start = cpu.seconds()
+
+    def short() -> None:
+        burn(0.2)
+        cpu.add_this_thread()
+
+    in_thread(short)
+    assert 0.19 <= cpu.seconds() - start < 0.4
+
+
+def test_counts_the_zeromq_io_threads_of_the_contexts_it_named_where_curvezmq_encrypts() -> None:
+    cpu, keys = ThreadCpu(), CurveKeys(*zmq.curve_keypair())
+    named = cpu.name_context(zmq.Context())
+    other = zmq.Context()
+    try:
+        start = cpu.seconds()
+        sending, receiving = named.socket(zmq.PAIR), other.socket(zmq.PAIR)
+        secure_server(receiving, keys)
+        secure_client(sending, keys)
+        port = receiving.bind_to_random_port("tcp://127.0.0.1")
+        sending.connect(f"tcp://127.0.0.1:{port}")
+        payload = bytes(8 * 1024 * 1024)
+        for _ in range(12):  # 96 MiB, encrypted in the named context's I/O thread
+            sending.send(payload)
+            assert len(receiving.recv()) == len(payload)
+        sending.close(linger=0)
+        receiving.close(linger=0)
+        assert cpu.seconds() - start >= 0.02  # the main thread (not counted) only copied the frames
+    finally:
+        named.term()
+        other.term()
