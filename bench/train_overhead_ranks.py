@@ -111,6 +111,16 @@ def _status(pid: str = "self") -> Dict[str, int]:
     return out
 
 
+def _budget_estimate(session: Any) -> Tuple[float, bool]:
+    """The controller's estimate of what snapshots cost at the cadence it chose, and whether that
+    is over the budget (``mindft status`` shows the same)."""
+    from mindft.channel import request
+    from mindft.protocol import StatusRequest
+
+    status = request(session.config.controller_address, session._keys, StatusRequest(), 10.0)
+    return status.snapshot_cost, status.over_budget
+
+
 def rank_main() -> None:
     """One rank: train, time every step, write the figures to $BENCH_RANKS_OUT/rank<R>.json."""
     # Not bench/ on the path: MindSpore imports a module named mindio if it can (bench/mindio.py is one).
@@ -208,6 +218,7 @@ def rank_main() -> None:
                     session.store.wait()  # the last step pays for its capture's copy
                     result["memory"] = _status()  # while the snapshots are still mapped
                     threads_after = _thread_cpu()  # while mindft's threads still run
+                    result["budget"] = _budget_estimate(session)
                 times.append(time.perf_counter() - started)
                 cpus.append(time.process_time() - cpu_started)
             result["parts"] = parts
@@ -483,10 +494,10 @@ def run_job(mode: str, nproc: int, batch: int, dp: bool, args: argparse.Namespac
                    # ms per step in the window, mean over ranks: training, and mindft's waits
                    parts_ms={name: statistics.fmean(statistics.fmean(r["parts"][name][r["window"][0] - 1:r["window"][1]])
                                                     for r in ranks) * 1e3 for name in ranks[0]["parts"]},
-                   # What the budget itself expects: a capture's measured cost over N steps' time.
-                   expected_overhead=statistics.fmean(
-                       (r["capture_cost"] or 0) / (r["every_in_window"] * r["step_cost"]) if r["step_cost"] else 0
-                       for r in ranks))
+                   # What the budget itself expects (the controller's figure: the slowest rank's
+                   # capture plus the busiest node's replication CPU, over N steps' time)
+                   expected_overhead=max(r["budget"][0] for r in ranks),
+                   over_budget=any(r["budget"][1] for r in ranks))
         if not job["whole_periods"]:
             print(f"  note: fewer than two snapshots after the warm-up (every {job['every']} steps): the "
                   f"window is not whole snapshot periods; raise --steps", flush=True)
@@ -660,7 +671,7 @@ def main() -> None:
                     record(None)
                     extra = (f", every {job['every']}, window {job['windows'][0][0]}–{job['windows'][0][1]} "
                              f"({job['captures_in_window'][0]} captures), budget expects "
-                             f"{job['expected_overhead']:.2%}, per step: " + ", ".join(
+                             f"{job['expected_overhead']:.2%}{' (OVER BUDGET)' if job['over_budget'] else ''}, per step: " + ", ".join(
                                  f"{k} {v:.1f}" for k, v in job["parts_ms"].items()) + ", mindft's threads' CPU "
                              f"{job['mindft_threads_ms']:.2f}" if mode == "mindft" else "")
                     print(f"round {round_} batch {batch:>3} dp {'on ' if dp else 'off'} {mode:>6}: step "

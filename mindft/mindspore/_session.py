@@ -513,10 +513,10 @@ class Session:
 
     def _replica_cost(self) -> float:
         """The CPU this process's replication (sending this rank's replica, keeping the buddy's)
-        takes per snapshot: it runs beside training, on the same cores."""
-        replication = self._replication
-        seconds = None if replication is None else replication.sender.replica_cost
-        return seconds or 0.0
+        takes per snapshot, for it runs beside training on the same cores; at least a push's
+        duration, for a step report waits for its replica: the cadence must leave it time."""
+        sender = None if self._replication is None else self._replication.sender
+        return 0.0 if sender is None else max(sender.replica_cost or 0.0, sender.push_seconds or 0.0)
 
     def _before_update(self, cell: Any, inputs: Any) -> None:
         """Optimizer forward pre-hook: the parameters must not change while they are copied."""
