@@ -73,9 +73,9 @@ class ThreadCpu:
             return None
         with self._lock:
             for tid in list(self._counted):
-                if tid not in alive:  # its number may be reused by a thread that is none of ours
+                if tid not in alive:
                     self._ended += self._counted.pop(tid)
-                    self._registered.discard(tid)
+            self._registered &= alive  # a number may be reused by a thread that is none of ours
             for tid in alive:
                 if tid in self._counted or tid in self._registered or _thread_name(tid).startswith(self._zmq_names):
                     seconds = _thread_seconds(tid)
