@@ -907,9 +907,9 @@ class Job:
             return
         start = self.schedule.switch_point(slowest)
         self.schedule = self.schedule.then(start, every)
-        log.info("snapshot cadence %d -> every %d steps from step %d (step %.4f s, snapshot %.4f s, slowest "
+        log.info("snapshot cadence %d -> every %d steps from step %d (step %.4f s, snapshot %.4f s%s, slowest "
                  "ranks; budget %g, at most %d steps replayed)", current, every, start, step_time, capture_time,
-                 self.budget.overhead, self.budget.max_replay)
+                 self._replication_part(), self.budget.overhead, self.budget.max_replay)
         self._emit(Broadcast(self.ranks.peers(), Cadence(self.schedule.wire())))
 
     def _warn_over_budget(self) -> None:
@@ -921,8 +921,9 @@ class Job:
         if over and not self._over_budget:
             log.warning("snapshots cost %.1f%% of the step even every %d steps, the most a recovery may replay "
                         "(MINDFT_MAX_REPLAY_STEPS), over the %g%% budget (MINDFT_OVERHEAD_BUDGET; step %.4f s, "
-                        "snapshot %.4f s, the slowest figures): allow more replayed steps or a larger budget",
-                        100 * cost, budget.max_replay, 100 * budget.overhead, step_time, capture_time)
+                        "snapshot %.4f s%s, the slowest figures): allow more replayed steps or a larger budget",
+                        100 * cost, budget.max_replay, 100 * budget.overhead, step_time, capture_time,
+                        self._replication_part())
         elif self._over_budget and not over:
             log.info("snapshots fit the %g%% budget again (%.1f%% every %d steps)", 100 * budget.overhead,
                      100 * cost, budget.max_replay)
@@ -934,6 +935,11 @@ class Job:
         with training, and a synchronous job goes at its slowest rank's pace, so all of it counts."""
         return (max(step for step, _ in self.costs.values()),
                 max(capture for _, capture in self.costs.values()) + max(self.replication_costs.values(), default=0.0))
+
+    def _replication_part(self) -> str:
+        """What of the snapshot time is the node agents' replication, for the logs ("": none)."""
+        cpu = max(self.replication_costs.values(), default=0.0)
+        return f" of which {cpu:.4f} s the busiest node's replication CPU" if cpu else ""
 
     def _changed_endpoints(self) -> dict[int, str]:
         """Replica endpoints that differ from the start barrier's map (restarted ranks)."""

@@ -461,9 +461,11 @@ def test_a_budget_the_replay_bound_cannot_meet_is_warned_once_until_it_is_met_ag
     assert said("over the 1% budget") == 2
 
 
-def test_the_budget_counts_the_cpu_of_the_node_agents_replication() -> None:
+def test_the_budget_counts_the_cpu_of_the_node_agents_replication(caplog) -> None:
+    import logging
     from mindft.flow.cadence import Budget
     from mindft.protocol import Cadence, CostReport, ReplicaReport
+    caplog.set_level(logging.INFO, "mindft.flow.job")
     d = Driver(2)
     d.job = Job(2, T, d.now, budget=Budget(overhead=0.01, max_replay=100))
     d.start()
@@ -478,3 +480,4 @@ def test_the_budget_counts_the_cpu_of_the_node_agents_replication() -> None:
     d.steps(d.job.schedule.segments[-1][0] + 1)  # the change to 10 is reached: the next one may go out
     cadences = [e.message for e in d.effects if isinstance(e, Broadcast) and isinstance(e.message, Cadence)]
     assert cadences and d.job.schedule.segments[-1][1] == 50  # (0.01 + 0.04) / (0.01 * 0.10)
+    assert "snapshot 0.0500 s of which 0.0400 s the busiest node's replication CPU" in caplog.text
