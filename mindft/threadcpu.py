@@ -8,6 +8,7 @@ themselves and those of the ZeroMQ contexts it named. Elsewhere :meth:`ThreadCpu
 """
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -17,7 +18,8 @@ from typing import Dict, Optional, Set
 import zmq
 
 TASKS = Path("/proc/self/task")
-ZMQ_PREFIX = 42  # ZMQ_THREAD_NAME_PREFIX is a number: the I/O threads are called "42/ZMQbg/IO/0", ...
+# ZMQ_THREAD_NAME_PREFIX is a number: one per meter, its contexts' I/O threads are "42/ZMQbg/IO/0", ...
+_PREFIXES = itertools.count(42)
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -41,9 +43,9 @@ def _thread_name(tid: str) -> str:
 class ThreadCpu:
     """Adds up the CPU seconds of the threads given to it, those that ended included."""
 
-    def __init__(self, zmq_prefix: int = ZMQ_PREFIX) -> None:
-        self._zmq_names = f"{zmq_prefix}/ZMQbg/"
-        self._prefix = zmq_prefix
+    def __init__(self) -> None:
+        self._prefix = next(_PREFIXES)
+        self._zmq_names = f"{self._prefix}/ZMQbg/"
         self._lock = threading.Lock()
         self._registered: Set[str] = set()
         self._counted: Dict[str, float] = {}  # tid -> its CPU seconds when last read

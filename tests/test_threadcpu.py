@@ -64,23 +64,27 @@ def test_a_short_lived_thread_adds_its_own_time_as_it_ends() -> None:
 
 
 def test_counts_the_zeromq_io_threads_of_the_contexts_it_named_where_curvezmq_encrypts() -> None:
-    cpu, keys = ThreadCpu(), CurveKeys(*zmq.curve_keypair())
-    named = cpu.name_context(zmq.Context())
-    other = zmq.Context()
+    sending_cpu, receiving_cpu, idle_cpu = ThreadCpu(), ThreadCpu(), ThreadCpu()
+    keys = CurveKeys(*zmq.curve_keypair())
+    sending_context = sending_cpu.name_context(zmq.Context())
+    receiving_context = receiving_cpu.name_context(zmq.Context())
+    meters = (sending_cpu, receiving_cpu, idle_cpu)
     try:
-        start = cpu.seconds()
-        sending, receiving = named.socket(zmq.PAIR), other.socket(zmq.PAIR)
+        start = [meter.seconds() for meter in meters]
+        sending, receiving = sending_context.socket(zmq.PAIR), receiving_context.socket(zmq.PAIR)
         secure_server(receiving, keys)
         secure_client(sending, keys)
         port = receiving.bind_to_random_port("tcp://127.0.0.1")
         sending.connect(f"tcp://127.0.0.1:{port}")
         payload = bytes(8 * 1024 * 1024)
-        for _ in range(12):  # 96 MiB, encrypted in the named context's I/O thread
+        for _ in range(12):  # 96 MiB, encrypted in one context's I/O thread, decrypted in the other's
             sending.send(payload)
             assert len(receiving.recv()) == len(payload)
         sending.close(linger=0)
         receiving.close(linger=0)
-        assert cpu.seconds() - start >= 0.02  # the main thread (not counted) only copied the frames
+        used = [meter.seconds() - before for meter, before in zip(meters, start)]
+        assert used[0] >= 0.02 and used[1] >= 0.02  # the main thread (not counted) only copied the frames
+        assert used[2] == 0.0  # a meter counts the contexts it named, not every meter's
     finally:
-        named.term()
-        other.term()
+        sending_context.term()
+        receiving_context.term()
