@@ -75,6 +75,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from mindft.snapshot import size_from_text
+from mindft.threadcpu import stat_cpu_seconds
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results"
@@ -248,12 +249,6 @@ def rank_main() -> None:
     partial.rename(out / f"rank{rank}.json")  # the driver waits for the name
 
 
-def _cpu_seconds(stat: Path) -> float:
-    """User + system CPU seconds from a /proc ``stat`` file (a process's or a thread's)."""
-    fields = stat.read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _thread_cpu(pid: str = "self") -> Dict[str, float]:
     """CPU seconds of each of the process's threads so far, summed by thread name (Python's
     own name for a Python thread)."""
@@ -262,7 +257,7 @@ def _thread_cpu(pid: str = "self") -> Dict[str, float]:
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             name = python.get(task.name) or (task / "comm").read_text().strip()
-            seconds = _cpu_seconds(task / "stat")
+            seconds = stat_cpu_seconds(task / "stat")
         except OSError:
             continue
         out[name] = out.get(name, 0.0) + seconds
@@ -305,7 +300,7 @@ def _tree(pid: int) -> List[int]:
 def _process(pid: int) -> Optional[tuple]:
     """(what the process is, its CPU seconds so far): the launcher, a rank, MindSpore's scheduler."""
     try:
-        seconds = _cpu_seconds(Path(f"/proc/{pid}/stat"))
+        seconds = stat_cpu_seconds(Path(f"/proc/{pid}/stat"))
         command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:

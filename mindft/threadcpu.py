@@ -23,14 +23,18 @@ _PREFIXES = itertools.count(42)
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
+def stat_cpu_seconds(stat: Path) -> float:
+    """User plus system CPU seconds from a /proc ``stat`` file (a process's or a thread's)."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()  # the name may hold spaces: fields count from its end
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
 def _thread_seconds(tid: str) -> Optional[float]:
     """User plus system time of thread ``tid`` of this process (None: it is gone)."""
     try:
-        stat = (TASKS / tid / "stat").read_text()
+        return stat_cpu_seconds(TASKS / tid / "stat")
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2:].split()  # the name may hold spaces: fields count from its end
-    return (int(fields[11]) + int(fields[12])) / _TICK
 
 
 def _thread_name(tid: str) -> str:

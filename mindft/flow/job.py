@@ -934,11 +934,15 @@ class Job:
         the CPU the busiest node agent's replication takes per snapshot. It shares the node's cores
         with training, and a synchronous job goes at its slowest rank's pace, so all of it counts."""
         return (max(step for step, _ in self.costs.values()),
-                max(capture for _, capture in self.costs.values()) + max(self.replication_costs.values(), default=0.0))
+                max(capture for _, capture in self.costs.values()) + self._busiest_replication())
+
+    def _busiest_replication(self) -> float:
+        """The CPU seconds per snapshot of the node agent whose replication takes the most (0: none)."""
+        return max(self.replication_costs.values(), default=0.0)
 
     def _replication_part(self) -> str:
         """What of the snapshot time is the node agents' replication, for the logs ("": none)."""
-        cpu = max(self.replication_costs.values(), default=0.0)
+        cpu = self._busiest_replication()
         return f" of which {cpu:.4f} s the busiest node's replication CPU" if cpu else ""
 
     def _changed_endpoints(self) -> dict[int, str]:
