@@ -33,7 +33,9 @@ from typing import Any, ClassVar, Mapping, Optional, Union
 # (the budget counts the node agents' streams); numbers must be finite.
 # 6: ReplicaReport.cpu_seconds (the CPU a node's replication takes per snapshot) replaces
 # .stream_seconds (a push's duration, which undercounts it where both ends work at once).
-PROTOCOL_VERSION = 6
+# 7: node agents hold a link to the controller (AgentHello) and receive their ranks' kill and start
+# orders (RankOrder) and the job's view (JobView) on it; states and orders are enums on the wire.
+PROTOCOL_VERSION = 7
 # Large enough for an endpoint map of ~20k ranks; bigger frames are refused unread.
 MAX_FRAME = 4 * 1024 * 1024
 
@@ -42,7 +44,51 @@ class ProtocolError(ValueError):
     """A frame is not a valid mindft message; the message says why."""
 
 
-class FaultKind(str, enum.Enum):
+class _WireEnum(str, enum.Enum):
+    """An enum sent as its value, printed as its value."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
+
+
+class JobState(_WireEnum):
+    """Where the job is in the recovery flow (:mod:`mindft.flow.states` holds the transitions)."""
+
+    STARTING = "STARTING"    # waiting for every rank to register (start barrier)
+    NORMAL = "NORMAL"        # training; ranks report progress without waiting
+    PAUSING = "PAUSING"      # every live rank told to stop at its next step boundary and settle
+    REPAIRING = "REPAIRING"  # waiting for devices to recover / restarted ranks to re-register
+    ROLLBACK = "ROLLBACK"    # every rank restores the step they all hold
+    RESUMING = "RESUMING"    # barrier before training continues
+    FAILED = "FAILED"        # terminal: ranks dump and exit, the job exits non-zero
+    DONE = "DONE"            # terminal: every rank finished
+
+
+class RankState(_WireEnum):
+    """The controller's view of one rank."""
+
+    REGISTERED = "registered"  # waiting at the start barrier
+    RUNNING = "running"
+    FAULTY = "faulty"          # alive, reported or caused a fault, waiting
+    DEAD = "dead"              # hung or exited; needs a new incarnation
+    OFF_DEVICE = "off_device"  # left its device for a hot reset; started again when the device is back
+    LOST = "lost"              # its node is gone (process and agent memory): only its replica is left
+    PAUSED = "paused"
+    RESTORED = "restored"
+    RESUMED = "resumed"
+    DONE = "done"              # finished training, waiting for the others
+
+
+class OrderKind(_WireEnum):
+    """What the controller orders a node agent to do with one of its ranks' processes."""
+
+    KILL = "kill"    # kill its process (it hung, did not leave its device, or every worker restarts)
+    START = "start"  # start it again (its device is back, or every worker restarts)
+
+
+class FaultKind(_WireEnum):
     """Why a rank cannot continue."""
 
     DEVICE_RESET = "device_reset"     # device plugin hot-resets the chip
@@ -53,7 +99,7 @@ class FaultKind(str, enum.Enum):
     UNKNOWN = "unknown"
 
 
-class ActionKind(str, enum.Enum):
+class ActionKind(_WireEnum):
     """What the controller tells a rank to do."""
 
     PAUSE = "pause"                  # stop at the next step boundary, settle snapshots, ack
@@ -65,7 +111,7 @@ class ActionKind(str, enum.Enum):
     LEAVE_DEVICE = "leave_device"    # exit so the device can be hot-reset; you will be started again
 
 
-class DeviceStatus(str, enum.Enum):
+class DeviceStatus(_WireEnum):
     """Device events the launcher can forward over the wire (see ``mindft.resetwatch``)."""
 
     FAULTY = "faulty"
@@ -95,7 +141,7 @@ class RegisterAck:
     KIND: ClassVar[str] = "register_ack"
     world_size: int
     endpoints: dict[int, str]
-    state: str
+    state: JobState
     step: int = 0  # the step every rank has finished (the job's progress)
     cadence: tuple[int, ...] = ()  # the snapshot schedule, as in Cadence (empty: keep your own)
 
@@ -219,14 +265,14 @@ class RankStatus:
     """One row of a status reply (not a message on its own)."""
 
     rank: int
-    state: str
+    state: RankState
     step: int
     last_heartbeat_age: float
     restarts: int
     pid: int
     incarnation: int = 0
     replica_endpoint: str = ""  # where a restarted rank's buddy serves its replica
-    order: str = ""  # what the rank's node agent must do now: "kill", "start" or nothing
+    order: Optional[OrderKind] = None  # what the rank's node agent must still do for the recovery
     replicated: int = -1  # the newest step of this rank the buddy node's agent confirmed holding (-1: none)
     replica_lost: bool = False  # LOST PROTECTION: its replica is behind the steps every rank keeps (or its
     # agent says so), so a loss of its node now could not be recovered
@@ -237,7 +283,7 @@ class StatusReply:
     """The controller's view: state, the step every rank finished, and every rank."""
 
     KIND: ClassVar[str] = "status_reply"
-    state: str
+    state: JobState
     step: int
     ranks: tuple[RankStatus, ...] = ()
     reason: str = ""
@@ -249,6 +295,8 @@ class StatusReply:
     snapshot_cost: float = -1.0  # its slowdown by the slowest ranks' figures (0.01: 1%; -1: none reported yet)
     overhead_budget: float = 0.0  # MINDFT_OVERHEAD_BUDGET; 0 when MINDFT_SNAPSHOT_EVERY fixes the cadence
     over_budget: bool = False  # even every MINDFT_MAX_REPLAY_STEPS steps, snapshots cost more than the budget
+    waiting: str = ""  # who the current phase waits for, and why ("": nobody)
+    deadline_in: float = -1.0  # seconds until the current phase times out (-1: no deadline)
 
 
 @dataclass(frozen=True)
@@ -325,6 +373,46 @@ class NodeLost:
 
 
 @dataclass(frozen=True)
+class AgentHello:
+    """A node agent's link to the controller: ``ranks`` are the ranks whose processes it runs.
+
+    Sent when the agent starts and every few seconds on the same connection; the controller
+    answers each with a :class:`JobView` and the orders still pending for those ranks, and
+    from then on sends the orders for those ranks (:class:`RankOrder`) to this connection."""
+
+    KIND: ClassVar[str] = "agent_hello"
+    node: int
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What a node agent needs of the job's state to decide about its processes: sent on every
+    transition and in answer to :class:`AgentHello`. ``dump_step``: the step every rank dumps once
+    the job FAILED (-1: each its newest)."""
+
+    KIND: ClassVar[str] = "job_view"
+    state: JobState
+    restart_all: bool = False
+    dump_step: int = -1
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class RankOrder:
+    """The controller orders the agent that runs ``rank`` to kill (``pid`` only: a newer process
+    is left alone) or start its process. ``restart`` (KILL): start it again at once (a hang)
+    rather than wait for a START."""
+
+    KIND: ClassVar[str] = "rank_order"
+    rank: int
+    kind: OrderKind
+    reason: str = ""
+    pid: int = 0
+    restart: bool = False
+
+
+@dataclass(frozen=True)
 class Reply:
     """The controller's answer to InjectRequest, ProcessExit, DeviceEvent, ReplicaReport and NodeLost."""
 
@@ -336,7 +424,7 @@ class Reply:
 
 Message = Union[Register, RegisterAck, Heartbeat, StepReport, Progress, FaultReport, Action, Ack, Done,
                 StatusRequest, StatusReply, DeviceEvent, InjectRequest, ProcessExit, ReplicaReport, NodeLost, Reply,
-                CostReport, Cadence]
+                CostReport, Cadence, AgentHello, JobView, RankOrder]
 
 MESSAGE_TYPES: tuple[type, ...] = typing.get_args(Message)
 _BY_KIND: dict[str, type] = {cls.KIND: cls for cls in MESSAGE_TYPES}

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from mindft import protocol
-from mindft.protocol import (MAX_FRAME, MESSAGE_TYPES, PROTOCOL_VERSION, Ack, Action, ActionKind,
+from mindft.protocol import (MAX_FRAME, MESSAGE_TYPES, PROTOCOL_VERSION, Ack, Action, ActionKind, AgentHello, JobState,
+                             JobView, OrderKind, RankOrder, RankState,
                              Cadence, CostReport, DeviceEvent, DeviceStatus, Done, FaultKind, FaultReport, Heartbeat,
                              InjectRequest, NodeLost, ProcessExit, ProtocolError, RankStatus, Register,
                              Progress, RegisterAck, ReplicaReport, Reply, StatusReply, StatusRequest, StepReport,
@@ -29,15 +30,21 @@ SAMPLES = [
     Done(rank=1, step=100),
     StatusRequest(),
     StatusRequest(request_id=12345),
-    StatusReply(state="REPAIRING", step=8, ranks=(RankStatus(0, "paused", 8, 0.25, 0, 11),
-                                                  RankStatus(1, "dead", 9, 3.5, 1, 12, incarnation=1,
-                                                             replicated=7, replica_lost=True)),
-                reason="rank 1 HANG at step 9", round=2, recoveries=1, request_id=12345),
+    StatusReply(state=JobState.REPAIRING, step=8,
+                ranks=(RankStatus(0, RankState.PAUSED, 8, 0.25, 0, 11),
+                       RankStatus(1, RankState.DEAD, 9, 3.5, 1, 12, incarnation=1, order=OrderKind.START,
+                                  replicated=7, replica_lost=True)),
+                reason="rank 1 HANG at step 9", round=2, recoveries=1, request_id=12345,
+                waiting="rank 1 (not re-registered)", deadline_in=12.5),
     DeviceEvent(rank=1, status=DeviceStatus.FAULTY, error_code="0x80E01801", policy="reset"),
     InjectRequest(rank=0, fault=FaultKind.COMMUNICATION, detail="test"),
     ProcessExit(rank=1, returncode=-9, pid=77, will_restart=False, request_id=3),
     Reply(ok=False, detail="no rank 9"),
-    RegisterAck(world_size=1, endpoints={}, state="STARTING", cadence=(0, 1, 12, 4)),
+    RegisterAck(world_size=1, endpoints={}, state=JobState.STARTING, cadence=(0, 1, 12, 4)),
+    AgentHello(node=1, ranks=(2, 3)),
+    JobView(state=JobState.FAILED, restart_all=True, dump_step=8, reason="PAUSING timed out"),
+    RankOrder(rank=3, kind=OrderKind.KILL, reason="HANG", pid=77, restart=True),
+    RankOrder(rank=2, kind=OrderKind.START),
     CostReport(rank=2, step_time=0.142, capture_time=0.025),
     CostReport(rank=0, step_time=1, capture_time=0),
     Cadence(schedule=(0, 1, 30, 18)),
@@ -151,7 +158,18 @@ def test_enum_values_are_stable_wire_names() -> None:
                                             "hang", "unknown"]
     assert [k.value for k in ActionKind] == ["pause", "rollback", "resume", "dump_and_exit",
                                              "inject_fault", "finish", "leave_device"]
-    assert protocol.PROTOCOL_VERSION == 6
+    assert [k.value for k in OrderKind] == ["kill", "start"]
+    assert [k.value for k in JobState] == ["STARTING", "NORMAL", "PAUSING", "REPAIRING", "ROLLBACK", "RESUMING",
+                                           "FAILED", "DONE"]
+    assert [k.value for k in RankState] == ["registered", "running", "faulty", "dead", "off_device", "lost",
+                                            "paused", "restored", "resumed", "done"]
+    assert protocol.PROTOCOL_VERSION == 7
+
+
+def test_wire_enums_print_as_their_values() -> None:
+    # Status tables and log lines show the wire name, as before the states were enums.
+    assert f"{JobState.NORMAL}" == str(JobState.NORMAL) == "NORMAL"
+    assert f"{RankState.OFF_DEVICE:>12}" == "  off_device"
 
 
 @pytest.mark.parametrize("rank, step, round_", [(0, 0, 0), (3, 123456789, 2), (16383, 1, 99)])
@@ -182,19 +200,19 @@ def test_hot_frames_are_decoded_without_json(message, monkeypatch: pytest.Monkey
 
 
 @pytest.mark.parametrize("text, error", [
-    ('{"v":6,"msg":"heartbeat","rank":1,"incarnation":0,"step":01}', "not JSON"),  # JSON has no leading zeros
-    ('{"v":6,"msg":"heartbeat","rank":1,"incarnation":0,"step":1,"x":2}', "unknown field"),
-    ('{"v":6,"msg":"heartbeat","rank":1,"incarnation":0}', "missing field 'step'"),
-    ('{"v":6,"msg":"step_report","rank":1,"step":1.5,"round":0}', "expected an integer"),
-    ('{"v":6,"msg":"step_report","rank":1,"step":true,"round":0}', "expected an integer"),
-    ('{"v":6,"msg":"cost_report","rank":1,"step_time":NaN,"capture_time":0.1}', "expected a finite number"),
-    ('{"v":6,"msg":"replica_report","node":0,"ranks":[0],"steps":[1],"cpu_seconds":-Infinity}',
+    ('{"v":7,"msg":"heartbeat","rank":1,"incarnation":0,"step":01}', "not JSON"),  # JSON has no leading zeros
+    ('{"v":7,"msg":"heartbeat","rank":1,"incarnation":0,"step":1,"x":2}', "unknown field"),
+    ('{"v":7,"msg":"heartbeat","rank":1,"incarnation":0}', "missing field 'step'"),
+    ('{"v":7,"msg":"step_report","rank":1,"step":1.5,"round":0}', "expected an integer"),
+    ('{"v":7,"msg":"step_report","rank":1,"step":true,"round":0}', "expected an integer"),
+    ('{"v":7,"msg":"cost_report","rank":1,"step_time":NaN,"capture_time":0.1}', "expected a finite number"),
+    ('{"v":7,"msg":"replica_report","node":0,"ranks":[0],"steps":[1],"cpu_seconds":-Infinity}',
      "expected a finite number"),
     ('{"v":2,"msg":"step_report","rank":1,"step":1,"round":0}', "unsupported protocol version 2"),
-    ('{"v":6,"msg":"ack","rank":1,"action":"self_destruct","step":1,"held_steps":[1],"round":1}',
+    ('{"v":7,"msg":"ack","rank":1,"action":"self_destruct","step":1,"held_steps":[1],"round":1}',
      "not one of pause, rollback"),
-    ('{"v":6,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[1,"2"],"round":1}', "a list of integers"),
-    ('{"v":6,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[1,],"round":1}', "not JSON"),
+    ('{"v":7,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[1,"2"],"round":1}', "a list of integers"),
+    ('{"v":7,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[1,],"round":1}', "not JSON"),
 ])
 def test_near_misses_of_the_hot_templates_get_the_full_checks(text: str, error: str) -> None:
     with pytest.raises(ProtocolError, match=error):
@@ -202,11 +220,11 @@ def test_near_misses_of_the_hot_templates_get_the_full_checks(text: str, error: 
 
 
 @pytest.mark.parametrize("text, message", [
-    ('{"msg":"heartbeat","v":6,"rank":1,"incarnation":0,"step":2}', protocol.Heartbeat(1, 0, 2)),
-    ('{"v":6,"msg":"step_report","rank":1,"step":2}', protocol.StepReport(1, 2, 0)),
-    ('{"v":6,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[0, 1],"round":1}',
+    ('{"msg":"heartbeat","v":7,"rank":1,"incarnation":0,"step":2}', protocol.Heartbeat(1, 0, 2)),
+    ('{"v":7,"msg":"step_report","rank":1,"step":2}', protocol.StepReport(1, 2, 0)),
+    ('{"v":7,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[0, 1],"round":1}',
      Ack(1, ActionKind.PAUSE, 1, (0, 1), 1)),
-    ('{"v": 6, "msg": "step_report", "rank": -0, "step": 12345678901234567890123, "round": 1}',
+    ('{"v": 7, "msg": "step_report", "rank": -0, "step": 12345678901234567890123, "round": 1}',
      protocol.StepReport(0, 12345678901234567890123, 1)),
 ])
 def test_other_spellings_of_hot_messages_decode_the_same(text: str, message) -> None:

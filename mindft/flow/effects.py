@@ -6,11 +6,11 @@ the reason as data, and the shell (``mindft.controller``) carries them out in or
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
+from typing import Optional, Union
 
 from mindft.exitcodes import ExitCode
 from mindft.flow.states import JobState
-from mindft.protocol import Message
+from mindft.protocol import Message, OrderKind, RankOrder
 
 Peer = bytes  # the shell's opaque address of a rank (a ZeroMQ identity)
 
@@ -33,23 +33,36 @@ class Broadcast:
 
 @dataclass(frozen=True)
 class KillRank:
-    """Kill the process of ``rank`` (``pid``): it hung, or did not leave its device in time.
+    """Order the node agent that runs ``rank`` to kill its process ``pid``: it hung, did not
+    leave its device in time, or every worker restarts.
 
     ``restart``: start it again at once (a hang); otherwise wait for :class:`StartRank`.
+    ``agent``: the link of that node agent (None: no agent said it runs ``rank``).
     """
 
     rank: int
     pid: int
     reason: str
     restart: bool = True
+    agent: Optional[Peer] = None
+
+    def order(self) -> RankOrder:
+        """The order as it travels to the agent."""
+        return RankOrder(self.rank, OrderKind.KILL, self.reason, self.pid, self.restart)
 
 
 @dataclass(frozen=True)
 class StartRank:
-    """Start ``rank``'s process again (it left its device for a hot reset, which is over)."""
+    """Order the node agent that runs ``rank`` to start its process again (its device is back
+    after a hot reset, or every worker restarts). ``agent`` as in :class:`KillRank`."""
 
     rank: int
     reason: str
+    agent: Optional[Peer] = None
+
+    def order(self) -> RankOrder:
+        """The order as it travels to the agent."""
+        return RankOrder(self.rank, OrderKind.START, self.reason)
 
 
 @dataclass(frozen=True)
@@ -63,10 +76,13 @@ class Transition:
 
 @dataclass(frozen=True)
 class Finish:
-    """The job is over: the controller exits with ``exit_code``."""
+    """The job is over: the controller exits with ``exit_code``; ``dump_step`` is the step every
+    rank dumps when it failed (-1: each its newest), which node agents use for ranks that have
+    no process."""
 
     exit_code: ExitCode
     reason: str
+    dump_step: int = -1
 
 
 Effect = Union[Send, Broadcast, KillRank, StartRank, Transition, Finish]

@@ -38,9 +38,10 @@ from mindft.flow.effects import (Broadcast, DeviceFailed, DeviceFaulty, DeviceIn
                                  StopJob, Transition)
 from mindft.flow.ranks import RankRecord, RankState, RankTable
 from mindft.flow.states import RECOVERY_STATES, TERMINAL_STATES, Event, JobState, next_state
-from mindft.protocol import (Ack, Action, ActionKind, Cadence, CostReport, DeviceEvent, DeviceStatus, Done, FaultKind, FaultReport,
-                             Heartbeat, InjectRequest, Message, NodeLost, Progress, ProcessExit, RankStatus, Register,
-                             RegisterAck, ReplicaReport, Reply, StatusReply, StatusRequest, StepReport)
+from mindft.protocol import (Ack, Action, ActionKind, AgentHello, Cadence, CostReport, DeviceEvent, DeviceStatus, Done,
+                             FaultKind, FaultReport, Heartbeat, InjectRequest, JobView, Message, NodeLost, OrderKind,
+                             Progress, ProcessExit, RankStatus, Register, RegisterAck, ReplicaReport, Reply,
+                             StatusReply, StatusRequest, StepReport)
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +148,7 @@ class Job:
         self.replicas: dict[int, tuple[int, bool]] = {}  # rank → (replicated step, lost), from the node agents
         self.unprotected: set[int] = set()  # ranks judged LOST PROTECTION (logged once; status shows them)
         self._gone_replicas: dict[int, int] = {}  # rank → step of its replica held by a node that was lost
+        self.agents: dict[int, Peer] = {}  # rank → the link of the node agent that runs its process
 
     # ---- inputs -----------------------------------------------------------------------------
 
@@ -185,6 +187,8 @@ class Job:
         elif kind is NodeLost:
             ok, detail = self._node_lost(message, now)
             self._emit(Send(peer, Reply(ok, detail, message.request_id)))
+        elif kind is AgentHello:
+            self._on_agent(peer, message)
         else:
             log.warning("dropped %s from peer %r: not addressed to the controller", kind.__name__, peer[:32])
         return self._flush()
@@ -255,7 +259,7 @@ class Job:
                         continue
                     self._emit(KillRank(record.rank, record.pid, f"HANG: no message for {now - record.last_seen:.2f} s "
                                                                   f"(timeouts.dead_after={dead_after:g} s)",
-                                        restart=not self.restart_all))
+                                        restart=not self.restart_all, agent=self.agents.get(record.rank)))
                     self._add_fault(record, FaultKind.HANG, record.progress + 1,
                                     f"silent for {now - record.last_seen:.2f} s", now, dead=True)
         for rank, fault in list(self.recovery.faults.items()):
@@ -263,7 +267,7 @@ class Job:
                 record = self.ranks.get(rank)
                 fault.left_at, fault.kill_ordered = now, True  # one kill per period, until its exit is reported
                 self._emit(KillRank(rank, record.pid, f"did not exit within {self.timeouts.leave:g} s "
-                                                      f"(timeouts.leave)", restart=False))
+                                                      f"(timeouts.leave)", restart=False, agent=self.agents.get(rank)))
         if self.state not in TERMINAL_STATES and now >= self.deadline:
             self._phase_timeout(now)
         return self._flush()
@@ -276,7 +280,7 @@ class Job:
 
     def status(self, now: float, request_id: int = 0) -> StatusReply:
         """The job as ``mindft status`` shows it."""
-        rows = tuple(RankStatus(rank=r.rank, state=r.state.value, step=r.progress,
+        rows = tuple(RankStatus(rank=r.rank, state=r.state, step=r.progress,
                                 last_heartbeat_age=round(max(0.0, now - r.last_seen), 3), restarts=r.restarts,
                                 pid=r.pid, incarnation=r.incarnation, replica_endpoint=r.replica_endpoint,
                                 order=self._order(r.rank), replicated=self.replicas.get(r.rank, (-1, False))[0],
@@ -288,11 +292,12 @@ class Job:
             reason = self._fault_summary() if self.state in RECOVERY_STATES else ""
         every = self.schedule.segments[-1][1]
         cost = overhead_of(*self._slowest_costs(), every) if self.costs else -1.0
-        return StatusReply(state=self.state.value, step=self.ranks.slowest, ranks=rows, reason=reason,
+        return StatusReply(state=self.state, step=self.ranks.slowest, ranks=rows, reason=reason,
                            round=self.recovery.round, recoveries=len(self.recoveries), request_id=request_id,
                            restart_all=self.restart_all, snapshot_every=every, snapshot_cost=round(cost, 6),
                            overhead_budget=self.budget.overhead if self.budget is not None else 0.0,
-                           over_budget=self._over_budget)
+                           over_budget=self._over_budget, waiting=self.waiting_for(),
+                           deadline_in=round(max(0.0, self.deadline - now), 3) if self.deadline < math.inf else -1.0)
 
     # ---- rank messages ----------------------------------------------------------------------
 
@@ -352,6 +357,7 @@ class Job:
             return
         if message.collectives and self.restart_scope == "auto" and not self.restart_all:
             self.restart_all = True
+            self._tell_agents()
             log.info("rank=%d uses collectives a restarted process cannot rejoin: a lost process restarts "
                      "every worker", rank)
         restarts = message.incarnation if old is None else old.restarts + (message.incarnation > old.incarnation)
@@ -398,14 +404,45 @@ class Job:
         self.recovery.waiting.discard(rank)
         self._advance(now)
 
-    def _order(self, rank: int) -> str:
-        """What the rank's node agent must still do for the recovery ("kill", "start" or "")."""
+    def _order(self, rank: int) -> Optional[OrderKind]:
+        """What the rank's node agent must still do for the recovery (None: nothing)."""
         fault = self.recovery.faults.get(rank) if self.state in RECOVERY_STATES else None
         if fault is None:
-            return ""
+            return None
         if fault.kill_ordered and not fault.exited:
-            return "kill"
-        return "start" if fault.start_ordered and fault.process_pending else ""
+            return OrderKind.KILL
+        return OrderKind.START if fault.start_ordered and fault.process_pending else None
+
+    def _on_agent(self, peer: Peer, message: AgentHello) -> None:
+        """A node agent (re)connected: its ranks' orders go to it from now on; it gets the job's
+        view and, again, any order still pending for its ranks (one may have been lost with its
+        previous connection)."""
+        world = self.ranks.world_size
+        ranks = [r for r in message.ranks if 0 <= r < world]
+        if len(ranks) != len(message.ranks):
+            log.warning("node agent %d names ranks outside 0..%d: %s", message.node, world - 1, list(message.ranks))
+        new = [r for r in ranks if self.agents.get(r) != peer]
+        for rank in ranks:
+            self.agents[rank] = peer
+        if new:
+            log.info("node agent %d runs rank(s) %s", message.node, _ranks(new).split(" ", 1)[1])
+        self._emit(Send(peer, self._view()))
+        for rank in ranks:
+            order, record, fault = self._order(rank), self.ranks.get(rank), self.recovery.faults.get(rank)
+            if order is OrderKind.KILL and record is not None:
+                self._emit(KillRank(rank, record.pid, f"still to be killed: {fault.detail or fault.kind.name}",
+                                    restart=False, agent=peer))
+            elif order is OrderKind.START:
+                self._emit(StartRank(rank, "still to be started for the recovery", peer))
+
+    def _view(self) -> JobView:
+        reason = self.result.reason if self.result is not None else ""
+        return JobView(self.state, self.restart_all, self.dump_step, reason)
+
+    def _tell_agents(self) -> None:
+        peers = tuple(dict.fromkeys(self.agents.values()))
+        if peers:
+            self._emit(Broadcast(peers, self._view()))
 
     def _register_ack(self) -> RegisterAck:
         endpoints = {r.rank: r.replica_endpoint for r in sorted(self.ranks, key=lambda r: r.rank)}
@@ -603,7 +640,8 @@ class Job:
             if fault.left_at < 0:
                 fault.left_at = now
             if record.alive:
-                self._emit(KillRank(record.rank, record.pid, f"every worker restarts: {why}", restart=False))
+                self._emit(KillRank(record.rank, record.pid, f"every worker restarts: {why}", restart=False,
+                                    agent=self.agents.get(record.rank)))
                 record.state, fault.exited, fault.kill_ordered = RankState.DEAD, False, True
         self.deadline = now + self.timeouts.repair
         self._advance(now)
@@ -671,7 +709,7 @@ class Job:
             self._start_every_worker_if_ready()
         elif fault.left_at >= 0 and fault.exited and not fault.device_pending and not fault.start_ordered:
             fault.start_ordered = True
-            self._emit(StartRank(rank, "its device was reset and is back"))
+            self._emit(StartRank(rank, "its device was reset and is back", self.agents.get(rank)))
 
     def _start_every_worker_if_ready(self) -> None:
         """Start every stopped worker together once every one exited and every device is back."""
@@ -681,7 +719,8 @@ class Job:
         for number, waiting in sorted(stopped.items()):
             if not waiting.start_ordered:
                 waiting.start_ordered = True
-                self._emit(StartRank(number, "every worker restarts from the node agents' memory"))
+                self._emit(StartRank(number, "every worker restarts from the node agents' memory",
+                                     self.agents.get(number)))
 
     def _finish_recovery(self, now: float) -> None:
         rec = self.recovery
@@ -965,16 +1004,27 @@ class Job:
                                        f"(timeouts.stall): blocked in a collective", now)
             return
         limit = getattr(self.timeouts, name)
-        if state is _S.STARTING:
-            waiting = f"rank(s) {self.ranks.missing()} never registered"
-        elif state is _S.REPAIRING:
-            waiting = ", ".join(f"rank {r} ({'device not recovered' if f.device_pending else 'not re-registered'}"
-                                + (f"; node {f.node} was lost" if f.node >= 0 else "") + ")"
-                                for r, f in sorted(rec.faults.items()) if f.device_pending or f.process_pending)
-        else:
-            waiting = ", ".join(f"rank {r}" for r in sorted(rec.waiting))
         self._fail(f"{state.value} timed out after {limit:g} s (timeouts.{name}): waiting for "
-                   f"{waiting or 'nothing'}", now, Event.TIMEOUT)
+                   f"{self.waiting_for() or 'nothing'}", now, Event.TIMEOUT)
+
+    def waiting_for(self) -> str:
+        """Who the current phase waits for, and why ("": nobody, or no phase waits)."""
+        state, rec = self.state, self.recovery
+        if state is _S.STARTING:
+            missing = self.ranks.missing()
+            return f"rank(s) {missing} (not registered)" if missing else ""
+        if state is _S.REPAIRING:
+            return ", ".join(f"rank {r} ({self._repair_wait(f)})" for r, f in sorted(rec.faults.items())
+                             if f.device_pending or f.process_pending)
+        if state in _ACK_FOR:
+            return ", ".join(f"rank {r}" for r in sorted(rec.waiting))
+        return ""
+
+    @staticmethod
+    def _repair_wait(fault: Fault) -> str:
+        if fault.device_pending:
+            return "device not recovered"
+        return "not re-registered" + (f"; node {fault.node} was lost" if fault.node >= 0 else "")
 
     def _fail(self, reason: str, now: float, event: Event = Event.UNRECOVERABLE) -> None:
         if self.state in TERMINAL_STATES:
@@ -990,7 +1040,7 @@ class Job:
 
     def _finish(self, code: ExitCode, reason: str) -> None:
         self.deadline = math.inf
-        self.result = Finish(code, reason)
+        self.result = Finish(code, reason, self.dump_step)
         self._emit(self.result)
 
     # ---- bookkeeping ------------------------------------------------------------------------
@@ -1001,6 +1051,7 @@ class Job:
         self.history.append((self.state, now))
         del self.history[:-256]
         self._emit(Transition(source, self.state, reason))
+        self._tell_agents()
 
     def _emit(self, effect: Effect) -> None:
         self._out.append(effect)

@@ -4,28 +4,13 @@ Liveness is judged from the ``now`` the caller passes; nothing here reads a cloc
 """
 from __future__ import annotations
 
-import enum
 from collections import Counter
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Iterator, Mapping, Optional
 
 from mindft.flow.effects import Peer
-
-
-class RankState(str, enum.Enum):
-    """The controller's view of one rank."""
-
-    REGISTERED = "registered"  # waiting at the start barrier
-    RUNNING = "running"
-    FAULTY = "faulty"          # alive, reported or caused a fault, waiting
-    DEAD = "dead"              # hung or exited; needs a new incarnation
-    OFF_DEVICE = "off_device"  # left its device for a hot reset; started again when the device is back
-    LOST = "lost"              # its node is gone (process and agent memory): only its replica is left
-    PAUSED = "paused"
-    RESTORED = "restored"
-    RESUMED = "resumed"
-    DONE = "done"              # finished training, waiting for the others
+from mindft.protocol import RankState
 
 
 @dataclass

@@ -3,22 +3,11 @@ from __future__ import annotations
 
 import enum
 
+from mindft.protocol import JobState
+
 
 class IllegalTransition(RuntimeError):
     """An event arrived in a state the table has no transition for: the flow itself is broken."""
-
-
-class JobState(str, enum.Enum):
-    """Where the job is in the recovery flow."""
-
-    STARTING = "STARTING"    # waiting for every rank to register (start barrier)
-    NORMAL = "NORMAL"        # training; ranks report progress without waiting
-    PAUSING = "PAUSING"      # every live rank told to stop at its next step boundary and settle
-    REPAIRING = "REPAIRING"  # waiting for devices to recover / restarted ranks to re-register
-    ROLLBACK = "ROLLBACK"    # every rank restores the step they all hold
-    RESUMING = "RESUMING"    # barrier before training continues
-    FAILED = "FAILED"        # terminal: ranks dump and exit, the job exits non-zero
-    DONE = "DONE"            # terminal: every rank finished
 
 
 class Event(str, enum.Enum):

@@ -411,7 +411,7 @@ def test_start_barrier_times_out_naming_missing_ranks(tmp_path: Path) -> None:
             processor.register()
         result = controller.join(10)
         assert result is not None and result.exit_code == EXIT_FAILED
-        assert "[1, 2] never registered" in result.reason
+        assert "rank(s) [1, 2] (not registered)" in result.reason
         action = processor.wait_action(5)
         assert action.kind is ActionKind.DUMP_AND_EXIT
     finally:
