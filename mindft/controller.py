@@ -1,9 +1,12 @@
 """The job's controller: the ZeroMQ shell that runs :class:`mindft.flow.Job` with a real clock.
 
 One thread (the one running :meth:`Controller.serve`) owns the socket and the job. Other
-threads of the same process (the launcher, the reset watcher) hand inputs in through
-:meth:`Controller.on_device_event`, :meth:`Controller.on_process_exit` and
-:meth:`Controller.latest_status`, which queue them for that thread.
+threads of the same process (the node agent, the reset watcher) hand inputs in through
+:meth:`Controller.on_device_event`, :meth:`Controller.on_process_exit`,
+:meth:`Controller.attach_agent` and :meth:`Controller.latest_status`, which queue them for that
+thread. The job addresses its orders (:class:`~mindft.protocol.RankOrder`) and its view
+(:class:`~mindft.protocol.JobView`) to the node agent that runs each rank: over the socket to
+the agents of other nodes, by a call to the agent in this process (:data:`LOCAL_AGENT`).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from mindft.exitcodes import ExitCode
 from mindft.flow.cadence import Budget
 from mindft.flow import (Broadcast, DeviceInput, Effect, Finish, Job, JobState, KillRank, ProcessExited, Send,
                          StartRank, Transition, phase_times)
+from mindft.protocol import AgentHello, Message
 from mindft.keys import job_keys, start_authenticator
 from mindft.protocol import ProtocolError, StatusReply, decode, encode
 
@@ -38,6 +42,8 @@ _RCVMORE = int(zmq.RCVMORE)
 # Broadcast frames from this size on share one buffer (below it, a copy per peer costs no more
 # than the shared message's reference counting: measured crossover ~2 kB).
 _SHARE_FROM = 2048
+# The job's address of the node agent in the controller's own process (no ZeroMQ identity is empty).
+LOCAL_AGENT = b""
 
 
 @dataclass(frozen=True)
@@ -59,19 +65,13 @@ class Controller:
     """The job's coordinator (see the module docstring).
 
     The socket is bound in the constructor, so :attr:`endpoint` is known at once
-    (``controller_port=0`` picks a free port). ``on_kill(rank, pid, reason, restart)`` is called on the
-    serving thread when a rank must be killed (it hung, or did not leave its device), and
-    ``on_start(rank, reason)`` when a rank that left its device may start again; the launcher
-    passes both.
+    (``controller_port=0`` picks a free port).
     """
 
-    def __init__(self, config: MindftConfig, on_kill: Optional[Callable[[int, int, str, bool], None]] = None,
-                 on_start: Optional[Callable[[int, str], None]] = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: MindftConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._wake_lock = threading.Lock()  # first: _close() needs it if the bind below fails
-        self._on_kill = on_kill
-        self._on_start = on_start
+        self._local_agent: Optional[Callable[[Message], None]] = None
         self._keys = job_keys(config)
         self._context = zmq.Context()
         self._authenticator = start_authenticator(self._context, self._keys)
@@ -121,6 +121,12 @@ class Controller:
         """The launcher saw ``rank``'s process exit; from any thread. ``final``: it will not be
         started again (out of restarts, or it gave up on its own), so the job fails now."""
         self._post((ProcessExited(rank, returncode, pid), not final))
+
+    def attach_agent(self, node: int, ranks: tuple[int, ...], deliver: Callable[[Message], None]) -> None:
+        """The node agent of this process runs ``ranks``: their orders and the job's view reach it
+        as calls of ``deliver`` (on the serving thread: it must only queue them); from any thread."""
+        self._local_agent = deliver
+        self._post(_Hello(AgentHello(node, ranks)))
 
     def latest_status(self, timeout: float = 5.0) -> StatusReply:
         """The job's status, computed by the serving thread; from any thread."""
@@ -197,6 +203,8 @@ class Controller:
                 self._stopped = True
             elif isinstance(item, Future):
                 item.set_result(self.job.status(now))
+            elif isinstance(item, _Hello):
+                self._apply(self.job.handle(LOCAL_AGENT, item.hello, now))
             elif isinstance(item, tuple):
                 exited, will_restart = item
                 self._apply(self.job.process_exit(exited, now, will_restart))
@@ -234,29 +242,41 @@ class Controller:
         for effect in effects:
             kind = type(effect)
             if kind is Send:
-                self._send(effect.peer, encode(effect.message))
+                if effect.peer == LOCAL_AGENT:
+                    self._deliver_locally(effect.message)
+                else:
+                    self._send(effect.peer, encode(effect.message))
             elif kind is Broadcast:
-                self._broadcast(effect.peers, encode(effect.message))
+                peers = effect.peers
+                if LOCAL_AGENT in peers:
+                    self._deliver_locally(effect.message)
+                    peers = tuple(p for p in peers if p != LOCAL_AGENT)
+                self._broadcast(peers, encode(effect.message))
             elif kind is Transition:
                 log.info("controller state %s → %s (%s)", effect.source.value, effect.target.value, effect.reason)
                 if effect.target is JobState.NORMAL and effect.source is JobState.RESUMING:
                     job = self.job
                     log.info("recovery phases: %s", {k: round(v, 4) for k, v in
                                                      phase_times(job.history, job.recovery.started).items()})
-            elif kind is KillRank:
-                log.warning("rank=%d (pid %d) must be killed: %s", effect.rank, effect.pid, effect.reason)
-                if self._on_kill is not None:
-                    self._on_kill(effect.rank, effect.pid, effect.reason, effect.restart)
-            elif kind is StartRank:
-                log.info("rank=%d is to be started again: %s", effect.rank, effect.reason)
-                if self._on_start is not None:
-                    self._on_start(effect.rank, effect.reason)
+            elif kind is KillRank or kind is StartRank:
+                order = effect.order()
+                log.log(logging.WARNING if kind is KillRank else logging.INFO, "rank=%d order %s: %s", effect.rank,
+                        order.kind.value, effect.reason)
+                if effect.agent is None:
+                    log.warning("rank=%d: no node agent said it runs this rank; nobody carries out the %s order",
+                                effect.rank, order.kind.value)
+                elif effect.agent == LOCAL_AGENT:
+                    self._deliver_locally(order)
                 else:
-                    log.warning("rank=%d: no launcher in this process to start it", effect.rank)
+                    self._send(effect.agent, encode(order))
             elif kind is Finish:
                 self.result = JobResult(int(effect.exit_code), effect.reason)
                 if effect.exit_code != ExitCode.OK:
                     log.error("job failed: %s", effect.reason)
+
+    def _deliver_locally(self, message: Message) -> None:
+        if self._local_agent is not None:
+            self._local_agent(message)
 
     def _send(self, peer: bytes, frame: bytes) -> None:
         send = self._raw_send
@@ -304,6 +324,11 @@ class Controller:
 
 
 _STOP = object()
+
+
+@dataclass(frozen=True)
+class _Hello:
+    hello: AgentHello
 
 
 def main(argv: Optional[list[str]] = None) -> int:

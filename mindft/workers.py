@@ -1,8 +1,8 @@
-"""The processes of one node: msrun's external agent (:class:`Agent`: kill a worker, start all,
-start a list, monitor), MindSpore's :class:`Scheduler` on node 0, the shared memory the ranks'
-snapshots live in, and the :class:`Console` every rank's output goes through.
+"""The processes of one node: the workers (:class:`WorkerProcesses`: msrun's external agent's
+kill a worker, start a list, monitor), MindSpore's :class:`Scheduler` on node 0, the shared memory
+the ranks' snapshots live in, and the :class:`Console` every rank's output goes through.
 
-Mechanism only: when to start, kill or restart is the launcher's policy (:mod:`mindft.launch`).
+Mechanism only: when to start, kill or restart is the node agent's policy (:mod:`mindft.flow.agent`).
 """
 from __future__ import annotations
 
@@ -70,19 +70,13 @@ class Console:
 
 @dataclass
 class Worker:
-    """One local rank and its current process."""
+    """One local rank's current process."""
 
     rank: int
     log_path: Path
-    restarts: int = 0
     process: Optional[subprocess.Popen] = None
     pump: Optional[threading.Thread] = None
     returncode: Optional[int] = None
-    final: bool = False  # exited for good (done, dumped, out of restarts or stopped)
-    # Its process is gone and its state is in the agent's memory: it starts again when the
-    # controller says (its device is back after a hot reset, or every worker restarts).
-    awaiting_start: bool = False
-    crashes: int = 0  # exits not ordered by the controller (bounded by --max-restarts)
 
     @property
     def pid(self) -> Optional[int]:
@@ -90,8 +84,9 @@ class Worker:
         return self.process.pid if self.process is not None and self.returncode is None else None
 
 
-class Agent:
-    """msrun's external agent on one node: kill worker, start all, start a list, monitor."""
+class WorkerProcesses:
+    """The workers of one node, as msrun's external agent handles them: start a list, kill,
+    monitor. Each rank's output goes to its log file and, prefixed, to the console."""
 
     def __init__(self, spec: LaunchSpec, console: Console) -> None:
         self.spec = spec
@@ -100,32 +95,28 @@ class Agent:
         self.workers: dict[int, Worker] = {
             rank: Worker(rank, spec.log_dir / f"rank_{rank}.log") for rank in spec.local_ranks}
 
-    def start_all_workers(self) -> None:
-        """Start every local rank (the first incarnation)."""
-        self.start_worker_list(self.workers)
-
-    def start_worker_list(self, ranks: Iterable[int]) -> None:
-        """(Re)start the given local ranks; each gets its restart count in MINDFT_RESTART_COUNT."""
-        for rank in ranks:
-            worker = self.workers[rank]
-            if worker.pid is not None:
-                raise RuntimeError(f"rank {rank} is still running (pid {worker.pid})")
-            env = rank_environment(self.spec, rank, worker.restarts)
-            log_file = open(worker.log_path, "ab")
-            log_file.write(f"--- mindft-launch: rank {rank}, incarnation {worker.restarts}, "
-                           f"{time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
-            log_file.flush()
-            # A new session: the terminal's Ctrl-C reaches the launcher only, which forwards it,
-            # and killpg reaches whatever the rank spawned.
-            worker.process = subprocess.Popen(
-                list(self.spec.command), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
-            worker.returncode = None
-            worker.pump = threading.Thread(target=self._pump, args=(worker.process, rank, log_file),
-                                           name=f"mindft-pump-{rank}", daemon=True)
-            worker.pump.start()
-            log.info("started rank %d (pid %d, restart %d), log %s", rank, worker.process.pid,
-                     worker.restarts, worker.log_path)
+    def start(self, rank: int, restarts: int) -> int:
+        """Start ``rank``'s process, incarnation ``restarts`` (MINDFT_RESTART_COUNT); its pid."""
+        worker = self.workers[rank]
+        if worker.pid is not None:
+            raise RuntimeError(f"rank {rank} is still running (pid {worker.pid})")
+        env = rank_environment(self.spec, rank, restarts)
+        log_file = open(worker.log_path, "ab")
+        log_file.write(f"--- mindft-launch: rank {rank}, incarnation {restarts}, "
+                       f"{time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
+        log_file.flush()
+        # A new session: the terminal's Ctrl-C reaches the launcher only, which forwards it,
+        # and killpg reaches whatever the rank spawned.
+        worker.process = subprocess.Popen(
+            list(self.spec.command), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+        worker.returncode = None
+        worker.pump = threading.Thread(target=self._pump, args=(worker.process, rank, log_file),
+                                       name=f"mindft-pump-{rank}", daemon=True)
+        worker.pump.start()
+        log.info("started rank %d (pid %d, restart %d), log %s", rank, worker.process.pid, restarts,
+                 worker.log_path)
+        return worker.process.pid
 
     def _pump(self, process: subprocess.Popen, rank: int, log_file: IO[bytes]) -> None:
         # The pump must outlive any failure to write a line: a dead pump leaves the rank's
@@ -161,6 +152,17 @@ class Agent:
                 worker.returncode = worker.process.poll()
             result[rank] = worker.returncode
         return result
+
+    def exits(self) -> dict[int, int]:
+        """The local ranks whose process exited since the last call: rank → exit code (each
+        exit is returned once; the process handle is dropped)."""
+        exited = {}
+        for rank, code in self.monitor().items():
+            worker = self.workers[rank]
+            if code is not None and worker.process is not None:
+                exited[rank] = code
+                worker.process = None
+        return exited
 
     def signal_workers(self, ranks: Iterable[int], signum: int) -> None:
         """Send ``signum`` to the process group of each running rank."""

@@ -14,9 +14,9 @@ import pytest
 from mindft.config import MindftConfig, Timeouts
 from mindft.controller import Controller
 from mindft.exitcodes import ExitCode
-from mindft.launch import _ControllerRunner
+from mindft.agent_links import ControllerHost
 from mindft.launch_plan import LaunchSpec
-from mindft.workers import Agent, Console
+from mindft.workers import Console, WorkerProcesses
 
 
 def _config(world_size: int = 2) -> MindftConfig:
@@ -53,7 +53,7 @@ class _DyingController(Controller):
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_runner_notices_a_dead_controller_thread() -> None:
-    runner = _ControllerRunner(_config(), controller_class=_DyingController)
+    runner = ControllerHost(_config(), controller_class=_DyingController)
     runner.start()
     try:
         assert runner.poll() is None
@@ -81,9 +81,9 @@ def test_output_pump_survives_a_console_that_fails(tmp_path: Path) -> None:
     script.write_text("for i in range(2000):\n    print('line', i, 'x' * 200)\nprint('end')\n")
     spec = LaunchSpec(command=(sys.executable, str(script)), nproc=1, run_dir=tmp_path, log_dir=tmp_path / "logs",
                       protected=False)
-    agent = Agent(spec, Console(stream=_BrokenStream()))  # type: ignore[arg-type]
-    agent.start_all_workers()
-    worker = agent.workers[0]
+    workers = WorkerProcesses(spec, Console(stream=_BrokenStream()))  # type: ignore[arg-type]
+    workers.start(0, 0)
+    worker = workers.workers[0]
     assert worker.process is not None
     try:
         assert worker.process.wait(30) == 0  # a dead pump would leave it blocked on a full pipe

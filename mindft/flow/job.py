@@ -51,7 +51,8 @@ _S = JobState
 REPORT_SUFFIX = b"/steps"
 _ACK_FOR = {_S.PAUSING: ActionKind.PAUSE, _S.ROLLBACK: ActionKind.ROLLBACK, _S.RESUMING: ActionKind.RESUME}
 _ACK_WHAT = {kind: f"{kind.name} ack" for kind in ActionKind}  # formatted once: an ack arrives per rank per phase
-_TIMEOUT_NAME = {_S.STARTING: "register", _S.PAUSING: "pause", _S.REPAIRING: "repair",
+# The timeout (a field of :class:`~mindft.config.Timeouts`) that bounds each waiting state.
+PHASE_TIMEOUTS = {_S.STARTING: "register", _S.PAUSING: "pause", _S.REPAIRING: "repair",
                  _S.ROLLBACK: "rollback", _S.RESUMING: "resume"}
 
 
@@ -994,7 +995,7 @@ class Job:
 
     def _phase_timeout(self, now: float) -> None:
         state, rec = self.state, self.recovery
-        name = _TIMEOUT_NAME.get(state)
+        name = PHASE_TIMEOUTS.get(state)
         if name is None:
             self.deadline = math.inf
             return

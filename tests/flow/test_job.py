@@ -8,7 +8,8 @@ from mindft.exitcodes import ExitCode
 from mindft.flow import (Broadcast, DeviceFailed, DeviceFaulty, DeviceRecovered, Finish, HoldRepairs, Job, JobState,
                          KillRank, ProcessExited, RankState, RollbackAll, Send, StartRank, StopJob, Transition,
                          held_after)
-from mindft.protocol import (Ack, Action, ActionKind, Done, FaultKind, FaultReport, Heartbeat, InjectRequest,
+from mindft.protocol import (Ack, Action, ActionKind, AgentHello, Done, FaultKind, FaultReport, Heartbeat, InjectRequest,
+                             JobView, OrderKind, RankOrder,
                              Progress, ProcessExit, Register, RegisterAck, Reply, StatusReply, StatusRequest,
                              StepReport)
 
@@ -481,3 +482,49 @@ def test_the_budget_counts_the_cpu_of_the_node_agents_replication(caplog) -> Non
     cadences = [e.message for e in d.effects if isinstance(e, Broadcast) and isinstance(e.message, Cadence)]
     assert cadences and d.job.schedule.segments[-1][1] == 50  # (0.01 + 0.04) / (0.01 * 0.10)
     assert "snapshot 0.0500 s of which 0.0400 s the busiest node's replication CPU" in caplog.text
+
+
+def test_orders_go_to_the_agent_that_runs_the_rank_which_also_hears_every_transition() -> None:
+    d = Driver(2)
+    hello = d.job.handle(b"agent1", AgentHello(1, (1,)), d.now)
+    assert hello == [Send(b"agent1", JobView(S.STARTING))]
+    d.start()
+    views = [e for e in d.effects if isinstance(e, Broadcast) and isinstance(e.message, JobView)]
+    assert views and views[-1].peers == (b"agent1",) and views[-1].message.state is S.NORMAL
+    d.at(3.5)  # rank 1 silent past dead_after: a hang
+    kills = [e for e in d.effects if isinstance(e, KillRank)]
+    assert {(k.rank, k.agent) for k in kills} >= {(1, b"agent1")}
+    assert all(k.agent is None for k in kills if k.rank == 0)  # no agent said it runs rank 0
+    assert kills[0].order() == RankOrder(kills[0].rank, OrderKind.KILL, kills[0].reason, kills[0].pid,
+                                         kills[0].restart)
+
+
+def test_an_agent_that_reconnects_is_told_the_orders_still_pending_for_its_ranks() -> None:
+    d = Driver(2)
+    d.job.handle(b"agent0", AgentHello(0, (0, 1)), d.now)
+    d.start()
+    d.steps(3)
+    d.send(1, FaultReport(1, 4, FaultKind.UCE))
+    d.job.device(DeviceFaulty(1, "0x1", "reset"), d.now)
+    d.ack_all(ActionKind.PAUSE, 3)
+    assert d.job.state is S.REPAIRING
+    d.job.process_exit(ProcessExited(1, ExitCode.LEFT_DEVICE, 101), d.now)
+    d.job.device(DeviceRecovered(1), d.now)
+    again = d.job.handle(b"agent0.new", AgentHello(0, (0, 1)), d.now)
+    assert again[0] == Send(b"agent0.new", JobView(S.REPAIRING))
+    assert [(type(e), e.rank, e.agent) for e in again[1:]] == [(StartRank, 1, b"agent0.new")]
+
+
+def test_the_status_says_who_a_recovery_waits_for_and_when_it_times_out() -> None:
+    d = Driver(3).start()
+    d.steps(2)
+    d.job.device(DeviceFaulty(1, "0x1", "reset"), d.now)
+    d.ack_all(ActionKind.PAUSE, 2)
+    d.job.process_exit(ProcessExited(2, -9, 102), d.now)
+    d.now = 4.0
+    assert d.job.status(d.now).waiting == "rank 0, rank 1"  # a new round: the live ranks pause again
+    d.ack_all(ActionKind.PAUSE, 2, ranks=[0, 1])
+    status = d.job.status(d.now)
+    assert status.state is S.REPAIRING
+    assert status.waiting == "rank 1 (device not recovered), rank 2 (not re-registered)"
+    assert status.deadline_in == pytest.approx(T.repair)

@@ -1,0 +1,167 @@
+"""How a node agent reaches the job's controller: on node 0 the controller runs in the agent's
+process (:class:`ControllerHost`, with the reset-file watcher), elsewhere the agent holds a
+ZeroMQ link of its own to it (:class:`ControllerLink`)."""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any, Optional
+
+import zmq
+
+from mindft import channel
+from mindft.config import MindftConfig
+from mindft.exitcodes import ExitCode
+from mindft.flow.agent import WatcherSupervision
+from mindft.launch_plan import LaunchSpec
+from mindft.protocol import AgentHello, JobState, Message, ProtocolError, StatusReply, decode, encode
+
+log = logging.getLogger(__name__)
+
+HELLO_INTERVAL = 2.0  # between a node agent's hellos on its link to the controller
+
+
+def recovery_progress(status: StatusReply, seconds_in_state: float) -> Optional[str]:
+    """One progress line while a recovery waits (state, who is waited on, time left); None otherwise."""
+    from mindft.flow.job import PHASE_TIMEOUTS
+
+    name = PHASE_TIMEOUTS.get(status.state)
+    if name is None or status.state is JobState.STARTING:
+        return None
+    who = f"waiting for {status.waiting}" if status.waiting else "waiting"
+    left = f"; {status.deadline_in:.0f}s left (timeouts.{name})" if status.deadline_in >= 0 else ""
+    faults = f"; faults: {status.reason}" if status.reason else ""
+    return f"recovery round {status.round}: {status.state} for {seconds_in_state:.0f}s, {who}{left}{faults}"
+
+
+class ControllerHost:
+    """The controller and the reset watcher, in threads of node 0's agent.
+
+    A thread that dies is noticed here: the watcher is restarted as :class:`WatcherSupervision`
+    says; a dead controller fails the job.
+    """
+
+    def __init__(self, config: MindftConfig, controller_class: Optional[type] = None) -> None:
+        from mindft.controller import Controller  # imported late: only node 0 needs it
+        from mindft.resetwatch import ResetWatcher
+
+        self.config = config
+        self.controller = (controller_class or Controller)(config)  # binds now: port 0 becomes a real port
+        self.port = int(self.controller.endpoint.rsplit(":", 1)[1])
+        self.result: Optional[Any] = None
+        self.watcher = ResetWatcher(config.reset_file, config.timeouts.reset_poll_interval)
+        self.supervision = WatcherSupervision()
+        self.watching = False
+        self._watch_stop = threading.Event()
+        self._watch_thread: Optional[threading.Thread] = None
+        self._controller_thread: Optional[threading.Thread] = None
+
+    def start(self) -> None:
+        self._controller_thread = self.controller.start()
+
+    def status(self) -> StatusReply:
+        return self.controller.latest_status()
+
+    def poll(self) -> Optional[Any]:
+        """The controller's result once it finished; a controller thread that died counts as a failure."""
+        if self.result is None and self._controller_thread is not None:
+            result = self.controller.join(0)
+            if result is not None:
+                self.result = result
+            elif not self._controller_thread.is_alive():
+                log.error("the controller thread died without a result (its traceback is above); failing the job")
+                from mindft.controller import JobResult
+                self.result = JobResult(ExitCode.FAILED, "the controller thread died")
+        return self.result
+
+    def start_watcher_when_training(self, state: Optional[JobState]) -> None:
+        """Start the reset watcher once every rank registered: the controller ignores device events
+        for ranks it does not know yet, so a fault already in the file is read when it can be acted on."""
+        if self.watching or state in (None, JobState.STARTING) or self.poll() is not None:
+            return
+        self.watching = True
+        self._start_watch_thread()
+        log.info("watching the device plugin's reset file %s every %gs", self.config.reset_file,
+                 self.config.timeouts.reset_poll_interval)
+
+    def _start_watch_thread(self) -> None:
+        self._watch_thread = threading.Thread(target=self._watch, name="mindft-resetwatch", daemon=True)
+        self._watch_thread.start()
+
+    def _watch(self) -> None:
+        try:
+            self.watcher.run(self._on_reset_event, self._watch_stop)
+        except BaseException:
+            log.exception("the reset-file watcher died")
+            raise
+
+    def _on_reset_event(self, event: Any) -> None:
+        from mindft.resetwatch import flow_inputs
+        for item in flow_inputs(event):
+            self.controller.on_device_event(item)
+
+    def check_watcher(self, now: float) -> Optional[str]:
+        """Restart a watcher thread that died; the reason to fail the job once it died too often."""
+        thread = self._watch_thread
+        if thread is None or thread.is_alive() or self._watch_stop.is_set():
+            return None
+        verdict = self.supervision.on_dead(now)
+        if isinstance(verdict, str):
+            return f"{verdict} (in {self.config.reset_file})"
+        if verdict:
+            log.warning("restarting the reset-file watcher (restart %d/%d)", self.supervision.restarts,
+                        self.supervision.max_restarts)
+            self._start_watch_thread()
+        return None
+
+    def stop(self) -> None:
+        self._watch_stop.set()
+        if self._watch_thread is not None:
+            self._watch_thread.join(self.config.timeouts.reset_poll_interval + 5.0)
+        if self.poll() is None:
+            # The job did not end in the controller (a signal, a failure of this node): its own
+            # "finished: exit code 1" would contradict the launcher's verdict, printed last.
+            controller_log = logging.getLogger("mindft.controller")
+            level = controller_log.level
+            controller_log.setLevel(logging.WARNING)
+            try:
+                self.controller.stop(10.0)
+            finally:
+                controller_log.setLevel(level)
+            self.poll()
+            log.info("controller stopped by the node agent")
+
+
+class ControllerLink:
+    """A node agent's own connection to the controller (nodes other than 0): it says hello every
+    :data:`HELLO_INTERVAL`, receives its ranks' orders and the job's view, and sends exit reports."""
+
+    def __init__(self, spec: LaunchSpec, keys: Any) -> None:
+        self._hello = AgentHello(spec.node_rank, tuple(spec.local_ranks))
+        self._context = zmq.Context()
+        identity = f"agent/{spec.node_rank}/{os.getpid()}".encode()
+        self._socket = channel.dealer(self._context, keys, spec.controller_address, identity)
+        self._hello_at = -HELLO_INTERVAL
+
+    def send(self, message: Message) -> None:
+        try:
+            self._socket.send(encode(message), zmq.NOBLOCK)
+        except zmq.ZMQError as error:  # the controller is away: hellos repeat, a lost exit report shows as silence
+            log.debug("could not send %s to the controller: %s", type(message).__name__, error)
+
+    def receive(self, now: float) -> list[Message]:
+        if now - self._hello_at >= HELLO_INTERVAL:
+            self._hello_at = now
+            self.send(self._hello)
+        messages = []
+        while self._socket.poll(0):
+            try:
+                messages.append(decode(self._socket.recv()))
+            except ProtocolError as error:
+                log.warning("dropped a frame from the controller: %s", error)
+        return messages
+
+    def close(self) -> None:
+        self._socket.close(0)
+        self._context.term()

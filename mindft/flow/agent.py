@@ -1,0 +1,434 @@
+"""The node agent's rules: what to do with a worker's exit, with the controller's orders, with
+MindSpore's scheduler and the reset-file watcher, when the node's part of the job is over, and
+which exit code the node ends with.
+
+The node agent (:mod:`mindft.agent`) owns processes; this module owns its decisions. It never
+starts or kills anything: :class:`NodePolicy` takes what happened (an exit, an order, the job's
+view, the time) and returns what to do as values (:class:`StartWorker`, :class:`KillWorker`,
+:class:`ReportExit`, :class:`AbortJob`, :class:`Say`), which the agent carries out in order.
+
+Who decides a restart: a process that left its device, was stopped for a restart of every
+worker, or crashed in a job whose collectives cannot take one restarted process (the job's view
+says ``restart_all``) waits for the controller's START; a crash in any other job is restarted
+here at once, up to ``max_restarts`` crashes, and reported, so the controller counts it as a
+fault of that rank. What the controller knows decides the rest: a job that has not started
+(a rank that dies before every rank registered would die again: the job fails), or that ended.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Iterable, Optional, Sequence, Union
+
+from mindft.exitcodes import ExitCode, describe
+from mindft.protocol import JobState, JobView, OrderKind, RankOrder
+
+_TERMINAL = (JobState.DONE, JobState.FAILED)
+_STOPPED_ON_PURPOSE = (ExitCode.DUMPED, ExitCode.DUMP_FAILED)
+
+# How long the node agent waits for what it does not control; named here, documented with the timeouts.
+DUMP_GRACE_PERIOD = 60.0          # after the controller finished, for ranks to dump and exit
+CONTROLLER_FINISH_TIMEOUT = 15.0  # after the last rank exited, for the controller's verdict
+WATCHER_RESTART_DELAY = 1.0       # before a dead reset-file watcher is started again
+WATCHER_MAX_RESTARTS = 10         # then the job fails: device faults would go unseen
+
+
+def describe_exit(code: int) -> str:
+    """A rank's exit status for people, in the words of :func:`mindft.exitcodes.describe`."""
+    if code < 0:
+        return describe(code)
+    meaning = describe(code)
+    return f"exit {code}" if meaning == f"exit code {code}" else f"exit {code} ({meaning})"
+
+
+def job_exit_code(controller_code: Optional[int], final_codes: Iterable[Optional[int]]) -> int:
+    """Combine the controller's verdict and the ranks' final exit codes into the node's.
+
+    A checkpoint is claimed (3) only when every rank says it wrote one; a rank that could
+    not write its own makes the job 4; a crashed rank's code (128+N after signal N) wins
+    over a controller that merely agrees the job failed.
+    """
+    codes = [c for c in final_codes if c is not None]
+    if ExitCode.DUMP_FAILED in codes:
+        return ExitCode.DUMP_FAILED
+    if codes and all(c == ExitCode.DUMPED for c in codes):
+        return ExitCode.DUMPED
+    if controller_code not in (None, ExitCode.OK):
+        return controller_code
+    crashed = [c for c in codes if c != ExitCode.OK and c not in _STOPPED_ON_PURPOSE]
+    if crashed:
+        code = crashed[0]
+        return 128 - code if code < 0 else code
+    if ExitCode.DUMPED in codes:
+        return ExitCode.DUMPED
+    return ExitCode.OK
+
+
+# ---- what the policy asks the agent to do ----------------------------------------------------
+
+@dataclass(frozen=True)
+class StartWorker:
+    """Start ``rank``'s process (incarnation ``restarts``). ``renew_cluster``: first start a new
+    MindSpore scheduler, as processes that restart together cannot join the old cluster."""
+
+    rank: int
+    restarts: int
+    reason: str
+    renew_cluster: bool = False
+
+
+@dataclass(frozen=True)
+class KillWorker:
+    """Kill ``rank``'s process ``pid`` (SIGKILL: it is not asked, its state is in the agent's memory)."""
+
+    rank: int
+    pid: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class ReportExit:
+    """Tell the controller that ``rank``'s process ``pid`` exited; ``will_restart`` False: for good."""
+
+    rank: int
+    returncode: int
+    pid: int
+    will_restart: bool
+
+
+@dataclass(frozen=True)
+class AbortJob:
+    """This node fails the job: every rank is stopped and the node exits with ``exit_code`` (None:
+    from the controller's verdict and the ranks' codes, as :func:`job_exit_code` combines them)."""
+
+    reason: str
+    exit_code: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Say:
+    """One line for the people watching the launcher."""
+
+    text: str
+
+
+AgentEffect = Union[StartWorker, KillWorker, ReportExit, AbortJob, Say]
+
+
+@dataclass(frozen=True)
+class Ending:
+    """The node's part of the job is over: stop what still runs (``stop_running``), write the
+    dying-gasp checkpoints of ranks without a process, then exit with :meth:`NodePolicy.exit_code`.
+    ``controller``: the verdict the exit code starts from (None: the ranks' codes alone);
+    ``code``: the exit code regardless of the ranks' (an unprotected job's failed rank)."""
+
+    controller: Optional[int] = None
+    stop_running: bool = False
+    reason: str = ""
+    code: Optional[int] = None
+
+
+class WorkerPhase(enum.Enum):
+    """Where one local rank's process is, as the policy sees it."""
+
+    RUNNING = "running"
+    AWAITING_START = "awaiting_start"  # gone; its state is in the agent's memory; the controller starts it
+    FINAL = "final"                    # gone for good (done, dumped, out of restarts, stopped)
+
+
+@dataclass
+class Worker:
+    """The policy's record of one local rank."""
+
+    rank: int
+    phase: WorkerPhase = WorkerPhase.RUNNING
+    pid: Optional[int] = None       # its running process (None: none)
+    restarts: int = 0               # processes started after the first
+    crashes: int = 0                # exits the controller did not order (bounded by max_restarts)
+    returncode: Optional[int] = None
+    stop_ordered: bool = False      # killed on the controller's order, to wait for its START
+
+    @property
+    def final(self) -> bool:
+        return self.phase is WorkerPhase.FINAL
+
+    @property
+    def awaiting_start(self) -> bool:
+        return self.phase is WorkerPhase.AWAITING_START
+
+
+@dataclass
+class NodePolicy:
+    """The rules of one node agent (see the module docstring); every input carries ``now``.
+
+    ``protected``: fault tolerance is on (off: a failed rank ends the job, as under msrun).
+    ``reports``: the controller wants exit reports (not with MindIO's controller, which notices a
+    lost rank by its heartbeats). ``runs_controller``: the job's controller runs in this agent, so
+    when it finishes the node waits for its ranks to dump and exit.
+    """
+
+    ranks: Sequence[int]
+    max_restarts: int
+    protected: bool = True
+    reports: bool = True
+    runs_controller: bool = False
+    view: Optional[JobView] = None  # the job as the controller last described it (None: not heard yet)
+    interrupted: bool = False       # a signal asked this node to stop
+    cluster_intact: bool = True     # MindSpore's scheduler still serves the workers it formed
+    workers: dict[int, Worker] = field(default_factory=dict)
+    failure: Optional[AbortJob] = None
+    _controller_done_at: Optional[float] = None
+    _all_exited_at: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        self.workers = {rank: Worker(rank) for rank in self.ranks}
+
+    # ---- the job's view ---------------------------------------------------------------------
+
+    @property
+    def restart_all(self) -> bool:
+        return self.view is not None and self.view.restart_all
+
+    @property
+    def job_over(self) -> bool:
+        return self.view is not None and self.view.state in _TERMINAL
+
+    @property
+    def before_start(self) -> bool:
+        return self.view is not None and self.view.state is JobState.STARTING
+
+    def on_view(self, view: JobView) -> None:
+        """The controller's view of the job (on every transition, and on each hello)."""
+        self.view = view
+
+    # ---- processes ----------------------------------------------------------------------------
+
+    def started(self, rank: int, pid: int) -> None:
+        """The agent started ``rank``'s process ``pid``."""
+        worker = self.workers[rank]
+        worker.phase, worker.pid, worker.returncode, worker.stop_ordered = WorkerPhase.RUNNING, pid, None, False
+
+    def running(self) -> list[int]:
+        return [r for r, w in self.workers.items() if w.pid is not None]
+
+    def on_exit(self, rank: int, code: int) -> list[AgentEffect]:
+        """``rank``'s process exited with ``code``: restart it here, wait for the controller's
+        START, or let it go; report it to the controller unless the job cannot use the report."""
+        worker = self.workers[rank]
+        pid = worker.pid or 0
+        worker.pid, worker.returncode = None, code
+        out: list[AgentEffect] = [Say(f"rank {rank} (pid {pid}) {describe_exit(code)}")]
+        if code == ExitCode.OK or self.interrupted:
+            worker.phase = WorkerPhase.FINAL
+            return out
+        if not self.protected:
+            # Nothing can restore an unprotected rank: stop the job as msrun does.
+            worker.phase = WorkerPhase.FINAL
+            if self.failure is None:
+                self.failure = AbortJob("a rank failed and fault tolerance is off", exit_code=job_exit_code(None, [code]))
+                out.append(self.failure)
+            return out
+        self.cluster_intact = False  # the cluster lost a worker for good
+        if code == ExitCode.LEFT_DEVICE or worker.stop_ordered:
+            worker.phase = WorkerPhase.AWAITING_START
+            what = "left its device for a hot reset" if code == ExitCode.LEFT_DEVICE else "stopped"
+            out.append(Say(f"rank {rank} {what}; it starts again when the controller says"))
+            return out + self._report(rank, code, pid, will_restart=True)
+        if code in _STOPPED_ON_PURPOSE:
+            worker.phase = WorkerPhase.FINAL
+            if self.view is not None and not self.job_over:
+                # It gave up on its own (not on the controller's order): fail now, not after
+                # timeouts.repair, so the other ranks dump while their state is fresh.
+                out += self._report(rank, code, pid, will_restart=False)
+            return out
+        if self.before_start:
+            # A rank that dies before every rank registered fails the same way again (a bad
+            # script, a missing module): restarting it only hides the error.
+            worker.phase = WorkerPhase.FINAL
+            return out + self._abort(f"rank {rank} {describe_exit(code)} before the job started; not "
+                                     f"restarting it: see its log")
+        if self.job_over:
+            worker.phase = WorkerPhase.FINAL
+            return out + [Say(f"not restarting rank {rank}: the job is over")]
+        worker.crashes += 1
+        if worker.crashes > self.max_restarts:
+            worker.phase = WorkerPhase.FINAL
+            out.append(Say(f"not restarting rank {rank}: it used all {self.max_restarts} restarts"))
+            # Fail the job now instead of after timeouts.repair: the healthy ranks dump.
+            return out + self._report(rank, code, pid, will_restart=False)
+        if self.restart_all:
+            # Its peers cannot go on without it: the controller restarts every worker together.
+            worker.phase = WorkerPhase.AWAITING_START
+            return out + self._report(rank, code, pid, will_restart=True)
+        worker.restarts += 1
+        out += self._report(rank, code, pid, will_restart=True)
+        # Whether the new process finds its state (a peer replica) is the rank's to say.
+        return out + [StartWorker(rank, worker.restarts, f"restarting rank {rank} (restart {worker.crashes}/"
+                                                        f"{self.max_restarts})")]
+
+    def on_order(self, order: RankOrder) -> list[AgentEffect]:
+        """The controller's order for one of this node's ranks. Orders may come twice (again on
+        each hello while pending): one that no longer applies is ignored."""
+        worker = self.workers.get(order.rank)
+        if worker is None:
+            return [Say(f"the controller addressed rank {order.rank} to this node, which does not run it")]
+        if order.kind is OrderKind.KILL:
+            if worker.pid is None or (order.pid and order.pid != worker.pid):
+                return []  # gone already, or a newer process than the one meant
+            worker.stop_ordered = worker.stop_ordered or not order.restart
+            then = "so it can restart" if order.restart else "(it starts again when the controller says)"
+            return [Say(f"controller: rank {order.rank} (pid {worker.pid}): {order.reason}; killing it {then}"),
+                    KillWorker(order.rank, worker.pid, order.reason)]
+        if worker.pid is not None or not worker.awaiting_start or self.interrupted:
+            return []
+        if worker.crashes > self.max_restarts:
+            worker.phase = WorkerPhase.FINAL
+            return ([Say(f"not starting rank {order.rank}: it crashed {worker.crashes} times (--max-restarts "
+                         f"{self.max_restarts})")]
+                    + self._report(order.rank, worker.returncode or ExitCode.FAILED, 0, will_restart=False))
+        worker.restarts += 1
+        renew = self.restart_all and not self.cluster_intact and not self.running()
+        if renew:
+            self.cluster_intact = True
+        return [StartWorker(order.rank, worker.restarts, f"controller: {order.reason}: starting rank {order.rank} "
+                                                         f"(restart {worker.restarts})", renew_cluster=renew)]
+
+    def on_scheduler_exit(self, code: int, why: str, log_path: str) -> list[AgentEffect]:
+        """MindSpore's scheduler exited: a failure while ranks still need it fails the job at once."""
+        if code == ExitCode.OK or all(w.final for w in self.workers.values()):
+            return [Say(f"MindSpore's scheduler {describe_exit(code)}")]
+        hint = ("; a script that never calls mindspore.communication.init() runs with --no-scheduler"
+                if "timed out" in why or "not successfully spawned" in why else "")
+        return self._abort(f"MindSpore's scheduler {describe_exit(code)}: the ranks cannot communicate without it "
+                           f"({why or 'no error line in its log'}); see {log_path}{hint}")
+
+    def abort(self, reason: str) -> list[AgentEffect]:
+        """The agent itself cannot go on (a dead watcher, a node that cannot rejoin)."""
+        return self._abort(reason)
+
+    # ---- a node that replaces a lost one --------------------------------------------------------
+
+    @staticmethod
+    def replaces_lost_node(state: JobState, known_ranks: Iterable[int], local_ranks: Iterable[int]) -> bool:
+        """An agent that starts while the job already runs with its ranks replaces a lost node."""
+        return state not in (JobState.STARTING, *_TERMINAL) and bool(set(known_ranks) & set(local_ranks))
+
+    def rejoin(self, incarnations: dict[int, int]) -> list[AgentEffect]:
+        """After reporting the lost node (:meth:`replaces_lost_node`): start its ranks as new
+        incarnations, now, or with every worker on the controller's order; none if the job ended."""
+        if self.view is not None and self.view.state in _TERMINAL:
+            for worker in self.workers.values():
+                worker.phase = WorkerPhase.FINAL
+            return self._abort(f"the job ended before this node's ranks could rejoin it: {self.view.reason}")
+        out: list[AgentEffect] = []
+        for rank, worker in self.workers.items():
+            worker.restarts = incarnations.get(rank, 0)
+            worker.phase = WorkerPhase.AWAITING_START
+            if not self.restart_all:
+                worker.restarts += 1
+                out.append(StartWorker(rank, worker.restarts, f"rank {rank} rejoins the job on this node"))
+        if self.restart_all:
+            out.append(Say(f"rank(s) {list(self.workers)} start with every worker, when the controller says"))
+        return out
+
+    # ---- the end -------------------------------------------------------------------------------
+
+    def ending(self, now: float, controller: Optional[int]) -> Optional[Ending]:
+        """Whether the node's part of the job is over at ``now``; ``controller`` is the exit code
+        of the controller this agent runs once it finished (None: none, or still running)."""
+        running = self.running()
+        if self.failure is not None:
+            if self.failure.exit_code is not None:
+                return Ending(stop_running=bool(running), reason=self.failure.reason, code=self.failure.exit_code)
+            return Ending(ExitCode.FAILED, stop_running=bool(running), reason=self.failure.reason)
+        if controller is not None:
+            if self._controller_done_at is None:
+                self._controller_done_at = now
+            if not running:
+                return Ending(controller)
+            if now - self._controller_done_at > DUMP_GRACE_PERIOD:
+                return Ending(controller, stop_running=True,
+                              reason=f"rank(s) {running} still running {DUMP_GRACE_PERIOD:g}s after the "
+                                     f"controller finished")
+            return None
+        if running or not all(w.final for w in self.workers.values()):
+            self._all_exited_at = None
+            return None
+        if self.before_start and self.runs_controller:
+            self._abort("every rank exited before registering with the controller: does the script use mindft "
+                        "(mindft.mindspore.train, FaultTolerantLoop)?")
+            return Ending(ExitCode.FAILED, reason=self.failure.reason)
+        if not self.runs_controller:
+            return Ending()
+        # Every rank is gone: the controller's verdict should follow at once.
+        if self._all_exited_at is None:
+            self._all_exited_at = now
+        if now - self._all_exited_at > CONTROLLER_FINISH_TIMEOUT:
+            return Ending(reason=f"every rank exited but the controller has no result after "
+                                 f"{CONTROLLER_FINISH_TIMEOUT:g}s", code=job_exit_code(None, self.final_codes())
+                          or ExitCode.FAILED)
+        return None
+
+    def exit_code(self, ending: Ending) -> int:
+        """The node's exit code once ``ending`` was carried out (every rank's final code known)."""
+        if ending.code is not None:
+            return ending.code
+        return job_exit_code(ending.controller, self.final_codes())
+
+    def stopped(self, rank: int, code: int) -> None:
+        """``rank``'s process exited as the node stopped everything: no decision, only its code."""
+        worker = self.workers[rank]
+        worker.pid, worker.returncode, worker.phase = None, code, WorkerPhase.FINAL
+
+    def give_up_waiting(self) -> None:
+        """No START will come (MindIO's stand-in failed the episode): ranks waiting for one are final."""
+        for worker in self.workers.values():
+            if worker.awaiting_start:
+                worker.phase = WorkerPhase.FINAL
+
+    def without_process(self) -> list[int]:
+        """Ranks waiting for a start that will not come now the job ended: the agent writes their
+        dying-gasp checkpoints from its memory (:meth:`dumped` records how that went)."""
+        return [r for r, w in self.workers.items() if w.awaiting_start and w.pid is None]
+
+    def dumped(self, rank: int, ok: bool) -> None:
+        worker = self.workers[rank]
+        worker.phase, worker.returncode = WorkerPhase.FINAL, ExitCode.DUMPED if ok else ExitCode.DUMP_FAILED
+
+    def final_codes(self) -> list[Optional[int]]:
+        return [w.returncode for w in self.workers.values()]
+
+    # ---- helpers --------------------------------------------------------------------------------
+
+    def _report(self, rank: int, code: int, pid: int, will_restart: bool) -> list[AgentEffect]:
+        return [ReportExit(rank, code, pid, will_restart)] if self.reports else []
+
+    def _abort(self, reason: str) -> list[AgentEffect]:
+        if self.failure is not None:
+            return []
+        self.failure = AbortJob(reason)
+        return [self.failure]
+
+
+@dataclass
+class WatcherSupervision:
+    """The reset-file watcher thread is restarted when it dies, ``delay`` seconds later, up to
+    ``max_restarts`` times; then the job fails, as device faults would go unseen."""
+
+    delay: float = WATCHER_RESTART_DELAY
+    max_restarts: int = WATCHER_MAX_RESTARTS
+    restarts: int = 0
+    died_at: Optional[float] = None
+
+    def on_dead(self, now: float) -> Union[str, bool]:
+        """The watcher is found dead at ``now``: True to restart it now, False to wait, or the
+        reason to fail the job."""
+        if self.restarts >= self.max_restarts:
+            return f"the reset-file watcher died {self.restarts + 1} times; device faults can no longer be seen"
+        if self.died_at is None:
+            self.died_at = now
+        if now - self.died_at < self.delay:
+            return False
+        self.restarts += 1
+        self.died_at = None
+        return True

@@ -1,0 +1,209 @@
+"""The node agent's rules (mindft.flow.agent), as tables: an exit or an order, the job's view,
+and what the agent must do. No process is started."""
+from __future__ import annotations
+
+from typing import Optional
+
+import pytest
+
+from mindft.exitcodes import ExitCode
+from mindft.flow.agent import (CONTROLLER_FINISH_TIMEOUT, DUMP_GRACE_PERIOD, AbortJob, KillWorker, NodePolicy,
+                               ReportExit, Say, StartWorker, WatcherSupervision, WorkerPhase, job_exit_code)
+from mindft.protocol import JobState, JobView, OrderKind, RankOrder
+
+S = JobState
+
+
+def policy(view: Optional[JobView] = JobView(S.NORMAL), max_restarts: int = 2, **kwargs) -> NodePolicy:
+    node = NodePolicy((0, 1), max_restarts, **kwargs)
+    for rank in (0, 1):
+        node.started(rank, 100 + rank)
+    if view is not None:
+        node.on_view(view)
+    return node
+
+
+def decisions(effects: list) -> list:
+    """The effects without the lines for people."""
+    return [e for e in effects if not isinstance(e, Say)]
+
+
+@pytest.mark.parametrize("view, code, kwargs, expected, phase", [
+    # a clean exit, or any exit once a signal stops the node: nothing to decide
+    (JobView(S.NORMAL), 0, {}, [], WorkerPhase.FINAL),
+    # a crash: restarted here at once, and reported so the job counts the fault
+    (JobView(S.NORMAL), -9, {}, [ReportExit(1, -9, 101, True), StartWorker(1, 1, "")], WorkerPhase.RUNNING),
+    # a crash where a restarted process cannot rejoin the collectives: the job restarts every worker
+    (JobView(S.NORMAL, restart_all=True), -9, {}, [ReportExit(1, -9, 101, True)], WorkerPhase.AWAITING_START),
+    # it left its device for a hot reset: back when the controller says (its device is back)
+    (JobView(S.REPAIRING), ExitCode.LEFT_DEVICE, {}, [ReportExit(1, ExitCode.LEFT_DEVICE, 101, True)],
+     WorkerPhase.AWAITING_START),
+    # it dumped on its own while the job goes on: fail the job now, the others dump while fresh
+    (JobView(S.NORMAL), ExitCode.DUMPED, {}, [ReportExit(1, ExitCode.DUMPED, 101, False)], WorkerPhase.FINAL),
+    # it dumped because the job failed: nothing to report
+    (JobView(S.FAILED), ExitCode.DUMPED, {}, [], WorkerPhase.FINAL),
+    # a crash before every rank registered would crash again: the job fails
+    (JobView(S.STARTING), 1, {}, [AbortJob("")], WorkerPhase.FINAL),
+    # a crash after the job ended: not restarted
+    (JobView(S.DONE), -9, {}, [], WorkerPhase.FINAL),
+    # no view yet (a node whose link is still connecting): a crash is restarted
+    (None, 1, {}, [ReportExit(1, 1, 101, True), StartWorker(1, 1, "")], WorkerPhase.RUNNING),
+    # unprotected: a failed rank ends the job as under msrun, with its code
+    (None, 1, dict(protected=False, reports=False), [AbortJob("", exit_code=1)], WorkerPhase.FINAL),
+    # MindIO's controller notices a lost rank itself: no report
+    (JobView(S.NORMAL), -9, dict(reports=False), [StartWorker(1, 1, "")], WorkerPhase.RUNNING),
+])
+def test_a_worker_exit(view, code, kwargs, expected, phase) -> None:
+    node = policy(view, **kwargs)
+    got = decisions(node.on_exit(1, code))
+    assert [_shape(e) for e in got] == [_shape(e) for e in expected]
+    assert node.workers[1].phase is phase
+
+
+def _shape(effect):
+    """An effect without its words (reasons are for people; the table checks decisions)."""
+    if isinstance(effect, StartWorker):
+        return (StartWorker, effect.rank, effect.restarts, effect.renew_cluster)
+    if isinstance(effect, AbortJob):
+        return (AbortJob, effect.exit_code)
+    return effect
+
+
+def test_crashes_are_bounded_by_max_restarts_then_the_job_is_told_it_lost_the_rank() -> None:
+    node = policy(max_restarts=2)
+    for restart in (1, 2):
+        assert StartWorker in {type(e) for e in node.on_exit(1, -9)}
+        node.started(1, 200 + restart)
+    last = decisions(node.on_exit(1, -9))
+    assert last == [ReportExit(1, -9, 202, False)] and node.workers[1].final
+
+
+def test_crashes_count_across_restarts_of_every_worker() -> None:
+    node = policy(JobView(S.NORMAL, restart_all=True), max_restarts=1)
+    node.on_exit(1, -9)
+    assert decisions(node.on_order(RankOrder(1, OrderKind.START, "every worker restarts")))[0].restarts == 1
+    node.started(1, 300)
+    assert decisions(node.on_exit(1, -9)) == [ReportExit(1, -9, 300, False)] and node.workers[1].final
+
+
+@pytest.mark.parametrize("order, expected", [
+    (RankOrder(1, OrderKind.KILL, "HANG", pid=101, restart=True), [KillWorker(1, 101, "HANG")]),
+    (RankOrder(1, OrderKind.KILL, "HANG", pid=0, restart=True), [KillWorker(1, 101, "HANG")]),
+    (RankOrder(1, OrderKind.KILL, "an older process", pid=55), []),  # a newer process is left alone
+    (RankOrder(1, OrderKind.START, "not stopped"), []),              # running: a late or repeated order
+    (RankOrder(7, OrderKind.KILL, "not ours", pid=7), []),
+])
+def test_an_order_for_a_running_worker(order, expected) -> None:
+    assert decisions(policy().on_order(order)) == expected
+
+
+def test_a_kill_without_restart_waits_for_the_start_and_a_repeated_start_is_ignored() -> None:
+    node = policy(JobView(S.REPAIRING, restart_all=True))
+    assert decisions(node.on_order(RankOrder(1, OrderKind.KILL, "every worker restarts", pid=101))) == [
+        KillWorker(1, 101, "every worker restarts")]
+    assert decisions(node.on_exit(1, -9)) == [ReportExit(1, -9, 101, True)]
+    assert node.workers[1].awaiting_start and node.workers[1].crashes == 0  # ordered: not a crash
+    started = decisions(node.on_order(RankOrder(1, OrderKind.START, "go")))
+    assert [_shape(e) for e in started] == [(StartWorker, 1, 1, False)]
+    node.started(1, 400)
+    assert decisions(node.on_order(RankOrder(1, OrderKind.START, "go"))) == []
+
+
+def test_the_first_start_of_a_restart_of_every_worker_renews_the_cluster() -> None:
+    node = policy(JobView(S.REPAIRING, restart_all=True))
+    for rank in (0, 1):
+        node.on_order(RankOrder(rank, OrderKind.KILL, "every worker restarts", pid=100 + rank))
+        node.on_exit(rank, -9)
+    first = decisions(node.on_order(RankOrder(0, OrderKind.START, "go")))
+    node.started(0, 500)
+    second = decisions(node.on_order(RankOrder(1, OrderKind.START, "go")))
+    assert [_shape(e) for e in first + second] == [(StartWorker, 0, 1, True), (StartWorker, 1, 1, False)]
+
+
+def test_no_start_while_the_node_is_interrupted() -> None:
+    node = policy(JobView(S.REPAIRING))
+    node.on_exit(1, ExitCode.LEFT_DEVICE)
+    node.interrupted = True
+    assert decisions(node.on_order(RankOrder(1, OrderKind.START, "device back"))) == []
+
+
+@pytest.mark.parametrize("code, all_final, aborts", [(0, False, False), (1, True, False), (1, False, True)])
+def test_a_scheduler_that_fails_while_ranks_need_it_fails_the_job(code, all_final, aborts) -> None:
+    node = policy()
+    if all_final:
+        for rank in (0, 1):
+            node.on_exit(rank, 0)
+    effects = node.on_scheduler_exit(code, "Cluster topology timed out", "/logs/scheduler.log")
+    assert any(isinstance(e, AbortJob) for e in effects) is aborts
+    if aborts:
+        assert "--no-scheduler" in node.failure.reason  # a timeout hints at a script without init()
+
+
+def test_a_replacement_node_rejoins_now_or_with_every_worker_or_not_at_all() -> None:
+    assert NodePolicy.replaces_lost_node(S.REPAIRING, {0, 1, 2, 3}, [2, 3])
+    assert not NodePolicy.replaces_lost_node(S.STARTING, {0, 1, 2, 3}, [2, 3])
+    assert not NodePolicy.replaces_lost_node(S.NORMAL, {0, 1}, [2, 3])
+    alone = NodePolicy((2, 3), 3, view=JobView(S.REPAIRING))
+    assert [_shape(e) for e in decisions(alone.rejoin({2: 1, 3: 0}))] == [(StartWorker, 2, 2, False),
+                                                                          (StartWorker, 3, 1, False)]
+    together = NodePolicy((2, 3), 3, view=JobView(S.REPAIRING, restart_all=True))
+    assert decisions(together.rejoin({2: 1, 3: 0})) == [] and all(w.awaiting_start for w in together.workers.values())
+    ended = NodePolicy((2, 3), 3, view=JobView(S.FAILED, reason="no common step"))
+    assert [_shape(e) for e in ended.rejoin({})] == [(AbortJob, None)]
+    assert "no common step" in ended.failure.reason
+
+
+def test_the_node_ends_when_its_ranks_are_final_and_waits_for_its_controllers_verdict() -> None:
+    node = policy(runs_controller=True)
+    for rank in (0, 1):
+        node.on_exit(rank, 0)
+    assert node.ending(10.0, None) is None  # the controller's verdict follows
+    assert node.ending(10.0 + CONTROLLER_FINISH_TIMEOUT + 1, None).reason.startswith("every rank exited")
+    assert node.exit_code(node.ending(11.0, ExitCode.OK)) == ExitCode.OK
+    other = policy()
+    for rank in (0, 1):
+        other.on_exit(rank, 0)
+    assert other.exit_code(other.ending(0.0, None)) == ExitCode.OK
+
+
+def test_ranks_still_running_after_the_controller_finished_are_stopped_after_a_grace_period() -> None:
+    node = policy(runs_controller=True)
+    assert node.ending(0.0, ExitCode.FAILED) is None
+    ending = node.ending(DUMP_GRACE_PERIOD + 1.0, ExitCode.FAILED)
+    assert ending.stop_running
+    for rank in (0, 1):
+        node.stopped(rank, ExitCode.DUMPED)
+    assert node.exit_code(ending) == ExitCode.DUMPED
+
+
+def test_ranks_without_a_process_when_the_job_failed_are_dumped_by_the_agent() -> None:
+    node = policy(JobView(S.REPAIRING))
+    node.on_exit(1, ExitCode.LEFT_DEVICE)
+    node.on_exit(0, ExitCode.DUMPED)
+    assert node.without_process() == [1]
+    node.dumped(1, ok=False)
+    assert node.exit_code(node.ending(0.0, None)) == ExitCode.DUMP_FAILED
+
+
+def test_every_rank_exiting_before_it_registered_fails_at_once_on_node_0() -> None:
+    node = policy(JobView(S.STARTING), runs_controller=True)
+    for rank in (0, 1):
+        node.on_exit(rank, 0)
+    ending = node.ending(0.0, None)
+    assert ending is not None and "does the script use mindft" in ending.reason
+    assert node.exit_code(ending) == ExitCode.FAILED
+
+
+@pytest.mark.parametrize("controller, codes, expected", [
+    (0, [0, 0], 0), (None, [3, 3], 3), (1, [3, 4], 4), (1, [0, -9], 1), (None, [0, -9], 137), (None, [0, 3], 3),
+    (1, [3, 3], 3),
+])
+def test_job_exit_code(controller, codes, expected) -> None:
+    assert job_exit_code(controller, codes) == expected
+
+
+def test_a_dead_watcher_is_restarted_after_a_delay_then_given_up() -> None:
+    watch = WatcherSupervision(delay=1.0, max_restarts=2)
+    assert watch.on_dead(0.0) is False and watch.on_dead(0.5) is False and watch.on_dead(1.0) is True
+    assert watch.on_dead(5.0) is False and watch.on_dead(6.0) is True
+    assert "died 3 times" in watch.on_dead(9.0)
