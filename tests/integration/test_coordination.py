@@ -29,7 +29,8 @@ from mindft.exitcodes import ExitCode
 from mindft.flow import DeviceFailed, DeviceFaulty, DeviceRecovered, JobState
 from mindft.keys import generate_keys, secure_client
 from mindft.processor import Processor, ProcessorError
-from mindft.protocol import (ActionKind, FaultKind, InjectRequest, ProcessExit, Register, RegisterAck, StatusReply,
+from mindft.protocol import (ActionKind, FaultKind, InjectRequest, OrderKind, ProcessExit, RankOrder, Register,
+                             RegisterAck, StatusReply,
                              StatusRequest, decode, encode)
 
 from launched import end_job
@@ -66,7 +67,8 @@ class Job:
             generate_keys(self.key_file)
         self.config = MindftConfig(world_size=world_size, controller_port=0, insecure=not secure,
                                    key_file=self.key_file, timeouts=timeouts)
-        self.controller = Controller(self.config, on_start=self._start_again)
+        self.controller = Controller(self.config)
+        self.controller.attach_agent(0, tuple(range(world_size)), self._on_order)
         self.port = int(self.controller.endpoint.rsplit(":", 1)[1])
         self.config = dataclasses.replace(self.config, controller_port=self.port)  # for clients
         self.procs: dict[int, subprocess.Popen] = {}
@@ -96,9 +98,10 @@ class Job:
         self.incarnations[rank] = restart_count
         return proc
 
-    def _start_again(self, rank: int, reason: str) -> None:
-        """The launcher's part after a hot reset: a new incarnation of a rank that left its device."""
-        self.spawn(rank, restart_count=self.incarnations.get(rank, 0) + 1)
+    def _on_order(self, message) -> None:
+        """The node agent's part after a hot reset: a new incarnation of a rank that left its device."""
+        if isinstance(message, RankOrder) and message.kind is OrderKind.START:
+            self.spawn(message.rank, restart_count=self.incarnations.get(message.rank, 0) + 1)
 
     def spawn_all(self, **per_rank: dict[str, str]) -> None:
         for rank in range(self.world_size):
