@@ -19,7 +19,8 @@ from typing import Any, Optional, Sequence
 
 import click
 
-from mindft.config import BackendChoice, ConfigError, MindftConfig, check_launchable, choose_backend, load_config
+from mindft.config import ConfigError, MindftConfig, load_config
+from mindft.preflight import BackendChoice, check_launchable, choose_backend
 from mindft.exitcodes import ExitCode
 
 EXIT_OK = ExitCode.OK
