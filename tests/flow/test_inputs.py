@@ -3,8 +3,12 @@ from __future__ import annotations
 
 import pytest
 
+from mindft.config import Timeouts
+from mindft.flow.effects import Send
 from mindft.flow.inputs import DeviceFailed, DeviceFaulty, DeviceRecovered, HoldRepairs, RollbackAll, StopJob, from_wire
-from mindft.protocol import DeviceEvent, DeviceStatus
+from mindft.flow.job import Job
+from mindft.flow.states import JobState
+from mindft.protocol import DeviceEvent, DeviceStatus, Register, Reply
 
 
 @pytest.mark.parametrize("message, expected", [
@@ -36,3 +40,26 @@ def test_the_readers_meanings_are_the_flows_inputs() -> None:
     assert RollbackAll.process_fault(4, True, 2) == RollbackAll("clusterd reported a fault of rank 4", 4, True, 2)
     assert RollbackAll.restart_all(5).rank == -1
     assert StopJob.graceful_exit().reason == "Volcano asked every training process to exit (GracefulExit)"
+
+
+def _job_with_two_ranks() -> Job:
+    job = Job(2, Timeouts(), 0.0)
+    for rank in (0, 1):
+        job.handle(f"rank{rank}".encode(), Register(rank, 0, 100 + rank, (0,)), 0.0)
+    assert job.state is JobState.NORMAL
+    return job
+
+
+@pytest.mark.parametrize("message, state, reply", [
+    (DeviceEvent(1, DeviceStatus.FAULTY, "0x80E01801", "reset", request_id=7), JobState.PAUSING,
+     Reply(True, "faulty event for rank 1", 7)),
+    (DeviceEvent(1, DeviceStatus.FAILED, reason="isolated", request_id=8), JobState.FAILED,
+     Reply(True, "failed event for rank 1", 8)),
+    (DeviceEvent(5, DeviceStatus.FAULTY, request_id=9), JobState.NORMAL, Reply(False, "no rank 5", 9)),
+])
+def test_the_job_acts_on_a_wire_device_event_as_on_the_input(message: DeviceEvent, state: JobState,
+                                                             reply: Reply) -> None:
+    job = _job_with_two_ranks()
+    out = job.handle(b"cli", message, 1.0)
+    assert job.state is state
+    assert Send(b"cli", reply) in out
