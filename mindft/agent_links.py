@@ -97,9 +97,7 @@ class ControllerHost:
             raise
 
     def _on_reset_event(self, event: Any) -> None:
-        from mindft.resetwatch import flow_inputs
-        for item in flow_inputs(event):
-            self.controller.on_device_event(item)
+        self.controller.on_device_event(event)  # the watcher speaks the flow's inputs
 
     def check_watcher(self, now: float) -> Optional[str]:
         """Restart a watcher thread that died; the reason to fail the job once it died too often."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 import os
 import signal
@@ -19,8 +20,10 @@ from typing import Any, Optional, Sequence
 
 import click
 
-from mindft.config import BackendChoice, ConfigError, MindftConfig, check_launchable, choose_backend, load_config
+from mindft.config import ConfigError, MindftConfig, load_config
 from mindft.exitcodes import ExitCode
+from mindft.plugin_sim import device_script
+from mindft.preflight import BackendChoice, check_launchable, choose_backend
 
 EXIT_OK = ExitCode.OK
 EXIT_FAILED = ExitCode.FAILED
@@ -298,28 +301,6 @@ def _rank_list(ranks: Sequence[int], limit: int = 16) -> str:
 FAULTS = ("hot-reset", "uce", "kill", "hang")
 
 
-def _write_plugin_episode(path: Path, ranks: Sequence[int], status: str, error_code: int, policy: str) -> None:
-    """Write the reset file as the device plugin does for ``ranks`` of one node.
-
-    The list holds only this node's ranks (it replaces whatever another node wrote); an
-    ``unrecovered`` write opens a new episode (``RetryTime`` + 1), the outcome keeps it.
-    A failed reset is written with policy ``isolate``, as the plugin does.
-    """
-    from mindft.resetwatch import (POLICY_ISOLATE, STATUS_FAILED, STATUS_UNRECOVERED, ResetFileError,
-                                   fault_state, read_reset_file, write_reset_file)
-
-    try:
-        retry_time = read_reset_file(path).retry_time
-    except (OSError, ResetFileError):
-        retry_time = 0
-    if status == STATUS_UNRECOVERED:
-        retry_time += 1
-    written_policy = POLICY_ISOLATE if status == STATUS_FAILED else policy
-    state = fault_state(ranks, status, error_code=error_code, policy=written_policy, retry_time=retry_time,
-                        initial_policy=policy)
-    write_reset_file(path, state, restart_type="hotReset")
-
-
 def _emit(as_json: bool, event: str, **fields: Any) -> None:
     if as_json:
         click.echo(json.dumps({"event": event, "time": round(time.time(), 3), **fields}))
@@ -327,48 +308,6 @@ def _emit(as_json: bool, event: str, **fields: Any) -> None:
         details = ", ".join(f"{key} {value}" for key, value in fields.items() if key != "rank")
         rank = fields.get("rank")
         click.echo(f"device plugin: rank {rank} {event}" + (f" ({details})" if details else ""))
-
-
-def _device_script(reset_file: Path, ranks: Sequence[int], delay: float, hold: float, outcome: Optional[str],
-                   error_code: int, policy: str, as_json: bool, pids: Optional[dict[int, int]] = None,
-                   process_deadline: float = 60.0) -> None:
-    """faulty → (the chip's processes gone) → wait ``hold`` → ``outcome`` for every rank, written as
-    the device plugin writes it. With ``pids`` (rank → pid on the chip) the reset waits, as the
-    plugin's does, until those processes exited, and fails the chip (``failed``, ``isolate``) if
-    they are still there after ``process_deadline`` seconds."""
-    from mindft.resetwatch import STATUS_FAILED, STATUS_UNRECOVERED
-
-    if delay > 0:
-        time.sleep(delay)
-    _write_plugin_episode(reset_file, ranks, STATUS_UNRECOVERED, error_code, policy)
-    for rank in ranks:
-        _emit(as_json, "unrecovered", rank=rank, error=f"0x{error_code:08X}", policy=policy, file=str(reset_file))
-    if outcome is None:
-        return
-    on_chip = {rank: pid for rank, pid in (pids or {}).items() if rank in ranks}
-    deadline = time.monotonic() + process_deadline
-    while any(_process_alive(pid) for pid in on_chip.values()):
-        if time.monotonic() > deadline:
-            _write_plugin_episode(reset_file, ranks, STATUS_FAILED, error_code, "isolate")
-            for rank, pid in sorted(on_chip.items()):
-                _emit(as_json, STATUS_FAILED, rank=rank, policy="isolate", file=str(reset_file),
-                      why=f"process {pid} still on the chip after {process_deadline:g} s")
-            return
-        time.sleep(0.05)
-    for rank, pid in sorted(on_chip.items()):
-        _emit(as_json, "process left the chip", rank=rank, pid=pid)
-    time.sleep(hold)
-    _write_plugin_episode(reset_file, ranks, outcome, error_code, policy)
-    for rank in ranks:
-        _emit(as_json, outcome, rank=rank, file=str(reset_file))
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def _job_pids(job: Optional[Path]) -> Optional[dict[int, int]]:
@@ -411,8 +350,8 @@ def inject(rank: int, fault: str, reset_file: Optional[Path], recover_after: flo
     if fault == "hot-reset":
         path = reset_file or target.reset_file
         try:
-            _device_script(path, [rank], 0.0, recover_after, None if no_recover else "recovered",
-                           _error_code(error_code), policy, as_json)
+            device_script(path, [rank], 0.0, recover_after, None if no_recover else "recovered",
+                          _error_code(error_code), policy, functools.partial(_emit, as_json))
         except OSError as error:
             click.echo(f"mindft: cannot write the reset file {path}: {error}", err=True)
             sys.exit(EXIT_FAILED)
@@ -488,8 +427,9 @@ def simulate_device_plugin(ranks: Sequence[int], reset_file: Optional[Path], job
     """
     path = reset_file or _target(job, None, None, False).reset_file
     try:
-        _device_script(path, sorted(set(ranks)), delay, hold, None if outcome == "none" else outcome,
-                       _error_code(error_code), policy, as_json, _job_pids(job), process_deadline)
+        device_script(path, sorted(set(ranks)), delay, hold, None if outcome == "none" else outcome,
+                      _error_code(error_code), policy, functools.partial(_emit, as_json), _job_pids(job),
+                      process_deadline)
     except OSError as error:
         click.echo(f"mindft: cannot write the reset file {path}: {error}", err=True)
         sys.exit(EXIT_FAILED)

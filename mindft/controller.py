@@ -23,13 +23,14 @@ from typing import Any, Callable, Optional, Union
 import zmq
 
 from mindft import channel
-from mindft.config import ConfigError, MindftConfig, ato_failure_rate, load_config
+from mindft.config import ConfigError, MindftConfig, load_config
 from mindft.exitcodes import ExitCode
 from mindft.flow.cadence import Budget
 from mindft.flow import (Broadcast, DeviceInput, Effect, Finish, Job, JobState, KillRank, ProcessExited, Send,
                          StartRank, Transition, phase_times)
 from mindft.protocol import AgentHello, Message
 from mindft.keys import job_keys, start_authenticator
+from mindft.preflight import ato_failure_rate
 from mindft.protocol import ProtocolError, StatusReply, decode, encode
 
 log = logging.getLogger(__name__)

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from mindft.config import (MINDX_TASK_VARIABLE, ConfigError, check_launchable, choose_backend, load_config)
+from mindft.config import MINDX_TASK_VARIABLE, ConfigError, load_config
 from mindft.keys import load_keys
 from mindft.mindio import STEP_GATE_VARIABLE
+from mindft.preflight import check_launchable, choose_backend
 
 log = logging.getLogger(__name__)
 

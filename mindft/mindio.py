@@ -958,10 +958,10 @@ class MindxStandIn:
 
     # -- device events (the reset watcher's thread) ------------------------------------------------
     def on_device_event(self, event: Any) -> None:
-        """One event of :class:`mindft.resetwatch.ResetWatcher`."""
-        from mindft import resetwatch
+        """One event of :class:`mindft.resetwatch.ResetWatcher` (a :mod:`mindft.flow.inputs` value)."""
+        from mindft.flow import inputs
 
-        if isinstance(event, resetwatch.DeviceFaulty):
+        if isinstance(event, inputs.DeviceFaulty):
             with self._lock:
                 if event.rank in self._off or self.phase is StandInPhase.ENDED:
                     return
@@ -969,17 +969,17 @@ class MindxStandIn:
             log.warning("device plugin: rank %d's chip is faulty (%s, policy %s): hot reset through MindIO",
                         event.rank, event.error_code, event.policy)
             self._spawn(self._reset_episode, event.rank)
-        elif isinstance(event, resetwatch.DeviceRecovered):
+        elif isinstance(event, inputs.DeviceRecovered):
             with self._lock:
                 known = self._off.get(event.rank) in ("leaving", "left")
                 if known:
                     self._off[event.rank] = "starting"
             if known:
                 self._spawn(self._restart, event.rank)
-        elif isinstance(event, resetwatch.DeviceFailed):
+        elif isinstance(event, inputs.DeviceFailed):
             self._fail(f"rank {event.rank}'s chip failed the hot reset ({event.reason})", event.rank)
-        elif isinstance(event, resetwatch.GracefulExit):
-            self._fail("Volcano asked every training process to exit (GracefulExit)", None, graceful=True)
+        elif isinstance(event, inputs.StopJob):
+            self._fail(event.reason, None, graceful=True)
         else:
             log.warning("reset file: %s is not acted on with MINDFT_BACKEND=mindio (mindft's own backend "
                         "rolls every rank back on it)", type(event).__name__)

@@ -8,8 +8,9 @@ import pytest
 from click.testing import CliRunner
 
 from mindft.cli import main
-from mindft.config import ConfigError, MindftConfig, choose_backend, load_config, parse_tft
+from mindft.config import ConfigError, MindftConfig, load_config, parse_tft
 from mindft.mindspore.backend import MINDFT, MINDIO, mindio_installed, resolve_backend, session_class
+from mindft.preflight import ato_failure_rate, choose_backend
 
 UCE = parse_tft("{UCE:1}")
 RSC = parse_tft("{RSC:1}")
@@ -90,3 +91,20 @@ def test_config_check_says_which_backend_runs_and_why(monkeypatch: pytest.Monkey
 def test_unknown_backend_is_refused() -> None:
     with pytest.raises(ConfigError, match="MINDFT_BACKEND: unknown backend 'ttp'; valid: auto, mindft, mindio"):
         load_config({"MINDFT_BACKEND": "ttp"})
+
+
+@pytest.mark.parametrize("content, tft_text, expected", [
+    ('{"failure_count": 12, "total_steps": 600}', "{ATO:1,ATO_PATH:%s}", 0.02),
+    ('{"failure_count": 9, "total_steps": 600}', "{ATO:1,ATO_PATH:%s}", 0.0),     # below ATO_THRESHOLD (10)
+    ('{"failure_count": 12, "total_steps": 600}', "{ATO:1,ATO_PATH:%s,ATO_THRESHOLD:20}", 0.0),
+    ('{"failure_count": 12, "total_steps": 0}', "{ATO:1,ATO_PATH:%s}", 0.0),
+    ("not json", "{ATO:1,ATO_PATH:%s}", 0.0),                                     # unreadable: no rate
+    (None, "{ATO:1,ATO_PATH:%s}", 0.0),                                           # no file yet
+    ('{"failure_count": 12, "total_steps": 600}', "{RSC:1}", 0.0),                # ATO off
+])
+def test_ato_failure_rate(tmp_path, content, tft_text: str, expected: float) -> None:
+    path = tmp_path / "ato_info.json"
+    if content is not None:
+        path.write_text(content)
+    tft = parse_tft(tft_text % path if "%s" in tft_text else tft_text)
+    assert ato_failure_rate(tft) == pytest.approx(expected)

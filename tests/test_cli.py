@@ -20,8 +20,10 @@ from mindft.config import MindftConfig, Timeouts
 from mindft.controller import Controller
 from mindft.keys import generate_keys, load_keys, secure_client
 from mindft.protocol import Register, encode
-from mindft.resetwatch import (DeviceFaulty, DeviceRecovered, ResetWatcher, fault_state, read_reset_file,
-                               write_reset_file)
+from mindft.flow.inputs import DeviceFaulty, DeviceRecovered
+from mindft.plugin_sim import fault_state
+from mindft.resetfile import read_reset_file, write_reset_file
+from mindft.resetwatch import ResetWatcher
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ import pytest
 from mindft.config import parse_tft
 from mindft.exitcodes import ExitCode
 from mindft.launch import main as launch_main
-from mindft.resetwatch import parse_reset
+from mindft.resetfile import parse_reset
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "examples" / "k8s"

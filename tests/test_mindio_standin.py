@@ -10,7 +10,7 @@ from typing import Any, List, Optional
 import pytest
 
 from mindft.mindio import MINDX_PROCESS_ERROR, MINDX_UCE_ERROR, MindxStandIn, StandInPhase
-from mindft.resetwatch import DeviceFailed, DeviceFaulty, DeviceRecovered, ProcessFault
+from mindft.flow.inputs import DeviceFailed, DeviceFaulty, DeviceRecovered, RollbackAll
 
 
 class FakeApi:
@@ -158,8 +158,8 @@ def test_faults_mindio_reports_itself_are_retried_in_place_or_dumped() -> None:
 
 def test_events_mindio_cannot_act_on_are_logged_not_acted_on(caplog: pytest.LogCaptureFixture) -> None:
     h = Harness()
-    h.standin.on_device_event(ProcessFault(1, True))
-    assert not h.api.calls and "ProcessFault is not acted on" in caplog.text
+    h.standin.on_device_event(RollbackAll.process_fault(1, True))
+    assert not h.api.calls and "RollbackAll is not acted on" in caplog.text
 
 
 def test_illegal_phase_moves_raise() -> None:

@@ -11,7 +11,8 @@ from click.testing import CliRunner
 from plugin_files import INITIAL, HostPathMount, KubeletMount, check_code, plugin_episode
 
 from mindft.cli import main
-from mindft.resetwatch import DeviceFailed, DeviceFaulty, DeviceRecovered, ResetWatcher
+from mindft.flow.inputs import DeviceFailed, DeviceFaulty, DeviceRecovered
+from mindft.resetwatch import ResetWatcher
 
 GO_KEYS = ["RankList", "UpdateTime", "RetryTime", "FaultFlushing", "GracefulExit", "RestartFaultProcess"]
 

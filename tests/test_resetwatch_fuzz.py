@@ -17,8 +17,9 @@ import pytest
 from plugin_files import (INITIAL, HostPathMount, clusterd_entry, document, go_marshal, legacy, plugin_entry,
                           plugin_episode)
 
-from mindft.resetwatch import (MAX_FILE_BYTES, DeviceFaulty, DeviceRecovered, ResetFileError, ResetState,
-                               ResetWatcher, _diff_states, parse_reset)
+from mindft.flow.inputs import DeviceFaulty, DeviceRecovered
+from mindft.resetfile import MAX_FILE_BYTES, ResetFileError, ResetState, parse_reset
+from mindft.resetwatch import ResetWatcher, _diff_states
 
 SEED = 20260611
 GARBAGE_RANKS = range(16)        # ranks the garbage may name; the checks use ranks >= 1000

@@ -5,9 +5,9 @@ input carries the time it happened, every decision comes back as a value.
 """
 from __future__ import annotations
 
-from mindft.flow.effects import (Broadcast, DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, Effect,
-                                 Finish, HoldRepairs, KillRank, Peer, ProcessExited, RollbackAll, Send, StartRank, StopJob,
-                                 Transition)
+from mindft.flow.effects import Broadcast, Effect, Finish, KillRank, Peer, Send, StartRank, Transition
+from mindft.flow.inputs import (DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, HoldRepairs, ProcessExited,
+                                RollbackAll, StopJob)
 from mindft.flow.follower import (ArmFault, Armed, Command, DumpAndExit, Finished, Follower, Ignore, Leave,
                                   LeaveDevice, Outcome, RankHooks, Restore, Resume, Resumed, Settle)
 from mindft.flow.job import REPORT_SUFFIX, Job, held_after, phase_times

@@ -1,4 +1,4 @@
-"""What the flow asks its shell to do, and the inputs it accepts besides wire messages.
+"""What the flow asks its shell to do (its inputs besides wire messages are in :mod:`mindft.flow.inputs`).
 
 The core never performs I/O: every decision comes back as a list of these values, each with
 the reason as data, and the shell (``mindft.controller``) carries them out in order.
@@ -86,66 +86,3 @@ class Finish:
 
 
 Effect = Union[Send, Broadcast, KillRank, StartRank, Transition, Finish]
-
-
-# ---- inputs that do not arrive as rank messages ------------------------------------------
-
-@dataclass(frozen=True)
-class DeviceFaulty:
-    """The device plugin took ``rank``'s chip into a reset episode: pause, wait for recovery."""
-
-    rank: int
-    error_code: str = ""
-    policy: str = ""
-
-
-@dataclass(frozen=True)
-class DeviceRecovered:
-    """``rank``'s chip is back (``recovered`` written, or its episode closed)."""
-
-    rank: int
-
-
-@dataclass(frozen=True)
-class DeviceFailed:
-    """``rank``'s chip cannot be recovered in place: the job fails with dying-gasp checkpoints."""
-
-    rank: int
-    reason: str = ""
-
-
-@dataclass(frozen=True)
-class StopJob:
-    """Stop every rank with dying-gasp checkpoints (Volcano's graceful exit, an operator)."""
-
-    reason: str
-
-
-@dataclass(frozen=True)
-class RollbackAll:
-    """Every rank must go back to a consistent step (clusterd's restart, a process fault).
-
-    ``rank`` is the rank the fault is charged to (-1: none in particular).
-    """
-
-    reason: str
-    rank: int = -1
-
-
-@dataclass(frozen=True)
-class HoldRepairs:
-    """While ``active``, faults are still being collected: do not roll back or resume yet."""
-
-    active: bool
-
-
-@dataclass(frozen=True)
-class ProcessExited:
-    """The launcher saw ``rank``'s process (``pid``) exit with ``returncode``."""
-
-    rank: int
-    returncode: int
-    pid: int = 0
-
-
-DeviceInput = Union[DeviceFaulty, DeviceRecovered, DeviceFailed, StopJob, RollbackAll, HoldRepairs]

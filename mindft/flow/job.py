@@ -33,12 +33,12 @@ from typing import Optional
 from mindft.config import Timeouts
 from mindft.exitcodes import ExitCode
 from mindft.flow.cadence import Budget, Schedule, choose_every, overhead_of, worth_changing
-from mindft.flow.effects import (Broadcast, DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, Effect,
-                                 Finish, HoldRepairs, KillRank, Peer, ProcessExited, RollbackAll, Send, StartRank,
-                                 StopJob, Transition)
+from mindft.flow.effects import Broadcast, Effect, Finish, KillRank, Peer, Send, StartRank, Transition
+from mindft.flow.inputs import (DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, HoldRepairs, ProcessExited,
+                                RollbackAll, StopJob, from_wire)
 from mindft.flow.ranks import RankRecord, RankState, RankTable
 from mindft.flow.states import RECOVERY_STATES, TERMINAL_STATES, Event, JobState, next_state
-from mindft.protocol import (Ack, Action, ActionKind, AgentHello, Cadence, CostReport, DeviceEvent, DeviceStatus, Done,
+from mindft.protocol import (Ack, Action, ActionKind, AgentHello, Cadence, CostReport, DeviceEvent, Done,
                              FaultKind, FaultReport, Heartbeat, InjectRequest, JobView, Message, NodeLost, OrderKind,
                              Progress, ProcessExit, RankStatus, Register, RegisterAck, ReplicaReport, Reply,
                              StatusReply, StatusRequest, StepReport)
@@ -554,14 +554,7 @@ class Job:
         if not 0 <= message.rank < self.ranks.world_size:
             self._emit(Send(peer, Reply(False, f"no rank {message.rank}", message.request_id)))
             return
-        event: DeviceInput
-        if message.status is DeviceStatus.FAULTY:
-            event = DeviceFaulty(message.rank, message.error_code, message.policy)
-        elif message.status is DeviceStatus.RECOVERED:
-            event = DeviceRecovered(message.rank)
-        else:
-            event = DeviceFailed(message.rank, message.reason)
-        self._device(event, now)
+        self._device(from_wire(message), now)
         self._emit(Send(peer, Reply(True, f"{message.status.value} event for rank {message.rank}",
                                     message.request_id)))
 

@@ -5,7 +5,7 @@ which step they resume from, and mindft's snapshots do the work inside its handl
 (:class:`mindft.mindspore._mindio_session.MindioSession`) behind the same front ends. On an Ascend
 device :func:`mindft.mindspore.train` instead hands ``Model.train`` to MindSpore's own
 ``TrainFaultTolerance`` (which refuses any other device; untested here). The choice itself is
-:func:`mindft.config.choose_backend`.
+:func:`mindft.preflight.choose_backend`.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import logging
 import mindspore as ms
 from mindspore.train import Callback
 
-from mindft.config import BackendChoice, MindftConfig, choose_backend
+from mindft.config import MindftConfig
+from mindft.preflight import BackendChoice, choose_backend
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ def device_target() -> str:
 
 
 def backend_choice(config: MindftConfig) -> BackendChoice:
-    """:func:`mindft.config.choose_backend` for this process."""
+    """:func:`mindft.preflight.choose_backend` for this process."""
     return choose_backend(config, mindio_installed(), device_target)
 
 

@@ -20,7 +20,8 @@ import pytest
 
 from mindft.keys import load_keys
 from mindft.channel import Client, ControllerUnreachable
-from mindft.resetwatch import fault_state, write_reset_file
+from mindft.plugin_sim import fault_state
+from mindft.resetfile import write_reset_file
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
