@@ -229,7 +229,7 @@ def test_the_controller_shows_what_the_agents_report() -> None:
     assert effects[0].message.ok
     bad = job.handle(b"agent", ReplicaReport(node=0, ranks=(0, 1), steps=(6,), request_id=8), 1.0)
     assert not bad[0].message.ok and "differ" in bad[0].message.detail
-    assert job.replicas == {0: (6, False), 1: (3, True)}
+    assert job.replicas.reported == {0: (6, False), 1: (3, True)}
 
 
 def test_node_replication_finds_the_buddy_keeper_through_the_controller(tmp_path: Path, keys, parts,
