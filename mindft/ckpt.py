@@ -81,3 +81,8 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], Any]) -> None:
         except FileNotFoundError:
             pass
         raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)

@@ -160,7 +160,7 @@ def start_replication(spec: LaunchSpec, keys: Any) -> Optional[Any]:
     config = load_config(spec.env)
     if not config.agent_replication:
         return None
-    from mindft.replication import NodeReplication, replica_spill
+    from mindft.replica import NodeReplication, replica_spill
 
     return NodeReplication(spec.state_dir, spec.local_ranks, spec.nproc, spec.nnodes, spec.node_rank,
                            spec.master_ip, spec.controller_address, keys,
@@ -679,7 +679,8 @@ class Launcher:
     def _restore_replicas(self, rows: Mapping[int, Any]) -> dict[int, int]:
         """Fetch each local rank's replica from the next node's keeper into this node's memory;
         rank → the step restored (-1: none)."""
-        from mindft.snapshot import SnapshotError, SnapshotStore, fetch_replica
+        from mindft.replica import fetch_replica
+        from mindft.snapshot import SnapshotError, SnapshotStore
 
         spec = self.spec
         steps = {rank: -1 for rank in spec.local_ranks}

@@ -80,7 +80,6 @@ def nbytes(dtype: str, shape: Sequence[int]) -> int:
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
-
 @dataclass(frozen=True)
 class SlotManifest:
     """A slot file's manifest (``slot<i>.json`` beside ``slot<i>.bin``, written by
@@ -238,3 +237,4 @@ class Slot:
         self.step, self.meta, self.algorithm = manifest.step, manifest.meta, manifest.algorithm
         self.checksums = dict(manifest.checksums)
         self.complete = self.algorithm in HASHERS
+        return self.complete

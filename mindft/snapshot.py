@@ -363,3 +363,4 @@ def _check_like(buffers: Mapping[str, np.ndarray], into: Mapping[str, np.ndarray
         target = into[name]
         if not isinstance(target, np.ndarray) or target.shape != buffer.shape or target.dtype != buffer.dtype:
             raise SnapshotError(f"restore(into=...): {name!r} must be an array of shape {buffer.shape} "
+                                f"and dtype {buffer.dtype}, got {getattr(target, 'shape', type(target))}")

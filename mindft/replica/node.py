@@ -1,3 +1,36 @@
+"""Replication wired to its users: a rank replicating itself, or a node agent replicating its ranks.
+
+- **node agents** (``mindft-launch`` on several nodes, :class:`NodeReplication`): a rank's two
+  snapshot slots are files in its agent's shared memory (``state_dir/rank<R>/slot<i>.bin``, with
+  ``slot<i>.json`` written once a capture is complete). The agent's sender notices a new
+  manifest and streams that slot file to the keeper of the next node's agent, which keeps the
+  replicas in its own shared memory.
+- **ranks with no agent replicating them** (started by hand or by msrun, or
+  ``MINDFT_AGENT_REPLICATION=0``, :class:`RankReplication`): the rank streams its
+  :class:`~mindft.snapshot.SnapshotStore` slot itself, zero-copy, to the keeper in its buddy
+  rank's process. The capture never waits for it: a capture that claims the slot while it is
+  being sent makes the push fail its check before it is sealed, and the next one goes.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence, Tuple
+
+from mindft.keys import CurveKeys
+from mindft.protocol import ReplicaReport
+from mindft.replica.keeper import Keeper
+from mindft.replica.sender import ACK_TIMEOUT, FIND_INTERVAL, REPORT_INTERVAL, Sender
+from mindft.replica.sources import StoreSource, slot_files
+from mindft.replica.wire import node_ip
+from mindft.snapshot import SnapshotStore, size_text
+from mindft.threadcpu import ThreadCpu
+
+log = logging.getLogger(__name__)
+
+
 class RankReplication:
     """A rank's own replication when no node agent replicates it (see the module docstring).
 

@@ -1,12 +1,39 @@
+"""The sender: streams the newest snapshot of each local rank to a keeper, off the step.
+
+One thread and ONE long-lived CurveZMQ DEALER per process; one push in flight (the protocol is
+in :mod:`mindft.replica.wire`). Newest wins: per rank only the newest unsent snapshot is
+remembered; queues are bounded in messages (:data:`~mindft.replica.wire.PIPE_HWM`), so a slow
+or dead keeper costs a few chunks of memory and never blocks a step. Before a push is sealed
+the sender checks that its source did not change meanwhile (an overwritten slot is not sent).
+Whether a rank is still protected is the flow's rule (:class:`mindft.flow.replicas.Protection`):
+the sender judges it after every wait, logs each change and reports it to the controller.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+
+import zmq
+
+from mindft.flow.cadence import smoothed
+from mindft.flow.replicas import ACK_MIN_RATE, LOST_AFTER, LOST_AFTER_CAPTURES, Protection, Verdict
+from mindft.keys import CurveKeys, secure_client
+from mindft.protocol import ReplicaReport
+from mindft.replica.sources import FileSource, Outgoing, Source, StoreSource
+from mindft.replica.wire import PIPE_HWM
+from mindft.threadcpu import ThreadCpu
+
+log = logging.getLogger(__name__)
+
 POLL_INTERVAL = 0.05       # s between looks at the local ranks' snapshots while idle
-LOST_AFTER = 5.0           # s a local snapshot may wait for its replica before protection counts as lost
-LOST_AFTER_CAPTURES = 20   # or this many newer captures than the newest replica
 ACK_TIMEOUT = 10.0         # s for the keeper to confirm a push, plus the bytes at ACK_MIN_RATE
-ACK_MIN_RATE = 20e6        # bytes/s: slower than this the keeper counts as gone (reconnect, look it up again)
 REPORT_INTERVAL = 1.0      # s between reports of the replicated steps to the controller (a change is sent)
 FIND_INTERVAL = 1.0        # s between look-ups of the buddy node's keeper while it is unknown
-
-
 PUSH_SMOOTHING = 0.5       # weight of the newest push's duration in a rank's smoothed figure
 
 
@@ -16,22 +43,11 @@ class _Track:
 
     rank: int
     source: Source
-    captures: int = 0                       # snapshots noticed so far
-    local_step: int = -1                    # the newest noticed
+    protection: Protection                  # how far its replica is behind, and the verdict on it
+    local_step: int = -1                    # the newest snapshot noticed
     pending: Optional[Tuple[Any, int]] = None  # (token, capture number) of the newest not yet sent
-    noticed: collections.deque = field(default_factory=lambda: collections.deque(maxlen=256))  # (capture, at)
     replicated: int = -1                    # step the keeper confirmed last
-    replicated_capture: int = 0
     confirmed: Any = None                   # the token of that push
-    behind_since: Optional[float] = None    # when the oldest snapshot newer than the replica was noticed
-    lost: bool = False
-    nbytes: int = 0                         # the size of the newest push: a large one may take longer
-
-    def behind(self, now: float) -> Tuple[int, float]:
-        """(captures, seconds) the replica is behind the newest local snapshot."""
-        if self.behind_since is None:
-            return 0, 0.0
-        return self.captures - self.replicated_capture, now - self.behind_since
 
 
 @dataclass
@@ -52,14 +68,15 @@ class _Push:
 
     @property
     def step(self) -> int:
+        """The step of the snapshot being pushed."""
         return self.outgoing.header.step
 
 
 class Sender:
-    """Streams the newest snapshot of each local rank to a :class:`Keeper` (one thread, one connection).
+    """Streams the newest snapshot of each local rank to a keeper (one thread, one connection).
 
     ``ranks`` maps each local rank to its snapshot directory (a node agent) or to a source
-    (:class:`RankReplication` gives its store). ``find_keeper()`` returns the keeper's endpoint
+    (:class:`~mindft.replica.node.RankReplication` gives its store). ``find_keeper()`` returns the keeper's endpoint
     or None while it is unknown: asked at most every :data:`FIND_INTERVAL` and after a failed
     push, or, with ``cheap_lookup``, before every push and while one is in flight (a restarted
     buddy serves elsewhere). ``report(ReplicaReport)`` is called from a thread of its own, newest
@@ -78,13 +95,12 @@ class Sender:
         self.node = node
         self._who = f"node {node}" if node >= 0 else f"rank={next(iter(ranks), -1)}"
         self._tracks = {rank: _Track(rank, source if isinstance(source, (FileSource, StoreSource))
-                                     else FileSource(Path(source))) for rank, source in sorted(ranks.items())}
+                                     else FileSource(Path(source)), Protection(lost_after, lost_after_captures))
+                        for rank, source in sorted(ranks.items())}
         self._keys = keys
         self._find_keeper = find_keeper
         self._report = report
         self._poll = poll_interval
-        self._lost_after = lost_after
-        self._lost_after_captures = lost_after_captures
         self._ack_timeout = ack_timeout
         self._cheap_lookup = cheap_lookup
         self._on_change = on_change
@@ -128,7 +144,7 @@ class Sender:
     def lost(self) -> Tuple[int, ...]:
         """Local ranks whose replica fell behind (lost protection)."""
         with self._lock:
-            return tuple(rank for rank, track in self._tracks.items() if track.lost)
+            return tuple(rank for rank, track in self._tracks.items() if track.protection.lost)
 
     @property
     def in_flight(self) -> Optional[Tuple[int, int]]:
@@ -175,7 +191,7 @@ class Sender:
             log.exception("the sender thread died; replicas are no longer sent")
             with self._lock:
                 for track in self._tracks.values():
-                    track.lost = True
+                    track.protection.lost = True
             self._queue_report(force=True)
             self._changed()
             raise
@@ -189,12 +205,8 @@ class Sender:
         for track in self._tracks.values():
             for step, token in track.source.notice():
                 with self._lock:
-                    track.captures += 1
                     track.local_step = step
-                    track.pending = (token, track.captures)
-                    track.noticed.append((track.captures, now))
-                    if track.behind_since is None:
-                        track.behind_since = now
+                    track.pending = (token, track.protection.capture(now))
 
     def _lookup(self, now: float) -> Optional[str]:
         """The keeper to push to now (reconnecting when it moved), or None while it is unknown."""
@@ -221,7 +233,8 @@ class Sender:
         if not candidates or self._lookup(now) is None:
             return
         # The rank whose replica is furthest behind goes first.
-        track = min(candidates, key=lambda t: t.behind_since if t.behind_since is not None else now)
+        track = min(candidates, key=lambda t: t.protection.behind_since
+                    if t.protection.behind_since is not None else now)
         token, capture = track.pending
         track.pending = None
         outgoing = track.source.open(track.rank, token)
@@ -237,7 +250,7 @@ class Sender:
             track.pending = track.pending or (token, capture)
             return
         deadline = now + self._ack_timeout + outgoing.nbytes / ACK_MIN_RATE
-        track.nbytes = outgoing.nbytes
+        track.protection.nbytes = outgoing.nbytes
         self._push = _Push(track, token, capture, outgoing, now, deadline)
         self.pushes += 1
 
@@ -377,9 +390,8 @@ class Sender:
         self._count_cost(self.push_seconds)
         with self._lock:
             first = track.replicated < 0
-            track.replicated, track.replicated_capture, track.confirmed = push.step, push.capture, push.token
-            newer = [at for number, at in track.noticed if number > push.capture]
-            track.behind_since = newer[0] if newer else None
+            track.replicated, track.confirmed = push.step, push.token
+            track.protection.confirmed(push.capture)
         if first:
             log.info("rank=%d step %d is held by the keeper at %s (%.3f s after it was sent)",
                      track.rank, push.step, self.keeper, now - push.started)
@@ -401,16 +413,14 @@ class Sender:
         changed = False
         for track in self._tracks.values():
             with self._lock:
-                captures, seconds = track.behind(now)
-                lost = (captures > self._lost_after_captures
-                        or seconds > self._lost_after + track.nbytes / ACK_MIN_RATE)
-                was, track.lost = track.lost, lost
-            if lost and not was:
+                verdict = track.protection.judge(now)
+                captures, seconds = track.protection.behind(now)
+            if verdict is Verdict.LOST:
                 changed = True
                 log.warning("rank=%d LOST PROTECTION: its newest replica (step %d) is %d capture(s), %.1f s behind "
                             "its newest snapshot (step %d); keeper %s", track.rank, track.replicated, captures,
                             seconds, track.local_step, self.keeper or "not found yet")
-            elif was and not lost:
+            elif verdict is Verdict.RESTORED:
                 changed = True
                 log.warning("rank=%d protection restored: replica of step %d held by %s", track.rank,
                             track.replicated, self.keeper)
@@ -433,7 +443,7 @@ class Sender:
         with self._lock:
             ranks = tuple(self._tracks)
             steps = tuple(t.replicated for t in self._tracks.values())
-            lost = tuple(r for r, t in self._tracks.items() if t.lost)
+            lost = tuple(r for r, t in self._tracks.items() if t.protection.lost)
             cost = self.replica_cost if self.node >= 0 else None
             cpu = 0.0 if cost is None else round(cost * len(self._tracks), 4)
         key = (steps, lost)
