@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from mindft.config import Timeouts
-from mindft.flow import Job
 from mindft.keys import generate_keys
 from mindft.protocol import ReplicaReport, StatusRequest
 from mindft.replica import Keeper, NodeReplication, Sender, fetch_replica, replica_spill
@@ -220,16 +219,6 @@ def test_a_keeper_refuses_a_sender_without_the_job_key(tmp_path: Path, keys, par
     capture(store, 1)
     until(lambda: sender.lost == (0,), "lost protection")
     assert keeper.held == {}
-
-
-def test_the_controller_shows_what_the_agents_report() -> None:
-    job = Job(2, Timeouts(), 0.0)
-    job.handle(b"agent", ReplicaReport(node=0, ranks=(0, 1), steps=(5, 3), lost=(1,), request_id=7), 1.0)
-    effects = job.handle(b"agent", ReplicaReport(node=0, ranks=(0,), steps=(6,)), 1.0)
-    assert effects[0].message.ok
-    bad = job.handle(b"agent", ReplicaReport(node=0, ranks=(0, 1), steps=(6,), request_id=8), 1.0)
-    assert not bad[0].message.ok and "differ" in bad[0].message.detail
-    assert job.replicas.reported == {0: (6, False), 1: (3, True)}
 
 
 def test_node_replication_finds_the_buddy_keeper_through_the_controller(tmp_path: Path, keys, parts,
