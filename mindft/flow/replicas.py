@@ -7,6 +7,8 @@ Two judges look at the same replicas from two sides, with time passed in:
   :data:`ACK_MIN_RATE`, or by more than :data:`LOST_AFTER_CAPTURES` captures, is LOST
   PROTECTION; the verdict changes once when it is lost and once when it is restored, and the
   sender reports it to the controller (:class:`~mindft.protocol.ReplicaReport`).
+  A rank that replicates itself also holds its step reports back until the replica of the
+  capture they pass has arrived (:class:`ReportHold`).
 - **the controller** (:class:`ReplicaWatch`, held by :class:`~mindft.flow.job.Job`): from those
   reports, a replica older than both steps every rank keeps is LOST PROTECTION, and so is one
   the agent says fell behind or one held by a node that was lost; logged once and once when
@@ -83,6 +85,51 @@ class Protection:
         if was and not lost:
             return Verdict.RESTORED
         return None
+
+
+class ReportHold:
+    """A rank's step reports held back until its replica arrived (a rank replicating itself).
+
+    A step report tells the other ranks they may overwrite older snapshots, so it must not pass
+    a capture whose replica has not arrived, or a kill of this rank would leave no step that
+    every rank, this one through its replica, still holds. Training never waits for it; only
+    the report does. A restore starts a new ``epoch``: a push of the timeline before it proves
+    nothing, and the restored step must be replicated again before reports go on. While the
+    rank's protection is lost the reports go on without it."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        # (capture seq, step) of the snapshots taken whose replica is not confirmed, oldest first
+        self._unconfirmed: collections.deque = collections.deque(maxlen=64)
+
+    def captured(self, seq: int, step: int) -> None:
+        """The store started capturing ``step`` as capture ``seq``."""
+        self._unconfirmed.append((seq, step))
+
+    def restored(self, step: int) -> int:
+        """Training was rolled back to ``step``; the new epoch."""
+        self.epoch += 1
+        self._unconfirmed.clear()
+        self._unconfirmed.append((-1, step))  # cleared by the first push of the new epoch: that snapshot
+        return self.epoch
+
+    def confirmed(self, seq: int, epoch: int) -> None:
+        """The keeper holds capture ``seq`` of ``epoch``: every capture up to it is replicated."""
+        if epoch == self.epoch:
+            while self._unconfirmed and self._unconfirmed[0][0] <= seq:
+                self._unconfirmed.popleft()
+
+    def reportable(self, position: int, lost: bool) -> int:
+        """The newest step, at most ``position``, the rank may report finished now (``lost``: its
+        protection is lost, the reports go on without it)."""
+        if not self._unconfirmed or lost:
+            return position
+        return min(position, self._unconfirmed[0][1] - 1)
+
+    @property
+    def unconfirmed(self) -> tuple[int, ...]:
+        """Steps captured (or restored) whose replica has not been confirmed yet."""
+        return tuple(step for _, step in self._unconfirmed)
 
 
 @dataclass(frozen=True)

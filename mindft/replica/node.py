@@ -13,12 +13,12 @@
 """
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Tuple
 
+from mindft.flow.replicas import ReportHold
 from mindft.keys import CurveKeys
 from mindft.protocol import ReplicaReport
 from mindft.replica.keeper import Keeper
@@ -36,13 +36,10 @@ class RankReplication:
 
     The session tells it of each capture (:meth:`captured`) and restore (:meth:`restored`);
     a :class:`Sender` streams the store's newest snapshot to the keeper at ``find_keeper()``
-    (the buddy rank's). :meth:`reportable` is the newest step this rank may report finished:
-    a step report tells the other ranks they may overwrite older snapshots, so it must not
-    pass a capture whose replica has not arrived, or a kill of this rank would leave no step
-    that every rank, this one through its replica, still holds. Training never waits for it;
-    only the report does, and ``release()`` is called (from the sender's thread) when it may
-    go. A replica later than ``lost_after`` seconds is lost protection: logged, reported, and
-    the reports go on without it until it is back.
+    (the buddy rank's). :meth:`reportable` is the newest step this rank may report finished
+    (the rule: :class:`mindft.flow.replicas.ReportHold`); ``release()`` is called (from the
+    sender's thread) when a held report may go. A replica later than ``lost_after`` seconds is
+    lost protection: logged, reported, and the reports go on without it until it is back.
     """
 
     def __init__(self, rank: int, store: SnapshotStore, keys: Optional[CurveKeys],
@@ -53,8 +50,7 @@ class RankReplication:
         self._source = StoreSource(store)
         self._release = release
         self._lock = threading.Lock()
-        # (capture seq, step) of the snapshots taken whose replica is not confirmed, oldest first
-        self._unconfirmed: collections.deque = collections.deque(maxlen=64)
+        self._hold = ReportHold()
         self.sender = Sender({rank: self._source}, keys, find_keeper, node=-1, report=report,
                              lost_after=lost_after, ack_timeout=ack_timeout, cheap_lookup=True,
                              on_change=self._changed, cpu=cpu)
@@ -73,29 +69,25 @@ class RankReplication:
     def captured(self, seq: int, step: int) -> None:
         """The store started capturing ``step`` as capture ``seq`` (training thread)."""
         with self._lock:
-            self._unconfirmed.append((seq, step))
+            self._hold.captured(seq, step)
         self.sender.wake()
 
     def restored(self, step: int) -> None:
         """Training was rolled back to ``step``: the replica must hold it again before reports go on."""
         with self._lock:
-            self._source.epoch += 1
-            self._unconfirmed.clear()
-            self._unconfirmed.append((-1, step))  # cleared by the first push of the new epoch: that snapshot
+            self._source.epoch = self._hold.restored(step)
         self.sender.wake()
 
     def reportable(self, position: int) -> int:
         """The newest step, at most ``position``, this rank may report finished now."""
         with self._lock:
-            if not self._unconfirmed or self.rank in self.sender.lost:
-                return position
-            return min(position, self._unconfirmed[0][1] - 1)
+            return self._hold.reportable(position, self.rank in self.sender.lost)
 
     @property
     def unconfirmed(self) -> Tuple[int, ...]:
         """Steps captured (or restored) whose replica has not been confirmed yet."""
         with self._lock:
-            return tuple(step for _, step in self._unconfirmed)
+            return self._hold.unconfirmed
 
     def close(self) -> None:
         """Stop sending (what is in flight is dropped)."""
@@ -104,10 +96,9 @@ class RankReplication:
 
     def _changed(self) -> None:
         token = self.sender.confirmed(self.rank)
-        with self._lock:
-            if token is not None and token[1] == self._source.epoch:
-                while self._unconfirmed and self._unconfirmed[0][0] <= token[0]:
-                    self._unconfirmed.popleft()
+        if token is not None:
+            with self._lock:
+                self._hold.confirmed(*token)  # (capture seq, epoch)
         self._release()
 
 

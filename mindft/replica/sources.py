@@ -107,8 +107,9 @@ class Outgoing:
     """One snapshot on its way out: its header, its bytes part by part (``parts(skip)``: all but the
     arrays the keeper has), and whether they still hold."""
 
-    def __init__(self, header: ReplicaHeader, nbytes: int, parts: Callable[[FrozenSet[int]], Iterator[Tuple[int, int, Any]]],
-                 intact: Callable[[], bool], zero_copy: bool, close: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, header: ReplicaHeader, nbytes: int,
+                 parts: Callable[[FrozenSet[int]], Iterator[Tuple[int, int, Any]]], intact: Callable[[], bool],
+                 zero_copy: bool, close: Callable[[], None] = lambda: None) -> None:
         self.header, self.nbytes, self.parts = header, nbytes, parts
         self.intact, self.zero_copy, self.close = intact, zero_copy, close
 

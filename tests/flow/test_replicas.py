@@ -11,8 +11,8 @@ import pytest
 
 from mindft.exitcodes import ExitCode
 from mindft.flow import JobState, KillRank, ProcessExited, StartRank
-from mindft.flow.replicas import (ACK_MIN_RATE, KeptSteps, Protection, ReplicaWatch, Verdict, no_common_step,
-                                  rank_list, replicas_share_a_step)
+from mindft.flow.replicas import (ACK_MIN_RATE, KeptSteps, Protection, ReplicaWatch, ReportHold, Verdict,
+                                  no_common_step, rank_list, replicas_share_a_step)
 from mindft.protocol import (Ack, ActionKind, FaultKind, FaultReport, NodeLost, Register, ReplicaReport, Reply,
                              StepReport)
 from test_job import T, Driver
@@ -80,6 +80,35 @@ def test_captures_are_numbered_and_behind_counts_them() -> None:
     assert protection.behind(10.0) == (1, 7.0)
     protection.confirmed(3)
     assert protection.behind(10.0) == (0, 0.0)
+
+
+# ---- a rank's step reports wait for its replica ------------------------------------------------
+
+@pytest.mark.parametrize("events, position, lost, reportable, unconfirmed", [
+    pytest.param([], 9, False, 9, (), id="nothing captured: nothing held"),
+    pytest.param([("capture", 3, 5)], 9, False, 4, (5,), id="not past a capture whose replica has not arrived"),
+    pytest.param([("capture", 3, 5)], 3, False, 3, (5,), id="never more than the position"),
+    pytest.param([("capture", 3, 5)], 9, True, 9, (5,), id="lost protection: the reports go on without it"),
+    pytest.param([("capture", 3, 5), ("capture", 4, 6), ("confirm", 3, 0)], 9, False, 5, (6,),
+                 id="a confirmed capture releases up to the next"),
+    pytest.param([("capture", 3, 5), ("capture", 4, 6), ("confirm", 4, 0)], 9, False, 9, (),
+                 id="a newer capture confirmed releases the older ones"),
+    pytest.param([("capture", 3, 5), ("restore", 4), ("confirm", 3, 0)], 9, False, 3, (4,),
+                 id="a push of the timeline before a restore proves nothing"),
+    pytest.param([("capture", 3, 5), ("restore", 4), ("confirm", 5, 1)], 9, False, 9, (),
+                 id="the first push of the new epoch clears the restored step"),
+])
+def test_step_reports_wait_for_the_replica_of_the_captures_they_pass(events, position: int, lost: bool,
+                                                                      reportable: int, unconfirmed) -> None:
+    hold = ReportHold()
+    for event in events:
+        if event[0] == "capture":
+            hold.captured(event[1], event[2])
+        elif event[0] == "confirm":
+            hold.confirmed(event[1], event[2])
+        else:
+            assert hold.restored(event[1]) == hold.epoch == 1
+    assert hold.reportable(position, lost) == reportable and hold.unconfirmed == unconfirmed
 
 
 # ---- the controller's verdict, from the agents' reports ----------------------------------------
