@@ -409,7 +409,7 @@ class Sender:
         self.replica_cost = smoothed(self.replica_cost, push_seconds if used is None else used, PUSH_SMOOTHING)
 
     def _judge(self, now: float) -> None:
-        """Log and report lost protection (and its recovery)."""
+        """Log and report each change of a rank's protection (the verdict is :meth:`Protection.judge`'s)."""
         changed = False
         for track in self._tracks.values():
             with self._lock:
