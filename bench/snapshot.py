@@ -28,8 +28,8 @@ import numpy as np
 
 from mindft import snapshot
 from mindft.keys import generate_keys
-from mindft.replication import Keeper, RankReplication
-from mindft.snapshot import SnapshotStore, fetch_replica, push_replica
+from mindft.replica import Keeper, RankReplication, fetch_replica, push_replica
+from mindft.snapshot import SnapshotStore
 
 try:
     import xxhash

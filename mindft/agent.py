@@ -21,6 +21,7 @@ import time
 from typing import Any, Mapping, Optional
 
 from mindft.channel import Client, ControllerUnreachable
+from mindft.ckpt import atomic_write
 from mindft.config import MINDX_TASK_VARIABLE, TFT_VARIABLE, MindftConfig, load_config
 from mindft.exitcodes import ExitCode
 from mindft.agent_links import ControllerHost, ControllerLink, recovery_progress
@@ -144,10 +145,7 @@ class NodeAgent:
                 "scheduler_pid": self.scheduler.pid if self.scheduler is not None else None,
                 "launcher_pid": os.getpid(), "log_dir": str(spec.log_dir),
                 "ranks": {str(r): pid for r, pid in self.workers.pids().items()}}
-        path = spec.run_dir / JOB_FILE
-        temporary = path.with_name(f".{JOB_FILE}.{os.getpid()}")
-        temporary.write_text(json.dumps(info, indent=2))
-        os.replace(temporary, path)
+        atomic_write(spec.run_dir / JOB_FILE, lambda handle: handle.write(json.dumps(info, indent=2).encode()))
 
     def run(self) -> int:
         """Start everything, supervise until the job ends, stop everything; the exit code."""
@@ -404,7 +402,8 @@ class NodeAgent:
     def _restore_replicas(self, rows: Mapping[int, Any]) -> dict[int, int]:
         """Fetch each local rank's replica from the next node's keeper into this node's memory;
         rank → the step restored (-1: none)."""
-        from mindft.snapshot import SnapshotError, SnapshotStore, fetch_replica
+        from mindft.replica import fetch_replica
+        from mindft.snapshot import SnapshotError, SnapshotStore
 
         spec = self.spec
         steps = {rank: -1 for rank in spec.local_ranks}
@@ -466,7 +465,7 @@ def start_replication(spec: LaunchSpec, keys: Any) -> Optional[Any]:
     config = load_config(spec.env)
     if not config.agent_replication:
         return None
-    from mindft.replication import NodeReplication, replica_spill
+    from mindft.replica import NodeReplication, replica_spill
 
     return NodeReplication(spec.state_dir, spec.local_ranks, spec.nproc, spec.nnodes, spec.node_rank,
                            spec.master_ip, spec.controller_address, keys,

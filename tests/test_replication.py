@@ -1,4 +1,4 @@
-"""The node agents' replication (mindft.replication) with real ZeroMQ on 127.0.0.1.
+"""The node agents' replication (mindft.replica) with real ZeroMQ on 127.0.0.1.
 
 The "rank" is a SnapshotStore writing into a directory, as a rank under mindft-launch does;
 the sender and the keeper are the agents' parts. Nothing here waits on a clock in an
@@ -17,11 +17,10 @@ import numpy as np
 import pytest
 
 from mindft.config import Timeouts
-from mindft.flow import Job
 from mindft.keys import generate_keys
 from mindft.protocol import ReplicaReport, StatusRequest
-from mindft.replication import Keeper, NodeReplication, Sender, replica_spill
-from mindft.snapshot import SnapshotError, SnapshotStore, fetch_replica
+from mindft.replica import Keeper, NodeReplication, Sender, fetch_replica, replica_spill
+from mindft.snapshot import SnapshotError, SnapshotStore
 from mindft.threadcpu import ThreadCpu
 
 DEADLINE = 30.0
@@ -132,7 +131,7 @@ def test_a_dead_keeper_blocks_nothing_and_is_reported_as_lost_protection_until_i
     sender = Sender({0: tmp_path / "rank0"}, keys, lambda: endpoint, node=0, report=reports.append,
                     lost_after=0.3, ack_timeout=0.2)
     parts.append(sender)
-    caplog.set_level("WARNING", logger="mindft.replication")
+    caplog.set_level("WARNING", logger="mindft.replica")
     for step in range(1, 4):
         capture(store, step)  # the rank's captures never wait on the keeper
     until(lambda: sender.lost == (0,), "lost protection")
@@ -222,16 +221,6 @@ def test_a_keeper_refuses_a_sender_without_the_job_key(tmp_path: Path, keys, par
     assert keeper.held == {}
 
 
-def test_the_controller_shows_what_the_agents_report() -> None:
-    job = Job(2, Timeouts(), 0.0)
-    job.handle(b"agent", ReplicaReport(node=0, ranks=(0, 1), steps=(5, 3), lost=(1,), request_id=7), 1.0)
-    effects = job.handle(b"agent", ReplicaReport(node=0, ranks=(0,), steps=(6,)), 1.0)
-    assert effects[0].message.ok
-    bad = job.handle(b"agent", ReplicaReport(node=0, ranks=(0, 1), steps=(6,), request_id=8), 1.0)
-    assert not bad[0].message.ok and "differ" in bad[0].message.detail
-    assert job.replicas == {0: (6, False), 1: (3, True)}
-
-
 def test_node_replication_finds_the_buddy_keeper_through_the_controller(tmp_path: Path, keys, parts,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Node 0's agent asks the controller's status where a rank of node 1 registered its keeper."""
@@ -273,12 +262,12 @@ def test_under_mindft_launch_with_a_keeper_the_ranks_announce_it_and_push_nothin
 
 def test_a_slot_a_capture_claims_while_it_is_read_is_not_sealed(tmp_path: Path, parts) -> None:
     """The manifest changed between the look before and after the read: the bytes may be torn."""
-    from mindft.replication import _FileSource
+    from mindft.replica.sources import FileSource
 
     store = SnapshotStore(home=tmp_path / "rank0")
     parts.append(store)
     capture(store, 1)
-    source = _FileSource(tmp_path / "rank0")
+    source = FileSource(tmp_path / "rank0")
     [(step, index)] = source.notice()
     outgoing = source.open(0, index)
     sent = list(outgoing.parts(frozenset()))
@@ -321,7 +310,8 @@ def _raw(endpoint: str, keys, frames: list, answer: bool = True):
 
 def header(step: int, x: np.ndarray) -> bytes:
     """A hand-made push's begin header: rank 7's one array ``x`` (int64) as the snapshot of ``step``."""
-    from mindft.snapshot import ReplicaHeader, checksum
+    from mindft.replica import ReplicaHeader
+    from mindft.slots import checksum
 
     return ReplicaHeader(7, step, (("x", x.dtype.str, x.shape, checksum(x)),), {"step": step}).encode()
 
@@ -391,7 +381,7 @@ def test_a_replica_of_the_same_arrays_arrives_into_the_memory_its_predecessor_mo
     """The write to disk and the transfer overlap: the parts take the old replica's memory only
     behind the spill (pieces of 512 bytes here, each synced, so the parts catch up with it), and a
     push cut short still leaves the old replica whole: what is on disk, then what is in memory."""
-    monkeypatch.setattr("mindft.replication.SPILL_PIECE", 512)
+    monkeypatch.setattr("mindft.replica.spill.SPILL_PIECE", 512)
     home = tmp_path / "shm" if in_shared_memory else None
     spill = replica_spill(tmp_path / "disk", "node1")
     keeper = Keeper(home, "127.0.0.1", keys, spill=spill)
@@ -420,7 +410,7 @@ def test_a_keeper_that_cannot_write_to_disk_keeps_the_replica_in_memory(
         tmp_path: Path, keys, parts, caplog: pytest.LogCaptureFixture) -> None:
     """A failed spill costs memory, never the replica: the push that would overwrite it is
     refused, and from then on the next replica arrives beside the held one."""
-    caplog.set_level("WARNING", logger="mindft.replication")
+    caplog.set_level("WARNING", logger="mindft.replica")
     spill = replica_spill(tmp_path / "disk", "node1")
     keeper = Keeper(None, "127.0.0.1", keys, spill=spill)
     parts.append(keeper)
@@ -438,18 +428,18 @@ def test_a_keeper_that_cannot_write_to_disk_keeps_the_replica_in_memory(
 
 
 def test_a_keeper_says_when_its_spill_directory_is_memory(keys, parts, caplog: pytest.LogCaptureFixture) -> None:
-    from mindft.replication import in_memory_filesystem
+    from mindft.replica import in_memory_filesystem
 
     assert in_memory_filesystem(Path("/dev/shm/mindft-test/not/created"))  # tmpfs, as mindft-launch needs
     assert not in_memory_filesystem(Path("/proc/self"))  # proc: not memory to save
-    caplog.set_level("WARNING", logger="mindft.replication")
+    caplog.set_level("WARNING", logger="mindft.replica")
     parts.append(Keeper(None, "127.0.0.1", keys, spill=Path("/dev/shm/mindft-test-spill")))
     assert "/dev/shm/mindft-test-spill is in memory (tmpfs)" in caplog.text and "MINDFT_DUMP_DIR" in caplog.text
 
 
 def test_a_rank_streams_its_store_to_the_keeper_and_reports_a_step_only_once_its_replica_arrived(
         keys, parts) -> None:
-    from mindft.replication import RankReplication
+    from mindft.replica import RankReplication
 
     keeper = Keeper(None, "127.0.0.1", keys)
     parts.append(keeper)
@@ -479,7 +469,7 @@ def test_a_rank_streams_its_store_to_the_keeper_and_reports_a_step_only_once_its
 def test_a_slot_overwritten_while_it_is_streamed_is_never_sealed(tmp_path: Path, keys, parts) -> None:
     """Zero-copy parts wait in the pipe to a keeper that is not there yet while the capture after
     next overwrites their slot: the push is dropped before its end, the newest snapshot goes."""
-    from mindft.replication import RankReplication
+    from mindft.replica import RankReplication
 
     port = free_port()
     store = SnapshotStore()
@@ -512,7 +502,7 @@ def test_a_step_report_waits_for_the_replica_and_the_status_shows_it(keys, parts
     from mindft.controller import Controller
     from mindft.keys import generate_keys
     from mindft.processor import Processor
-    from mindft.replication import RankReplication
+    from mindft.replica import RankReplication
 
     key_file = tmp_path / "job.key"
     keys = generate_keys(key_file)
@@ -561,7 +551,7 @@ def dp_state(rank: int, step: int) -> dict[str, np.ndarray]:
 
 def test_a_data_parallel_replica_receives_only_what_differs_and_comes_back_whole(tmp_path: Path, keys,
                                                                                  parts) -> None:
-    from mindft.replication import slot_files
+    from mindft.replica import slot_files
 
     keeper = Keeper(tmp_path / "node1" / "replicas", "127.0.0.1", keys, local=slot_files([tmp_path / "node1" / "rank1"]))
     parts.append(keeper)
@@ -594,7 +584,7 @@ def test_a_data_parallel_replica_receives_only_what_differs_and_comes_back_whole
 def test_a_shared_replica_is_refused_once_the_snapshot_it_points_into_is_overwritten(tmp_path: Path, keys,
                                                                                      parts) -> None:
     """Rank 1 captures twice more: its snapshot of step 1 is gone, and with it a rollback to step 1."""
-    from mindft.replication import slot_files
+    from mindft.replica import slot_files
 
     keeper = Keeper(None, "127.0.0.1", keys, local=slot_files([tmp_path / "rank1"]))
     parts.append(keeper)
@@ -616,7 +606,7 @@ def test_a_shared_replica_is_refused_once_the_snapshot_it_points_into_is_overwri
 
 def test_a_begin_waits_for_the_keepers_own_capture_of_its_step(tmp_path: Path, keys, parts) -> None:
     """Rank 0's snapshot completes first: the keeper answers its begin once rank 1's is there."""
-    from mindft.replication import RankReplication, store_slots
+    from mindft.replica import RankReplication, store_slots
 
     theirs = SnapshotStore()
     parts.append(theirs)

@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mindft import ckpt
 from mindft import snapshot as snapshot_module
-from mindft.snapshot import (Snapshot, SnapshotError, SnapshotStore, checksum, read_manifest, size_from_text,
-                             size_text)
+from mindft.slots import checksum, read_manifest
+from mindft.snapshot import Snapshot, SnapshotError, SnapshotStore, size_from_text, size_text
 
 
 def state(value: float, size: int = 1000) -> dict:
@@ -278,7 +279,7 @@ def test_dump_loads_back_with_mindspore_bytewise(store, tmp_path):
 
 
 def test_dump_writes_large_parameters_in_slices_like_mindspore(store, tmp_path, monkeypatch):
-    monkeypatch.setattr(snapshot_module, "_CKPT_SLICE", 1000)  # MindSpore slices at 512 MiB
+    monkeypatch.setattr(ckpt, "CKPT_SLICE", 1000)  # MindSpore slices at 512 MiB
     arrays = {"big": np.arange(2501, dtype=np.float32).reshape(41, 61), "after": np.ones(3, np.int16)}
     store.capture(7, arrays)
     path = store.dump(tmp_path, rank=0, world_size=1)

@@ -37,6 +37,7 @@ from mindft.flow.effects import Broadcast, Effect, Finish, KillRank, Peer, Send,
 from mindft.flow.inputs import (DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, HoldRepairs, ProcessExited,
                                 RollbackAll, StopJob, from_wire)
 from mindft.flow.ranks import RankRecord, RankState, RankTable
+from mindft.flow.replicas import KeptSteps, ReplicaWatch, no_common_step, rank_list, replicas_share_a_step
 from mindft.flow.states import RECOVERY_STATES, TERMINAL_STATES, Event, JobState, next_state
 from mindft.protocol import (Ack, Action, ActionKind, AgentHello, Cadence, CostReport, DeviceEvent, Done,
                              FaultKind, FaultReport, Heartbeat, InjectRequest, JobView, Message, NodeLost, OrderKind,
@@ -146,9 +147,7 @@ class Job:
         self.replication_costs: dict[int, float] = {}  # node -> CPU seconds its agent's replication takes per snapshot
         self._retune_due = False  # a cost report came while a change was still pending
         self._over_budget = False  # the replay bound keeps the cadence above the budget (warned once)
-        self.replicas: dict[int, tuple[int, bool]] = {}  # rank → (replicated step, lost), from the node agents
-        self.unprotected: set[int] = set()  # ranks judged LOST PROTECTION (logged once; status shows them)
-        self._gone_replicas: dict[int, int] = {}  # rank → step of its replica held by a node that was lost
+        self.replicas = ReplicaWatch()  # every rank's replica, from the node agents; LOST PROTECTION
         self.agents: dict[int, Peer] = {}  # rank → the link of the node agent that runs its process
 
     # ---- inputs -----------------------------------------------------------------------------
@@ -284,8 +283,8 @@ class Job:
         rows = tuple(RankStatus(rank=r.rank, state=r.state, step=r.progress,
                                 last_heartbeat_age=round(max(0.0, now - r.last_seen), 3), restarts=r.restarts,
                                 pid=r.pid, incarnation=r.incarnation, replica_endpoint=r.replica_endpoint,
-                                order=self._order(r.rank), replicated=self.replicas.get(r.rank, (-1, False))[0],
-                                replica_lost=r.rank in self.unprotected)
+                                order=self._order(r.rank), replicated=self.replicas.step(r.rank),
+                                replica_lost=r.rank in self.replicas.unprotected)
                      for r in sorted(self.ranks, key=lambda r: r.rank))
         if self.result is not None:
             reason = self.result.reason
@@ -426,7 +425,7 @@ class Job:
         for rank in ranks:
             self.agents[rank] = peer
         if new:
-            log.info("node agent %d runs rank(s) %s", message.node, _ranks(new).split(" ", 1)[1])
+            log.info("node agent %d runs %s", message.node, rank_list(new))
         self._emit(Send(peer, self._view()))
         for rank in ranks:
             order, record, fault = self._order(rank), self.ranks.get(rank), self.recovery.faults.get(rank)
@@ -758,51 +757,14 @@ class Job:
 
     def _on_replicas(self, message: ReplicaReport) -> str:
         """A node agent's report of its ranks' replicas; what is wrong with it ("": nothing)."""
-        world = self.ranks.world_size
-        if len(message.ranks) != len(message.steps):
-            return "ranks and steps differ in length"
-        bad = next((r for r in message.ranks if not 0 <= r < world), None)
-        if bad is not None:
-            return f"rank {bad} is outside 0..{world - 1}"
-        lost = set(message.lost)
-        for rank, step in zip(message.ranks, message.steps):
-            gone = self._gone_replicas.get(rank)
-            if gone is not None:
-                if step == gone:
-                    step = -1  # its agent has not noticed yet that the node holding that replica is gone
-                else:
-                    del self._gone_replicas[rank]
-            self.replicas[rank] = (step, rank in lost)
-            self._judge_protection(rank, step, rank in lost)
-        if message.node >= 0 and message.cpu_seconds != self.replication_costs.get(message.node, 0.0):
+        committed = self.schedule.at_or_before(self.ranks.slowest)
+        kept = KeptSteps(self.schedule.before(committed) if committed > 0 else committed, committed,
+                         self.ranks.slowest)
+        detail = self.replicas.report(message, self.ranks.world_size, kept if self.state is _S.NORMAL else None)
+        if not detail and message.node >= 0 and message.cpu_seconds != self.replication_costs.get(message.node, 0.0):
             self.replication_costs[message.node] = max(message.cpu_seconds, 0.0)
             self._cost_changed()
-        return ""
-
-    def _judge_protection(self, rank: int, step: int, agent_lost: bool) -> None:
-        """LOST PROTECTION when ``rank``'s replica is older than both steps every rank keeps (the
-        newest snapshot step every rank finished and the one before: a loss of its node now could
-        not be recovered), or its agent says it fell behind; restored once the replica holds that
-        newest step. Between the two nothing changes, so a replica that lags by about one snapshot
-        is not logged on every report. No replica yet (-1) is left to the agent's own judgment.
-        During a recovery the steps are being rolled back: only the agent's verdict counts."""
-        if self.state is not _S.NORMAL and not agent_lost:
-            return
-        committed = self.schedule.at_or_before(self.ranks.slowest)
-        oldest_kept = self.schedule.before(committed) if committed > 0 else committed
-        was = rank in self.unprotected
-        if agent_lost or 0 <= step < oldest_kept:
-            if not was:
-                self.unprotected.add(rank)
-                why = (f"its node agent reports its replica fell behind (newest replicated: step {step})"
-                       if agent_lost else f"its newest replica (step {step}) is older than both steps every "
-                                          f"rank keeps ({oldest_kept} and {committed})")
-                log.warning("rank=%d LOST PROTECTION: %s; were its node lost now, the job could only end with "
-                            "dying-gasp checkpoints", rank, why)
-        elif was and step >= committed:
-            self.unprotected.discard(rank)
-            log.warning("rank=%d protection restored: its replica holds step %d (every rank finished step %d)",
-                        rank, step, self.ranks.slowest)
+        return detail
 
     def _node_lost(self, message: NodeLost, now: float) -> tuple[bool, str]:
         """A node and its agent's memory are gone (:class:`NodeLost`, from the agent that replaces it):
@@ -813,15 +775,7 @@ class Job:
         bad = next((r for r in (*message.ranks, *message.replicas_of) if not 0 <= r < world), None)
         if bad is not None:
             return False, f"rank {bad} is outside 0..{world - 1}"
-        for rank in message.replicas_of:
-            step = self.replicas.get(rank, (-1, False))[0]
-            if step >= 0:
-                self._gone_replicas[rank] = step
-            self.replicas[rank] = (-1, False)
-            if rank not in self.unprotected and self.state not in TERMINAL_STATES:
-                self.unprotected.add(rank)
-                log.warning("rank=%d LOST PROTECTION: its replica (step %d) was on node %d, which was lost; "
-                            "restored once its agent has pushed it to the new node", rank, step, node)
+        self.replicas.node_lost(node, message.replicas_of, self.state in TERMINAL_STATES)
         if self.state in TERMINAL_STATES:
             return True, f"the job already ended ({self.state.value})"
         if self.state is _S.STARTING:
@@ -837,7 +791,7 @@ class Job:
             if record is None:
                 continue
             replica = (step,) if step >= 0 else ()
-            reported = self.replicas.get(rank, (-1, False))[0]
+            reported = self.replicas.step(rank)
             detail = (f"node {node} lost" + (f": {message.reason}" if message.reason else "") + "; "
                       + (f"its new node restored its replica of step {step}" if step >= 0
                          else "no replica of it could be restored")
@@ -858,7 +812,7 @@ class Job:
             fault.process_pending, fault.exited, fault.device_pending, fault.kill_ordered = True, True, False, False
             if not rec.restart_all:
                 fault.left_at, fault.start_ordered = -1.0, False  # the new node's agent starts it
-            self.unprotected.discard(rank)  # it is being recovered: protection is the recovery's question
+            self.replicas.recovering(rank)
         why = f"node {node} lost with rank(s) {', '.join(map(str, message.ranks))}"
         # Before anything is paused for it (a new round makes the others' steps unknown). Workers
         # that restart together may be blocked in a collective with the lost ranks: they are
@@ -882,28 +836,11 @@ class Job:
         recovery that would lose the lost ranks' state. O(lost ranks): the others' steps are kept
         as a running intersection (:meth:`Recovery.know`)."""
         rec = self.recovery
-        if not rec.lost:
-            return False
         lost = {r: rec.faults[r].replica or () for r in rec.lost}
-        common = frozenset.intersection(*(frozenset(held) for held in lost.values()))
-        if others and rec.known is not None:
-            common &= rec.known
-        if common:
+        if replicas_share_a_step(lost, rec.known if others else None):
             return False
-        known: dict[tuple[int, ...], list[int]] = {}
-        if others:
-            for record in self.ranks:
-                if record.rank not in lost and record.held_round == rec.round:
-                    known.setdefault(tuple(sorted(record.held)), []).append(record.rank)
-        replicas = ", ".join(f"rank {r} only to " + (f"step {held[0]} (its replica)" if held
-                                                      else "nothing (no replica)")
-                             for r, held in sorted(lost.items())[:8]) + (", ..." if len(lost) > 8 else "")
-        kept = "".join(f"; {_ranks(sorted(ranks))} {'hold' if len(ranks) > 1 else 'holds'} {list(held)}"
-                       for held, ranks in sorted(known.items()))
-        nodes = sorted({rec.faults[r].node for r in lost})
-        self._fail(f"node{'s' if len(nodes) > 1 else ''} {', '.join(map(str, nodes))} lost: {replicas} can roll "
-                   f"back{kept}: no step every rank can restore, so the job ends with dying-gasp checkpoints instead "
-                   f"of a recovery that would lose the lost ranks' state", now)
+        known = [(r.rank, r.held) for r in self.ranks if others and r.rank not in lost and r.held_round == rec.round]
+        self._fail(no_common_step(lost, (rec.faults[r].node for r in lost), known), now)
         return True
 
     # ---- the snapshot cadence -----------------------------------------------------------------
@@ -1053,12 +990,6 @@ class Job:
     def _flush(self) -> list[Effect]:
         out, self._out = self._out, []
         return out
-
-
-def _ranks(ranks: list[int], limit: int = 8) -> str:
-    """"rank 3" or "ranks 0, 1, 2, ..." for a log line."""
-    shown = ", ".join(map(str, ranks[:limit])) + (", ..." if len(ranks) > limit else "")
-    return f"rank{'s' if len(ranks) > 1 else ''} {shown}"
 
 
 def phase_times(history: list[tuple[JobState, float]], since: float) -> dict[str, float]:

@@ -30,8 +30,8 @@ from mindft.flow.cadence import smoothed
 from mindft.keys import job_keys
 from mindft.processor import Processor, ProcessorError
 from mindft.protocol import FaultKind, StatusRequest
-from mindft.replication import Keeper, RankReplication, replica_spill, store_slots
-from mindft.snapshot import SnapshotError, SnapshotStore, fetch_replica
+from mindft.replica import Keeper, RankReplication, fetch_replica, replica_spill, store_slots
+from mindft.snapshot import SnapshotError, SnapshotStore
 from mindft.threadcpu import ThreadCpu
 
 log = logging.getLogger(__name__)

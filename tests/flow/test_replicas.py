@@ -1,6 +1,8 @@
-"""Replicas in the flow: lost protection judged from the node agents' reports, and the rollback
-step after a node (and its agent's memory) is lost: one the lost ranks' replicas hold and every
-other rank holds too, or the dying-gasp rung at once."""
+"""Replicas in the flow: lost protection as the node's sender judges it (:class:`Protection`) and
+as the controller judges it from the node agents' reports (:class:`ReplicaWatch`), and the
+rollback step after a node (and its agent's memory) is lost: one the lost ranks' replicas hold
+and every other rank holds too, or the dying-gasp rung at once. The rules first, as tables; then
+the same rules through the Job."""
 from __future__ import annotations
 
 import logging
@@ -9,6 +11,8 @@ import pytest
 
 from mindft.exitcodes import ExitCode
 from mindft.flow import JobState, KillRank, ProcessExited, StartRank
+from mindft.flow.replicas import (ACK_MIN_RATE, KeptSteps, Protection, ReplicaWatch, ReportHold, Verdict,
+                                  no_common_step, rank_list, replicas_share_a_step)
 from mindft.protocol import (Ack, ActionKind, FaultKind, FaultReport, NodeLost, Register, ReplicaReport, Reply,
                              StepReport)
 from test_job import T, Driver
@@ -32,7 +36,182 @@ def protection(d: Driver) -> dict[int, tuple[int, bool]]:
     return {r.rank: (r.replicated, r.replica_lost) for r in d.job.status(d.now).ranks}
 
 
-# ---- lost protection ----------------------------------------------------------------------------
+# ---- the node's verdict (the sender's), with made-up times -----------------------------------
+
+LOST, RESTORED = Verdict.LOST, Verdict.RESTORED
+
+
+@pytest.mark.parametrize("events", [
+    pytest.param([("judge", 100.0, None)], id="nothing captured: nothing behind"),
+    pytest.param([("capture", 0.0), ("judge", 5.0, None), ("judge", 5.01, LOST), ("judge", 9.0, None)],
+                 id="behind longer than lost_after: lost once"),
+    pytest.param([("capture", 0.0), ("bytes", int(ACK_MIN_RATE)), ("judge", 5.9, None), ("judge", 6.01, LOST)],
+                 id="a large push has its bytes at ACK_MIN_RATE more"),
+    pytest.param([*[("capture", 0.0)] * 20, ("judge", 0.0, None), ("capture", 0.0), ("judge", 0.0, LOST)],
+                 id="more than LOST_AFTER_CAPTURES captures behind"),
+    pytest.param([("capture", 0.0), ("judge", 6.0, LOST), ("confirm", 1), ("judge", 6.0, RESTORED),
+                  ("judge", 7.0, None)], id="the newest confirmed: restored once"),
+    pytest.param([("capture", 0.0), ("capture", 3.0), ("confirm", 1), ("judge", 8.0, None), ("judge", 8.01, LOST)],
+                 id="an older capture confirmed: behind since the next one"),
+    pytest.param([("capture", 0.0), ("capture", 3.0), ("judge", 6.0, LOST), ("confirm", 1), ("judge", 6.0, RESTORED)],
+                 id="an older capture confirmed restores while the next is young"),
+])
+def test_the_sender_judges_protection_from_captures_confirmations_and_time(events) -> None:
+    protection = Protection(lost_after=5.0, lost_after_captures=20)
+    lost = False
+    for event in events:
+        if event[0] == "capture":
+            protection.capture(event[1])
+        elif event[0] == "confirm":
+            protection.confirmed(event[1])
+        elif event[0] == "bytes":
+            protection.nbytes = event[1]
+        else:
+            _, now, expected = event
+            assert protection.judge(now) is expected, event
+            lost = {LOST: True, RESTORED: False}.get(expected, lost)  # a verdict only when it changes
+            assert protection.lost is lost, event
+
+
+def test_captures_are_numbered_and_behind_counts_them() -> None:
+    protection = Protection()
+    assert [protection.capture(t) for t in (1.0, 2.0, 3.0)] == [1, 2, 3]
+    protection.confirmed(2)
+    assert protection.behind(10.0) == (1, 7.0)
+    protection.confirmed(3)
+    assert protection.behind(10.0) == (0, 0.0)
+
+
+# ---- a rank's step reports wait for its replica ------------------------------------------------
+
+@pytest.mark.parametrize("events, position, lost, reportable, unconfirmed", [
+    pytest.param([], 9, False, 9, (), id="nothing captured: nothing held"),
+    pytest.param([("capture", 3, 5)], 9, False, 4, (5,), id="not past a capture whose replica has not arrived"),
+    pytest.param([("capture", 3, 5)], 3, False, 3, (5,), id="never more than the position"),
+    pytest.param([("capture", 3, 5)], 9, True, 9, (5,), id="lost protection: the reports go on without it"),
+    pytest.param([("capture", 3, 5), ("capture", 4, 6), ("confirm", 3, 0)], 9, False, 5, (6,),
+                 id="a confirmed capture releases up to the next"),
+    pytest.param([("capture", 3, 5), ("capture", 4, 6), ("confirm", 4, 0)], 9, False, 9, (),
+                 id="a newer capture confirmed releases the older ones"),
+    pytest.param([("capture", 3, 5), ("restore", 4), ("confirm", 3, 0)], 9, False, 3, (4,),
+                 id="a push of the timeline before a restore proves nothing"),
+    pytest.param([("capture", 3, 5), ("restore", 4), ("confirm", 5, 1)], 9, False, 9, (),
+                 id="the first push of the new epoch clears the restored step"),
+])
+def test_step_reports_wait_for_the_replica_of_the_captures_they_pass(events, position: int, lost: bool,
+                                                                      reportable: int, unconfirmed) -> None:
+    hold = ReportHold()
+    for event in events:
+        if event[0] == "capture":
+            hold.captured(event[1], event[2])
+        elif event[0] == "confirm":
+            hold.confirmed(event[1], event[2])
+        else:
+            assert hold.restored(event[1]) == hold.epoch == 1
+    assert hold.reportable(position, lost) == reportable and hold.unconfirmed == unconfirmed
+
+
+# ---- the controller's verdict, from the agents' reports ----------------------------------------
+
+KEPT = KeptSteps(oldest=7, newest=8, finished=8)
+
+
+@pytest.mark.parametrize("kept, step, agent_lost, was, unprotected, logged", [
+    (KeptSteps(5, 6, 6), 5, False, False, False, None),  # one snapshot behind: within the buffers
+    (KEPT, 6, False, False, True, "LOST PROTECTION"),    # older than both kept steps
+    (KEPT, 6, False, True, True, None),                  # already lost: logged once
+    (KEPT, 7, False, True, True, None),                  # back within the buffers, not caught up: no flapping
+    (KEPT, 8, False, True, False, "protection restored"),
+    (KEPT, -1, False, False, False, None),               # no replica yet: the agent's own judgment
+    (KEPT, -1, True, False, True, "LOST PROTECTION"),    # the agent says it fell behind
+    (KEPT, 8, True, False, True, "LOST PROTECTION"),     # ... whatever the step
+    (None, 1, False, False, False, None),                # a recovery: only the agent's verdict counts
+    (None, 1, False, True, True, None),
+    (None, 9, False, True, True, None),                  # not restored during a recovery either
+    (None, 1, True, False, True, "LOST PROTECTION"),
+])
+def test_the_controller_judges_a_report_against_the_steps_every_rank_keeps(
+        caplog, kept, step: int, agent_lost: bool, was: bool, unprotected: bool, logged) -> None:
+    caplog.set_level(logging.WARNING, "mindft.flow.replicas")
+    watch = ReplicaWatch(unprotected={0} if was else set())
+    assert watch.report(ReplicaReport(0, (0,), (step,), (0,) if agent_lost else ()), 2, kept) == ""
+    assert (0 in watch.unprotected) == unprotected and watch.reported[0] == (step, agent_lost)
+    assert [r.getMessage().split(":")[0].split(" ", 1)[1] for r in caplog.records] == ([logged] if logged else [])
+
+
+def test_the_controller_keeps_what_the_agents_report_and_refuses_garbage() -> None:
+    watch = ReplicaWatch()
+    assert watch.report(ReplicaReport(node=0, ranks=(0, 1), steps=(5, 3), lost=(1,)), 2, KEPT) == ""
+    assert watch.report(ReplicaReport(node=0, ranks=(0,), steps=(6,)), 2, KEPT) == ""
+    assert watch.report(ReplicaReport(node=0, ranks=(0, 1), steps=(6,)), 2, KEPT) == "ranks and steps differ in length"
+    assert watch.report(ReplicaReport(node=0, ranks=(2,), steps=(6,)), 2, KEPT) == "rank 2 is outside 0..1"
+    assert watch.reported == {0: (6, False), 1: (3, True)} and watch.step(0) == 6 and watch.step(5) == -1
+
+
+def test_replicas_kept_by_a_lost_node_are_gone_until_their_agent_pushes_a_new_one(caplog) -> None:
+    caplog.set_level(logging.WARNING, "mindft.flow.replicas")
+    watch, kept = ReplicaWatch(), KeptSteps(5, 6, 6)
+    watch.report(ReplicaReport(0, (0, 1), (6, 6)), 4, kept)
+    watch.node_lost(1, (0, 1), ended=False)
+    assert watch.unprotected == {0, 1} and watch.step(0) == -1
+    assert "rank=0 LOST PROTECTION: its replica (step 6) was on node 1, which was lost" in caplog.text
+    watch.report(ReplicaReport(0, (0, 1), (6, 6)), 4, kept)  # its agent has not noticed: that replica is gone
+    assert watch.reported == {0: (-1, False), 1: (-1, False)} and watch.unprotected == {0, 1}
+    watch.report(ReplicaReport(0, (0, 1), (7, 7)), 4, KeptSteps(6, 7, 7))  # pushed to the new node
+    assert watch.reported == {0: (7, False), 1: (7, False)} and watch.unprotected == set()
+    watch.report(ReplicaReport(0, (0,), (6,)), 4, kept)  # the lost step is forgotten once a new one came
+    assert watch.step(0) == 6
+
+
+def test_a_lost_node_after_the_job_ended_marks_nothing_unprotected_and_recovery_clears_it() -> None:
+    watch = ReplicaWatch()
+    watch.node_lost(1, (0,), ended=True)
+    assert watch.unprotected == set() and watch.reported == {0: (-1, False)}
+    watch.node_lost(1, (0,), ended=False)
+    watch.recovering(0)
+    assert watch.unprotected == set()
+
+
+# ---- a lost node: is a common step still possible? --------------------------------------------
+
+@pytest.mark.parametrize("lost, known, possible", [
+    ({}, None, True),                                   # nobody lost
+    ({1: (4,)}, None, True),                            # nobody else counted yet
+    ({1: (4,)}, frozenset({4, 5}), True),
+    ({1: (4,)}, frozenset({6, 7}), False),              # the others no longer hold it
+    ({1: ()}, None, False),                             # no replica at all
+    ({1: (5,), 2: (4,)}, None, False),                  # the lost ranks' replicas share no step
+    ({1: (6,), 2: (6,)}, frozenset({5, 6}), True),
+    ({1: (6,), 2: (6,)}, frozenset(), False),
+])
+def test_a_common_rollback_step_is_possible_only_while_the_replicas_share_one(lost, known, possible: bool) -> None:
+    assert replicas_share_a_step(lost, known) is possible
+
+
+@pytest.mark.parametrize("lost, nodes, others, reason", [
+    ({1: (4,)}, [1], [(0, (6, 7))],
+     "node 1 lost: rank 1 only to step 4 (its replica) can roll back; rank 0 holds [6, 7]: no step"),
+    ({2: ()}, [2], [], "node 2 lost: rank 2 only to nothing (no replica) can roll back: no step"),
+    ({2: (5,), 3: (4,)}, [1, 1], [],
+     "node 1 lost: rank 2 only to step 5 (its replica), rank 3 only to step 4 (its replica) can roll back: no step"),
+    ({1: (3,), 3: (3,)}, [0, 1], [(0, (5, 6)), (2, (6, 5)), (4, (7,))],
+     "nodes 0, 1 lost: rank 1 only to step 3 (its replica), rank 3 only to step 3 (its replica) can roll back; "
+     "ranks 0, 2 hold [5, 6]; rank 4 holds [7]: no step"),
+    ({r: (1,) for r in range(10)}, [0], [], "rank 7 only to step 1 (its replica), ... can roll back"),
+])
+def test_why_no_step_is_common_names_each_lost_rank_and_what_the_others_hold(lost, nodes, others, reason) -> None:
+    text = no_common_step(lost, nodes, others)
+    assert reason in text and text.endswith("so the job ends with dying-gasp checkpoints instead of a recovery "
+                                            "that would lose the lost ranks' state")
+
+
+@pytest.mark.parametrize("ranks, text", [([3], "rank 3"), ([0, 1, 2], "ranks 0, 1, 2"),
+                                         (list(range(10)), "ranks 0, 1, 2, 3, 4, 5, 6, 7, ...")])
+def test_rank_lists_in_log_lines(ranks: list[int], text: str) -> None:
+    assert rank_list(ranks) == text
+
+
+# ---- lost protection through the Job ----------------------------------------------------------------------------
 
 def test_a_replica_older_than_both_kept_steps_is_lost_protection_logged_once_and_restored(caplog) -> None:
     caplog.set_level(logging.WARNING, "mindft.flow.job")

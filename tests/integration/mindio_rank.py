@@ -28,8 +28,8 @@ import numpy as np
 
 from mindft.mindio import (PROCESSOR_CLOSE_TIMEOUT, FaultKind, MindioController, MindioError, MindioExit,
                            MindioRank, RankCallbacks, RecoveryRequested, StepGate, StepGateClient)
-from mindft.replication import Keeper
-from mindft.snapshot import SnapshotError, SnapshotStore, fetch_replica, push_replica
+from mindft.replica import Keeper, fetch_replica, push_replica
+from mindft.snapshot import SnapshotError, SnapshotStore
 
 SIZE = 257
 SEED = 1234

@@ -30,8 +30,8 @@ from mindft.keys import job_keys
 from mindft.processor import Processor
 from mindft.protocol import StatusRequest
 from mindft.channel import request
-from mindft.replication import Keeper, RankReplication
-from mindft.snapshot import SnapshotStore, fetch_replica
+from mindft.replica import Keeper, RankReplication, fetch_replica
+from mindft.snapshot import SnapshotStore
 
 
 class Rank:

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.timeout(180)
 
 RANK_SCRIPT = Path(__file__).with_name("replica_rank.py")
 DEADLINE = 60.0
-# A rank silent for 2 s is dead; a push unconfirmed for 10 s (replication.ACK_TIMEOUT) is dropped.
+# A rank silent for 2 s is dead; a push unconfirmed for 10 s (mindft.replica.sender.ACK_TIMEOUT) is dropped.
 TIMEOUTS = Timeouts(heartbeat_interval=0.05, heartbeat_misses=40, register=30.0, pause=20.0,
                     repair=60.0, rollback=20.0, resume=20.0, connect_retries=5)
 STEPS = 12

@@ -11,8 +11,9 @@ import pytest
 import zmq
 
 from mindft.keys import CurveKeys, generate_keys, secure_client
-from mindft.snapshot import (REPLICA_VERSION, ReplicaHeader, Snapshot, SnapshotError, SnapshotStore,
-                             checksum, fetch_replica, push_replica)
+from mindft.replica.wire import REPLICA_VERSION, ReplicaHeader, fetch_replica, push_replica
+from mindft.slots import checksum
+from mindft.snapshot import Snapshot, SnapshotError, SnapshotStore
 
 TIMEOUT = 10.0
 REFUSED_TIMEOUT = 1.0  # how long a client waits before concluding the server ignored it
@@ -21,7 +22,7 @@ _SERVER = """
 import sys
 from pathlib import Path
 from mindft.keys import load_keys
-from mindft.replication import Keeper
+from mindft.replica import Keeper
 server = Keeper(None, "127.0.0.1", load_keys(Path(sys.argv[1])))
 print(server.endpoint, flush=True)
 sys.stdin.read()  # serve until the test closes our stdin
