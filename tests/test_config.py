@@ -151,7 +151,7 @@ def test_every_variable_load_config_reads_is_documented() -> None:
                  "MINDFT_RESET_FILE", "MINDFT_KEY_FILE", "MINDFT_INSECURE", "MINDFT_DUMP_DIR",
                  "MINDFT_RESTART_COUNT", "MINDFT_REPAIR_TIMEOUT"):
         assert name in documented and name in source
-    readme = Path(__file__).resolve().parents[1] / "README.md"
+    readme = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
     if readme.exists():
         text = readme.read_text()
         missing = [name for name in documented if name not in text]
