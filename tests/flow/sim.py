@@ -4,8 +4,11 @@
 A seeded random scheduler picks the next thing to happen (a message delivered, a rank's
 step, time passing), so one seed is one interleaving. Faults are scheduled with
 :meth:`SimJob.fail_at` (a rank reports a fault inside a step), :meth:`SimJob.kill_at` (its
-process dies there and the launcher restarts it, its snapshots kept by the node agent) and
-:meth:`SimJob.device_reset_at` (the device plugin resets its chip). :meth:`SimJob.run` checks
+process dies there, its snapshots kept by the node agent) and :meth:`SimJob.device_reset_at`
+(the device plugin resets its chip). Each node's agent is the real rule set,
+:class:`~mindft.flow.agent.NodePolicy`: every process exit and every order of the job goes
+through it, and the simulator only carries out what it decides (report, start, kill), as the
+node agent's shell does; the job reaches each agent through its hello, as over ZeroMQ. :meth:`SimJob.run` checks
 the flow's invariants as it goes and raises :class:`Violation` on the first broken one.
 
 With ``collectives=True`` every step ends in an all-reduce, as in data-parallel training
@@ -46,9 +49,11 @@ from mindft.exitcodes import ExitCode
 from mindft.flow import (TRANSITIONS, Armed, Broadcast, DeviceFailed, DeviceFaulty, DeviceRecovered, Finish,
                          Finished, Follower, Job, JobState, KillRank, ProcessExited, RankState, Resumed, Send,
                          StartRank, Transition)
+from mindft.flow.agent import AbortJob, KillWorker, NodePolicy, ReportExit, StartWorker
 from mindft.flow.cadence import Budget, Schedule
-from mindft.protocol import (Action, ActionKind, Cadence, CostReport, Done, FaultKind, FaultReport, Heartbeat, NodeLost,
-                             Progress, Register, RegisterAck, ReplicaReport)
+from mindft.protocol import (Action, ActionKind, AgentHello, Cadence, CostReport, Done, FaultKind, FaultReport,
+                             Heartbeat, JobView, NodeLost, OrderKind, Progress, RankOrder, Register, RegisterAck,
+                             ReplicaReport)
 
 TIMEOUTS = Timeouts(heartbeat_interval=0.5, heartbeat_misses=6, register=30.0, pause=10.0, repair=20.0,
                     rollback=10.0, resume=10.0)
@@ -57,6 +62,7 @@ PLUGIN_PROCESS_WAIT = 60.0  # the device plugin waits this long for the processe
 REPORT_EVERY = 1.0  # s between an agent's replica reports (mindft.replication.REPORT_INTERVAL)
 AGENT_LOST_AFTER = 5.0  # s a capture may wait for its replica before the agent says protection is lost
 _NONE_IN_ANY_STATE = dict.fromkeys(RankState, 0)
+MAX_RESTARTS = 5  # each node agent's --max-restarts
 
 
 class Violation(AssertionError):
@@ -72,9 +78,20 @@ class RankExit(Exception):
 
 
 def _last_word(effect: Send) -> bool:
-    """The ended job's answer to a process that registers late: dump (or finish) and exit."""
+    """The ended job's answer to a process that registers late (dump, or finish, and exit) or to a
+    node agent that says hello late (the job's end, so it stops waiting)."""
     message = effect.message
-    return isinstance(message, Action) and message.kind in (ActionKind.DUMP_AND_EXIT, ActionKind.FINISH)
+    return (isinstance(message, Action) and message.kind in (ActionKind.DUMP_AND_EXIT, ActionKind.FINISH)
+            or isinstance(message, JobView) and message.state in (JobState.DONE, JobState.FAILED))
+
+
+def pid_of(rank: int, incarnation: int) -> int:
+    """A process id per incarnation, so an order meant for an older process can be told apart."""
+    return 1000 + rank + 100_000 * incarnation
+
+
+def agent_peer(node: int) -> bytes:
+    return f"agent{node}".encode()
 
 
 def expected_state(steps: int) -> int:
@@ -157,7 +174,8 @@ class SimRank:
                 self.released = False
                 self._complete(self.collective_step)
             elif self.mode == "start":
-                self.sim.to_job(self, Register(self.rank, self.incarnation, 1000 + self.rank, tuple(self.snapshots),
+                self.sim.to_job(self, Register(self.rank, self.incarnation, pid_of(self.rank, self.incarnation),
+                                               tuple(self.snapshots),
                                                collectives=self.sim.collectives))
                 self.mode = "follow" if self.incarnation else "barrier"
             elif self.actions:
@@ -168,8 +186,7 @@ class SimRank:
                 self._capture(self.window_step)
         except RankExit as end:
             self.mode, self.exit_code = "exited", end.code
-            if end.code == ExitCode.LEFT_DEVICE:
-                self.sim.kill(self, "left its device", restart=False)
+            self.sim.exited(self, end.code)
 
     def _obey(self, action: Action) -> None:
         before = self.mode
@@ -180,6 +197,7 @@ class SimRank:
             self.mode = "train"
         elif isinstance(outcome, Finished):
             self.mode, self.exit_code = "exited", ExitCode.OK
+            self.sim.exited(self, ExitCode.OK)
         elif isinstance(outcome, Armed):
             self.mode = before if before in ("train", "window") else "train"
         elif before in ("train", "window"):
@@ -196,8 +214,8 @@ class SimRank:
             sim.lose_node(node, sim.node_losses.pop((node, step)))
             return
         if (self.rank, step, self.incarnation) in sim.kills:
-            # mindft-launch restarts a crashed rank at once, unless every worker restarts together.
-            sim.kill(self, f"killed in step {step}", restart=not sim.collectives)
+            self.mode = "dead"  # its node agent decides what follows
+            sim.exited(self, -9)
             return
         fault = self.armed or sim.faults.pop((self.rank, step), None)
         if fault is not None:
@@ -284,6 +302,7 @@ class SimJob:
         self.reported_at = 0.0
         self.node_lost = False  # a node was lost: a FAILED job must have had no common step
         self.truth: Optional[frozenset[int]] = None  # the steps every rank could restore when the job failed
+        self.agents: dict[int, NodePolicy] = {}  # per node, from run() on (spread() may change the nodes)
 
     # ---- schedule ----
     def fail_at(self, rank: int, step: int, kind: FaultKind = FaultKind.UCE) -> SimJob:
@@ -416,20 +435,61 @@ class SimJob:
             held = None if buddy in self.lost_nodes else self.keeper.get(number)
             self.ranks[number].snapshots = {} if held is None else {held[1]: held[2]}
             steps.append(-1 if held is None else held[1])
-        # Every worker restarts together: the job's start order, given while the node was gone, stands
-        # (the new agent reads it in the status); one given from now on comes as StartRank.
-        ordered = {row.rank for row in self.job.status(self.now).ranks if row.order == "start"}
-        report = NodeLost(node, ranks, tuple(steps), self.node_ranks((node - 1) % self.nodes), "simulated")
-        self._apply_agent(self.job.handle(f"agent{node}".encode(), report, self.now))
-        if self.job.result is not None:
+        if not NodePolicy.replaces_lost_node(self.job.state, range(self.world_size), ranks):
             return
-        for number in ranks:
-            if not self.job.restart_all or number in ordered:
-                self.timers.append((self.now + 0.2, "restart", self.ranks[number]))
+        report = NodeLost(node, ranks, tuple(steps), self.node_ranks((node - 1) % self.nodes), "simulated")
+        self._apply_agent(self.job.handle(agent_peer(node), report, self.now))
+        # Every worker restarts together: a start order given while the node was gone comes again
+        # in answer to the new agent's hello.
+        self._start_agent(node, replacing=True)
+
+    def _start_agent(self, node: int, replacing: bool = False) -> None:
+        """A node agent starts: it starts its ranks (or, replacing a lost node, rejoins them as its
+        policy says) and says hello to the job."""
+        ranks = self.node_ranks(node)
+        policy = self.agents[node] = NodePolicy(ranks, MAX_RESTARTS, runs_controller=node == 0)
+        if replacing:
+            status = self.job.status(self.now)
+            policy.on_view(JobView(status.state, status.restart_all, reason=status.reason))
+            incarnations = {row.rank: row.incarnation for row in status.ranks if row.rank in ranks}
+            self._carry_out(node, policy.rejoin(incarnations))
+        else:
+            for number in ranks:
+                policy.started(number, pid_of(number, 0))
+        self._apply(self.job.handle(agent_peer(node), AgentHello(node, ranks), self.now))
+
+    def exited(self, rank: SimRank, code: int) -> None:
+        """A rank's process ended; its agent notices a moment later."""
+        self.timers.append((self.now + 0.1, "exited", (rank, code)))
+
+    def _order(self, agent: Optional[bytes], order: RankOrder) -> None:
+        if agent is None:
+            raise Violation(f"the job ordered {order.kind.value} for rank {order.rank} without its agent's address")
+        node = int(agent.decode().removeprefix("agent"))
+        if node in self.lost_nodes:
+            return  # the agent went with its node: the order is lost (the new agent's hello asks again)
+        self._carry_out(node, self.agents[node].on_order(order))
+
+    def _carry_out(self, node: int, effects: list) -> None:
+        """What a node agent's policy decided, done as the agent's shell does it."""
+        for effect in effects:
+            if isinstance(effect, ReportExit):
+                self._apply(self.job.process_exit(ProcessExited(effect.rank, effect.returncode, effect.pid), self.now,
+                                                  will_restart=effect.will_restart))
+            elif isinstance(effect, StartWorker):
+                self.timers.append((self.now + 0.2, "restart", (self.ranks[effect.rank], effect.restarts)))
+            elif isinstance(effect, KillWorker):
+                rank = self.ranks[effect.rank]
+                if rank.alive and pid_of(rank.rank, rank.incarnation) == effect.pid:
+                    rank.mode = "dead"
+                    self.exited(rank, -9)
+            elif isinstance(effect, AbortJob) and self.job.result is None:
+                raise Violation(f"node {node}'s agent failed the job while it ran: {effect.reason}")
 
     def _apply_agent(self, effects: list) -> None:
         """Effects of an agent's request: its reply goes to the agent, the rest to the job."""
-        self._apply([e for e in effects if not (isinstance(e, Send) and e.peer.startswith(b"agent"))])
+        self._apply([e for e in effects if not (isinstance(e, Send) and e.peer.startswith(b"agent")
+                                                and not isinstance(e.message, JobView))])
 
     def _restorable(self) -> frozenset[int]:
         """The steps every rank could restore now: from its process or its agent's memory, a lost
@@ -450,17 +510,12 @@ class SimJob:
         rank.last_sent = self.now
         self.up.append((rank.peer, message))
 
-    def kill(self, rank: SimRank, why: str, restart: bool = True) -> None:
-        if rank.mode != "exited":
-            rank.mode = "dead"
-        # The node agent keeps the snapshots; the launcher notices, then restarts the worker
-        # (at once after a crash; when the flow says so after it left its device).
-        self.timers.append((self.now + 0.1, "exited", rank))
-        if restart:
-            self.timers.append((self.now + 0.3, "restart", rank))
-        self.left_at[rank.rank] = None if restart else self.now
-
     def _deliver(self, peers: tuple[bytes, ...], message: object) -> None:
+        if isinstance(message, JobView):
+            for node, policy in self.agents.items():
+                if agent_peer(node) in peers and node not in self.lost_nodes:
+                    policy.on_view(message)
+            return
         for rank in self.ranks.values():
             if rank.peer in peers and rank.alive:
                 rank.last_heard = self.now
@@ -486,16 +541,14 @@ class SimJob:
             elif isinstance(effect, Transition):
                 self._on_transition(effect)
             elif isinstance(effect, KillRank):
-                rank = self.ranks[effect.rank]
-                if rank.alive:
-                    self.kill(rank, effect.reason, effect.restart)
+                self._order(effect.agent, effect.order())
             elif isinstance(effect, StartRank):
                 if self.ranks[effect.rank].alive:
                     raise Violation(f"told to start rank {effect.rank}, whose process is still running")
                 if effect.rank in self.resetting or any(kind == "device" and payload.rank == effect.rank
                                                         for _, kind, payload in self.timers):
                     raise Violation(f"told to start rank {effect.rank} before its device was back")
-                self.timers.append((self.now + 0.2, "restart", self.ranks[effect.rank]))
+                self._order(effect.agent, effect.order())
             elif isinstance(effect, Finish):
                 self.finished_at = self.now
                 if effect.exit_code != ExitCode.OK:
@@ -535,13 +588,19 @@ class SimJob:
         due = [t for t in self.timers if t[0] <= self.now]
         self.timers = [t for t in self.timers if t[0] > self.now]
         for _, kind, payload in sorted(due, key=lambda t: t[0]):
-            if kind in ("exited", "restart") and self.node_of(payload.rank) in self.lost_nodes:
-                continue  # its launcher went with the node: no report, no restart (the new node's agent starts it)
+            if kind in ("exited", "restart") and self.node_of(payload[0].rank) in self.lost_nodes:
+                continue  # its agent went with the node: no report, no restart (the new node's agent starts it)
             if kind == "exited":
-                self._apply(self.job.process_exit(ProcessExited(payload.rank, -9, 1000 + payload.rank), self.now))
+                rank, code = payload
+                node = self.node_of(rank.rank)
+                if self.ranks[rank.rank] is rank:  # not a process its agent already replaced
+                    self._carry_out(node, self.agents[node].on_exit(rank.rank, code))
             elif kind == "restart" and self.job.result is None:
-                old = payload
-                self.ranks[old.rank] = SimRank(self, old.rank, old.incarnation + 1, old.snapshots)
+                old, incarnation = payload
+                if old.rank in self.resetting or any(k == "device" and p.rank == old.rank for _, k, p in self.timers):
+                    raise Violation(f"rank {old.rank}'s process started on its device while the device is reset")
+                self.ranks[old.rank] = SimRank(self, old.rank, incarnation, old.snapshots)
+                self.agents[self.node_of(old.rank)].started(old.rank, pid_of(old.rank, incarnation))
             elif kind == "replace":
                 self._replace_node(payload)
             elif kind == "device":
@@ -574,6 +633,9 @@ class SimJob:
     def run(self, max_events: int = 200_000, max_seconds: float = 600.0) -> SimJob:
         """Run until the job ends; raise :class:`Violation` on a broken invariant."""
         pick = self.random.random
+        for node in range(self.nodes):
+            if node not in self.agents:
+                self._start_agent(node)
         for _ in range(max_events):
             if self.finished_at is not None and not self.up and not any(r.enabled() for r in self.ranks.values()):
                 break

@@ -246,3 +246,24 @@ def test_the_explorer_catches_a_flow_that_gives_up_on_every_lost_node(monkeypatc
     monkeypatch.setattr(Job, "_replicas_fall_short", give_up)
     with pytest.raises(AssertionError, match="FAILED after a node loss though every rank could restore step"):
         explore(range(2000))
+
+
+# ---- the node agents' rules (mindft.flow.agent), which the simulator runs as they are ----
+
+def test_the_explorer_catches_an_agent_that_restarts_a_rank_that_left_its_device(monkeypatch) -> None:
+    from mindft.exitcodes import ExitCode
+    from mindft.flow.agent import NodePolicy
+    real = NodePolicy.on_exit
+    # Without the rule, leaving the device looks like a crash: restarted at once, on the chip being reset.
+    monkeypatch.setattr(NodePolicy, "on_exit", lambda self, rank, code: real(self, rank, 1 if code ==
+                                                                             ExitCode.LEFT_DEVICE else code))
+    with pytest.raises(AssertionError, match="started on its device while the device is reset"):
+        explore(range(300))
+
+
+def test_the_explorer_catches_an_agent_that_restarts_one_rank_of_a_collective_job(monkeypatch) -> None:
+    from mindft.flow.agent import NodePolicy
+    # The restarted process cannot join its peers' communicator: they wait in the all-reduce for ever.
+    monkeypatch.setattr(NodePolicy, "restart_all", property(lambda self: False))
+    with pytest.raises(AssertionError, match="did not end|every fault was recoverable"):
+        explore(range(300))
