@@ -268,7 +268,8 @@ class NodeAgent:
         code = scheduler.poll()
         if code is not None:
             scheduler.exit_seen = True
-            self._carry_out(self.policy.on_scheduler_exit(code, scheduler.last_error(), str(scheduler.log_path)))
+            self._carry_out(self.policy.on_scheduler_exit(scheduler.pid, code, scheduler.last_error(),
+                                                             str(scheduler.log_path)))
 
     def _report_progress(self, now: float) -> None:
         """While a recovery waits, say so at a steady pace (the controller logs only transitions)."""

@@ -293,14 +293,15 @@ class NodePolicy:
         return [StartWorker(order.rank, worker.restarts, f"controller: {order.reason}: starting rank {order.rank} "
                                                          f"(restart {worker.restarts})", renew_cluster=renew)]
 
-    def on_scheduler_exit(self, code: int, why: str, log_path: str) -> list[AgentEffect]:
-        """MindSpore's scheduler exited: a failure while ranks still need it fails the job at once."""
+    def on_scheduler_exit(self, pid: int, code: int, why: str, log_path: str) -> list[AgentEffect]:
+        """MindSpore's scheduler (``pid``) exited: a failure while ranks still need it fails the job
+        at once; ``why`` is the last error line of its log."""
         if code == ExitCode.OK or all(w.final for w in self.workers.values()):
-            return [Say(f"MindSpore's scheduler {describe_exit(code)}")]
+            return [Say(f"MindSpore's scheduler (pid {pid}) {describe_exit(code)}")]
         hint = ("; a script that never calls mindspore.communication.init() runs with --no-scheduler"
                 if "timed out" in why or "not successfully spawned" in why else "")
-        return self._abort(f"MindSpore's scheduler {describe_exit(code)}: the ranks cannot communicate without it "
-                           f"({why or 'no error line in its log'}); see {log_path}{hint}")
+        return self._abort(f"MindSpore's scheduler (pid {pid}) {describe_exit(code)}: the ranks cannot communicate "
+                           f"without it ({why or 'no error line in its log'}); see {log_path}{hint}")
 
     def abort(self, reason: str) -> list[AgentEffect]:
         """The agent itself cannot go on (a dead watcher, a node that cannot rejoin)."""

@@ -133,7 +133,7 @@ def test_a_scheduler_that_fails_while_ranks_need_it_fails_the_job(code, all_fina
     if all_final:
         for rank in (0, 1):
             node.on_exit(rank, 0)
-    effects = node.on_scheduler_exit(code, "Cluster topology timed out", "/logs/scheduler.log")
+    effects = node.on_scheduler_exit(77, code, "Cluster topology timed out", "/logs/scheduler.log")
     assert any(isinstance(e, AbortJob) for e in effects) is aborts
     if aborts:
         assert "--no-scheduler" in node.failure.reason  # a timeout hints at a script without init()
