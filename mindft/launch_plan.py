@@ -70,7 +70,7 @@ class LaunchSpec:
     # True when MindIO TFT coordinates the job (MINDFT_BACKEND): node 0 runs MindIO's controller
     # and the step gate instead of mindft's controller, and a lost rank is not restarted.
     mindio: bool = False
-    # This node agent's replica keeper (mindft.replication) when the agents replicate (several
+    # This node agent's replica keeper (mindft.replica) when the agents replicate (several
     # nodes, MINDFT_AGENT_REPLICATION=1): the ranks announce it and push nothing themselves.
     replica_endpoint: Optional[str] = None
 

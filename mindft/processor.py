@@ -56,7 +56,7 @@ class Processor:
 
     :attr:`report_limit` (when set) caps the step a report may claim finished: a rank that
     replicates its own snapshots reports a capture step only once its replica arrived
-    (:class:`mindft.replication.RankReplication`), and calls :meth:`release_reports` when
+    (:class:`mindft.replica.RankReplication`), and calls :meth:`release_reports` when
     the cap rises.
     """
 

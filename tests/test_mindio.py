@@ -11,10 +11,12 @@ import time
 
 import pytest
 
-from mindft import mindio
 from mindft.exitcodes import ExitCode
-from mindft.mindio import (MindioController, MindioError, MindioExit, MindioRank, RankCallbacks,
-                           RecoveryRequested, _bounded, controller_runs_here)
+from mindft.mindio import (MindioController, MindioError, MindioExit, MindioRank, RankCallbacks, RecoveryRequested,
+                           controller_runs_here, wheel)
+from mindft.mindio.rank import REPORT_STATES
+from mindft.mindio.wheel import bounded
+from mindft.protocol import FaultKind
 
 
 def callbacks() -> RankCallbacks:
@@ -50,6 +52,14 @@ def test_hooks_refuse_before_start() -> None:
     with pytest.raises(MindioError, match="not started"):
         rank.begin_update(1)
     assert rank.close() is True  # nothing to close, returns at once
+
+
+@pytest.mark.parametrize("kind", [FaultKind.HANG, FaultKind.DEVICE_RESET, FaultKind.PROCESS_DIED, FaultKind.UNKNOWN])
+def test_a_rank_reports_to_mindio_only_faults_it_repairs(kind: FaultKind) -> None:
+    rank = MindioRank(0, 2, "127.0.0.1", 29700, callbacks())
+    with pytest.raises(ValueError, match=f"MindIO takes reports of uce, communication, not {kind.value}"):
+        rank.report_fault(kind)
+    assert set(REPORT_STATES) == {FaultKind.UCE, FaultKind.COMMUNICATION}
 
 
 def test_stop_and_exit_orders_surface_in_the_training_thread() -> None:
@@ -103,24 +113,24 @@ def test_a_failing_handler_is_reported_to_the_training_thread() -> None:
 
 def test_bounded_call_abandons_a_hanging_call(monkeypatch: pytest.MonkeyPatch) -> None:
     skips: list = []
-    monkeypatch.setattr(mindio, "_skip_native_teardown_at_exit", lambda: skips.append(1))
+    monkeypatch.setattr(wheel, "skip_native_teardown_at_exit", lambda: skips.append(1))
     release = threading.Event()
     started = time.monotonic()
-    assert _bounded(release.wait, 0.2, "hanging call") is False
+    assert bounded(release.wait, 0.2, "hanging call") is False
     assert time.monotonic() - started < 2
     assert skips == [1]  # the process must not run the wheel's teardown with the call still inside
     release.set()
-    assert _bounded(lambda: None, 1, "quick call") is True
-    assert _bounded(lambda: 1 / 0, 1, "failing call") is False
+    assert bounded(lambda: None, 1, "quick call") is True
+    assert bounded(lambda: 1 / 0, 1, "failing call") is False
 
 
 @pytest.mark.parametrize("ending, status", [("sys.exit(7)", 7), ("pass", 0), ("raise RuntimeError('boom')", 1)])
 def test_skipping_native_teardown_keeps_the_exit_status_and_the_output(ending: str, status: int) -> None:
     script = ("import logging, sys\n"
-              "from mindft import mindio\n"
+              "from mindft.mindio import wheel\n"
               "logging.basicConfig(level=logging.INFO)\n"
-              "mindio._skip_native_teardown_at_exit()\n"
-              "mindio._skip_native_teardown_at_exit()\n"
+              "wheel.skip_native_teardown_at_exit()\n"
+              "wheel.skip_native_teardown_at_exit()\n"
               "print('printed before exit')\n"
               "logging.getLogger('t').info('logged before exit')\n"
               f"{ending}\n")

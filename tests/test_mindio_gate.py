@@ -117,10 +117,10 @@ def test_the_last_wait_opens_only_after_the_action_once_every_rank_finished(tmp_
 
 
 def test_the_gate_refuses_a_client_without_the_job_key(gate, tmp_path: Path, monkeypatch) -> None:
-    import mindft.mindio as mindio
+    from mindft.mindio import gate as gate_module
 
     server, _, _ = gate
-    monkeypatch.setattr(mindio, "GATE_UNREACHABLE_AFTER", 0.5)
+    monkeypatch.setattr(gate_module, "GATE_UNREACHABLE_AFTER", 0.5)
     stranger = StepGateClient(server.endpoint, 0, generate_keys(tmp_path / "other.json"))
     try:
         with pytest.raises(MindioError, match="did not answer"):

@@ -1,6 +1,8 @@
-"""MindxStandIn, node 0's MindX for MindIO's controller: its answers, with a fake controller API.
+"""MindxStandIn, the shell of node 0's MindX: callbacks, reset-file events and ticks in, orders out.
 
-The real wheel drives the same callbacks end to end in tests/integration/test_mindio_backend.py.
+Its rules are table-tested in tests/flow/test_mindx.py; here a fake controller API and a fake gate
+show the shell feeding them from its threads and carrying out what they decide. The real wheel
+drives the same callbacks end to end in tests/integration/test_mindio_backend.py.
 """
 from __future__ import annotations
 
@@ -9,8 +11,10 @@ from typing import Any, List, Optional
 
 import pytest
 
-from mindft.mindio import MINDX_PROCESS_ERROR, MINDX_UCE_ERROR, MindxStandIn, StandInPhase
-from mindft.flow.inputs import DeviceFailed, DeviceFaulty, DeviceRecovered, RollbackAll
+from mindft.flow.mindx import MINDX_PROCESS_ERROR, MINDX_UCE_ERROR, Phase
+from mindft.flow.states import IllegalTransition
+from mindft.mindio import MindxStandIn
+from mindft.flow.inputs import DeviceFaulty, DeviceRecovered, RollbackAll, StopJob
 
 
 class FakeApi:
@@ -39,6 +43,7 @@ class FakeApi:
 class FakeGate:
     def __init__(self, step: Optional[int] = 7) -> None:
         self.step, self.joined, self.held, self.left, self.rejoined = step, True, False, [], []
+        self.looks = 0
 
     def hold(self) -> None:
         self.held = True
@@ -47,6 +52,7 @@ class FakeGate:
         self.held = False
 
     def gathered(self) -> Optional[int]:
+        self.looks += 1
         return self.step if self.held else None
 
     def leave(self, ranks: Any) -> None:
@@ -100,7 +106,7 @@ def test_a_hot_reset_goes_through_mindio_arf_and_restarts_the_rank_once_its_proc
     h.until(lambda: h.gate.left == [1], "rank 1 told to leave")
     h.play_controller()
     assert h.api.calls[1:] == [("on_global_rank", {1: MINDX_PROCESS_ERROR}), ("change_strategy", "recover")]
-    assert h.standin.phase is StandInPhase.REPAIRING
+    assert h.standin.phase is Phase.REPAIRING
     h.standin.on_device_event(DeviceRecovered(1))
     time.sleep(0.1)
     assert not any(order[0] == "start" for order in h.orders)  # its old process still runs
@@ -108,7 +114,7 @@ def test_a_hot_reset_goes_through_mindio_arf_and_restarts_the_rank_once_its_proc
     h.until(lambda: ("start", 1) in h.orders, "rank 1 started again")
     assert h.gate.rejoined == [1] and not h.gate.held and ("kill", 1) not in h.orders
     h.cb["report_result"](0, "Mindio do repair operation ok", {}, "recover")
-    assert h.standin.phase is StandInPhase.IDLE and h.standin.failed is None
+    assert h.standin.phase is Phase.IDLE and h.standin.failed is None
 
 
 def test_a_rank_that_does_not_leave_its_chip_is_killed() -> None:
@@ -117,43 +123,21 @@ def test_a_rank_that_does_not_leave_its_chip_is_killed() -> None:
     h.until(lambda: ("kill", 1) in h.orders, "the kill order")
 
 
-def test_a_failed_chip_turns_the_arf_wait_into_a_dump() -> None:
-    h = Harness(leave_timeout=5.0)
-    h.standin.on_device_event(DeviceFaulty(1, "0x80E01801", "reset"))
-    h.until(lambda: h.api.calls, "stop_train")
-    h.play_controller()
-    h.alive[1] = False
-    h.standin.on_device_event(DeviceFailed(1, "status failed, policy isolate"))
-    assert h.api.calls[-1] == ("change_strategy", "dump")
-    assert "rank 1's chip failed" in h.standin.failed
-    h.cb["report_result"](0, "do dump success", {}, "dump")
-    assert h.standin.phase is StandInPhase.ENDED
-    h.standin.on_device_event(DeviceRecovered(1))  # too late: the job is over
-    time.sleep(0.1)
-    assert ("start", 1) not in h.orders
-
-
-def test_a_chip_that_fails_before_the_stop_is_dumped_not_repaired() -> None:
-    h = Harness(leave_timeout=5.0)
-    h.standin.on_device_event(DeviceFailed(0, "status failed, policy isolate"))
-    h.until(lambda: h.api.calls, "stop_train")
-    h.play_controller()
-    assert h.api.calls[-1] == ("change_strategy", "dump") and h.gate.left == [0]
-
-
-def test_faults_mindio_reports_itself_are_retried_in_place_or_dumped() -> None:
+def test_mindios_own_reports_are_answered_from_its_thread_at_once() -> None:
     h = Harness()
     h.cb["report_fault_ranks"]({1: MINDX_UCE_ERROR}, {})
     assert h.api.calls == [("stop_train", {1: MINDX_UCE_ERROR})]
     h.play_controller(("exit", "dump", "retry", "recover"))
-    assert h.api.calls[-1] == ("change_strategy", "retry")
+    assert h.api.calls[1:] == [("on_global_rank", {1: MINDX_UCE_ERROR}), ("change_strategy", "retry")]
     h.cb["report_result"](0, "Mindio do repair operation ok", {}, "retry")
-    assert h.standin.phase is StandInPhase.IDLE
-    # A process lost without a reset of its chip: mindft-launch does not restart it on MindIO.
-    h.cb["report_fault_ranks"]({0: MINDX_PROCESS_ERROR}, {})
-    h.play_controller()
-    assert h.api.calls[-1] == ("change_strategy", "dump") and h.standin.failed
-    assert h.standin.phase is StandInPhase.ENDED
+    assert h.standin.phase is Phase.IDLE and h.standin.failed is None
+
+
+def test_a_graceful_exit_holds_the_gate_and_has_mindio_dump() -> None:
+    h = Harness()
+    h.standin.on_device_event(StopJob.graceful_exit((0, 1)))
+    assert h.gate.held and h.api.calls == [("dump",)]
+    assert "GracefulExit" in h.standin.failed
 
 
 def test_events_mindio_cannot_act_on_are_logged_not_acted_on(caplog: pytest.LogCaptureFixture) -> None:
@@ -162,10 +146,20 @@ def test_events_mindio_cannot_act_on_are_logged_not_acted_on(caplog: pytest.LogC
     assert not h.api.calls and "RollbackAll is not acted on" in caplog.text
 
 
-def test_illegal_phase_moves_raise() -> None:
+def test_callbacks_out_of_order_raise_in_mindios_thread() -> None:
     h = Harness()
-    from mindft.mindio import MindioError
+    with pytest.raises(IllegalTransition):
+        h.cb["report_stop_complete"](0, "stop ok", {1: MINDX_PROCESS_ERROR})  # no stop was asked for
+    assert h.standin.phase is Phase.IDLE and not h.api.calls
 
-    with pytest.raises(MindioError):
-        with h.standin._lock:
-            h.standin._move(StandInPhase.REPAIRING)
+
+def test_an_idle_stand_in_does_not_poll_and_closes_at_once() -> None:
+    h = Harness()
+    time.sleep(0.2)
+    assert h.gate.looks == 0
+    started = time.monotonic()
+    h.standin.close()
+    assert time.monotonic() - started < 1.0 and not h.standin._thread.is_alive()
+    h.standin.on_device_event(DeviceFaulty(1, "0x80E01801", "reset"))  # after close: nothing happens
+    time.sleep(0.1)
+    assert h.gate.looks == 0 and not h.api.calls

@@ -2,7 +2,7 @@
 
 A :class:`Session` owns one rank's :class:`~mindft.snapshot.SnapshotStore`, its
 :class:`~mindft.processor.Processor` and, when no node agent replicates it, the keeper of its
-buddy's replica and the background replication of its own (:mod:`mindft.replication`). The
+buddy's replica and the background replication of its own (:mod:`mindft.replica`). The
 two front ends only tell it where step boundaries are; it captures, votes, and obeys the
 controller.
 

@@ -52,14 +52,14 @@ from mindft.flow import (TRANSITIONS, Armed, Broadcast, DeviceFailed, DeviceFaul
 from mindft.flow.agent import AbortJob, KillWorker, NodePolicy, ReportExit, StartWorker
 from mindft.flow.cadence import Budget, Schedule
 from mindft.protocol import (Action, ActionKind, AgentHello, Cadence, CostReport, Done, FaultKind, FaultReport,
-                             Heartbeat, JobView, NodeLost, OrderKind, Progress, RankOrder, Register, RegisterAck,
+                             Heartbeat, JobView, NodeLost, Progress, RankOrder, Register, RegisterAck,
                              ReplicaReport)
 
 TIMEOUTS = Timeouts(heartbeat_interval=0.5, heartbeat_misses=6, register=30.0, pause=10.0, repair=20.0,
                     rollback=10.0, resume=10.0)
 _ALLOWED = {(source, target) for (source, _), target in TRANSITIONS.items()}
 PLUGIN_PROCESS_WAIT = 60.0  # the device plugin waits this long for the processes on a chip to exit
-REPORT_EVERY = 1.0  # s between an agent's replica reports (mindft.replication.REPORT_INTERVAL)
+REPORT_EVERY = 1.0  # s between an agent's replica reports (mindft.replica.sender.REPORT_INTERVAL)
 AGENT_LOST_AFTER = 5.0  # s a capture may wait for its replica before the agent says protection is lost
 _NONE_IN_ANY_STATE = dict.fromkeys(RankState, 0)
 MAX_RESTARTS = 5  # each node agent's --max-restarts

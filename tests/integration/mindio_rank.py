@@ -26,8 +26,9 @@ from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 
-from mindft.mindio import (PROCESSOR_CLOSE_TIMEOUT, FaultKind, MindioController, MindioError, MindioExit,
-                           MindioRank, RankCallbacks, RecoveryRequested, StepGate, StepGateClient)
+from mindft.mindio import (PROCESSOR_CLOSE_TIMEOUT, MindioController, MindioError, MindioExit, MindioRank,
+                           RankCallbacks, RecoveryRequested, StepGate, StepGateClient)
+from mindft.protocol import FaultKind
 from mindft.replica import Keeper, fetch_replica, push_replica
 from mindft.snapshot import SnapshotError, SnapshotStore
 
