@@ -15,9 +15,12 @@ Young's interval sqrt(2 * capture_time / (failure_rate * step_time)).
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
+
+log = logging.getLogger(__name__)
 
 # A cadence that snapshots less often than the budget allows is replaced only if the budget's
 # choice is this factor more frequent: measured figures wobble, and every change is announced
@@ -195,3 +198,95 @@ class Schedule:
                 return None
             step = mine
         return None
+
+
+class Tuner:
+    """The job's side of the cadence: the costs the ranks and node agents report, the schedule
+    every rank follows, and when to change it (:meth:`retune`). ``budget`` None: the cadence stays."""
+
+    def __init__(self, snapshot_every: int, budget: Optional[Budget]) -> None:
+        self.schedule = Schedule.fixed(snapshot_every)
+        self.budget = budget
+        self.costs: dict[int, tuple[float, float]] = {}  # rank -> (step seconds, snapshot seconds)
+        self.replication_costs: dict[int, float] = {}  # node -> CPU seconds its agent's replication takes per snapshot
+        self.retune_due = False  # a cost report came while a change was still pending
+        self.over_budget = False  # the replay bound keeps the cadence above the budget (warned once)
+
+    @property
+    def every(self) -> int:
+        """The cadence chosen last (in force from its switch step)."""
+        return self.schedule.segments[-1][1]
+
+    def cost(self) -> float:
+        """The snapshots' slowdown at the chosen cadence by the slowest figures (-1: none reported)."""
+        return overhead_of(*self.slowest_costs(), self.every) if self.costs else -1.0
+
+    def report(self, rank: int, step_time: float, capture_time: float) -> None:
+        self.costs[rank] = (step_time, capture_time)
+
+    def report_replication(self, node: int, cpu_seconds: float) -> bool:
+        """A node agent's replication CPU per snapshot; True if it changed."""
+        if cpu_seconds == self.replication_costs.get(node, 0.0):
+            return False
+        self.replication_costs[node] = max(cpu_seconds, 0.0)
+        return True
+
+    def retune(self, slowest: int) -> Optional[tuple[int, ...]]:
+        """Choose the cadence from the slowest ranks' figures; the new schedule's wire form to
+        announce, or None (no budget, no figures, no change worth making, one still pending).
+
+        Every rank must switch at the same step, one no rank has decided about yet. A rank
+        hears of progress only through Progress (and RESUME), and the change is broadcast
+        before any Progress beyond ``slowest`` on the same ordered link, so no rank can have
+        got past :meth:`Schedule.switch_point` of ``slowest`` when the change reaches it.
+        """
+        if self.budget is None or not self.costs:
+            return None
+        self._judge_budget()
+        if self.schedule.pending(slowest):
+            self.retune_due = True  # one change at a time: decide again once it is reached
+            return None
+        self.retune_due = False
+        step_time, capture_time = self.slowest_costs()
+        every = choose_every(step_time, capture_time, self.budget)
+        current = self.every
+        if not worth_changing(current, every):
+            return None
+        start = self.schedule.switch_point(slowest)
+        self.schedule = self.schedule.then(start, every)
+        log.info("snapshot cadence %d -> every %d steps from step %d (step %.4f s, snapshot %.4f s%s, slowest "
+                 "ranks; budget %g, at most %d steps replayed)", current, every, start, step_time, capture_time,
+                 self._replication_part(), self.budget.overhead, self.budget.max_replay)
+        return self.schedule.wire()
+
+    def _judge_budget(self) -> None:
+        """Say once (until it is met again) that the replay bound, not the budget, sets the cadence."""
+        budget = self.budget
+        step_time, capture_time = self.slowest_costs()
+        cost = overhead_of(step_time, capture_time, budget.max_replay)
+        over = cost > budget.overhead
+        if over and not self.over_budget:
+            log.warning("snapshots cost %.1f%% of the step even every %d steps, the most a recovery may replay "
+                        "(MINDFT_MAX_REPLAY_STEPS), over the %g%% budget (MINDFT_OVERHEAD_BUDGET; step %.4f s, "
+                        "snapshot %.4f s%s, the slowest figures): allow more replayed steps or a larger budget",
+                        100 * cost, budget.max_replay, 100 * budget.overhead, step_time, capture_time,
+                        self._replication_part())
+        elif self.over_budget and not over:
+            log.info("snapshots fit the %g%% budget again (%.1f%% every %d steps)", 100 * budget.overhead,
+                     100 * cost, budget.max_replay)
+        self.over_budget = over
+
+    def slowest_costs(self) -> tuple[float, float]:
+        """The slowest step time and the slowest snapshot time (seconds): a rank's capture, plus
+        the CPU the busiest node agent's replication takes per snapshot. It shares the node's cores
+        with training, and a synchronous job goes at its slowest rank's pace, so all of it counts."""
+        return (max(step for step, _ in self.costs.values()),
+                max(capture for _, capture in self.costs.values()) + self._busiest_replication())
+
+    def _busiest_replication(self) -> float:
+        return max(self.replication_costs.values(), default=0.0)
+
+    def _replication_part(self) -> str:
+        """What of the snapshot time is the node agents' replication, for the logs ("": none)."""
+        cpu = self._busiest_replication()
+        return f" of which {cpu:.4f} s the busiest node's replication CPU" if cpu else ""

@@ -32,7 +32,7 @@ from typing import Optional
 
 from mindft.config import Timeouts
 from mindft.exitcodes import ExitCode
-from mindft.flow.cadence import Budget, Schedule, choose_every, overhead_of, worth_changing
+from mindft.flow.cadence import Budget, Tuner
 from mindft.flow.effects import Broadcast, Effect, Finish, KillRank, Peer, Send, StartRank, Transition
 from mindft.flow.inputs import (DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, HoldRepairs, ProcessExited,
                                 RollbackAll, StopJob, from_wire)
@@ -141,12 +141,7 @@ class Job:
         self.holding = False  # HoldRepairs: the fault manager is still collecting faults
         self._barrier_endpoints: dict[int, str] = {}
         self._out: list[Effect] = []
-        self.schedule = Schedule.fixed(snapshot_every)  # the snapshot cadence every rank follows
-        self.budget = budget
-        self.costs: dict[int, tuple[float, float]] = {}  # rank -> (step seconds, snapshot seconds)
-        self.replication_costs: dict[int, float] = {}  # node -> CPU seconds its agent's replication takes per snapshot
-        self._retune_due = False  # a cost report came while a change was still pending
-        self._over_budget = False  # the replay bound keeps the cadence above the budget (warned once)
+        self.tuner = Tuner(snapshot_every, budget)  # the snapshot cadence every rank follows, and its costs
         self.replicas = ReplicaWatch()  # every rank's replica, from the node agents; LOST PROTECTION
         self.agents: dict[int, Peer] = {}  # rank → the link of the node agent that runs its process
 
@@ -290,13 +285,12 @@ class Job:
             reason = self.result.reason
         else:
             reason = self._fault_summary() if self.state in RECOVERY_STATES else ""
-        every = self.schedule.segments[-1][1]
-        cost = overhead_of(*self._slowest_costs(), every) if self.costs else -1.0
+        tuner = self.tuner
         return StatusReply(state=self.state, step=self.ranks.slowest, ranks=rows, reason=reason,
                            round=self.recovery.round, recoveries=len(self.recoveries), request_id=request_id,
-                           restart_all=self.restart_all, snapshot_every=every, snapshot_cost=round(cost, 6),
-                           overhead_budget=self.budget.overhead if self.budget is not None else 0.0,
-                           over_budget=self._over_budget, waiting=self.waiting_for(),
+                           restart_all=self.restart_all, snapshot_every=tuner.every, snapshot_cost=round(tuner.cost(), 6),
+                           overhead_budget=tuner.budget.overhead if tuner.budget is not None else 0.0,
+                           over_budget=tuner.over_budget, waiting=self.waiting_for(),
                            deadline_in=round(max(0.0, self.deadline - now), 3) if self.deadline < math.inf else -1.0)
 
     # ---- rank messages ----------------------------------------------------------------------
@@ -328,7 +322,7 @@ class Job:
         if message.round != self.recovery.round:
             return  # sent before this rank saw the current round: its progress was reset since
         if self.ranks.advance(record, message.step) and self.state is _S.NORMAL:
-            if self._retune_due:
+            if self.tuner.retune_due:
                 self._retune()  # before the Progress that lets ranks past the switch point
             self._emit(Broadcast(self.ranks.peers(), Progress(self.ranks.slowest)))
 
@@ -447,7 +441,7 @@ class Job:
     def _register_ack(self) -> RegisterAck:
         endpoints = {r.rank: r.replica_endpoint for r in sorted(self.ranks, key=lambda r: r.rank)}
         return RegisterAck(world_size=self.ranks.world_size, endpoints=endpoints, state=self.state.value,
-                           step=self.ranks.slowest, cadence=self.schedule.wire())
+                           step=self.ranks.slowest, cadence=self.tuner.schedule.wire())
 
     def _start_training(self, now: float) -> None:
         self._move(Event.ALL_REGISTERED, f"all {self.ranks.world_size} ranks registered", now)
@@ -749,7 +743,7 @@ class Job:
             if exact or (recovering and record.held_round == self.recovery.round):
                 held = frozenset(record.held)
             else:
-                held = self.schedule.held_after(record.progress)
+                held = self.tuner.schedule.held_after(record.progress)
             common = held if common is None else common & held
         return max(common) if common else -1
 
@@ -757,13 +751,12 @@ class Job:
 
     def _on_replicas(self, message: ReplicaReport) -> str:
         """A node agent's report of its ranks' replicas; what is wrong with it ("": nothing)."""
-        committed = self.schedule.at_or_before(self.ranks.slowest)
-        kept = KeptSteps(self.schedule.before(committed) if committed > 0 else committed, committed,
+        committed = self.tuner.schedule.at_or_before(self.ranks.slowest)
+        kept = KeptSteps(self.tuner.schedule.before(committed) if committed > 0 else committed, committed,
                          self.ranks.slowest)
         detail = self.replicas.report(message, self.ranks.world_size, kept if self.state is _S.NORMAL else None)
-        if not detail and message.node >= 0 and message.cpu_seconds != self.replication_costs.get(message.node, 0.0):
-            self.replication_costs[message.node] = max(message.cpu_seconds, 0.0)
-            self._cost_changed()
+        if not detail and message.node >= 0 and self.tuner.report_replication(message.node, message.cpu_seconds):
+            self._retune()
         return detail
 
     def _node_lost(self, message: NodeLost, now: float) -> tuple[bool, str]:
@@ -847,73 +840,15 @@ class Job:
 
     def _on_cost(self, peer: Peer, message: CostReport, now: float) -> None:
         record = self._sender(peer, message.rank, now, "cost report")
-        if record is None:
-            return
-        self.costs[record.rank] = (message.step_time, message.capture_time)
-        self._cost_changed()
-
-    def _cost_changed(self) -> None:
-        if self.budget is not None and self.state is _S.NORMAL and self.costs:
-            self._warn_over_budget()
+        if record is not None:
+            self.tuner.report(record.rank, message.step_time, message.capture_time)
             self._retune()
 
     def _retune(self) -> None:
-        """Choose the cadence from the slowest ranks' figures; announce a change.
-
-        Every rank must switch at the same step, one no rank has decided about yet. A rank
-        hears of progress only through Progress (and RESUME), and the change is broadcast
-        before any Progress beyond ``slowest`` on the same ordered link, so no rank can have
-        got past :meth:`Schedule.switch_point` of ``slowest`` when the change reaches it.
-        """
-        slowest = self.ranks.slowest
-        if self.schedule.pending(slowest):
-            self._retune_due = True  # one change at a time: decide again once it is reached
-            return
-        self._retune_due = False
-        step_time, capture_time = self._slowest_costs()
-        every = choose_every(step_time, capture_time, self.budget)
-        current = self.schedule.segments[-1][1]
-        if not worth_changing(current, every):
-            return
-        start = self.schedule.switch_point(slowest)
-        self.schedule = self.schedule.then(start, every)
-        log.info("snapshot cadence %d -> every %d steps from step %d (step %.4f s, snapshot %.4f s%s, slowest "
-                 "ranks; budget %g, at most %d steps replayed)", current, every, start, step_time, capture_time,
-                 self._replication_part(), self.budget.overhead, self.budget.max_replay)
-        self._emit(Broadcast(self.ranks.peers(), Cadence(self.schedule.wire())))
-
-    def _warn_over_budget(self) -> None:
-        """Say once (until it is met again) that the replay bound, not the budget, sets the cadence."""
-        budget = self.budget
-        step_time, capture_time = self._slowest_costs()
-        cost = overhead_of(step_time, capture_time, budget.max_replay)
-        over = cost > budget.overhead
-        if over and not self._over_budget:
-            log.warning("snapshots cost %.1f%% of the step even every %d steps, the most a recovery may replay "
-                        "(MINDFT_MAX_REPLAY_STEPS), over the %g%% budget (MINDFT_OVERHEAD_BUDGET; step %.4f s, "
-                        "snapshot %.4f s%s, the slowest figures): allow more replayed steps or a larger budget",
-                        100 * cost, budget.max_replay, 100 * budget.overhead, step_time, capture_time,
-                        self._replication_part())
-        elif self._over_budget and not over:
-            log.info("snapshots fit the %g%% budget again (%.1f%% every %d steps)", 100 * budget.overhead,
-                     100 * cost, budget.max_replay)
-        self._over_budget = over
-
-    def _slowest_costs(self) -> tuple[float, float]:
-        """The slowest step time and the slowest snapshot time (seconds): a rank's capture, plus
-        the CPU the busiest node agent's replication takes per snapshot. It shares the node's cores
-        with training, and a synchronous job goes at its slowest rank's pace, so all of it counts."""
-        return (max(step for step, _ in self.costs.values()),
-                max(capture for _, capture in self.costs.values()) + self._busiest_replication())
-
-    def _busiest_replication(self) -> float:
-        """The CPU seconds per snapshot of the node agent whose replication takes the most (0: none)."""
-        return max(self.replication_costs.values(), default=0.0)
-
-    def _replication_part(self) -> str:
-        """What of the snapshot time is the node agents' replication, for the logs ("": none)."""
-        cpu = self._busiest_replication()
-        return f" of which {cpu:.4f} s the busiest node's replication CPU" if cpu else ""
+        if self.state is _S.NORMAL:
+            wire = self.tuner.retune(self.ranks.slowest)
+            if wire is not None:
+                self._emit(Broadcast(self.ranks.peers(), Cadence(wire)))
 
     def _changed_endpoints(self) -> dict[int, str]:
         """Replica endpoints that differ from the start barrier's map (restarted ranks)."""

@@ -410,7 +410,7 @@ def test_the_budget_cadence_is_announced_past_every_decided_step_and_before_prog
     out = d.send(1, CostReport(1, 0.14, 0.025))  # the slowest figures: 18 (step 0.14, snapshot 0.025)
     cadences = [e.message for e in d.effects if isinstance(e, Broadcast) and isinstance(e.message, Cadence)]
     assert cadences == [Cadence((0, 1, 7, 10))]  # slowest 4: ranks may be deciding 6; 7 is free
-    assert out == [] and d.job.schedule.segments == ((0, 1), (7, 10))
+    assert out == [] and d.job.tuner.schedule.segments == ((0, 1), (7, 10))
     # One change at a time: figures that ask for 18 wait until every rank reached step 7,
     # and the new cadence goes out before the Progress that lets ranks past its switch point.
     d.steps(6)
@@ -419,7 +419,7 @@ def test_the_budget_cadence_is_announced_past_every_decided_step_and_before_prog
     d.steps(7)
     kinds = [type(e.message).__name__ for e in d.effects if isinstance(e, Broadcast)]
     assert kinds == ["Cadence", "Progress"], kinds
-    assert d.job.schedule.segments == ((0, 1), (7, 10), (37, 18))
+    assert d.job.tuner.schedule.segments == ((0, 1), (7, 10), (37, 18))
     assert d.job._register_ack().cadence == (0, 1, 7, 10, 37, 18)
 
 
@@ -428,14 +428,14 @@ def test_a_fixed_cadence_ignores_cost_reports() -> None:
     d = Driver(2, every=4).start()
     d.steps(8)
     d.send(0, CostReport(0, 0.1, 0.5))
-    assert d.job.schedule.segments == ((0, 4),)
+    assert d.job.tuner.schedule.segments == ((0, 4),)
 
 
 def test_a_budget_the_replay_bound_cannot_meet_is_warned_once_until_it_is_met_again(caplog) -> None:
     import logging
     from mindft.flow.cadence import Budget
     from mindft.protocol import CostReport
-    caplog.set_level(logging.INFO, "mindft.flow.job")
+    caplog.set_level(logging.INFO, "mindft.flow.cadence")
     d = Driver(2)
     d.job = Job(2, T, d.now, budget=Budget(overhead=0.01, max_replay=100))
     d.start()
@@ -466,21 +466,21 @@ def test_the_budget_counts_the_cpu_of_the_node_agents_replication(caplog) -> Non
     import logging
     from mindft.flow.cadence import Budget
     from mindft.protocol import Cadence, CostReport, ReplicaReport
-    caplog.set_level(logging.INFO, "mindft.flow.job")
+    caplog.set_level(logging.INFO, "mindft.flow.cadence")
     d = Driver(2)
     d.job = Job(2, T, d.now, budget=Budget(overhead=0.01, max_replay=100))
     d.start()
     d.steps(2)
     d.send(0, CostReport(0, 0.10, 0.010))  # every 10th step
-    assert d.job.schedule.segments[-1][1] == 10
+    assert d.job.tuner.schedule.segments[-1][1] == 10
     d.send(9, ReplicaReport(-1, (0,), (0,), cpu_seconds=5.0))  # a rank's own replication is in its CostReport
     assert d.job.status(d.now).snapshot_cost == 0.01
     d.send(9, ReplicaReport(1, (0, 1), (0, 0), cpu_seconds=0.04))  # node 1's replication: 0.04 s of CPU per snapshot
     assert d.job.status(d.now).snapshot_cost == 0.05  # (0.01 + 0.04) / (10 * 0.10)
     d.effects.clear()
-    d.steps(d.job.schedule.segments[-1][0] + 1)  # the change to 10 is reached: the next one may go out
+    d.steps(d.job.tuner.schedule.segments[-1][0] + 1)  # the change to 10 is reached: the next one may go out
     cadences = [e.message for e in d.effects if isinstance(e, Broadcast) and isinstance(e.message, Cadence)]
-    assert cadences and d.job.schedule.segments[-1][1] == 50  # (0.01 + 0.04) / (0.01 * 0.10)
+    assert cadences and d.job.tuner.schedule.segments[-1][1] == 50  # (0.01 + 0.04) / (0.01 * 0.10)
     assert "snapshot 0.0500 s of which 0.0400 s the busiest node's replication CPU" in caplog.text
 
 
