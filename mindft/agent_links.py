@@ -14,6 +14,7 @@ from mindft import channel
 from mindft.config import MindftConfig
 from mindft.exitcodes import ExitCode
 from mindft.flow.agent import WatcherSupervision
+from mindft.flow.recovery import PHASE_TIMEOUTS
 from mindft.launch_plan import LaunchSpec
 from mindft.protocol import AgentHello, JobState, Message, ProtocolError, StatusReply, decode, encode
 
@@ -24,8 +25,6 @@ HELLO_INTERVAL = 2.0  # between a node agent's hellos on its link to the control
 
 def recovery_progress(status: StatusReply, seconds_in_state: float) -> Optional[str]:
     """One progress line while a recovery waits (state, who is waited on, time left); None otherwise."""
-    from mindft.flow.job import PHASE_TIMEOUTS
-
     name = PHASE_TIMEOUTS.get(status.state)
     if name is None or status.state is JobState.STARTING:
         return None

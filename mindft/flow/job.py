@@ -4,19 +4,7 @@
     any recovery state → PAUSING on a further fault (a new round, the union of faults)
     any non-terminal state → FAILED;  NORMAL → DONE
 
-The recovery ladder, cheapest rung first: every rank pauses at a step boundary and rolls
-back in place; if the job's collectives cannot be repaired in place (``restart_all``: MCCL
-on CPU) and a fault takes a process, or a rank stays blocked (in a collective) past
-``timeouts.stall``, every worker is killed and started again from the node agents' memory;
-failing both, every rank dumps the same step and the job exits non-zero.
-
-A node can be lost with its agent's memory (:class:`~mindft.protocol.NodeLost`, from the agent of
-the node that replaces it): its ranks can then roll back only to the step of their replica on
-the buddy node that the new agent restored, so the rollback step must be one that replica holds
-and every other rank holds too; when none is, the job takes the dying-gasp rung at once, saying
-why, rather than a recovery that would lose their state. The node agents report how far each
-rank's replica got (:class:`~mindft.protocol.ReplicaReport`): a replica older than both steps
-every rank keeps is LOST PROTECTION, logged once (and once when restored) and shown by status.
+The recovery itself (its rungs, lost nodes, the dying gasp) is :class:`~mindft.flow.recovery.Ladder`'s.
 
 There is no per-step barrier: ranks report each finished step without waiting, and the
 job broadcasts the slowest rank's progress when it rises. The step every rank rolls back
@@ -27,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
 from typing import Optional
 
 from mindft.config import Timeouts
@@ -37,7 +24,8 @@ from mindft.flow.effects import Broadcast, Effect, Finish, KillRank, Peer, Send,
 from mindft.flow.inputs import (DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, HoldRepairs, ProcessExited,
                                 RollbackAll, StopJob, from_wire)
 from mindft.flow.ranks import RankRecord, RankState, RankTable
-from mindft.flow.replicas import KeptSteps, ReplicaWatch, no_common_step, rank_list, replicas_share_a_step
+from mindft.flow.recovery import ACK_FOR, Ladder, Recovery
+from mindft.flow.replicas import KeptSteps, ReplicaWatch, rank_list
 from mindft.flow.states import RECOVERY_STATES, TERMINAL_STATES, Event, JobState, next_state
 from mindft.protocol import (Ack, Action, ActionKind, AgentHello, Cadence, CostReport, DeviceEvent, Done,
                              FaultKind, FaultReport, Heartbeat, InjectRequest, JobView, Message, NodeLost, OrderKind,
@@ -50,11 +38,7 @@ _S = JobState
 # A rank reports its steps from the training thread over a socket of its own, named after its
 # control socket with this suffix, so the per-step report never wakes the rank's I/O thread.
 REPORT_SUFFIX = b"/steps"
-_ACK_FOR = {_S.PAUSING: ActionKind.PAUSE, _S.ROLLBACK: ActionKind.ROLLBACK, _S.RESUMING: ActionKind.RESUME}
 _ACK_WHAT = {kind: f"{kind.name} ack" for kind in ActionKind}  # formatted once: an ack arrives per rank per phase
-# The timeout (a field of :class:`~mindft.config.Timeouts`) that bounds each waiting state.
-PHASE_TIMEOUTS = {_S.STARTING: "register", _S.PAUSING: "pause", _S.REPAIRING: "repair",
-                 _S.ROLLBACK: "rollback", _S.RESUMING: "resume"}
 
 
 def held_after(progress: int, snapshot_every: int, keep: int = 2) -> frozenset[int]:
@@ -63,53 +47,7 @@ def held_after(progress: int, snapshot_every: int, keep: int = 2) -> frozenset[i
     return frozenset(s for s in range(newest, newest - keep * snapshot_every, -snapshot_every) if s >= 0)
 
 
-@dataclass
-class Fault:
-    """Why one rank is part of the current recovery, and what it still waits for."""
-
-    kind: FaultKind
-    step: int
-    detail: str
-    device_pending: bool = False   # until the device plugin reports the chip recovered
-    process_pending: bool = False  # until a new incarnation registers
-    left_at: float = -1.0          # when the rank was told to leave its device or killed (-1: neither)
-    exited: bool = False           # its process is gone (after leaving, it is started when the device is back)
-    kill_ordered: bool = False     # KillRank was emitted for its process
-    start_ordered: bool = False    # StartRank was emitted for the process that left
-    collateral: bool = False       # no fault of its own: restarted with every worker
-    node: int = -1                 # its node was lost (-1: not)
-    # Until its new process registers after its node was lost: the steps it can roll back to
-    # (its replica's, restored on the new node; empty: none). None: its node was not lost.
-    replica: Optional[tuple[int, ...]] = None
-
-    def describe(self, rank: int) -> str:
-        what = f"NODE LOST (node {self.node})" if self.node >= 0 else self.kind.name
-        return f"rank {rank} {what} in step {self.step}" + (f" ({self.detail})" if self.detail else "")
-
-
-@dataclass
-class Recovery:
-    """The recovery in progress (or the last one)."""
-
-    round: int = 0
-    started: float = 0.0
-    faults: dict[int, Fault] = field(default_factory=dict)
-    waiting: set[int] = field(default_factory=set)  # ranks whose acknowledgement the phase still needs
-    repair_step: int = -1
-    restart_all: bool = False  # this recovery restarts every worker (the ladder's second rung)
-    lost: set[int] = field(default_factory=set)  # ranks lost with their node, until their new process registers
-    known: Optional[frozenset[int]] = None  # the steps every rank that reported this round holds (None: none did)
-
-    def new_round(self) -> None:
-        self.round += 1
-        self.known = None
-
-    def know(self, held: tuple[int, ...]) -> None:
-        """A rank reported the steps it holds this round (kept as a running intersection)."""
-        self.known = frozenset(held) if self.known is None else self.known & frozenset(held)
-
-
-class Job:
+class Job(Ladder):
     """The whole flow for one job of ``world_size`` ranks; every method takes ``now`` (seconds).
 
     ``restart_scope``: "all" when the ranks' collectives cannot be repaired in place (a
@@ -477,7 +415,7 @@ class Job:
         if record is None:
             return
         rec = self.recovery
-        if message.round != rec.round or message.action is not _ACK_FOR.get(self.state):
+        if message.round != rec.round or message.action is not ACK_FOR.get(self.state):
             log.info("rank=%d %s ack of round %d ignored in %s round %d", record.rank, message.action.name,
                      message.round, self.state.value, rec.round)
             return
@@ -551,202 +489,6 @@ class Job:
         self._emit(Send(peer, Reply(True, f"{message.status.value} event for rank {message.rank}",
                                     message.request_id)))
 
-    # ---- the recovery -----------------------------------------------------------------------
-
-    def _add_fault(self, record: RankRecord, kind: FaultKind, step: int, detail: str, now: float, *,
-                   dead: bool = False, device: bool = False, exited: bool = False) -> None:
-        state, rank = self.state, record.rank
-        if state in TERMINAL_STATES:
-            return
-        if dead:
-            record.state = RankState.DEAD
-        elif record.alive:
-            record.state = RankState.FAULTY
-        if state is _S.STARTING:
-            self._fail(f"rank {rank} {kind.name} before every rank registered: {detail}", now, Event.FAULT)
-            return
-        rec = self.recovery
-        if state is _S.NORMAL:
-            rec.faults.clear()
-            rec.started = now
-            rec.restart_all = False
-        log.warning("rank=%d fault %s in step %d in state %s: %s", rank, kind.name, step, state.value, detail)
-        fault = rec.faults.get(rank)
-        if fault is None or fault.collateral:
-            rec.faults[rank] = fault = Fault(kind, step, detail, device_pending=device, process_pending=dead,
-                                             exited=exited)
-            restart = True  # a new fault always (re)starts the recovery with the union of faults
-        else:
-            fault.exited = fault.exited or exited
-            # Already part of this recovery: record what else it needs; start a new round only
-            # if the flow was already past the point where that need is waited for.
-            restart = not dead and not device and state in (_S.ROLLBACK, _S.RESUMING)
-            if dead:
-                restart = restart or not fault.process_pending
-                fault.process_pending = True
-                if kind is FaultKind.PROCESS_DIED or fault.kind is not FaultKind.DEVICE_RESET:
-                    fault.kind = kind
-            if device and not fault.device_pending:
-                fault.device_pending = True
-                fault.kind = FaultKind.DEVICE_RESET
-                restart = restart or state not in (_S.PAUSING, _S.REPAIRING)
-        if not restart:
-            self._advance(now)
-        elif self.restart_all and (dead or device or rec.restart_all):
-            self._restart_every_worker(fault.describe(rank), now)
-        else:
-            self._enter_pausing(fault.describe(rank), now)
-
-    def _enter_pausing(self, why: str, now: float) -> None:
-        rec = self.recovery
-        self._move(Event.FAULT, why, now)
-        rec.new_round()
-        rec.waiting = {r.rank for r in self.ranks if r.alive}
-        rec.repair_step = -1
-        # A rank blocked in a collective never pauses: past timeouts.stall every worker restarts.
-        self.deadline = now + (min(self.timeouts.pause, self.timeouts.stall) if self.restart_all
-                               else self.timeouts.pause)
-        self._emit(Broadcast(self.ranks.peers(), Action(ActionKind.PAUSE, self.ranks.slowest, reason=why,
-                                                        round=rec.round)))
-        self._advance(now)
-
-    def _restart_every_worker(self, why: str, now: float) -> None:
-        """The second rung: kill every process (their snapshots stay in the node agents' memory),
-        start them all again once every one exited and every device is back, roll back."""
-        rec = self.recovery
-        self._move(Event.FAULT, f"{why}; restarting every worker from the node agents' memory", now)
-        rec.new_round()
-        rec.restart_all = True
-        rec.waiting = set()
-        rec.repair_step = -1
-        for record in sorted(self.ranks, key=lambda r: r.rank):
-            fault = rec.faults.get(record.rank)
-            if fault is None:
-                fault = rec.faults[record.rank] = Fault(FaultKind.UNKNOWN, record.progress + 1, "", collateral=True)
-            fault.process_pending, fault.start_ordered = True, False
-            if fault.left_at < 0:
-                fault.left_at = now
-            if record.alive:
-                self._emit(KillRank(record.rank, record.pid, f"every worker restarts: {why}", restart=False,
-                                    agent=self.agents.get(record.rank)))
-                record.state, fault.exited, fault.kill_ordered = RankState.DEAD, False, True
-        self.deadline = now + self.timeouts.repair
-        self._advance(now)
-
-    def _advance(self, now: float) -> None:
-        """Move forward through the recovery states as far as the rank table allows."""
-        rec = self.recovery
-        while self.state in RECOVERY_STATES:
-            state = self.state
-            if state in _ACK_FOR and rec.waiting:
-                return
-            if state is _S.PAUSING:
-                self._move(Event.ALL_PAUSED, "every live rank paused", now)
-                self.deadline = now + self.timeouts.repair
-                self._leave_devices(now)
-            elif state is _S.REPAIRING:
-                # A live rank whose fault needs nothing external (UCE, COMMUNICATION, UNKNOWN)
-                # is repaired as soon as it waits; devices and lost processes are waited for.
-                if rec.restart_all:
-                    self._start_every_worker_if_ready()
-                if self._replicas_fall_short(now):
-                    return
-                if self.holding or any(f.device_pending or f.process_pending for f in rec.faults.values()):
-                    return
-                if any(not r.alive for r in self.ranks):
-                    return
-                step = self._common_step(exact=True)
-                if step < 0:
-                    self._fail("no step is held by every rank, cannot roll back ("
-                               + "; ".join(f"rank {r.rank} holds {list(r.held)}" for r in self.ranks) + ")", now)
-                    return
-                rec.repair_step = step
-                self._move(Event.REPAIRED, f"every rank holds step {step}", now)
-                rec.waiting = {r.rank for r in self.ranks}
-                self.deadline = now + self.timeouts.rollback
-                self._emit(Broadcast(self.ranks.peers(), Action(ActionKind.ROLLBACK, step,
-                                                                endpoints=self._changed_endpoints(),
-                                                                round=rec.round)))
-            elif state is _S.ROLLBACK:
-                self._move(Event.ALL_RESTORED, f"every rank restored step {rec.repair_step}", now)
-                rec.waiting = {r.rank for r in self.ranks}
-                self.ranks.reset_progress(rec.repair_step)
-                self.deadline = now + self.timeouts.resume
-                self._emit(Broadcast(self.ranks.peers(), Action(ActionKind.RESUME, rec.repair_step,
-                                                                endpoints=self._changed_endpoints(),
-                                                                round=rec.round)))
-            else:  # RESUMING, every rank acknowledged
-                self._finish_recovery(now)
-
-    def _leave_devices(self, now: float) -> None:
-        """The device plugin resets a chip only once no process uses it: ranks on a chip being
-        reset leave it now that their snapshots are settled (they keep them with the node agent)."""
-        for rank, fault in sorted(self.recovery.faults.items()):
-            record = self.ranks.get(rank)
-            if fault.device_pending and fault.left_at < 0 and record is not None and record.alive:
-                fault.left_at, fault.process_pending = now, True
-                self._emit(Send(record.peer, Action(ActionKind.LEAVE_DEVICE, record.progress,
-                                                    reason=f"device reset: {fault.detail}",
-                                                    round=self.recovery.round)))
-
-    def _start_if_ready(self, rank: int, fault: Fault) -> None:
-        """Start a rank that left its device once the device is back (with every worker when
-        every worker restarts)."""
-        if self.recovery.restart_all:
-            self._start_every_worker_if_ready()
-        elif fault.left_at >= 0 and fault.exited and not fault.device_pending and not fault.start_ordered:
-            fault.start_ordered = True
-            self._emit(StartRank(rank, "its device was reset and is back", self.agents.get(rank)))
-
-    def _start_every_worker_if_ready(self) -> None:
-        """Start every stopped worker together once every one exited and every device is back."""
-        stopped = {r: f for r, f in self.recovery.faults.items() if f.left_at >= 0}
-        if self.holding or not all(f.exited and not f.device_pending for f in stopped.values()):
-            return
-        for number, waiting in sorted(stopped.items()):
-            if not waiting.start_ordered:
-                waiting.start_ordered = True
-                self._emit(StartRank(number, "every worker restarts from the node agents' memory",
-                                     self.agents.get(number)))
-
-    def _finish_recovery(self, now: float) -> None:
-        rec = self.recovery
-        summary = self._fault_summary()
-        self._move(Event.ALL_RESUMED, f"every rank resumed after step {rec.repair_step}", now)
-        self.deadline = math.inf
-        for record in self.ranks:
-            record.last_seen = now
-            if record.state is not RankState.DONE:  # resumed ranks may have finished already
-                record.state = RankState.RUNNING
-        self.recoveries.append(now - rec.started)
-        log.info("recovery %d done in %.3f s: %s; resumed after step %d", len(self.recoveries),
-                 now - rec.started, summary, rec.repair_step)
-        rec.faults.clear()
-        # Resumed ranks reported steps meanwhile; one waiting at its window must hear of them
-        # (RESUME told every rank the repair step: nothing to say if no rank got further).
-        if self.ranks.slowest > rec.repair_step:
-            self._emit(Broadcast(self.ranks.peers(), Progress(self.ranks.slowest)))
-        self._check_done(now)
-
-    def _common_step(self, exact: bool) -> int:
-        """The newest step every rank holds (-1: none).
-
-        ``exact`` uses only what the ranks reported this round; otherwise a rank that did not
-        report is assumed to hold what its progress implies (so is every rank once training
-        resumed: what they reported in the last round is stale).
-        """
-        common: Optional[frozenset[int]] = None
-        recovering = self.state in RECOVERY_STATES
-        for record in self.ranks:
-            if record.state is RankState.LOST:
-                continue  # neither a process nor an agent's memory to dump from (it rolls back only when back)
-            if exact or (recovering and record.held_round == self.recovery.round):
-                held = frozenset(record.held)
-            else:
-                held = self.tuner.schedule.held_after(record.progress)
-            common = held if common is None else common & held
-        return max(common) if common else -1
-
     # ---- replicas and lost nodes ---------------------------------------------------------------
 
     def _on_replicas(self, message: ReplicaReport) -> str:
@@ -758,83 +500,6 @@ class Job:
         if not detail and message.node >= 0 and self.tuner.report_replication(message.node, message.cpu_seconds):
             self._retune()
         return detail
-
-    def _node_lost(self, message: NodeLost, now: float) -> tuple[bool, str]:
-        """A node and its agent's memory are gone (:class:`NodeLost`, from the agent that replaces it):
-        its ranks can roll back only to the replica steps the new agent restored."""
-        world, node = self.ranks.world_size, message.node
-        if len(message.ranks) != len(message.steps) or not message.ranks:
-            return False, "ranks and steps must be non-empty and of the same length"
-        bad = next((r for r in (*message.ranks, *message.replicas_of) if not 0 <= r < world), None)
-        if bad is not None:
-            return False, f"rank {bad} is outside 0..{world - 1}"
-        self.replicas.node_lost(node, message.replicas_of, self.state in TERMINAL_STATES)
-        if self.state in TERMINAL_STATES:
-            return True, f"the job already ended ({self.state.value})"
-        if self.state is _S.STARTING:
-            return True, "the job has not started: nothing to recover"
-        rec = self.recovery
-        if self.state is _S.NORMAL:
-            rec.faults.clear()
-            rec.started = now
-            rec.restart_all = False
-        restart = self.state in (_S.ROLLBACK, _S.RESUMING)
-        for rank, step in zip(message.ranks, message.steps):
-            record = self.ranks.get(rank)
-            if record is None:
-                continue
-            replica = (step,) if step >= 0 else ()
-            reported = self.replicas.step(rank)
-            detail = (f"node {node} lost" + (f": {message.reason}" if message.reason else "") + "; "
-                      + (f"its new node restored its replica of step {step}" if step >= 0
-                         else "no replica of it could be restored")
-                      + (f" (last reported replicated: step {reported})" if reported >= 0 and reported != step else ""))
-            log.warning("rank=%d NODE LOST in step %d in state %s: %s", rank, record.progress + 1, self.state.value,
-                        detail)
-            record.state = RankState.LOST  # record.held stays what it last said: its new process registers anew
-            fault = rec.faults.get(rank)
-            if fault is None:
-                fault = rec.faults[rank] = Fault(FaultKind.PROCESS_DIED, record.progress + 1, detail)
-                restart = True
-            else:  # already waited for as a new process (also when stopped only so every worker restarts)
-                restart = restart or not fault.process_pending
-                fault.kind, fault.detail, fault.collateral = FaultKind.PROCESS_DIED, detail, False
-            fault.node, fault.replica = node, replica
-            rec.lost.add(rank)
-            # Its process went with the node; its device too (the new node has its own).
-            fault.process_pending, fault.exited, fault.device_pending, fault.kill_ordered = True, True, False, False
-            if not rec.restart_all:
-                fault.left_at, fault.start_ordered = -1.0, False  # the new node's agent starts it
-            self.replicas.recovering(rank)
-        why = f"node {node} lost with rank(s) {', '.join(map(str, message.ranks))}"
-        # Before anything is paused for it (a new round makes the others' steps unknown). Workers
-        # that restart together may be blocked in a collective with the lost ranks: they are
-        # stopped first, and their agents write their dying-gasp checkpoints from memory.
-        if self.restart_all or not self._replicas_fall_short(now, others=not restart):
-            if not restart:
-                self._advance(now)
-            elif self.restart_all:
-                self._restart_every_worker(why, now)
-            else:
-                self._enter_pausing(why, now)
-        if self.state is _S.FAILED:
-            return True, f"the job failed: {self.result.reason}"
-        return True, f"{why}: they roll back to a step their replicas hold once their new processes register"
-
-    def _replicas_fall_short(self, now: float, others: bool = True) -> bool:
-        """True, and the job failed, when no step can be common: a rank whose node was lost can
-        roll back only to its replica's step, and these steps, with those of the other ranks known
-        this round (``others``), share none. A rank not known yet could only narrow them, so the
-        job takes every rank's dying-gasp checkpoint now rather than restart anything, and never a
-        recovery that would lose the lost ranks' state. O(lost ranks): the others' steps are kept
-        as a running intersection (:meth:`Recovery.know`)."""
-        rec = self.recovery
-        lost = {r: rec.faults[r].replica or () for r in rec.lost}
-        if replicas_share_a_step(lost, rec.known if others else None):
-            return False
-        known = [(r.rank, r.held) for r in self.ranks if others and r.rank not in lost and r.held_round == rec.round]
-        self._fail(no_common_step(lost, (rec.faults[r].node for r in lost), known), now)
-        return True
 
     # ---- the snapshot cadence -----------------------------------------------------------------
 
@@ -854,60 +519,6 @@ class Job:
         """Replica endpoints that differ from the start barrier's map (restarted ranks)."""
         return {r.rank: r.replica_endpoint for r in self.ranks
                 if self._barrier_endpoints.get(r.rank) != r.replica_endpoint}
-
-    def _fault_summary(self) -> str:
-        return "; ".join(f.describe(r) for r, f in sorted(self.recovery.faults.items()) if not f.collateral) or "none"
-
-    def _phase_timeout(self, now: float) -> None:
-        state, rec = self.state, self.recovery
-        name = PHASE_TIMEOUTS.get(state)
-        if name is None:
-            self.deadline = math.inf
-            return
-        if state is _S.PAUSING and self.restart_all:
-            stalled = ", ".join(f"rank {r}" for r in sorted(rec.waiting))
-            self._restart_every_worker(f"{stalled} did not pause within {self.timeouts.stall:g} s "
-                                       f"(timeouts.stall): blocked in a collective", now)
-            return
-        limit = getattr(self.timeouts, name)
-        self._fail(f"{state.value} timed out after {limit:g} s (timeouts.{name}): waiting for "
-                   f"{self.waiting_for() or 'nothing'}", now, Event.TIMEOUT)
-
-    def waiting_for(self) -> str:
-        """Who the current phase waits for, and why ("": nobody, or no phase waits)."""
-        state, rec = self.state, self.recovery
-        if state is _S.STARTING:
-            missing = self.ranks.missing()
-            return f"rank(s) {missing} (not registered)" if missing else ""
-        if state is _S.REPAIRING:
-            return ", ".join(f"rank {r} ({self._repair_wait(f)})" for r, f in sorted(rec.faults.items())
-                             if f.device_pending or f.process_pending)
-        if state in _ACK_FOR:
-            return ", ".join(f"rank {r}" for r in sorted(rec.waiting))
-        return ""
-
-    @staticmethod
-    def _repair_wait(fault: Fault) -> str:
-        if fault.device_pending:
-            return "device not recovered"
-        return "not re-registered" + (f"; node {fault.node} was lost" if fault.node >= 0 else "")
-
-    def _fail(self, reason: str, now: float, event: Event = Event.UNRECOVERABLE) -> None:
-        if self.state in TERMINAL_STATES:
-            return
-        step = self.dump_step = self._common_step(exact=False)
-        faults = self._fault_summary() if self.recovery.faults else ""
-        reason = (f"{reason}; every rank dumps " + (f"step {step}" if step >= 0 else "its newest snapshot")
-                  + (f"; faults: {faults}" if faults else ""))
-        self._move(event, reason, now)
-        self._emit(Broadcast(self.ranks.peers(), Action(ActionKind.DUMP_AND_EXIT, step, reason=reason,
-                                                        round=self.recovery.round)))
-        self._finish(ExitCode.FAILED, reason)
-
-    def _finish(self, code: ExitCode, reason: str) -> None:
-        self.deadline = math.inf
-        self.result = Finish(code, reason, self.dump_step)
-        self._emit(self.result)
 
     # ---- bookkeeping ------------------------------------------------------------------------
 
