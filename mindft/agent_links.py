@@ -14,6 +14,7 @@ from mindft import channel
 from mindft.config import MindftConfig
 from mindft.exitcodes import ExitCode
 from mindft.flow.agent import WatcherSupervision
+from mindft.flow.effects import Finish
 from mindft.flow.recovery import PHASE_TIMEOUTS
 from mindft.launch_plan import LaunchSpec
 from mindft.protocol import AgentHello, JobState, Message, ProtocolError, StatusReply, decode, encode
@@ -70,8 +71,7 @@ class ControllerHost:
                 self.result = result
             elif not self._controller_thread.is_alive():
                 log.error("the controller thread died without a result (its traceback is above); failing the job")
-                from mindft.controller import JobResult
-                self.result = JobResult(ExitCode.FAILED, "the controller thread died")
+                self.result = Finish(ExitCode.FAILED, "the controller thread died")
         return self.result
 
     def start_watcher_when_training(self, state: Optional[JobState]) -> None:

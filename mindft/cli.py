@@ -10,6 +10,7 @@ import dataclasses
 import enum
 import functools
 import json
+import logging
 import os
 import signal
 import sys
@@ -433,6 +434,36 @@ def simulate_device_plugin(ranks: Sequence[int], reset_file: Optional[Path], job
     except OSError as error:
         click.echo(f"mindft: cannot write the reset file {path}: {error}", err=True)
         sys.exit(EXIT_FAILED)
+
+
+def serve_controller(args: Sequence[str]) -> int:
+    """``python -m mindft.controller``: run a controller configured from the environment."""
+    from mindft.controller import Controller
+
+    args = list(args)
+    if args:
+        print("usage: python -m mindft.controller\n\nRuns a mindft controller configured from the "
+              "environment (MS_TFT_IP, MS_TFT_PORT, MS_WORKER_NUM, MINDFT_KEY_FILE, ...; see "
+              "'mindft config check'). Normally mindft-launch runs it for you.",
+              file=sys.stderr if args not in (["-h"], ["--help"]) else sys.stdout)
+        return ExitCode.OK if args in (["-h"], ["--help"]) else ExitCode.USAGE
+    logging.basicConfig(level=os.environ.get("MINDFT_LOG_LEVEL", "INFO").upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        controller = Controller(load_config())
+    except ConfigError as error:
+        print(f"mindft controller: configuration error: {error}", file=sys.stderr)
+        return ExitCode.USAGE
+    controller.start()
+    try:
+        while controller.join(0.5) is None:
+            pass
+    except KeyboardInterrupt:
+        controller.stop()
+        print("mindft controller: interrupted", file=sys.stderr)
+        return ExitCode.INTERRUPTED
+    print(f"mindft controller: {controller.result.reason}", flush=True)
+    return controller.result.exit_code
 
 
 if __name__ == "__main__":

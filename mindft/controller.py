@@ -11,19 +11,17 @@ the agents of other nodes, by a call to the agent in this process (:data:`LOCAL_
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import sys
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
 import zmq
 
 from mindft import channel
-from mindft.config import ConfigError, MindftConfig, load_config
+from mindft.config import MindftConfig
 from mindft.exitcodes import ExitCode
 from mindft.flow.cadence import Budget
 from mindft.flow import (Broadcast, DeviceInput, Effect, Finish, Job, JobState, KillRank, ProcessExited, Send,
@@ -45,14 +43,6 @@ _RCVMORE = int(zmq.RCVMORE)
 _SHARE_FROM = 2048
 # The job's address of the node agent in the controller's own process (no ZeroMQ identity is empty).
 LOCAL_AGENT = b""
-
-
-@dataclass(frozen=True)
-class JobResult:
-    """What :meth:`Controller.serve` returns: the job's exit code and why."""
-
-    exit_code: int
-    reason: str
 
 
 def job_budget(config: MindftConfig) -> Optional[Budget]:
@@ -95,7 +85,7 @@ class Controller:
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.job = Job(config.world_size, config.timeouts, clock(), snapshot_every=config.snapshot_every or 1,
                        restart_scope=config.restart_scope, budget=job_budget(config))
-        self.result: Optional[JobResult] = None
+        self.result: Optional[Finish] = None
         self.dropped_frames = 0
         self._stopped = False
         self._thread: Optional[threading.Thread] = None
@@ -116,18 +106,18 @@ class Controller:
 
     def on_device_event(self, event: DeviceInput) -> None:
         """A device event (``mindft.flow.DeviceFaulty`` etc.), from any thread."""
-        self._post(event)
+        self._post(lambda now: self.job.device(event, now))
 
     def on_process_exit(self, rank: int, returncode: int, pid: int = 0, *, final: bool = False) -> None:
         """The launcher saw ``rank``'s process exit; from any thread. ``final``: it will not be
         started again (out of restarts, or it gave up on its own), so the job fails now."""
-        self._post((ProcessExited(rank, returncode, pid), not final))
+        self._post(lambda now: self.job.process_exit(ProcessExited(rank, returncode, pid), now, not final))
 
     def attach_agent(self, node: int, ranks: tuple[int, ...], deliver: Callable[[Message], None]) -> None:
         """The node agent of this process runs ``ranks``: their orders and the job's view reach it
         as calls of ``deliver`` (on the serving thread: it must only queue them); from any thread."""
         self._local_agent = deliver
-        self._post(_Hello(AgentHello(node, ranks)))
+        self._post(lambda now: self.job.handle(LOCAL_AGENT, AgentHello(node, ranks), now))
 
     def latest_status(self, timeout: float = 5.0) -> StatusReply:
         """The job's status, computed by the serving thread; from any thread."""
@@ -145,18 +135,18 @@ class Controller:
         self._thread.start()
         return self._thread
 
-    def join(self, timeout: Optional[float] = None) -> Optional[JobResult]:
+    def join(self, timeout: Optional[float] = None) -> Optional[Finish]:
         """Wait for the thread started by :meth:`start`; its result, or None if still running."""
         if self._thread is not None:
             self._thread.join(timeout)
         return self.result
 
-    def stop(self, timeout: float = 5.0) -> Optional[JobResult]:
+    def stop(self, timeout: float = 5.0) -> Optional[Finish]:
         """Ask :meth:`serve` to return (exit code 1 unless the job already ended) and wait."""
         self._post(_STOP)
         return self.join(timeout)
 
-    def serve(self) -> JobResult:
+    def serve(self) -> Finish:
         """Run the flow until DONE, FAILED or :meth:`stop`; close the sockets; return the result."""
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)
@@ -173,7 +163,7 @@ class Controller:
                 if self.result is None:
                     self._apply(job.tick(clock()))
         except BaseException as error:
-            self.result = JobResult(ExitCode.FAILED, f"controller crashed: {error!r}")
+            self.result = Finish(ExitCode.FAILED, f"controller crashed: {error!r}")
             raise
         finally:
             self._close()
@@ -200,17 +190,12 @@ class Controller:
             except queue.Empty:
                 return
             if item is _STOP:
-                self.result = JobResult(ExitCode.FAILED, "controller stopped before the job finished")
+                self.result = Finish(ExitCode.FAILED, "controller stopped before the job finished")
                 self._stopped = True
             elif isinstance(item, Future):
                 item.set_result(self.job.status(now))
-            elif isinstance(item, _Hello):
-                self._apply(self.job.handle(LOCAL_AGENT, item.hello, now))
-            elif isinstance(item, tuple):
-                exited, will_restart = item
-                self._apply(self.job.process_exit(exited, now, will_restart))
-            else:
-                self._apply(self.job.device(item, now))
+            else:  # an input: a call of the job's that takes the time and returns effects
+                self._apply(item(now))
 
     def _drain_socket(self) -> None:
         # Two recv() calls and one RCVMORE check per message rather than recv_multipart, which
@@ -271,7 +256,7 @@ class Controller:
                 else:
                     self._send(effect.agent, encode(order))
             elif kind is Finish:
-                self.result = JobResult(int(effect.exit_code), effect.reason)
+                self.result = effect
                 if effect.exit_code != ExitCode.OK:
                     log.error("job failed: %s", effect.reason)
 
@@ -327,40 +312,7 @@ class Controller:
 _STOP = object()
 
 
-@dataclass(frozen=True)
-class _Hello:
-    hello: AgentHello
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m mindft.controller``: run a controller configured from the environment."""
-    args = sys.argv[1:] if argv is None else argv
-    if args:
-        print("usage: python -m mindft.controller\n\nRuns a mindft controller configured from the "
-              "environment (MS_TFT_IP, MS_TFT_PORT, MS_WORKER_NUM, MINDFT_KEY_FILE, ...; see "
-              "'mindft config check'). Normally mindft-launch runs it for you.",
-              file=sys.stderr if args not in (["-h"], ["--help"]) else sys.stdout)
-        return ExitCode.OK if args in (["-h"], ["--help"]) else ExitCode.USAGE
-    logging.basicConfig(level=os.environ.get("MINDFT_LOG_LEVEL", "INFO").upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        controller = Controller(load_config())
-    except ConfigError as error:
-        print(f"mindft controller: configuration error: {error}", file=sys.stderr)
-        return ExitCode.USAGE
-    controller.start()
-    try:
-        while controller.join(0.5) is None:
-            pass
-    except KeyboardInterrupt:
-        controller.stop()
-        print("mindft controller: interrupted", file=sys.stderr)
-        return ExitCode.INTERRUPTED
-    print(f"mindft controller: {controller.result.reason}", flush=True)
-    return controller.result.exit_code
-
-
 if __name__ == "__main__":
-    # Run the copy in sys.modules so classes and loggers are mindft.controller's, not __main__'s.
-    from mindft.controller import main as _main
-    raise SystemExit(_main())
+    # The command line (for people) lives in mindft.cli, with the rest of mindft's.
+    from mindft.cli import serve_controller
+    raise SystemExit(serve_controller(sys.argv[1:]))
