@@ -25,6 +25,7 @@ from mindft.config import ConfigError, MindftConfig, load_config
 from mindft.exitcodes import ExitCode
 from mindft.plugin_sim import device_script
 from mindft.preflight import BackendChoice, check_launchable, choose_backend
+from mindft.protocol import RankState
 
 EXIT_OK = ExitCode.OK
 EXIT_FAILED = ExitCode.FAILED
@@ -256,7 +257,7 @@ def status(job: Optional[Path], address: Optional[str], key_file: Optional[Path]
     header = ("RANK", "STATE", "STEP", "LAST HEARTBEAT", "RESTARTS", "PID")
     rows = [(str(r.rank), r.state, str(r.step), _age(r.last_heartbeat_age), str(r.restarts), str(r.pid))
             for r in reply.ranks]
-    if any(r.replicated >= 0 or r.replica_lost or r.state == "lost" for r in reply.ranks):
+    if any(r.replicated >= 0 or r.replica_lost or r.state is RankState.LOST for r in reply.ranks):
         # Replicas are streamed (by the node agents or the ranks): the newest step held elsewhere, and lost protection.
         header += ("REPLICA",)
         rows = [row + (_replica_cell(r),) for row, r in zip(rows, reply.ranks)]
@@ -270,7 +271,7 @@ def status(job: Optional[Path], address: Optional[str], key_file: Optional[Path]
         click.echo(f"LOST PROTECTION: {_rank_list(unprotected)}: the replica on the next node is gone or older "
                    f"than the steps every rank keeps; were {'its' if len(unprotected) == 1 else 'their'} node lost now, "
                    f"the job would end with dying-gasp checkpoints (the node agents' logs say why)")
-    lost = [r.rank for r in reply.ranks if r.state == "lost"]
+    lost = [r.rank for r in reply.ranks if r.state is RankState.LOST]
     if lost:
         click.echo(f"NODE LOST: {_rank_list(lost)} can roll back only to the step of "
                    f"{'its replica' if len(lost) == 1 else 'their replicas'}, restored on the node that replaces it")
