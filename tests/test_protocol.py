@@ -190,7 +190,7 @@ def test_hot_frames_are_decoded_without_json(message, monkeypatch: pytest.Monkey
     class NoJson:
         def decode(self, text: str) -> None:
             raise AssertionError(f"the full JSON path was taken for {text}")
-    monkeypatch.setattr(protocol, "_DECODER", NoJson())
+    monkeypatch.setattr(protocol.codec, "_DECODER", NoJson())
     decoded = decode(frame)
     # Built without the dataclass __init__: still the same fields, hash and immutability.
     assert decoded == message and vars(decoded) == vars(message) and hash(decoded) == hash(message)
