@@ -26,7 +26,7 @@ from mindft.config import MINDX_TASK_VARIABLE, TFT_VARIABLE, MindftConfig, load_
 from mindft.exitcodes import ExitCode
 from mindft.agent_links import ControllerHost, ControllerLink, recovery_progress
 from mindft.flow.agent import (WATCHER_MAX_RESTARTS, AbortJob, AgentEffect, Ending, KillWorker, NodePolicy,
-                               ReportExit, Say, StartWorker)
+                               Say, StartWorker)
 from mindft.keys import load_keys
 from mindft.launch_plan import LaunchSpec, mindio_gate_address, rank_environment
 from mindft.protocol import JobState, JobView, Message, NodeLost, OrderKind, ProcessExit, RankOrder, Reply
@@ -87,16 +87,15 @@ class NodeAgent:
                 self.write_job_file()
             elif isinstance(effect, KillWorker):
                 self.workers.signal_workers([effect.rank], signal.SIGKILL)
-            elif isinstance(effect, ReportExit):
-                self._report(ProcessExit(effect.rank, effect.returncode, effect.pid, effect.will_restart))
+            elif isinstance(effect, ProcessExit):
+                self._report(effect)
             elif isinstance(effect, AbortJob):
                 self._announced = effect.reason
                 self.console.line("mindft-launch", f"job failed: {effect.reason}")
 
     def _report(self, message: ProcessExit) -> None:
         if self.runner is not None:
-            self.runner.controller.on_process_exit(message.rank, message.returncode, message.pid,
-                                                   final=not message.will_restart)
+            self.runner.controller.from_local_agent(message)
         elif self.link is not None:
             self.link.send(message)
 

@@ -2,7 +2,7 @@
 
 One thread (the one running :meth:`Controller.serve`) owns the socket and the job. Other
 threads of the same process (the node agent, the reset watcher) hand inputs in through
-:meth:`Controller.on_device_event`, :meth:`Controller.on_process_exit`,
+:meth:`Controller.on_device_event`, :meth:`Controller.from_local_agent`,
 :meth:`Controller.attach_agent` and :meth:`Controller.latest_status`, which queue them for that
 thread. The job addresses its orders (:class:`~mindft.protocol.RankOrder`) and its view
 (:class:`~mindft.protocol.JobView`) to the node agent that runs each rank: over the socket to
@@ -24,7 +24,7 @@ from mindft import channel
 from mindft.config import MindftConfig
 from mindft.exitcodes import ExitCode
 from mindft.flow.cadence import Budget
-from mindft.flow import (Broadcast, DeviceInput, Effect, Finish, Job, JobState, KillRank, ProcessExited, Send,
+from mindft.flow import (Broadcast, DeviceInput, Effect, Finish, Job, JobState, KillRank, Send,
                          StartRank, Transition, phase_times)
 from mindft.protocol import AgentHello, Message
 from mindft.keys import job_keys, start_authenticator
@@ -108,10 +108,10 @@ class Controller:
         """A device event (``mindft.flow.DeviceFaulty`` etc.), from any thread."""
         self._post(lambda now: self.job.device(event, now))
 
-    def on_process_exit(self, rank: int, returncode: int, pid: int = 0, *, final: bool = False) -> None:
-        """The launcher saw ``rank``'s process exit; from any thread. ``final``: it will not be
-        started again (out of restarts, or it gave up on its own), so the job fails now."""
-        self._post(lambda now: self.job.process_exit(ProcessExited(rank, returncode, pid), now, not final))
+    def from_local_agent(self, message: Message) -> None:
+        """A message of the node agent in this process (what other agents send on their link:
+        an exit report); its answer reaches the agent like the orders; from any thread."""
+        self._post(lambda now: self.job.handle(LOCAL_AGENT, message, now))
 
     def attach_agent(self, node: int, ranks: tuple[int, ...], deliver: Callable[[Message], None]) -> None:
         """The node agent of this process runs ``ranks``: their orders and the job's view reach it

@@ -16,6 +16,7 @@ from mindft.controller import Controller
 from mindft.exitcodes import ExitCode
 from mindft.agent_links import ControllerHost
 from mindft.launch_plan import LaunchSpec
+from mindft.protocol import ProcessExit
 from mindft.workers import Console, WorkerProcesses
 
 
@@ -29,7 +30,7 @@ def test_process_exit_before_registration_fails_the_controller_in_process() -> N
     controller.start()
     try:
         assert controller.latest_status().state == "STARTING"
-        controller.on_process_exit(1, 7, 4242)
+        controller.from_local_agent(ProcessExit(1, 7, 4242))
         result = controller.join(10.0)
         assert result is not None and result.exit_code == ExitCode.FAILED
         assert "rank 1 (pid 4242) exited with code 7 before every rank registered" in result.reason

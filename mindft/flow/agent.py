@@ -5,7 +5,8 @@ which exit code the node ends with.
 The node agent (:mod:`mindft.agent`) owns processes; this module owns its decisions. It never
 starts or kills anything: :class:`NodePolicy` takes what happened (an exit, an order, the job's
 view, the time) and returns what to do as values (:class:`StartWorker`, :class:`KillWorker`,
-:class:`ReportExit`, :class:`AbortJob`, :class:`Say`), which the agent carries out in order.
+:class:`~mindft.protocol.ProcessExit` for the controller, :class:`AbortJob`, :class:`Say`), which
+the agent carries out in order.
 
 Who decides a restart: a process that left its device, was stopped for a restart of every
 worker, or crashed in a job whose collectives cannot take one restarted process (the job's view
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence, Union
 
 from mindft.exitcodes import ExitCode, describe
-from mindft.protocol import JobState, JobView, OrderKind, RankOrder
+from mindft.protocol import JobState, JobView, OrderKind, ProcessExit, RankOrder
 
 _TERMINAL = (JobState.DONE, JobState.FAILED)
 _STOPPED_ON_PURPOSE = (ExitCode.DUMPED, ExitCode.DUMP_FAILED)
@@ -87,16 +88,6 @@ class KillWorker:
 
 
 @dataclass(frozen=True)
-class ReportExit:
-    """Tell the controller that ``rank``'s process ``pid`` exited; ``will_restart`` False: for good."""
-
-    rank: int
-    returncode: int
-    pid: int
-    will_restart: bool
-
-
-@dataclass(frozen=True)
 class AbortJob:
     """This node fails the job: every rank is stopped and the node exits with ``exit_code`` (None:
     from the controller's verdict and the ranks' codes, as :func:`job_exit_code` combines them)."""
@@ -112,7 +103,7 @@ class Say:
     text: str
 
 
-AgentEffect = Union[StartWorker, KillWorker, ReportExit, AbortJob, Say]
+AgentEffect = Union[StartWorker, KillWorker, ProcessExit, AbortJob, Say]
 
 
 @dataclass(frozen=True)
@@ -402,7 +393,7 @@ class NodePolicy:
     # ---- helpers --------------------------------------------------------------------------------
 
     def _report(self, rank: int, code: int, pid: int, will_restart: bool) -> list[AgentEffect]:
-        return [ReportExit(rank, code, pid, will_restart)] if self.reports else []
+        return [ProcessExit(rank, code, pid, will_restart)] if self.reports else []
 
     def _abort(self, reason: str) -> list[AgentEffect]:
         if self.failure is not None:

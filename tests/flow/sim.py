@@ -47,12 +47,12 @@ from typing import NoReturn, Optional
 from mindft.config import Timeouts
 from mindft.exitcodes import ExitCode
 from mindft.flow import (TRANSITIONS, Armed, Broadcast, DeviceFailed, DeviceFaulty, DeviceRecovered, Finish,
-                         Finished, Follower, Job, JobState, KillRank, ProcessExited, RankState, Resumed, Send,
+                         Finished, Follower, Job, JobState, KillRank, RankState, Resumed, Send,
                          StartRank, Transition)
-from mindft.flow.agent import AbortJob, KillWorker, NodePolicy, ReportExit, StartWorker
+from mindft.flow.agent import AbortJob, KillWorker, NodePolicy, StartWorker
 from mindft.flow.cadence import Budget, Schedule
 from mindft.protocol import (Action, ActionKind, AgentHello, Cadence, CostReport, Done, FaultKind, FaultReport,
-                             Heartbeat, JobView, NodeLost, Progress, RankOrder, Register, RegisterAck,
+                             Heartbeat, JobView, NodeLost, ProcessExit, Progress, RankOrder, Register, RegisterAck,
                              ReplicaReport)
 
 TIMEOUTS = Timeouts(heartbeat_interval=0.5, heartbeat_misses=6, register=30.0, pause=10.0, repair=20.0,
@@ -473,9 +473,8 @@ class SimJob:
     def _carry_out(self, node: int, effects: list) -> None:
         """What a node agent's policy decided, done as the agent's shell does it."""
         for effect in effects:
-            if isinstance(effect, ReportExit):
-                self._apply(self.job.process_exit(ProcessExited(effect.rank, effect.returncode, effect.pid), self.now,
-                                                  will_restart=effect.will_restart))
+            if isinstance(effect, ProcessExit):  # on the agent's link, as the shell sends it
+                self._apply_agent(self.job.handle(agent_peer(node), effect, self.now))
             elif isinstance(effect, StartWorker):
                 self.timers.append((self.now + 0.2, "restart", (self.ranks[effect.rank], effect.restarts)))
             elif isinstance(effect, KillWorker):

@@ -8,8 +8,8 @@ import pytest
 
 from mindft.exitcodes import ExitCode
 from mindft.flow.agent import (CONTROLLER_FINISH_TIMEOUT, DUMP_GRACE_PERIOD, AbortJob, KillWorker, NodePolicy,
-                               ReportExit, Say, StartWorker, WatcherSupervision, WorkerPhase, job_exit_code)
-from mindft.protocol import JobState, JobView, OrderKind, RankOrder
+                               Say, StartWorker, WatcherSupervision, WorkerPhase, job_exit_code)
+from mindft.protocol import JobState, JobView, OrderKind, ProcessExit, RankOrder
 
 S = JobState
 
@@ -32,14 +32,14 @@ def decisions(effects: list) -> list:
     # a clean exit, or any exit once a signal stops the node: nothing to decide
     (JobView(S.NORMAL), 0, {}, [], WorkerPhase.FINAL),
     # a crash: restarted here at once, and reported so the job counts the fault
-    (JobView(S.NORMAL), -9, {}, [ReportExit(1, -9, 101, True), StartWorker(1, 1, "")], WorkerPhase.RUNNING),
+    (JobView(S.NORMAL), -9, {}, [ProcessExit(1, -9, 101, True), StartWorker(1, 1, "")], WorkerPhase.RUNNING),
     # a crash where a restarted process cannot rejoin the collectives: the job restarts every worker
-    (JobView(S.NORMAL, restart_all=True), -9, {}, [ReportExit(1, -9, 101, True)], WorkerPhase.AWAITING_START),
+    (JobView(S.NORMAL, restart_all=True), -9, {}, [ProcessExit(1, -9, 101, True)], WorkerPhase.AWAITING_START),
     # it left its device for a hot reset: back when the controller says (its device is back)
-    (JobView(S.REPAIRING), ExitCode.LEFT_DEVICE, {}, [ReportExit(1, ExitCode.LEFT_DEVICE, 101, True)],
+    (JobView(S.REPAIRING), ExitCode.LEFT_DEVICE, {}, [ProcessExit(1, ExitCode.LEFT_DEVICE, 101, True)],
      WorkerPhase.AWAITING_START),
     # it dumped on its own while the job goes on: fail the job now, the others dump while fresh
-    (JobView(S.NORMAL), ExitCode.DUMPED, {}, [ReportExit(1, ExitCode.DUMPED, 101, False)], WorkerPhase.FINAL),
+    (JobView(S.NORMAL), ExitCode.DUMPED, {}, [ProcessExit(1, ExitCode.DUMPED, 101, False)], WorkerPhase.FINAL),
     # it dumped because the job failed: nothing to report
     (JobView(S.FAILED), ExitCode.DUMPED, {}, [], WorkerPhase.FINAL),
     # a crash before every rank registered would crash again: the job fails
@@ -47,7 +47,7 @@ def decisions(effects: list) -> list:
     # a crash after the job ended: not restarted
     (JobView(S.DONE), -9, {}, [], WorkerPhase.FINAL),
     # no view yet (a node whose link is still connecting): a crash is restarted
-    (None, 1, {}, [ReportExit(1, 1, 101, True), StartWorker(1, 1, "")], WorkerPhase.RUNNING),
+    (None, 1, {}, [ProcessExit(1, 1, 101, True), StartWorker(1, 1, "")], WorkerPhase.RUNNING),
     # unprotected: a failed rank ends the job as under msrun, with its code
     (None, 1, dict(protected=False, reports=False), [AbortJob("", exit_code=1)], WorkerPhase.FINAL),
     # MindIO's controller notices a lost rank itself: no report
@@ -75,7 +75,7 @@ def test_crashes_are_bounded_by_max_restarts_then_the_job_is_told_it_lost_the_ra
         assert StartWorker in {type(e) for e in node.on_exit(1, -9)}
         node.started(1, 200 + restart)
     last = decisions(node.on_exit(1, -9))
-    assert last == [ReportExit(1, -9, 202, False)] and node.workers[1].final
+    assert last == [ProcessExit(1, -9, 202, False)] and node.workers[1].final
 
 
 def test_crashes_count_across_restarts_of_every_worker() -> None:
@@ -83,7 +83,7 @@ def test_crashes_count_across_restarts_of_every_worker() -> None:
     node.on_exit(1, -9)
     assert decisions(node.on_order(RankOrder(1, OrderKind.START, "every worker restarts")))[0].restarts == 1
     node.started(1, 300)
-    assert decisions(node.on_exit(1, -9)) == [ReportExit(1, -9, 300, False)] and node.workers[1].final
+    assert decisions(node.on_exit(1, -9)) == [ProcessExit(1, -9, 300, False)] and node.workers[1].final
 
 
 @pytest.mark.parametrize("order, expected", [
@@ -101,7 +101,7 @@ def test_a_kill_without_restart_waits_for_the_start_and_a_repeated_start_is_igno
     node = policy(JobView(S.REPAIRING, restart_all=True))
     assert decisions(node.on_order(RankOrder(1, OrderKind.KILL, "every worker restarts", pid=101))) == [
         KillWorker(1, 101, "every worker restarts")]
-    assert decisions(node.on_exit(1, -9)) == [ReportExit(1, -9, 101, True)]
+    assert decisions(node.on_exit(1, -9)) == [ProcessExit(1, -9, 101, True)]
     assert node.workers[1].awaiting_start and node.workers[1].crashes == 0  # ordered: not a crash
     started = decisions(node.on_order(RankOrder(1, OrderKind.START, "go")))
     assert [_shape(e) for e in started] == [(StartWorker, 1, 1, False)]
