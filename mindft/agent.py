@@ -257,8 +257,8 @@ class NodeAgent:
             if failure is not None:
                 self._carry_out(self.policy.abort(failure))
             standin = self.mindio_host.standin
-            if standin is not None and standin.failed is not None and not self.policy.running():
-                self.policy.give_up_waiting()  # ranks off their chip come back only on 'recovered'
+            if standin is not None and standin.failed is not None:
+                self.policy.no_more_starts()  # ranks off their chip come back only on 'recovered'
 
     def _check_scheduler(self) -> None:
         scheduler = self.scheduler

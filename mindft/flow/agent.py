@@ -168,6 +168,7 @@ class NodePolicy:
     cluster_intact: bool = True     # MindSpore's scheduler still serves the workers it formed
     workers: dict[int, Worker] = field(default_factory=dict)
     failure: Optional[AbortJob] = None
+    starts_over: bool = False       # no START will come any more (see :meth:`no_more_starts`)
     _controller_done_at: Optional[float] = None
     _all_exited_at: Optional[float] = None
 
@@ -343,7 +344,7 @@ class NodePolicy:
                               reason=f"rank(s) {running} still running {DUMP_GRACE_PERIOD:g}s after the "
                                      f"controller finished")
             return None
-        if running or not all(w.final for w in self.workers.values()):
+        if running or not all(w.final or (w.awaiting_start and self.starts_over) for w in self.workers.values()):
             self._all_exited_at = None
             return None
         if self.before_start and self.runs_controller:
@@ -372,11 +373,10 @@ class NodePolicy:
         worker = self.workers[rank]
         worker.pid, worker.returncode, worker.phase = None, code, WorkerPhase.FINAL
 
-    def give_up_waiting(self) -> None:
-        """No START will come (MindIO's stand-in failed the episode): ranks waiting for one are final."""
-        for worker in self.workers.values():
-            if worker.awaiting_start:
-                worker.phase = WorkerPhase.FINAL
+    def no_more_starts(self) -> None:
+        """No START will come (MindIO's stand-in failed the episode): once nothing runs, the node
+        ends, and the ranks waiting for one get their dying-gasp checkpoints from memory."""
+        self.starts_over = True
 
     def without_process(self) -> list[int]:
         """Ranks waiting for a start that will not come now the job ended: the agent writes their

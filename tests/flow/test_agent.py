@@ -207,3 +207,15 @@ def test_a_dead_watcher_is_restarted_after_a_delay_then_given_up() -> None:
     assert watch.on_dead(0.0) is False and watch.on_dead(0.5) is False and watch.on_dead(1.0) is True
     assert watch.on_dead(5.0) is False and watch.on_dead(6.0) is True
     assert "died 3 times" in watch.on_dead(9.0)
+
+
+def test_when_no_start_will_come_the_node_ends_and_dumps_the_ranks_waiting_for_one() -> None:
+    node = policy(JobView(S.REPAIRING), reports=False)  # MindIO: its stand-in failed the hot reset
+    node.on_exit(1, ExitCode.LEFT_DEVICE)
+    node.on_exit(0, ExitCode.DUMPED)
+    assert node.ending(0.0, None) is None  # rank 1 waits for its START
+    node.no_more_starts()
+    ending = node.ending(1.0, None)
+    assert ending is not None and node.without_process() == [1]
+    node.dumped(1, ok=True)
+    assert node.exit_code(ending) == ExitCode.DUMPED

@@ -621,7 +621,7 @@ def test_the_job_chooses_one_cadence_for_every_rank(make_job) -> None:
     result = job.result()
     assert result.exit_code == EXIT_OK, result.reason
     assert_all_done(job)
-    segments = job.controller.job.schedule.segments
+    segments = job.controller.job.tuner.schedule.segments
     assert len(segments) == 2 and segments[1][1] == 5, segments
     switch = segments[1][0]
     # A rank ahead of the faulty one may capture a step past the fault (its window is open) and
