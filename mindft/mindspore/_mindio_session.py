@@ -41,7 +41,8 @@ from mindft.faults import classify, describe
 from mindft.keys import job_keys
 from mindft.mindio import (STEP_GATE_VARIABLE, FaultKind, LeaveDevice, MindioError, MindioExit, MindioRank,
                            RankCallbacks, RecoveryRequested, StepGateClient)
-from mindft.mindspore._session import MAX_FAULTS_PER_STEP, TrainingState, rng_meta, set_rng
+from mindft.flow.follower import MAX_FAULTS_PER_STEP
+from mindft.mindspore._session import TrainingState, rng_meta, set_rng
 from mindft.snapshot import SnapshotError, SnapshotStore
 
 log = logging.getLogger(__name__)
