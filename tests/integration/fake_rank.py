@@ -182,7 +182,7 @@ class LoopRank(Fake):
             self.snapshots = {}
             for step in self.store.steps:
                 arrays = self.store.restore(step).arrays
-                self.snapshots[step] = (np.array(arrays["weights"]), int(arrays["total"][0]))
+                self.snapshots[step] = (np.array(arrays["weights"]), int(arrays["position"][2]))
             self.event("adopted", adopted=max(self.snapshots), source="node agent")
         elif config.restart_count and not options.no_file_replica and self.replica.exists():
             held = json.loads(self.replica.read_text())  # the buddy's copy of this rank's last snapshot
@@ -204,8 +204,9 @@ class LoopRank(Fake):
         self.event("capture", captured=step)
         self.snapshots[step] = (self.weights.copy(), int(self.total[0]))
         if self.store is not None:
-            self.store.capture(step, {"weights": self.weights, "position": np.array([self.rank, step]),
-                                      "total": self.total})
+            # The position is this rank's own (no other rank holds the same bytes): rank, step, sum.
+            self.store.capture(step, {"weights": self.weights,
+                                      "position": np.array([self.rank, step, int(self.total[0])])})
             self.store.wait()
         for old in sorted(self.snapshots)[:-2]:
             del self.snapshots[old]
