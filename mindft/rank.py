@@ -103,8 +103,9 @@ class RankLoop:
                 if action is None:
                     action = processor.wait_action()
                 log.info("rank=%d %s step=%d round=%d", self.rank, action.kind.name, action.step, action.round)
-                with processor.report_lock:
-                    ack, outcome = processor.follower.obey(action, self.hooks)
+                with processor.report_lock:  # not held while the hooks run: the replication's thread releases
+                    processor.follower.forget_reports()
+                ack, outcome = processor.follower.obey(action, self.hooks)
                 if ack is not None:
                     processor.send(ack)
                 if isinstance(outcome, Resumed):
@@ -229,7 +230,7 @@ class RankEngine:
         self.loop: Optional[RankLoop] = None
         self.store: Optional[SnapshotStore] = None
         self.overlap = False
-        self.costs = CostMeter()  # replaced by the loop's once joined
+        self.costs = CostMeter()  # the loop's once joined (it reports what this measures)
         self._keeper: Optional[Keeper] = None  # holds the replica of the rank whose buddy this one is
         self._replication: Optional[RankReplication] = None  # streams this rank's snapshots to its buddy
         self._replication_cpu = ThreadCpu()  # the keeper's and the replication's threads: the budget counts them

@@ -201,6 +201,11 @@ class Follower:
             return None
         return self._reportable(self.position, limit)
 
+    def forget_reports(self) -> None:
+        """An action arrived: it may move every rank's progress, so the next report goes whatever
+        was reported before (call before :meth:`obey`)."""
+        self.reported = (-1, -1)
+
     def _reportable(self, step: int, limit: Optional[int]) -> Optional[StepReport]:
         if limit is not None:
             step = min(step, limit)
@@ -254,7 +259,6 @@ class Follower:
     def obey(self, action: Action, hooks: RankHooks) -> tuple[Optional[Ack], Optional[Outcome]]:
         """Carry ``action`` out through ``hooks``: the acknowledgement to send (if any), and the
         outcome (None: keep waiting for the next action)."""
-        self.reported = (-1, -1)  # an action may move every rank's progress: report afresh
         command = self.on_action(action)
         kind = type(command)
         if kind is Settle:

@@ -111,10 +111,13 @@ def test_a_held_report_is_released_when_the_limit_rises(recovering: bool, positi
 def test_an_action_resets_what_was_reported() -> None:
     follower, hooks = Follower(0), Hooks()
     follower.report(4)
-    follower.obey(Action(ActionKind.PAUSE, 4, round=1), hooks)
-    follower.obey(Action(ActionKind.ROLLBACK, 3, round=1), hooks)
-    follower.obey(Action(ActionKind.RESUME, 3, round=1), hooks)
+    for action in (Action(ActionKind.PAUSE, 4, round=1), Action(ActionKind.ROLLBACK, 3, round=1),
+                   Action(ActionKind.RESUME, 3, round=1)):
+        follower.forget_reports()
+        follower.obey(action, hooks)
     assert follower.report(4).step == 4 and follower.report(4) is None
+    follower.forget_reports()  # an INJECT_FAULT (or any action) in the same round: the same step again
+    assert follower.report(4).step == 4
 
 
 @pytest.mark.parametrize("faults, verdicts", [

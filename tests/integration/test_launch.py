@@ -350,7 +350,7 @@ def test_two_nodes_share_one_controller_and_key(tmp_path: Path, scope: str) -> N
 
 
 def run_plain(tmp_path: Path, *args: str, timeout: float = 60.0, **env: str) -> subprocess.CompletedProcess:
-    """mindft-launch on plain_rank.py (no mindft inside the ranks), to completion."""
+    """mindft-launch on fake_rank.py in plain mode (no mindft inside the ranks), to completion."""
     full_env = {**os.environ, "MINDFT_RESET_FILE": str(tmp_path / "reset.json"), **env}
     for name in ("MINDFT_KEY_FILE", "MINDFT_INSECURE"):
         full_env.pop(name, None)
