@@ -53,6 +53,7 @@ from mindft.keys import CurveKeys, generate_keys, job_keys, secure_client
 from mindft.processor import Processor
 from mindft.protocol import (Ack, Action, ActionKind, Done, FaultKind, Register, RegisterAck, decode, encode,
                              encode_heartbeat)
+from mindft.rank import RankLoop
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "coordination.json"
@@ -201,19 +202,20 @@ class IdleRank:
 
 
 def real_rank_main(rounds: int) -> None:
-    """One rank process: a mindft Processor that follows the controller for ``rounds`` rounds."""
+    """One rank process: the rank engine's loop over a mindft Processor, following the controller
+    for ``rounds`` rounds."""
     from mindft.config import load_config
     config = load_config()
     processor = Processor(config, f"bench://{config.rank}")
-    hooks = IdleRank(processor)
-    processor.register(held_steps=HELD)
+    loop = RankLoop(processor, IdleRank(processor))
+    loop.register(HELD)
     resumed = 0
     while resumed < rounds:
-        if processor.follow(hooks) is not None:  # None only for FINISH or an armed fault
+        if loop.follow() is not None:  # None only for FINISH or an armed fault
             resumed += 1
-        elif processor.finished_job:
+        elif loop.finished_job:
             raise RuntimeError(f"rank {config.rank}: the job finished after {resumed} of {rounds} rounds")
-    if processor.finish(0, hooks) is not None:
+    if loop.finish(0) is not None:
         raise RuntimeError(f"rank {config.rank}: a recovery after Done; the benchmark triggers none")
     processor.close()
 

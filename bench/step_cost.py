@@ -7,8 +7,9 @@ side by side in one run:
 
 * ``none``: the loop without mindft (the reference for the slowdown);
 * ``mindft``: this tree: a real Controller (a thread of a driver process) on 127.0.0.1 and
-  one Processor per rank; per step ``wait_window`` (before the snapshot), ``finished`` (fire
-  and forget) and ``poll_action``;
+  one Processor per rank, joined and finished through the rank engine's loop
+  (``mindft.rank.RankLoop``); per step the calls of its ``end_step``, timed one by one:
+  ``wait_window`` (before the snapshot), ``finished`` (fire and forget) and ``poll_action``;
 * ``old``: mindft at ``--old`` (default commit 6a49249, exported with ``git archive`` and run
   with PYTHONPATH pointing at it): ``step_begin`` and the synchronous ``step_end`` commit.
 
@@ -93,8 +94,16 @@ def rank_main(variant: str, steps: int, reps: int) -> None:
     """One rank: set up, say ready, wait for go, run ``steps`` steps, print one JSON line, wait for
     end, leave."""
     compute = Compute(reps)
-    processor = None
-    if variant != "none":
+    processor = loop = None
+    if variant == "mindft":
+        from mindft.config import load_config
+        from mindft.processor import Processor
+        from mindft.rank import RankLoop
+        config = load_config()
+        processor = Processor(config, f"bench://{config.rank}")
+        loop = RankLoop(processor, QuietHooks())
+        loop.register((0,))
+    elif variant == "old":
         from mindft.config import load_config
         from mindft.processor import Processor
         config = load_config()
@@ -159,7 +168,7 @@ def rank_main(variant: str, steps: int, reps: int) -> None:
     if sys.stdin.readline().strip() != "end":
         raise SystemExit("no end from the driver")
     if variant == "mindft":
-        if processor.finish(steps, QuietHooks()) is not None:
+        if loop.finish(steps) is not None:
             raise RuntimeError("a recovery after Done; the benchmark triggers none")
         processor.close()
     elif variant == "old":

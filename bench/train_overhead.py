@@ -160,7 +160,7 @@ def measure(batch: int, rounds: int, steps: int, every: int, port: int, budget_s
             block_cpu: dict[str, float] = {}
             for mode, (length, _) in MODES.items():
                 # Bench-only switches: overlap the copy or not, the cadence.
-                session._overlap = mode != "mindft_sync"
+                session.overlap = mode != "mindft_sync"
                 count = counts[length]
                 session._step_exit = None  # the other modes' blocks in between are no step of this one
                 start, cpu_start = time.perf_counter(), time.process_time()
@@ -187,7 +187,7 @@ def measure(batch: int, rounds: int, steps: int, every: int, port: int, budget_s
                     paired_cpu[mode].append(block_cpu[mode] / block_cpu[against])
         budget_every_end = announced[0].segments[-1][1]
         processor.follower.schedule = Schedule.fixed(1)
-        session._overlap = True
+        session.overlap = True
         capture = timed(lambda: (session.store.capture(session.step, session.state.arrays()),
                                  session.store.wait()))
 

@@ -1,4 +1,4 @@
-"""The control channel's sockets: the controller's ROUTER, a rank's DEALER, one-off requests.
+"""The control channel's sockets: the controller's ROUTER, a rank's DEALER and its I/O loop, one-off requests.
 
 Every socket option of the control channel is set here and nowhere else (HWM, linger,
 frame limit, reconnect back-off, CurveZMQ).
@@ -9,13 +9,15 @@ import itertools
 import logging
 import os
 import time
-from typing import Optional, Union
+from typing import Callable, Iterator, Optional, Tuple, Union
 
 import zmq
 
+from mindft.config import MindftConfig
+from mindft.flow.liveness import Liveness, Verdict
 from mindft.keys import CurveKeys, secure_client, secure_server
-from mindft.protocol import (MAX_FRAME, DeviceEvent, InjectRequest, NodeLost, ProcessExit, ProtocolError, ReplicaReport,
-                             Reply, StatusReply, StatusRequest, decode, encode)
+from mindft.protocol import (MAX_FRAME, DeviceEvent, InjectRequest, Message, NodeLost, ProcessExit, ProtocolError,
+                             ReplicaReport, Reply, StatusReply, StatusRequest, decode, encode)
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +41,12 @@ RECONNECT_IVL_MAX_MS = 1_000
 # How long a one-off request waits for its answer by default.
 REQUEST_TIMEOUT = 5.0
 
+# One-byte tags in front of each frame on a rank's inproc pipe to its I/O thread (run_link).
+PIPE_MESSAGE, PIPE_REGISTER, PIPE_STOP = b"M", b"R", b"S"
+
 Request = Union[StatusRequest, InjectRequest, ProcessExit, DeviceEvent, ReplicaReport, NodeLost]
 _request_ids = itertools.count(1)
+_pipe_ids = itertools.count()
 
 
 class ControllerUnreachable(RuntimeError):
@@ -95,6 +101,112 @@ def dealer(context: zmq.Context, keys: Optional[CurveKeys], address: str, identi
     secure_client(sock, keys)
     sock.connect(address)
     return sock
+
+
+def report_dealer(context: zmq.Context, keys: Optional[CurveKeys], address: str, identity: bytes) -> zmq.Socket:
+    """A rank's second DEALER, for the training thread's fire-and-forget step reports."""
+    sock = dealer(context, keys, address, identity)
+    sock.setsockopt(zmq.LINGER, REPORT_LINGER_MS)
+    return sock
+
+
+def pipe(context: zmq.Context, name: str) -> Tuple[zmq.Socket, zmq.Socket]:
+    """An inproc PAIR pipe (reading end, writing end) between two threads of this process."""
+    address = f"inproc://mindft-{name}-{os.getpid()}-{next(_pipe_ids)}"
+    ends = []
+    for connect in (False, True):
+        sock = context.socket(zmq.PAIR)
+        sock.setsockopt(zmq.LINGER, 0)
+        (sock.connect if connect else sock.bind)(address)
+        ends.append(sock)
+    return ends[0], ends[1]
+
+
+def receive_all(sock: zmq.Socket, who: str) -> Iterator[Message]:
+    """Every message waiting on ``sock``, decoded; a bad frame is logged and dropped."""
+    while True:
+        try:
+            frame = sock.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        try:
+            yield decode(frame)
+        except ProtocolError as error:
+            log.warning("%s dropped a frame from the controller: %s", who, error)
+
+
+def run_link(context: zmq.Context, keys: Optional[CurveKeys], config: MindftConfig, identity: bytes,
+             pipe_in: zmq.Socket, heartbeat: Callable[[], bytes], reported_at: Callable[[], float],
+             receive: Callable[[zmq.Socket], None]) -> Optional[str]:
+    """A rank's DEALER on its I/O thread, until told to stop (None) or it gives up (the reason).
+
+    Frames tagged PIPE_* arrive on ``pipe_in`` and go out; ``receive(sock)`` reads what the
+    controller sends. Once registered, :class:`~mindft.flow.liveness.Liveness` decides when a
+    ``heartbeat()`` frame is due (``reported_at()``: the newest step report sent on the training
+    thread's own socket) and what a silent controller means: reconnect (same identity) and
+    re-register, or give up.
+    """
+    timeouts, monotonic, rank, address = config.timeouts, time.monotonic, config.rank, config.controller_address
+    # A rank started by hand (not by mindft-launch) has nobody to wait for: one silent period.
+    live = Liveness(timeouts.heartbeat_interval, timeouts.dead_after, timeouts.connect_retries,
+                    timeouts.connect_retries if config.launcher_pid else 1, monotonic())
+    sock = dealer(context, keys, address, identity)
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    poller.register(pipe_in, zmq.POLLIN)
+    register_frame: Optional[bytes] = None  # re-sent after every reconnect
+    try:
+        while True:
+            # Not part of a job yet: nothing to heartbeat or time out.
+            timeout = live.interval if register_frame is None else live.timeout(monotonic(), reported_at())
+            ready = dict(poller.poll(timeout * 1000.0))
+            if pipe_in in ready:
+                while True:
+                    try:
+                        data = pipe_in.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    tag, frame = data[:1], data[1:]
+                    if tag == PIPE_STOP:
+                        return None
+                    if tag == PIPE_REGISTER:
+                        register_frame = frame
+                        live.registering(monotonic())
+                    try:
+                        sock.send(frame, zmq.NOBLOCK)
+                        live.sent(monotonic())
+                    except zmq.Again:  # the silence check reconnects and re-registers
+                        log.warning("rank=%d send queue full; frame dropped", rank)
+            if sock in ready:
+                live.received(monotonic())
+                receive(sock)
+            if register_frame is None:
+                continue
+            check = live.check(monotonic(), reported_at())
+            if check.beat:
+                try:
+                    sock.send(heartbeat(), zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+            if check.verdict is Verdict.NEVER_ANSWERED:
+                return (f"rank {rank}: MS_ENABLE_TFT is set but no mindft controller answers at {address} "
+                        f"(waited {check.periods * live.dead_after:g} s): start the job with mindft-launch, "
+                        f"or unset MS_ENABLE_TFT to train without fault tolerance")
+            if check.verdict is Verdict.SILENT:
+                return (f"rank {rank}: controller at {address} silent for {live.retries} periods of "
+                        f"{live.dead_after:g} s (timeouts.connect_retries); is it running, and do both sides "
+                        f"use the same key?")
+            if check.verdict is Verdict.RECONNECT:
+                log.log(logging.WARNING if live.heard else logging.DEBUG,
+                        "rank=%d controller silent for %.2f s; reconnecting (attempt %d of %d)",
+                        rank, check.silent_for, check.periods + 1, live.retries)
+                poller.unregister(sock)
+                sock.close(0)
+                sock = dealer(context, keys, address, identity)
+                poller.register(sock, zmq.POLLIN)
+                sock.send(register_frame, zmq.NOBLOCK)
+    finally:
+        sock.close(DEALER_LINGER_MS)
 
 
 def request(address: str, keys: Optional[CurveKeys], message: Request, timeout: float = REQUEST_TIMEOUT,

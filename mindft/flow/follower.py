@@ -1,16 +1,20 @@
 """The rank side of the flow as a plain object: an action in, a command out.
 
 :meth:`Follower.obey` carries a command out through the rank's :class:`RankHooks` and says
-whether training may go on. The processor (``mindft.processor.Processor.follow``) feeds it
-actions from the socket; the simulated jobs of the tests feed it from queues. The MindSpore
-session, the test ranks and the benchmarks are all RankHooks.
+whether training may go on. The rank engine (``mindft.rank.RankEngine.follow``) feeds it
+actions from the processor's socket; the simulated jobs of the tests feed it from queues. The
+rank engine (for the MindSpore session, the fake test rank, the benchmarks) is the RankHooks.
+
+The rank's other rules live here too: which step report may go now (:meth:`Follower.report`,
+held back until its replica arrived), when a step that keeps failing is given up
+(:meth:`Follower.on_fault`), and when the measured costs are worth reporting (:class:`CostMeter`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NoReturn, Optional, Protocol, Sequence, Union
+from typing import NoReturn, Optional, Protocol, Sequence, Tuple, Union
 
-from mindft.flow.cadence import Schedule
+from mindft.flow.cadence import Schedule, smoothed
 from mindft.protocol import Ack, Action, ActionKind, FaultKind, StepReport
 
 
@@ -92,6 +96,26 @@ class Finished:
 
 Outcome = Union[Resumed, Armed, Finished]
 
+# A step that faults this many times in a row is not a transient device fault: stop replaying it.
+MAX_FAULTS_PER_STEP = 3
+# The measured costs the job chooses the cadence from: smoothed with this weight per sample,
+# reported when one moves by more than COST_CHANGE (relative), or when a snapshot's share of a
+# step (capture / step, what the cadence follows) rises by more than COST_RISE: the cadence may
+# then be over the budget. At most every COST_REPORT_INTERVAL s.
+COST_SMOOTHING = 0.3
+COST_CHANGE = 0.2
+COST_RISE = 0.05
+COST_REPORT_INTERVAL = 1.0
+# Controller states in which a restarted rank that holds nothing may simply start training.
+_RUNNING_STATES = ("STARTING", "NORMAL")
+
+
+def joins_recovery(restarted: bool, adopted: bool, job_state: str) -> bool:
+    """Whether a rank that just registered follows a recovery (waits for ROLLBACK) instead of
+    training from its start: a restarted rank does when it holds state of its own (``adopted``:
+    from the node agent's memory or its buddy's replica), or when the job is not running."""
+    return restarted and (adopted or job_state.upper() not in _RUNNING_STATES)
+
 
 class RankHooks(Protocol):
     """What a rank does when the flow asks (the session's snapshots, or a test rank's)."""
@@ -135,6 +159,8 @@ class Follower:
         self.slowest = 0     # the step every rank has finished, as last heard
         self.round = 0
         self.recovering = False
+        self.reported: Tuple[int, int] = (-1, -1)  # (round, step) of the newest step report sent
+        self._faults_at: Tuple[int, int] = (-1, 0)  # (step, faults in a row there)
 
     @property
     def snapshot_every(self) -> int:
@@ -160,6 +186,46 @@ class Follower:
         """This rank finished ``step``: the fire-and-forget report to send."""
         self.position = step
         return StepReport(self.rank, step, self.round)
+
+    def report(self, step: int, limit: Optional[int] = None) -> Optional[StepReport]:
+        """This rank finished ``step``: the report to send now, or None when there is nothing
+        new to say. ``limit`` caps the step a report may claim: a rank that replicates its own
+        snapshots reports a capture step only once its replica arrived (then :meth:`release`)."""
+        self.finished(step)
+        return self._reportable(step, limit)
+
+    def release(self, limit: int) -> Optional[StepReport]:
+        """The report limit rose to ``limit``: the report it now allows, if any. None while
+        recovering: the recovery decides where every rank is; reports resume after RESUME."""
+        if self.recovering:
+            return None
+        return self._reportable(self.position, limit)
+
+    def forget_reports(self) -> None:
+        """An action arrived: it may move every rank's progress, so the next report goes whatever
+        was reported before (call before :meth:`obey`)."""
+        self.reported = (-1, -1)
+
+    def _reportable(self, step: int, limit: Optional[int]) -> Optional[StepReport]:
+        if limit is not None:
+            step = min(step, limit)
+        if (self.round, step) <= self.reported:
+            return None
+        self.reported = (self.round, step)
+        return StepReport(self.rank, step, self.round)
+
+    def on_fault(self, step: int) -> bool:
+        """A fault inside ``step``: True to report it and replay, False to give up (the same step
+        failed more than MAX_FAULTS_PER_STEP times in a row: not a transient device fault)."""
+        last, count = self._faults_at
+        count = count + 1 if last == step else 1
+        self._faults_at = (step, count)
+        return count <= MAX_FAULTS_PER_STEP
+
+    @property
+    def faults_in_a_row(self) -> int:
+        """How many times in a row the step of the newest fault failed."""
+        return self._faults_at[1]
 
     def on_progress(self, step: int) -> None:
         if step > self.slowest:
@@ -221,3 +287,40 @@ class Follower:
     def _ack(self, kind: ActionKind, step: int, held: Sequence[int]) -> Ack:
         return Ack(self.rank, kind, step, tuple(sorted(held)), self.round)
 
+
+
+class CostMeter:
+    """What a training step and a snapshot cost this rank, smoothed, and when to report them."""
+
+    def __init__(self) -> None:
+        self.step_time: Optional[float] = None
+        self.capture_time: Optional[float] = None
+        self._sent: Optional[Tuple[float, float]] = None
+        self._sent_at = -1e9
+
+    def step(self, seconds: float) -> None:
+        """A training step took ``seconds`` (not counting a wait for a capture)."""
+        self.step_time = smoothed(self.step_time, max(seconds, 0.0), COST_SMOOTHING)
+
+    def capture(self, seconds: float) -> None:
+        """A snapshot (its copy and its replication's CPU) took ``seconds``."""
+        self.capture_time = smoothed(self.capture_time, max(seconds, 0.0), COST_SMOOTHING)
+
+    def due(self, now: float) -> Optional[Tuple[float, float]]:
+        """The figures (step, capture seconds) to report at ``now``, if any (then they count as sent)."""
+        if self.step_time is None or self.capture_time is None:
+            return None
+        figures = (self.step_time, self.capture_time)
+        if self._sent is not None:
+            if now - self._sent_at < COST_REPORT_INTERVAL:
+                return None
+            moved = any(abs(new - old) > COST_CHANGE * old for new, old in zip(figures, self._sent))
+            if not moved and share(*figures) <= share(*self._sent) * (1 + COST_RISE):
+                return None
+        self._sent, self._sent_at = figures, now
+        return figures
+
+
+def share(step_time: float, capture_time: float) -> float:
+    """A snapshot's cost in steps' time (what the budget's cadence is proportional to)."""
+    return capture_time / step_time if step_time > 0 else float("inf")

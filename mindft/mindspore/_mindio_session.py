@@ -39,9 +39,10 @@ from mindft.config import ConfigError, MindftConfig, load_config
 from mindft.exitcodes import ExitCode
 from mindft.faults import classify, describe
 from mindft.keys import job_keys
+from mindft.flow.follower import MAX_FAULTS_PER_STEP
 from mindft.mindio import (STEP_GATE_VARIABLE, LeaveDevice, MindioError, MindioExit, MindioRank, RankCallbacks,
                            RecoveryRequested, StepGateClient)
-from mindft.mindspore._session import MAX_FAULTS_PER_STEP, TrainingState, rng_meta, set_rng
+from mindft.mindspore._session import TrainingState, rng_meta, set_rng
 from mindft.protocol import FaultKind
 from mindft.snapshot import SnapshotError, SnapshotStore
 

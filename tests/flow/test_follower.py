@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from mindft.flow import Armed, Finished, Follower, Resumed
+from mindft.flow.follower import CostMeter, joins_recovery
 from mindft.protocol import Ack, Action, ActionKind, FaultKind
 
 
@@ -76,3 +77,98 @@ def test_inject_finish_and_dump() -> None:
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="snapshot_every >= 1"):
         Follower(0, snapshot_every=0)
+
+
+@pytest.mark.parametrize("steps, limits, reports", [
+    ([1, 2, 3], [None, None, None], [1, 2, 3]),        # no replica to wait for: every step at once
+    ([1, 2, 3], [0, 0, 0], [0, None, None]),            # the replica of step 1 has not arrived
+    ([1, 2, 3], [0, 2, 5], [0, 2, 3]),                  # it arrived during step 3: limits rise
+    ([4, 4], [None, None], [4, None]),                  # the same step twice: nothing new to say
+])
+def test_a_step_report_waits_for_its_replica(steps: list[int], limits: list, reports: list) -> None:
+    follower = Follower(0)
+    sent = [follower.report(step, limit) for step, limit in zip(steps, limits)]
+    assert [None if r is None else r.step for r in sent] == reports
+
+
+@pytest.mark.parametrize("recovering, position, reported, limit, released", [
+    (False, 5, 3, 5, 5),       # the replica arrived: the held report goes
+    (False, 5, 3, 4, 4),       # part of the way
+    (False, 5, 3, 3, None),    # no further than what was sent
+    (True, 5, 3, 5, None),     # a recovery decides where the ranks are: no report until RESUME
+])
+def test_a_held_report_is_released_when_the_limit_rises(recovering: bool, position: int, reported: int,
+                                                        limit: int, released) -> None:
+    follower = Follower(2)
+    follower.report(position, reported)
+    follower.recovering = recovering
+    report = follower.release(limit)
+    assert (None if report is None else report.step) == released
+    if report is not None:
+        assert report.rank == 2 and report.round == follower.round
+
+
+def test_an_action_resets_what_was_reported() -> None:
+    follower, hooks = Follower(0), Hooks()
+    follower.report(4)
+    for action in (Action(ActionKind.PAUSE, 4, round=1), Action(ActionKind.ROLLBACK, 3, round=1),
+                   Action(ActionKind.RESUME, 3, round=1)):
+        follower.forget_reports()
+        follower.obey(action, hooks)
+    assert follower.report(4).step == 4 and follower.report(4) is None
+    follower.forget_reports()  # an INJECT_FAULT (or any action) in the same round: the same step again
+    assert follower.report(4).step == 4
+
+
+@pytest.mark.parametrize("faults, verdicts", [
+    ([5, 5, 5], [True, True, True]),
+    ([5, 5, 5, 5], [True, True, True, False]),     # the same step a fourth time in a row: give up
+    ([5, 5, 6, 6, 5, 5], [True] * 6),               # another step in between starts the count again
+    ([5, 5, 5, 5, 5], [True, True, True, False, False]),
+])
+def test_a_step_that_keeps_failing_is_given_up(faults: list[int], verdicts: list[bool]) -> None:
+    follower = Follower(0)
+    assert [follower.on_fault(step) for step in faults] == verdicts
+
+
+@pytest.mark.parametrize("sent, now, figures, due", [
+    (None, 0.0, (1.0, 0.1), True),            # the first figures: always
+    ((1.0, 0.1), 0.5, (2.0, 0.5), False),     # within the minimum interval: never
+    ((1.0, 0.1), 1.5, (1.0, 0.1), False),     # nothing moved
+    ((1.0, 0.1), 1.5, (1.3, 0.1), True),      # the step moved by more than 20 %
+    ((1.0, 0.1), 1.5, (1.0, 0.13), True),     # the snapshot moved by more than 20 %
+    # Step 10 % shorter, snapshot 10 % longer: neither moved by 20 %, but a snapshot now costs
+    # 22 % more steps' time, so the cadence may be over the budget: reported.
+    ((1.0, 0.1), 1.5, (0.9, 0.11), True),
+    # The share falling a little (the budget would allow a few more snapshots) is not worth a report.
+    ((0.9, 0.11), 1.5, (0.95, 0.105), False),
+])
+def test_when_costs_are_worth_reporting(sent, now: float, figures: tuple, due: bool) -> None:
+    meter = CostMeter()
+    if sent is not None:
+        meter.step_time, meter.capture_time = sent
+        assert meter.due(0.0) == sent
+    meter.step_time, meter.capture_time = figures
+    assert (meter.due(now) == figures) is due
+
+
+def test_costs_are_smoothed_and_not_reported_before_both_are_measured() -> None:
+    meter = CostMeter()
+    meter.step(1.0)
+    assert meter.due(0.0) is None
+    meter.capture(-1.0)  # a clock step backwards counts as free, not negative
+    meter.step(2.0)
+    assert meter.due(0.0) == (pytest.approx(1.3), 0.0)
+
+
+@pytest.mark.parametrize("restarted, adopted, state, follows", [
+    (False, False, "STARTING", False),    # a first incarnation trains from its start
+    (False, True, "PAUSING", False),
+    (True, True, "NORMAL", True),         # restarted with its state: the job rolls it back in
+    (True, False, "NORMAL", False),       # restarted holding nothing while the job runs: start over
+    (True, False, "starting", False),
+    (True, False, "ROLLBACK", True),      # the job is recovering: wait for its ROLLBACK
+    (True, False, "REPAIRING", True),
+])
+def test_a_restarted_rank_joins_the_recovery(restarted: bool, adopted: bool, state: str, follows: bool) -> None:
+    assert joins_recovery(restarted, adopted, state) is follows

@@ -23,7 +23,7 @@ from mindft.launch import main
 from mindft.launch_plan import LaunchSpec, UsageError, plan_launch, rank_environment, scheduler_environment
 
 DP_SCRIPT = ROOT / "examples" / "train_dp.py"
-PLAIN_SCRIPT = Path(__file__).resolve().parent / "plain_rank.py"
+PLAIN_SCRIPT = Path(__file__).resolve().parent / "fake_rank.py"
 
 
 def plan(argv: list[str], **environ: str) -> LaunchSpec:

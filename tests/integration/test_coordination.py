@@ -1,7 +1,7 @@
 """The pause → repair → rollback → resume flow between real processes on 127.0.0.1.
 
 The controller runs on a thread of the test process; every rank is a subprocess running
-tests/integration/coord_rank.py (a real Processor and a fake training loop whose final
+tests/integration/fake_rank.py (the rank engine and a fake training loop whose final
 state is only right if every rollback restored the right step).
 """
 from __future__ import annotations
@@ -32,12 +32,13 @@ from mindft.processor import Processor, ProcessorError
 from mindft.protocol import (ActionKind, FaultKind, InjectRequest, OrderKind, ProcessExit, RankOrder, Register,
                              RegisterAck, StatusReply,
                              StatusRequest, decode, encode)
+from mindft.rank import RankLoop
 
 from launched import end_job
 
 pytestmark = pytest.mark.timeout(120)
 
-RANK_SCRIPT = Path(__file__).with_name("coord_rank.py")
+RANK_SCRIPT = Path(__file__).with_name("fake_rank.py")
 EXIT_DUMPED = ExitCode.DUMPED
 EXIT_OK, EXIT_FAILED = ExitCode.OK, ExitCode.FAILED
 ControllerState = JobState
@@ -467,7 +468,7 @@ def test_processor_waits_for_a_late_controller(tmp_path: Path) -> None:
         thread.join(10)
         assert registered["ack"].world_size == 1
         processor.finished(1)
-        assert processor.finish(1, hooks=None) is None  # FINISH: nothing to obey
+        assert RankLoop(processor, hooks=None).finish(1) is None  # FINISH: nothing to obey
         assert controller.join(5).exit_code == EXIT_OK
     finally:
         processor.close()
@@ -541,14 +542,15 @@ def test_a_pause_pending_at_a_capture_step_finds_that_step_captured() -> None:
     hooks = [RecordingHooks(), RecordingHooks()]
     resumed: dict[int, Optional[int]] = {}
     with two_registered_ranks(snapshot_every=1) as (controller, _, processors):
+        loops = [RankLoop(processor, hook) for processor, hook in zip(processors, hooks)]
+
         def train(rank: int, steps: int) -> None:
             for step in range(1, steps + 1):
-                assert processors[rank].end_step(step, hooks[rank], hooks[rank].capture) is None
+                assert loops[rank].end_step(step, hooks[rank].capture) is None
 
         def faulty_rank_0() -> None:
             train(0, 3)
-            processors[0].report_fault(FaultKind.UCE, "drill", step=4)
-            resumed[0] = processors[0].follow(hooks[0])
+            resumed[0] = loops[0].fault(FaultKind.UCE, "drill", 4)
 
         rank_0 = threading.Thread(target=faulty_rank_0)
         rank_0.start()
@@ -557,7 +559,7 @@ def test_a_pause_pending_at_a_capture_step_finds_that_step_captured() -> None:
         while not processors[1]._actions:  # the PAUSE waits in rank 1's queue
             assert time.monotonic() < deadline, f"no PAUSE reached rank 1; controller {controller.state}"
             time.sleep(0.01)
-        resumed[1] = processors[1].end_step(3, hooks[1], hooks[1].capture)
+        resumed[1] = loops[1].end_step(3, hooks[1].capture)
         rank_0.join(10)
         assert resumed == {0: 3, 1: 3}
         assert hooks[1].calls[-4:] == ["capture 3", "settle", "restore 3", "resume 3"]

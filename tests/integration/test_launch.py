@@ -1,6 +1,6 @@
 """mindft-launch with real processes: restarts, the reset file, signals, exit codes.
 
-The ranks run tests/integration/launch_rank.py (the real Processor and recovery flow
+The ranks run tests/integration/fake_rank.py (the rank engine and recovery flow
 with a numpy "model"), so a test checks the final weights bit for bit against the
 fault-free result.
 """
@@ -25,11 +25,11 @@ from mindft.resetfile import write_reset_file
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import launch_rank  # noqa: E402  (the rank script doubles as the reference implementation)
+import fake_rank  # noqa: E402  (the rank script doubles as the reference implementation)
 from launched import free_port_pair  # noqa: E402
 
-RANK_SCRIPT = HERE / "launch_rank.py"
-PLAIN_SCRIPT = HERE / "plain_rank.py"
+RANK_SCRIPT = HERE / "fake_rank.py"
+PLAIN_SCRIPT = HERE / "fake_rank.py"
 DEADLINE = 90.0
 
 
@@ -100,7 +100,7 @@ class Job:
     def assert_bit_identical(self) -> None:
         for rank in range(self.nproc):
             final = np.load(self.tmp / f"final-{rank}.npy")
-            assert final.tobytes() == launch_rank.reference(rank, self.steps).tobytes(), f"rank {rank} differs"
+            assert final.tobytes() == fake_rank.reference(rank, self.steps).tobytes(), f"rank {rank} differs"
 
     def kill(self) -> None:
         pids = self.rank_pids()
@@ -212,8 +212,8 @@ def test_rank_that_gives_up_fails_the_job_without_waiting_for_the_repair_timeout
 
 
 def test_rank_whose_dump_failed_is_not_reported_as_dumped(launch: Callable[..., Job]) -> None:
-    job = launch(nproc=2, steps=1000, step_time=0.02, script=HERE / "dump_failed_rank.py",
-                 LAUNCH_GIVE_UP="1:5", GIVE_UP_EXIT_CODE_RANK="1", MINDFT_REPAIR_TIMEOUT="300")
+    job = launch(nproc=2, steps=1000, step_time=0.02, script=RANK_SCRIPT,
+                 LAUNCH_GIVE_UP="1:5:4", MINDFT_REPAIR_TIMEOUT="300")
     code = job.wait(60)
     out = job.text()
     assert code == 4, out
@@ -347,11 +347,11 @@ def test_two_nodes_share_one_controller_and_key(tmp_path: Path, scope: str) -> N
     assert "[controller]" not in node1                                            # node 1 runs no controller
     for rank in range(4):
         final = np.load(tmp_path / f"final-{rank}.npy")
-        assert final.tobytes() == launch_rank.reference(rank, 30).tobytes()
+        assert final.tobytes() == fake_rank.reference(rank, 30).tobytes()
 
 
 def run_plain(tmp_path: Path, *args: str, timeout: float = 60.0, **env: str) -> subprocess.CompletedProcess:
-    """mindft-launch on plain_rank.py (no mindft inside the ranks), to completion."""
+    """mindft-launch on fake_rank.py in plain mode (no mindft inside the ranks), to completion."""
     full_env = {**os.environ, "MINDFT_RESET_FILE": str(tmp_path / "reset.json"), **env}
     for name in ("MINDFT_KEY_FILE", "MINDFT_INSECURE"):
         full_env.pop(name, None)

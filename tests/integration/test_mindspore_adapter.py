@@ -127,7 +127,7 @@ def test_capture_overlaps_in_pynative_and_falls_back_to_synchronous_under_jit(co
         for step, batch in loop.batches(trainer.batch, 10):
             loop.step(trainer.train_step, *batch)
             # Under jit the optimizer's pre-hook never runs, so the copy must not be left in flight.
-            assert loop.session._overlap is not jit
+            assert loop.session.overlap is not jit
         loop.session.store.wait()  # in PyNative the last capture may still be in flight
         assert loop.session.store.steps == (9, 10)
     assert_same(trainer.state(), reference)
@@ -253,10 +253,10 @@ def test_lockstep_waits_before_the_collectives_not_at_the_step_end(controller, r
     ctl, config = controller
     trainer = Trainer(jit=jit)
     with FaultTolerantLoop(trainer.net, trainer.optimizer, config) as loop:
-        assert loop.session.processor.lockstep is False and loop.session._gate is not None
+        assert loop.session.loop.lockstep is False and loop.session._gate is not None
         for step, batch in loop.batches(trainer.batch, 10):
             loop.step(trainer.train_step, *batch)
-            assert loop.session.processor.lockstep is jit
+            assert loop.session.loop.lockstep is jit
             assert (loop.session._gate is None) is jit
     assert_same(trainer.state(), reference)
     assert ctl.join(10).exit_code == ExitCode.OK
@@ -292,20 +292,3 @@ def test_an_action_before_the_collectives_interrupts_the_step_and_it_is_replayed
     assert_same(trainer.state(), reference)
     result = ctl.join(10)
     assert result.exit_code == ExitCode.OK and len(ctl.recovery_times) == 1
-
-
-def test_costs_are_reported_when_a_snapshots_share_of_a_step_rises() -> None:
-    from mindft.mindspore._session import CostMeter
-
-    meter = CostMeter()
-    meter.step(1.0)
-    meter.capture(0.1)
-    assert meter.due(0.0) == (1.0, 0.1)
-    # Step 10% shorter, snapshot 10% longer: neither moved by 20%, but a snapshot now costs 22%
-    # more steps' time, so the cadence may be over the budget: reported (after the 1 s minimum).
-    meter.step_time, meter.capture_time = 0.9, 0.11
-    assert meter.due(0.5) is None
-    assert meter.due(1.5) == (0.9, 0.11)
-    # The share falling a little (the budget would allow a few more snapshots) is not worth a report.
-    meter.step_time, meter.capture_time = 0.95, 0.105
-    assert meter.due(3.0) is None

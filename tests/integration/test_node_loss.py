@@ -23,13 +23,13 @@ import numpy as np
 import psutil
 import pytest
 
-import launch_rank
+import fake_rank
 from launched import ROOT, free_port_pair
 from mindft.channel import Client, ControllerUnreachable
 from mindft.keys import generate_keys, load_keys
 from mindft.snapshot import size_from_text
 
-RANK_SCRIPT = Path(__file__).with_name("launch_rank.py")
+RANK_SCRIPT = Path(__file__).with_name("fake_rank.py")
 STEPS = 40
 DEADLINE = 120.0
 
@@ -172,7 +172,7 @@ def test_a_lost_node_comes_back_from_its_replica_on_the_next_node(nodes: Nodes, 
     # deleted the files when the job ended.
     assert int(re.search(r"(\d+) moved to disk while the next arrived", node0)[1]) > 0, node0[-3000:]
     assert not (tmp_path / "dumps" / "replica-spill").exists()
-    references = {rank: launch_rank.reference(rank if not data_parallel else 0, STEPS) for rank in (0, 1)}
+    references = {rank: fake_rank.reference(rank if not data_parallel else 0, STEPS) for rank in (0, 1)}
     for rank in (0, 1):
         final = np.load(tmp_path / f"final-{rank}.npy")
         assert final.tobytes() == references[rank].tobytes(), f"rank {rank} differs"

@@ -1,7 +1,7 @@
 """Ranks with no node agent replicate their own snapshots in the background: real processes on 127.0.0.1.
 
 The controller runs on a thread of the test process (CurveZMQ on); every rank is a subprocess
-running tests/integration/replica_rank.py: the real Processor, SnapshotStore, Keeper and
+running tests/integration/fake_rank.py: the rank engine's Processor, SnapshotStore, Keeper and
 RankReplication, wired as the MindSpore session wires them.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from launched import end_job
 
 pytestmark = pytest.mark.timeout(180)
 
-RANK_SCRIPT = Path(__file__).with_name("replica_rank.py")
+RANK_SCRIPT = Path(__file__).with_name("fake_rank.py")
 DEADLINE = 60.0
 # A rank silent for 2 s is dead; a push unconfirmed for 10 s (mindft.replica.sender.ACK_TIMEOUT) is dropped.
 TIMEOUTS = Timeouts(heartbeat_interval=0.05, heartbeat_misses=40, register=30.0, pause=20.0,
