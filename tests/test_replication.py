@@ -7,7 +7,6 @@ assert: a test polls for the state it expects, within a generous deadline.
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from pathlib import Path
@@ -24,6 +23,8 @@ from mindft.replication import Keeper, NodeReplication, Sender, replica_spill
 from mindft.snapshot import SnapshotError, SnapshotStore, fetch_replica
 from mindft.threadcpu import ThreadCpu
 
+from harness import free_port
+
 DEADLINE = 30.0
 
 
@@ -32,12 +33,6 @@ def until(condition: Callable[[], object], what: str) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"gave up waiting for {what}"
         time.sleep(0.01)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def state(step: int) -> dict[str, np.ndarray]:

@@ -18,7 +18,7 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
-from launched import ROOT, environment, free_port_pair
+from harness import ROOT, environment, free_port_pair
 from mindft.channel import Client, ControllerUnreachable
 from mindft.cli import main as cli
 from mindft.keys import generate_keys

@@ -25,7 +25,7 @@ from mindft.resetwatch import fault_state, write_reset_file
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import launch_rank  # noqa: E402  (the rank script doubles as the reference implementation)
-from launched import free_port_pair  # noqa: E402
+from harness import free_port_pair  # noqa: E402
 
 RANK_SCRIPT = HERE / "launch_rank.py"
 PLAIN_SCRIPT = HERE / "plain_rank.py"
