@@ -1,4 +1,5 @@
-"""Every test starts from a clean environment and must leave no process or mindft thread behind."""
+"""Every test starts from a clean environment and must leave no process or mindft thread behind.
+A test marked ``mindspore`` is in the slow tier too."""
 from __future__ import annotations
 
 import os
@@ -7,6 +8,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -37,11 +39,30 @@ def _mindft_threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name.startswith("mindft")}
 
 
-@pytest.fixture(autouse=True)
-def isolated_environment(monkeypatch: pytest.MonkeyPatch):
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # MindSpore takes seconds to import (more on busy cores): its tests are never in the fast tier.
+    for item in items:
+        if item.get_closest_marker("mindspore") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+
+
+def _isolate(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if _ISOLATED.match(name):
             monkeypatch.delenv(name)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def isolated_session() -> Iterator[None]:
+    """The same for module- and session-scoped fixtures (reference runs), set up before any test's own."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _isolate(monkeypatch)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def isolated_environment(monkeypatch: pytest.MonkeyPatch):
+    _isolate(monkeypatch)
     yield
 
 

@@ -24,6 +24,7 @@ from mindft.cli import main as cli
 from mindft.keys import generate_keys
 
 pytest.importorskip("mindspore")
+pytestmark = pytest.mark.mindspore
 
 DEADLINE = 240.0  # MindSpore's import and two ranks on 2 busy cores
 

@@ -115,6 +115,7 @@ def test_environment_of_workers_and_scheduler_is_msruns(clean_environment: None,
 
 # --- real jobs -------------------------------------------------------------------------------
 
+@pytest.mark.mindspore
 def test_dp_script_under_msrun_and_mindft_launch_ends_bit_identical(tmp_path: Path, processes: Processes) -> None:
     """Same flags, only the command name changes; MCCL all-reduces the gradients in both."""
     runs: dict[str, tuple[int, str]] = {}
@@ -146,6 +147,7 @@ def test_dp_script_under_msrun_and_mindft_launch_ends_bit_identical(tmp_path: Pa
     assert processes.leftovers() == []
 
 
+@pytest.mark.mindspore
 def test_a_dead_scheduler_fails_the_job_at_once(tmp_path: Path, processes: Processes) -> None:
     """Without its scheduler MindSpore's cluster cannot communicate: the launcher stops every rank, exit 1."""
     run_dir = tmp_path / "run"
@@ -169,6 +171,7 @@ def test_a_dead_scheduler_fails_the_job_at_once(tmp_path: Path, processes: Proce
     assert processes.leftovers() == []
 
 
+@pytest.mark.mindspore
 def test_a_scheduler_no_rank_joined_is_stopped_with_the_job(tmp_path: Path, processes: Processes) -> None:
     """Ranks that never call init() leave the scheduler waiting for nobody: it is stopped, not waited for."""
     code, out = processes.run([sys.executable, "-m", "mindft.launch", "--nproc", "2", "--run-dir",

@@ -34,7 +34,7 @@ from mindft.protocol import (ActionKind, FaultKind, InjectRequest, ProcessExit, 
 
 from harness import ControllerJob, environment, free_port, job_fixture, start_controller
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 RANK_SCRIPT = Path(__file__).with_name("coord_rank.py")
 EXIT_DUMPED = ExitCode.DUMPED

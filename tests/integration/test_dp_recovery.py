@@ -25,7 +25,7 @@ from mindft.channel import Client, ControllerUnreachable
 from mindft.exitcodes import ExitCode
 from mindft.keys import load_keys
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.mindspore, pytest.mark.timeout(600)]
 
 DP_SCRIPT = ROOT / "examples" / "train_dp.py"
 EPOCHS = 2  # 256 samples, batch 8 per rank: 32 steps on 2 ranks, 16 on 4

@@ -30,6 +30,7 @@ from harness import free_port_pair  # noqa: E402
 RANK_SCRIPT = HERE / "launch_rank.py"
 PLAIN_SCRIPT = HERE / "plain_rank.py"
 DEADLINE = 90.0
+pytestmark = pytest.mark.mindspore  # mindft-launch starts MindSpore's scheduler
 
 
 class Job:

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import assert_ranks_identical, fault_free_weights  # noqa: E402
 from test_mindio_recovery import require_mindio  # noqa: E402
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = [pytest.mark.mindspore, pytest.mark.timeout(400)]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"

@@ -25,6 +25,8 @@ sys.path.insert(0, str(HERE))
 import mindio_rank  # noqa: E402  (the helper script doubles as the job's definition)
 from harness import free_port, job_fixture  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 STEPS = 12
 JOB_TIMEOUT = 120.0  # start (mindspore import) + a recovery or a dump; generous for 2 loaded cores
 

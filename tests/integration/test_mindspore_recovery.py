@@ -21,7 +21,7 @@ from mindft.exitcodes import ExitCode
 from harness import (EXAMPLES, ControllerJob, assert_ranks_identical, environment, fault_free_weights, free_port,
                      job_fixture)
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.mindspore, pytest.mark.timeout(300)]
 
 EXIT_DUMPED = ExitCode.DUMPED
 # A silent rank is declared dead after 2 s; generous phase limits for 2 busy cores.

@@ -29,6 +29,8 @@ from mindft.channel import Client, ControllerUnreachable
 from mindft.keys import generate_keys, load_keys
 from mindft.snapshot import size_from_text
 
+pytestmark = pytest.mark.slow
+
 RANK_SCRIPT = Path(__file__).with_name("launch_rank.py")
 STEPS = 40
 DEADLINE = 120.0

@@ -19,7 +19,7 @@ from mindft.exitcodes import ExitCode
 
 from harness import ControllerJob
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 RANK_SCRIPT = Path(__file__).with_name("replica_rank.py")
 DEADLINE = 60.0

@@ -14,6 +14,8 @@ from mindft.keys import CurveKeys, generate_keys, secure_client
 from mindft.snapshot import (REPLICA_VERSION, ReplicaHeader, Snapshot, SnapshotError, SnapshotStore,
                              checksum, fetch_replica, push_replica)
 
+pytestmark = pytest.mark.slow
+
 TIMEOUT = 10.0
 REFUSED_TIMEOUT = 1.0  # how long a client waits before concluding the server ignored it
 
