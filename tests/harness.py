@@ -220,19 +220,19 @@ class ControllerJob:
         end_job(self.started, self.controller)
 
 
-Job = TypeVar("Job")
+J = TypeVar("J")
 
 
-def job_fixture(make: Callable[..., Job]):
+def job_fixture(make: Callable[..., J]):
     """A ``make_job`` fixture for a test module: ``make_job(*args)`` is ``make(directory, *args)``
     with a directory of its own under the test's tmp_path; every job made has its ``cleanup()``
     called at the end of the test."""
 
     @pytest.fixture
-    def make_job(tmp_path: Path) -> Iterator[Callable[..., Job]]:
+    def make_job(tmp_path: Path) -> Iterator[Callable[..., J]]:
         jobs: list = []
 
-        def made(*args: Any, **kwargs: Any) -> Job:
+        def made(*args: Any, **kwargs: Any) -> J:
             directory = tmp_path / f"job{len(jobs)}"
             directory.mkdir()
             jobs.append(make(directory, *args, **kwargs))
