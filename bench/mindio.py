@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,16 +34,11 @@ ROOT = Path(__file__).resolve().parents[1]
 HELPERS = ROOT / "tests" / "integration"
 sys.path.insert(0, str(HELPERS))
 import mindio_rank  # noqa: E402  (the job definition shared with the tests)
+from _common import free_port  # noqa: E402  (bench/ is the script's directory)
 
 RUN_TIMEOUT = 180.0
 EXAMPLE = ROOT / "examples" / "train_mlp.py"
 SHORT_STEPS = 20
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def run_job(world_size: int, steps: int, fault: Optional[str], workdir: Path) -> Dict[int, List[dict]]:

@@ -37,12 +37,13 @@ import os
 import platform
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _common import free_port, free_port_pair  # bench/ is the script's directory
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "examples" / "train_dp.py"
@@ -61,30 +62,6 @@ PHASES = (("detect, kill, start", "fault", "created"), ("interpreter + imports",
           ("init() (cluster)", "imported", "initialized"), ("data + model", "initialized", "built"),
           ("restore / load", "built", "ready"), ("first step", "ready", "first_step"))
 KINDS = {"a": "in-place rollback", "b": "restart, agent memory", "c": "kill all + checkpoint"}
-
-
-def free_port_pair() -> int:
-    """A port P with P and P + 1 free (the scheduler and mindft's controller)."""
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        time.sleep(0.01)  # when the box's ports are all taken by something else: wait for some
-        try:
-            with socket.socket() as probe:
-                probe.bind(("127.0.0.1", 0))
-                port = probe.getsockname()[1]
-        except OSError:
-            continue
-        if port < 65535:
-            try:
-                with socket.socket() as second:
-                    # The odd neighbour is often in TIME_WAIT from the last job's connections:
-                    # free for a listener (ZeroMQ sets SO_REUSEADDR).
-                    second.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                    second.bind(("127.0.0.1", port + 1))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError("no two consecutive free ports in 10 minutes")
 
 
 def clean_env(**changes: str) -> dict[str, str]:
@@ -233,9 +210,7 @@ def checkpoint_worker(argv: list[str]) -> None:
 def run_checkpoint(args: argparse.Namespace, run_dir: Path) -> dict:
     """The agent: start the scheduler and every worker; on a worker's failure kill them all at
     once, then start them again from the newest checkpoint every rank wrote."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     logs, checkpoints = run_dir / "logs", run_dir / "checkpoints"
     logs.mkdir(parents=True)
     cluster = {"MS_SCHED_HOST": "127.0.0.1", "MS_SCHED_PORT": str(port), "MS_WORKER_NUM": str(WORLD),

@@ -48,7 +48,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from step_cost import export_old  # bench/ is the script's directory
+from _common import free_port_pair  # bench/ is the script's directory
+from step_cost import export_old
 from train_overhead_ranks import whole_periods
 
 REPO = Path(__file__).resolve().parent.parent
@@ -115,13 +116,6 @@ def rank_main() -> None:
     (out / f"rank{config.rank}.json").write_text(json.dumps({
         "times": times, "state_bytes": state, "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         **stats}))
-
-
-def free_port_pair() -> int:
-    sys.path.insert(0, str(REPO))
-    from mindft.launch_plan import free_port_pair as pick
-
-    return pick("127.0.0.1")
 
 
 def base_env(args: argparse.Namespace, out: Path, work: Path, tree: Path) -> dict:

@@ -35,7 +35,6 @@ import json
 import os
 import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,6 +42,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from _common import free_port  # bench/ is the script's directory (imported before it leaves the path)
 
 # Not bench/ on the path: MindSpore's save_checkpoint imports a module named mindio if it can,
 # and bench/mindio.py is one.
@@ -60,12 +61,6 @@ from mindft.mindspore import FaultTolerantLoop  # noqa: E402
 RESULTS = Path(__file__).parent / "results" / "train_overhead.json"
 WIDTH, IN_OUT = 4096, 1024  # 1024x4096 + 4096x4096 + 4096x1024 ≈ 25.2M parameters
 TARGET = 1.03
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_controller(port: int) -> subprocess.Popen:

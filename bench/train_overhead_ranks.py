@@ -74,6 +74,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from _common import free_port_pair  # bench/ is the script's directory
 from mindft.snapshot import size_from_text
 from mindft.threadcpu import stat_cpu_seconds
 
@@ -422,10 +423,8 @@ def run_job(mode: str, nproc: int, batch: int, dp: bool, args: argparse.Namespac
     command = [sys.executable, "-m", "mindft.launch", "--nproc", str(nproc), *([] if dp else ["--no-scheduler"])]
     if nnodes > 1:
         # Several nodes on loopback: one launcher (node agent) each, as on separate machines.
-        from mindft.launch_plan import free_port_pair
-
         command += ["--nnodes", str(nnodes), "--master-addr", "127.0.0.1",
-                    "--master-port", str(free_port_pair("127.0.0.1"))]
+                    "--master-port", str(free_port_pair())]
         if mode == "mindft":
             command += ["--key-file", str(work / "keys.json")]
     load_before = _load()

@@ -1,4 +1,5 @@
-"""Every test starts from a clean environment and must leave no process or mindft thread behind."""
+"""Every test starts from a clean environment and must leave no process or mindft thread behind.
+A test marked ``mindspore`` is in the slow tier too."""
 from __future__ import annotations
 
 import os
@@ -7,12 +8,15 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
 # Variables that configure mindft or MindSpore's cluster: a developer's shell must not leak into tests.
 _ISOLATED = re.compile(r"^(MS_|MINDFT_|MINDIO_|MINDX_|RANK_|DEVICE_ID$|RANK_ID$|RANK_SIZE$|VC_TASK_INDEX$)")
 _GRACE = 5.0  # seconds a test's threads and processes get to finish after it
+_FAST = 2.0  # seconds a test of the fast tier may take (a test that takes longer belongs in the slow tier)
+_slow_but_unmarked: list[tuple[str, float]] = []
 
 
 def _children() -> set[int]:
@@ -37,11 +41,44 @@ def _mindft_threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name.startswith("mindft")}
 
 
-@pytest.fixture(autouse=True)
-def isolated_environment(monkeypatch: pytest.MonkeyPatch):
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # MindSpore takes seconds to import (more on busy cores): its tests are never in the fast tier.
+    for item in items:
+        if item.get_closest_marker("mindspore") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call" and report.duration > _FAST and "slow" not in report.keywords:
+        _slow_but_unmarked.append((report.nodeid, report.duration))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    # Not a failure: on a busy machine a fast test can take longer. A test that always does
+    # belongs in the slow tier.
+    if _slow_but_unmarked:
+        terminalreporter.write_sep("-", f"not marked slow but took over {_FAST:g} s")
+        for nodeid, seconds in sorted(_slow_but_unmarked, key=lambda row: -row[1]):
+            terminalreporter.write_line(f"{seconds:6.2f}s {nodeid}")
+
+
+def _isolate(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if _ISOLATED.match(name):
             monkeypatch.delenv(name)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def isolated_session() -> Iterator[None]:
+    """The same for module- and session-scoped fixtures (reference runs), set up before any test's own."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _isolate(monkeypatch)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def isolated_environment(monkeypatch: pytest.MonkeyPatch):
+    _isolate(monkeypatch)
     yield
 
 

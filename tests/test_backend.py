@@ -9,9 +9,9 @@ from click.testing import CliRunner
 
 from mindft.cli import main
 from mindft.config import ConfigError, MindftConfig, load_config, parse_tft
-from mindft.mindspore.backend import MINDFT, MINDIO, mindio_installed, resolve_backend, session_class
 from mindft.preflight import ato_failure_rate, choose_backend
 
+MINDFT, MINDIO = "mindft", "mindio"  # mindft.mindspore.backend's names: importing it imports MindSpore
 UCE = parse_tft("{UCE:1}")
 RSC = parse_tft("{RSC:1}")
 
@@ -47,9 +47,11 @@ def test_explicit_mindio_without_the_wheel_is_a_clear_error() -> None:
         choose_backend(MindftConfig(tft=UCE, backend="mindio"), False, lambda: "CPU")
 
 
+@pytest.mark.mindspore
 def test_this_machine_runs_mindio_only_when_asked() -> None:
     from mindft.mindspore._mindio_session import MindioSession
     from mindft.mindspore._session import Session
+    from mindft.mindspore.backend import mindio_installed, resolve_backend, session_class
 
     assert mindio_installed()
     auto = load_config({"MS_ENABLE_TFT": "{UCE:1}"})
@@ -60,6 +62,7 @@ def test_this_machine_runs_mindio_only_when_asked() -> None:
     assert session_class(off) is Session
 
 
+@pytest.mark.mindspore
 def test_mindio_session_refuses_sparse_snapshots() -> None:
     import mindspore as ms
     from mindspore import nn
@@ -74,6 +77,7 @@ def test_mindio_session_refuses_sparse_snapshots() -> None:
         MindioSession(TrainingState(net), None, config)
 
 
+@pytest.mark.mindspore  # the check asks MindSpore for the device
 def test_config_check_says_which_backend_runs_and_why(monkeypatch: pytest.MonkeyPatch) -> None:
     runner = CliRunner()
     monkeypatch.setenv("MS_ENABLE_TFT", "{UCE:1}")

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # each runs a benchmark's processes
+
 REPO = Path(__file__).resolve().parent.parent
 ROW_FIELDS = {"variant", "ranks", "steps", "mindft_median_us", "mindft_p99_us", "mindft_mean_us", "call_median_us",
               "open_window_median_us", "window_waits", "step_wall_us", "step_cpu_us", "controller_cpu_per_step_us"}

@@ -7,7 +7,6 @@ assert: a test polls for the state it expects, within a generous deadline.
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from pathlib import Path
@@ -23,6 +22,8 @@ from mindft.replica import Keeper, NodeReplication, Sender, fetch_replica, repli
 from mindft.snapshot import SnapshotError, SnapshotStore
 from mindft.threadcpu import ThreadCpu
 
+from harness import free_port
+
 DEADLINE = 30.0
 
 
@@ -31,12 +32,6 @@ def until(condition: Callable[[], object], what: str) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"gave up waiting for {what}"
         time.sleep(0.01)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def state(step: int) -> dict[str, np.ndarray]:

@@ -157,6 +157,7 @@ def _wait_for(seen: list[object], event: object, timeout: float = 10.0) -> bool:
     return False
 
 
+@pytest.mark.slow  # seconds of a polling thread under bursts
 def test_watcher_thread_survives_bursts_of_garbage(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     rng = random.Random(SEED + 1)
     mount = HostPathMount(tmp_path / "default.reset-config-job")

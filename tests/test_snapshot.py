@@ -258,6 +258,7 @@ def _load_checkpoint(path: Path) -> dict:
     return {name: parameter.asnumpy() for name, parameter in mindspore.load_checkpoint(str(path)).items()}
 
 
+@pytest.mark.mindspore  # reads the dump back with MindSpore
 def test_dump_loads_back_with_mindspore_bytewise(store, tmp_path):
     arrays = _dtype_zoo()
     store.capture(41, {name: np.zeros_like(a) for name, a in arrays.items()})
@@ -278,6 +279,7 @@ def test_dump_loads_back_with_mindspore_bytewise(store, tmp_path):
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name, path.with_suffix(".json").name]
 
 
+@pytest.mark.mindspore  # reads the dump back with MindSpore
 def test_dump_writes_large_parameters_in_slices_like_mindspore(store, tmp_path, monkeypatch):
     monkeypatch.setattr(ckpt, "CKPT_SLICE", 1000)  # MindSpore slices at 512 MiB
     arrays = {"big": np.arange(2501, dtype=np.float32).reshape(41, 61), "after": np.ones(3, np.int16)}
@@ -288,6 +290,7 @@ def test_dump_writes_large_parameters_in_slices_like_mindspore(store, tmp_path, 
     assert loaded["after"].tobytes() == arrays["after"].tobytes()
 
 
+@pytest.mark.mindspore  # reads the dump back with MindSpore
 def test_dump_skips_a_corrupt_newest_snapshot(store, tmp_path):
     for step in (1, 2):
         store.capture(step, state(step))

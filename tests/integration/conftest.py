@@ -5,7 +5,7 @@ from typing import Iterator
 
 import pytest
 
-from launched import Processes
+from harness import Processes
 
 
 @pytest.fixture

@@ -18,12 +18,13 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
-from launched import ROOT, environment, free_port_pair
+from harness import ROOT, environment, free_port_pair
 from mindft.channel import Client, ControllerUnreachable
 from mindft.cli import main as cli
 from mindft.keys import generate_keys
 
 pytest.importorskip("mindspore")
+pytestmark = pytest.mark.mindspore
 
 DEADLINE = 240.0  # MindSpore's import and two ranks on 2 busy cores
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from mindft.keys import generate_keys
-from launched import LAUNCH_VARIABLES, ROOT, Processes, assert_identical, environment, free_port_pair, weights
+from harness import LAUNCH_VARIABLES, ROOT, Processes, assert_identical, environment, free_port_pair, weights
 from mindft.launch import main
 from mindft.launch_plan import LaunchSpec, UsageError, plan_launch, rank_environment, scheduler_environment
 
@@ -116,6 +115,7 @@ def test_environment_of_workers_and_scheduler_is_msruns(clean_environment: None,
 
 # --- real jobs -------------------------------------------------------------------------------
 
+@pytest.mark.mindspore
 def test_dp_script_under_msrun_and_mindft_launch_ends_bit_identical(tmp_path: Path, processes: Processes) -> None:
     """Same flags, only the command name changes; MCCL all-reduces the gradients in both."""
     runs: dict[str, tuple[int, str]] = {}
@@ -147,22 +147,20 @@ def test_dp_script_under_msrun_and_mindft_launch_ends_bit_identical(tmp_path: Pa
     assert processes.leftovers() == []
 
 
+@pytest.mark.mindspore
 def test_a_dead_scheduler_fails_the_job_at_once(tmp_path: Path, processes: Processes) -> None:
     """Without its scheduler MindSpore's cluster cannot communicate: the launcher stops every rank, exit 1."""
     run_dir = tmp_path / "run"
     env = environment(tmp_path, PLAIN_SLEEP="120")  # ranks that would run for two minutes
     started = time.monotonic()
-    with open(tmp_path / "launcher.out", "wb") as out:
-        launcher = subprocess.Popen([sys.executable, "-m", "mindft.launch", "--nproc", "2", "--run-dir", str(run_dir),
-                                     "--grace-period", "2", str(PLAIN_SCRIPT)], env=env, stdout=out,
-                                    stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
-    processes.started.append(launcher)
+    launcher = processes.start([sys.executable, "-m", "mindft.launch", "--nproc", "2", "--run-dir", str(run_dir),
+                                "--grace-period", "2", str(PLAIN_SCRIPT)], env, tmp_path / "launcher.out")
     job_file = run_dir / "job.json"
     while not job_file.exists() and time.monotonic() - started < 60 and launcher.poll() is None:
         time.sleep(0.1)
     assert job_file.exists(), (tmp_path / "launcher.out").read_text()
     info = json.loads(job_file.read_text())
-    processes._remember(launcher.pid)
+    processes.remember(launcher.pid)
     os.kill(info["scheduler_pid"], signal.SIGKILL)
     code = launcher.wait(60)
     out = (tmp_path / "launcher.out").read_text()
@@ -173,6 +171,7 @@ def test_a_dead_scheduler_fails_the_job_at_once(tmp_path: Path, processes: Proce
     assert processes.leftovers() == []
 
 
+@pytest.mark.mindspore
 def test_a_scheduler_no_rank_joined_is_stopped_with_the_job(tmp_path: Path, processes: Processes) -> None:
     """Ranks that never call init() leave the scheduler waiting for nobody: it is stopped, not waited for."""
     code, out = processes.run([sys.executable, "-m", "mindft.launch", "--nproc", "2", "--run-dir",

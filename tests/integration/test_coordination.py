@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Iterator, Optional
 
 import pytest
 import zmq
@@ -30,13 +30,12 @@ from mindft.flow import DeviceFailed, DeviceFaulty, DeviceRecovered, JobState
 from mindft.keys import generate_keys, secure_client
 from mindft.processor import Processor, ProcessorError
 from mindft.protocol import (ActionKind, FaultKind, InjectRequest, OrderKind, ProcessExit, RankOrder, Register,
-                             RegisterAck, StatusReply,
-                             StatusRequest, decode, encode)
+                             RegisterAck, StatusRequest, decode, encode)
 from mindft.rank import RankLoop
 
-from launched import end_job
+from harness import ControllerJob, environment, free_port, job_fixture, start_controller
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 RANK_SCRIPT = Path(__file__).with_name("fake_rank.py")
 EXIT_DUMPED = ExitCode.DUMPED
@@ -55,47 +54,24 @@ def expected_state(steps: int) -> int:
     return steps * (steps + 1) // 2
 
 
-class Job:
-    """A controller thread plus rank subprocesses; :meth:`cleanup` kills whatever is left."""
+class Job(ControllerJob):
+    """A controller thread plus fake_rank.py subprocesses; a rank that left its device starts again."""
 
     def __init__(self, tmp: Path, world_size: int, timeouts: Timeouts = FAST, secure: bool = False,
                  steps: int = 20, step_time: float = 0.02) -> None:
-        self.tmp, self.world_size, self.timeouts = tmp, world_size, timeouts
         self.steps, self.step_time = steps, step_time
-        self.key_file = None
-        if secure:
-            self.key_file = tmp / "job.key"
-            generate_keys(self.key_file)
-        self.config = MindftConfig(world_size=world_size, controller_port=0, insecure=not secure,
-                                   key_file=self.key_file, timeouts=timeouts)
-        self.controller = Controller(self.config)
-        self.controller.attach_agent(0, tuple(range(world_size)), self._on_order)
-        self.port = int(self.controller.endpoint.rsplit(":", 1)[1])
-        self.config = dataclasses.replace(self.config, controller_port=self.port)  # for clients
         self.procs: dict[int, subprocess.Popen] = {}
-        self.all_procs: list[subprocess.Popen] = []
         self.incarnations: dict[int, int] = {}
-        self.controller.start()
+        super().__init__(tmp, world_size, timeouts, secure, agent=self._on_order)
 
     def spawn(self, rank: int, restart_count: int = 0, **extra: str) -> subprocess.Popen:
         t = self.timeouts
-        env = dict(os.environ, MS_WORKER_NUM=str(self.world_size), MS_NODE_ID=str(rank),
-                   MS_TFT_PORT=str(self.port), MINDFT_RESTART_COUNT=str(restart_count),
-                   MINDFT_HEARTBEAT_INTERVAL=str(t.heartbeat_interval),
-                   MINDFT_HEARTBEAT_MISSES=str(t.heartbeat_misses),
-                   MINDFT_REGISTER_TIMEOUT=str(t.register),
-                   MINDFT_CONNECT_RETRIES=str(t.connect_retries),
-                   COORD_DIR=str(self.tmp), COORD_STEPS=str(self.steps),
-                   COORD_STEP_TIME=str(self.step_time), **extra)
-        if self.key_file is not None:
-            env["MINDFT_KEY_FILE"] = str(self.key_file)
-            env.pop("MINDFT_INSECURE", None)
-        else:
-            env["MINDFT_INSECURE"] = "1"
-        proc = subprocess.Popen([sys.executable, str(RANK_SCRIPT)], env=env, cwd=self.tmp,
-                                stdout=subprocess.DEVNULL, stderr=open(self.tmp / f"stderr-{rank}.txt", "ab"))
+        env = self.rank_environment(rank, restart_count, MINDFT_REGISTER_TIMEOUT=str(t.register),
+                                    MINDFT_CONNECT_RETRIES=str(t.connect_retries),
+                                    COORD_DIR=str(self.tmp), COORD_STEPS=str(self.steps),
+                                    COORD_STEP_TIME=str(self.step_time), **extra)
+        proc = self.start([str(RANK_SCRIPT)], env, self.tmp / f"stderr-{rank}.txt")
         self.procs[rank] = proc
-        self.all_procs.append(proc)
         self.incarnations[rank] = restart_count
         return proc
 
@@ -108,18 +84,6 @@ class Job:
         for rank in range(self.world_size):
             self.spawn(rank, **per_rank.get(f"r{rank}", {}))
 
-    def status(self) -> StatusReply:
-        reply = request(self.config, StatusRequest(), timeout=5.0)
-        assert isinstance(reply, StatusReply)
-        return reply
-
-    def wait_for(self, predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}; stderr: {self.stderr()}")
-            time.sleep(0.02)
-
     def rank_step(self, rank: int) -> int:
         replica = self.tmp / f"replica-{rank}.json"
         try:
@@ -131,36 +95,14 @@ class Job:
         path = self.tmp / f"events-{rank}.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
-    def stderr(self) -> str:
-        return " | ".join(f"{p.name}: {p.read_text()[-2000:]}" for p in sorted(self.tmp.glob("stderr-*.txt")))
-
-    def result(self, timeout: float = 60.0):
-        result = self.controller.join(timeout)
-        assert result is not None, f"controller still running in {self.controller.state}; {self.stderr()}"
-        return result
-
     def wait_ranks(self, timeout: float = 30.0) -> dict[int, int]:
         codes = {}
         for rank, proc in self.procs.items():
             codes[rank] = proc.wait(timeout)
         return codes
 
-    def cleanup(self) -> None:
-        end_job(self.all_procs, self.controller)
 
-
-@pytest.fixture
-def make_job(tmp_path: Path):
-    jobs: list[Job] = []
-
-    def make(world_size: int, **kwargs) -> Job:
-        job = Job(tmp_path, world_size, **kwargs)
-        jobs.append(job)
-        return job
-
-    yield make
-    for job in jobs:
-        job.cleanup()
+make_job = job_fixture(Job)
 
 
 def assert_all_done(job: Job, steps: Optional[int] = None) -> None:
@@ -405,11 +347,8 @@ def test_injected_fault_is_relayed_to_the_rank(make_job) -> None:
 def test_start_barrier_times_out_naming_missing_ranks(tmp_path: Path) -> None:
     config = MindftConfig(world_size=3, controller_port=0, insecure=True,
                           timeouts=Timeouts(heartbeat_interval=0.05, register=1.0))
-    controller = Controller(config)
-    port = int(controller.endpoint.rsplit(":", 1)[1])
-    controller.start()
-    processor = Processor(MindftConfig(rank=0, world_size=3, controller_port=port, insecure=True,
-                                       timeouts=config.timeouts))
+    controller, client = start_controller(config)
+    processor = Processor(dataclasses.replace(client, rank=0))
     try:
         with pytest.raises(ProcessorError, match="ended the job before registration completed"):
             processor.register()
@@ -424,9 +363,7 @@ def test_start_barrier_times_out_naming_missing_ranks(tmp_path: Path) -> None:
 
 
 def test_processor_gives_up_after_bounded_retries() -> None:
-    with socket.socket() as probe:  # a port where nothing listens
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # where nothing listens
     timeouts = Timeouts(heartbeat_interval=0.05, heartbeat_misses=3, connect_retries=3, register=30.0)
     # Started by mindft-launch: it keeps trying for connect_retries silent periods.
     processor = Processor(MindftConfig(rank=0, world_size=1, controller_port=port, insecure=True,
@@ -450,9 +387,7 @@ def test_processor_gives_up_after_bounded_retries() -> None:
 
 
 def test_processor_waits_for_a_late_controller(tmp_path: Path) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     timeouts = Timeouts(heartbeat_interval=0.05, heartbeat_misses=20, connect_retries=10, register=10.0)
     processor = Processor(MindftConfig(rank=0, world_size=1, controller_port=port, insecure=True,
                                        timeouts=timeouts))
@@ -481,10 +416,7 @@ def two_registered_ranks(**config: object) -> Iterator[tuple[Controller, MindftC
     """A controller thread and two Processors of this process, registered; all closed after."""
     timeouts = Timeouts(heartbeat_interval=0.05, heartbeat_misses=40, register=10.0, pause=10.0)
     server = MindftConfig(world_size=2, controller_port=0, insecure=True, timeouts=timeouts, **config)
-    controller = Controller(server)
-    port = int(controller.endpoint.rsplit(":", 1)[1])
-    controller.start()
-    client = dataclasses.replace(server, controller_port=port)
+    controller, client = start_controller(server)
     processors = [Processor(dataclasses.replace(client, rank=r)) for r in range(2)]
     try:
         registering = [threading.Thread(target=p.register) for p in processors]
@@ -590,11 +522,8 @@ def test_stand_alone_controller_help_and_ctrl_c() -> None:
     bad = subprocess.run([sys.executable, "-m", "mindft.controller", "--bogus"], capture_output=True, text=True,
                          timeout=30)
     assert bad.returncode == ExitCode.USAGE
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "MINDFT_"))}
-    env.update(MINDFT_INSECURE="1", MS_TFT_PORT=str(port), MS_WORKER_NUM="2")
+    port = free_port()
+    env = environment(MINDFT_INSECURE="1", MS_TFT_PORT=str(port), MS_WORKER_NUM="2")
     proc = subprocess.Popen([sys.executable, "-m", "mindft.controller"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:

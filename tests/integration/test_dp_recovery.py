@@ -20,12 +20,12 @@ import mindspore as ms
 import numpy as np
 import pytest
 
-from launched import ROOT, Processes, assert_identical, environment, free_port_pair, weights
+from harness import ROOT, Processes, assert_ranks_identical, environment, free_port_pair
 from mindft.channel import Client, ControllerUnreachable
 from mindft.exitcodes import ExitCode
 from mindft.keys import load_keys
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.mindspore, pytest.mark.timeout(600)]
 
 DP_SCRIPT = ROOT / "examples" / "train_dp.py"
 EPOCHS = 2  # 256 samples, batch 8 per rank: 32 steps on 2 ranks, 16 on 4
@@ -48,11 +48,7 @@ def launch(processes: Processes, tmp: Path, name: str, world: int, *script_args:
     if wait:
         code, _ = processes.run(argv, environ, output)
         return code, output  # type: ignore[return-value]
-    with open(output, "wb") as out:
-        launcher = subprocess.Popen(argv, env=environ, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                    start_new_session=True)
-    processes.started.append(launcher)
-    return launcher, output
+    return processes.start(argv, environ, output), output
 
 
 @pytest.fixture(scope="module")
@@ -74,11 +70,6 @@ def references(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return reference  # type: ignore[return-value]
 
 
-def assert_bit_identical(run_out: Path, reference: Path, world: int) -> None:
-    for rank in range(world):
-        assert_identical(weights(run_out, rank), weights(reference, rank), f"rank {rank} vs the fault-free run")
-
-
 def api_args(api: str) -> list[str]:
     return ["--loop"] if api == "loop" else []
 
@@ -98,7 +89,7 @@ def test_a_rank_killed_mid_step_restarts_every_worker_from_memory(api: str, tmp_
     # step 12, which no longer waits for the peers at its start but before its all-reduce).
     assert re.search(r"every rank holds step 1[01]\b", out), out[-4000:]
     assert "the node agent held" in out and "for 2 rank(s)" in out  # reported, then freed
-    assert_bit_identical(tmp_path / "run" / "out", references(api, 2), 2)
+    assert_ranks_identical(tmp_path / "run" / "out", references(api, 2), 2)
     assert processes.leftovers() == []
 
 
@@ -121,7 +112,7 @@ def test_a_uce_before_the_all_reduce_restarts_every_worker_after_the_stall(api: 
         # The PAUSE reached rank 1 before its gate: it abandoned step 9 there and rolled back in
         # place (rank 0's drill fails step 9 again on every replay until its process gives up).
         assert "every live rank paused" in out and "rank=1 step 9 interrupted before its collectives" in out
-    assert_bit_identical(tmp_path / "run" / "out", references(api, 2), 2)
+    assert_ranks_identical(tmp_path / "run" / "out", references(api, 2), 2)
 
 
 def test_a_stopped_rank_is_a_hang_and_every_worker_restarts(tmp_path: Path, processes: Processes,
@@ -131,7 +122,7 @@ def test_a_stopped_rank_is_a_hang_and_every_worker_restarts(tmp_path: Path, proc
     out = output.read_text()
     assert code == 0, out[-4000:]
     assert "HANG" in out and "restarting every worker" in out
-    assert_bit_identical(tmp_path / "run" / "out", references("model", 2), 2)
+    assert_ranks_identical(tmp_path / "run" / "out", references("model", 2), 2)
     assert processes.leftovers() == []
 
 
@@ -143,7 +134,7 @@ def test_four_ranks_recover_a_killed_rank_bit_identically(tmp_path: Path, proces
     # Step 5, or 4 when rank 2 exited while its capture of step 5 was still copying (overlapped
     # with step 6, which waits for its peers only before its all-reduce).
     assert re.search(r"every rank holds step [45]\b", out), out[-4000:]
-    assert_bit_identical(tmp_path / "run" / "out", references("model", 4), 4)
+    assert_ranks_identical(tmp_path / "run" / "out", references("model", 4), 4)
 
 
 def _status(job_file: Path):
@@ -189,7 +180,7 @@ def test_two_faults_a_crash_then_a_hot_reset_end_bit_identical(tmp_path: Path, p
     out = output.read_text()
     assert code == 0, out[-4000:]
     assert "rank 0 DEVICE_RESET" in out and "2 recoveries" in out
-    assert_bit_identical(tmp_path / "run" / "out", references("loop", 2), 2)
+    assert_ranks_identical(tmp_path / "run" / "out", references("loop", 2), 2)
     assert processes.leftovers() == []
 
 
@@ -224,4 +215,4 @@ def test_a_uce_after_the_all_reduce_rolls_back_in_place(api: str, tmp_path: Path
     assert code == 0, out[-4000:]
     assert "rank 1 UCE in step" in out and "every live rank paused" in out
     assert "restarting every worker" not in out and "restart 1/" not in out
-    assert_bit_identical(tmp_path / "run" / "out", references(api, 2), 2)
+    assert_ranks_identical(tmp_path / "run" / "out", references(api, 2), 2)

@@ -13,7 +13,7 @@ from mindft.controller import Controller
 from mindft.processor import Processor
 from mindft.protocol import Heartbeat, Progress, Register, RegisterAck, StepReport, decode, encode
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 
 class FakeController:

@@ -26,11 +26,12 @@ from mindft.resetfile import write_reset_file
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import fake_rank  # noqa: E402  (the rank script doubles as the reference implementation)
-from launched import free_port_pair  # noqa: E402
+from harness import free_port_pair  # noqa: E402
 
 RANK_SCRIPT = HERE / "fake_rank.py"
 PLAIN_SCRIPT = HERE / "fake_rank.py"
 DEADLINE = 90.0
+pytestmark = pytest.mark.mindspore  # mindft-launch starts MindSpore's scheduler
 
 
 class Job:

@@ -16,15 +16,15 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from mindft.exitcodes import ExitCode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import assert_ranks_identical, fault_free_weights  # noqa: E402
 from test_mindio_recovery import require_mindio  # noqa: E402
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = [pytest.mark.mindspore, pytest.mark.timeout(400)]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -44,19 +44,8 @@ def _env(**extra: str) -> dict[str, str]:
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Fault-free weights of every (example, world size, rank) used below, mindft off, one process."""
     require_mindio()
-    out = tmp_path_factory.mktemp("reference")
-    code = f"""
-import os, sys
-sys.path.insert(0, {str(EXAMPLES)!r})
-import train_mlp, train_model
-for name, world in {REFERENCES!r}:
-    for rank in range(world):
-        os.environ.update(MS_WORKER_NUM=str(world), MS_NODE_ID=str(rank))
-        {{"train_mlp": train_mlp, "train_model": train_model}}[name].main(
-            {EXAMPLE_ARGS!r}[name] + ["--out", os.path.join({str(out)!r}, name, str(world))])
-"""
-    subprocess.run([sys.executable, "-c", code], env=_env(), check=True, timeout=240, stdout=subprocess.DEVNULL)
-    return out
+    return fault_free_weights(tmp_path_factory.mktemp("reference"),
+                              [(name, world, EXAMPLE_ARGS[name]) for name, world in REFERENCES])
 
 
 def launch(tmp: Path, example: str, world_size: int, *args: str, tft: str = "{UCE:1}") -> tuple[int, str, float]:
@@ -79,15 +68,7 @@ def launch(tmp: Path, example: str, world_size: int, *args: str, tft: str = "{UC
 
 
 def assert_identical(tmp: Path, reference: Path, example: str, world_size: int) -> None:
-    for rank in range(world_size):
-        with np.load(tmp / "out" / f"rank{rank}.npz") as data:
-            got = dict(data)
-        with np.load(reference / example / str(world_size) / f"rank{rank}.npz") as data:
-            want = dict(data)
-        assert sorted(got) == sorted(want)
-        assert any(name.startswith("moment1.") for name in want)  # optimizer state is compared too
-        different = [name for name in want if got[name].tobytes() != want[name].tobytes()]
-        assert not different, f"rank {rank}: {different} differ from the fault-free run"
+    assert_ranks_identical(tmp / "out", reference / example / str(world_size), world_size)
 
 
 @pytest.mark.parametrize("example, world_size, fault_rank, fault_step, tft", [
@@ -144,17 +125,8 @@ HOT_RESET_STEPS = 400  # long enough (~10 s on 2 ranks here) for the plugin to s
 def long_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Fault-free weights of train_mlp, 2 ranks, HOT_RESET_STEPS steps, mindft off."""
     require_mindio()
-    out = tmp_path_factory.mktemp("reference-long")
-    code = f"""
-import os, sys
-sys.path.insert(0, {str(EXAMPLES)!r})
-import train_mlp
-for rank in range(2):
-    os.environ.update(MS_WORKER_NUM="2", MS_NODE_ID=str(rank))
-    train_mlp.main(["--steps", "{HOT_RESET_STEPS}", "--out", {str(out / "train_mlp" / "2")!r}])
-"""
-    subprocess.run([sys.executable, "-c", code], env=_env(), check=True, timeout=240, stdout=subprocess.DEVNULL)
-    return out
+    return fault_free_weights(tmp_path_factory.mktemp("reference-long"),
+                              [("train_mlp", 2, ["--steps", str(HOT_RESET_STEPS)])])
 
 
 def hot_reset(tmp: Path, outcome: str) -> tuple[int, str, str]:

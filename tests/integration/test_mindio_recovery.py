@@ -9,7 +9,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,9 @@ from mindft.exitcodes import ExitCode
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import mindio_rank  # noqa: E402  (the helper script doubles as the job's definition)
+from harness import free_port, job_fixture  # noqa: E402
+
+pytestmark = pytest.mark.slow
 
 STEPS = 12
 JOB_TIMEOUT = 120.0  # start (mindspore import) + a recovery or a dump; generous for 2 loaded cores
@@ -38,16 +40,11 @@ def require_mindio() -> None:
     pytest.skip(message)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class Job:
     """A MindIO controller and ``world_size`` ranks; :meth:`cleanup` kills whatever is left."""
 
     def __init__(self, tmp: Path, world_size: int) -> None:
+        require_mindio()
         self.tmp, self.world_size = tmp, world_size
         self.port = free_port()
         self.hub, self._close_hub = mindio_rank.serve_hub(world_size, self._destroy_controller)
@@ -117,19 +114,7 @@ class Job:
         self._close_hub()
 
 
-@pytest.fixture
-def make_job(tmp_path: Path):
-    require_mindio()
-    jobs: List[Job] = []
-
-    def make(world_size: int) -> Job:
-        job = Job(tmp_path, world_size)
-        jobs.append(job)
-        return job
-
-    yield make
-    for job in jobs:
-        job.cleanup()
+make_job = job_fixture(Job)
 
 
 def assert_bit_identical(job: Job) -> None:

@@ -5,9 +5,7 @@ a thread with a free port and the rank talks to it over real ZeroMQ on 127.0.0.1
 """
 from __future__ import annotations
 
-import dataclasses
 import sys
-from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
@@ -26,10 +24,12 @@ from mindft import channel  # noqa: E402
 from mindft.protocol import FaultKind, InjectRequest, Reply  # noqa: E402
 from mindft.snapshot import SnapshotStore  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from harness import EXAMPLES, assert_identical, start_controller  # noqa: E402
+
+sys.path.insert(0, str(EXAMPLES))
 import train_mlp  # noqa: E402
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.mindspore, pytest.mark.timeout(120)]
 FAST = Timeouts(heartbeat_interval=0.05, heartbeat_misses=40, register=20.0, pause=20.0, repair=20.0,
                 rollback=20.0, resume=20.0, connect_retries=10)
 
@@ -66,11 +66,6 @@ class Trainer:
         return self.state()
 
 
-def assert_same(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
-    assert sorted(got) == sorted(want)
-    assert [n for n in want if got[n].tobytes() != want[n].tobytes()] == []
-
-
 @pytest.fixture(scope="module")
 def reference() -> dict[str, np.ndarray]:
     return Trainer().plain(10)
@@ -80,11 +75,9 @@ def reference() -> dict[str, np.ndarray]:
 def controller(request) -> Iterator[tuple[Controller, MindftConfig]]:
     # A snapshot every step (these tests check its mechanics), or the budget's cadence.
     every = getattr(request, "param", {"snapshot_every": 1})
-    config = MindftConfig(tft=TFTOptions(uce=True), controller_port=0, insecure=True, timeouts=FAST, **every)
-    ctl = Controller(config)
-    ctl.start()
-    port = int(ctl.endpoint.rsplit(":", 1)[1])
-    yield ctl, dataclasses.replace(config, controller_port=port)
+    ctl, config = start_controller(MindftConfig(tft=TFTOptions(uce=True), controller_port=0, insecure=True,
+                                                timeouts=FAST, **every))
+    yield ctl, config
     ctl.stop()
 
 
@@ -102,10 +95,10 @@ def test_restore_puts_back_weights_and_optimizer_moments_in_place(reference) -> 
         assert trainer.state()["moment1.0.weight"].tobytes() != at_six["moment1.0.weight"].tobytes()
         meta = state.load(store, 6)
     assert meta["step"] == 6
-    assert_same(trainer.state(), at_six)
+    assert_identical(trainer.state(), at_six)
     for step in range(7, 11):  # replay: the run ends exactly where the uninterrupted one did
         trainer.train_step(*trainer.batch(step))
-    assert_same(trainer.state(), reference)
+    assert_identical(trainer.state(), reference)
 
 
 def test_mindft_off_is_a_pass_through(reference) -> None:
@@ -115,7 +108,7 @@ def test_mindft_off_is_a_pass_through(reference) -> None:
             loop.step(trainer.train_step, *batch)
         assert loop.session.processor is None and loop.session.store is None
         assert loop.position == 10
-    assert_same(trainer.state(), reference)
+    assert_identical(trainer.state(), reference)
 
 
 @pytest.mark.parametrize("jit", [False, True])
@@ -130,7 +123,7 @@ def test_capture_overlaps_in_pynative_and_falls_back_to_synchronous_under_jit(co
             assert loop.session.overlap is not jit
         loop.session.store.wait()  # in PyNative the last capture may still be in flight
         assert loop.session.store.steps == (9, 10)
-    assert_same(trainer.state(), reference)
+    assert_identical(trainer.state(), reference)
     assert ctl.join(10).exit_code == ExitCode.OK
 
 
@@ -148,7 +141,7 @@ def test_the_session_reports_its_costs_and_follows_the_budget_cadence(controller
         assert schedule.segments[-1][1] == 3 and schedule.segments[-1][0] <= 24, schedule
         assert loop.session.store.steps == tuple(sorted(schedule.held_after(30))), schedule
         assert loop.session.costs.step_time > 0 and loop.session.costs.capture_time > 0
-    assert_same(trainer.state(), Trainer().plain(30))
+    assert_identical(trainer.state(), Trainer().plain(30))
     assert ctl.join(10).exit_code == ExitCode.OK
     assert ctl.job.schedule == schedule
 
@@ -167,7 +160,7 @@ def test_fault_injected_by_the_controller_is_recovered(controller, reference) ->
         results = [loop.step(trainer.train_step, *b) for _, b in loop.batches(batch, 10)]
     assert isinstance(replies[0], Reply) and replies[0].ok
     assert results.count(None) == 1  # exactly one step raised (the injected DeviceFault) and was replayed
-    assert_same(trainer.state(), reference)
+    assert_identical(trainer.state(), reference)
     result = ctl.join(10)
     assert result.exit_code == ExitCode.OK and len(ctl.recovery_times) == 1
 
@@ -193,7 +186,7 @@ def test_callback_alone_protects_model_train(controller) -> None:
     result = ctl.join(10)
     assert result is not None and result.exit_code == ExitCode.OK, result
     assert ctl.latest_status().step == 8
-    assert_same(trainer.state(), Trainer().plain(8))  # 2 epochs of 4 batches == 8 plain steps
+    assert_identical(trainer.state(), Trainer().plain(8))  # 2 epochs of 4 batches == 8 plain steps
 
 
 GRAPH_MODE_RUN = """
@@ -235,7 +228,7 @@ def test_model_train_in_graph_mode_snapshots_synchronously() -> None:
     """Graph mode compiles Cell hooks into the graph: the adapter must not install one there."""
     import subprocess
 
-    examples = str(Path(__file__).resolve().parents[2] / "examples")
+    examples = str(EXAMPLES)
     done = subprocess.run([sys.executable, "-c", GRAPH_MODE_RUN.format(examples=examples)],
                           capture_output=True, text=True, timeout=100)
     assert "GRAPH MODE OK" in done.stdout, done.stdout[-2000:] + done.stderr[-3000:]
@@ -258,7 +251,7 @@ def test_lockstep_waits_before_the_collectives_not_at_the_step_end(controller, r
             loop.step(trainer.train_step, *batch)
             assert loop.session.loop.lockstep is jit
             assert (loop.session._gate is None) is jit
-    assert_same(trainer.state(), reference)
+    assert_identical(trainer.state(), reference)
     assert ctl.join(10).exit_code == ExitCode.OK
 
 
@@ -289,6 +282,6 @@ def test_an_action_before_the_collectives_interrupts_the_step_and_it_is_replayed
         results = [loop.step(trainer.train_step, *b) for _, b in loop.batches(batch, 10)]
     assert isinstance(replies[0], Reply) and replies[0].ok
     assert results.count(None) == 2  # step 4 interrupted at its gate, then its replay raised the armed fault
-    assert_same(trainer.state(), reference)
+    assert_identical(trainer.state(), reference)
     result = ctl.join(10)
     assert result.exit_code == ExitCode.OK and len(ctl.recovery_times) == 1

@@ -7,29 +7,22 @@ every rank a subprocess, the controller on a thread of the test process, ZeroMQ 
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
-import numpy as np
 import pytest
 
-from mindft.config import MindftConfig, Timeouts
-from mindft.controller import Controller
+from mindft.config import Timeouts
 from mindft.exitcodes import ExitCode
-from mindft.keys import generate_keys
 
-from launched import end_job
+from harness import (EXAMPLES, ControllerJob, assert_ranks_identical, environment, fault_free_weights, free_port,
+                     job_fixture)
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.mindspore, pytest.mark.timeout(300)]
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = ROOT / "examples"
 EXIT_DUMPED = ExitCode.DUMPED
 # A silent rank is declared dead after 2 s; generous phase limits for 2 busy cores.
 TIMEOUTS = Timeouts(heartbeat_interval=0.1, heartbeat_misses=20, register=60.0, pause=30.0,
@@ -39,68 +32,30 @@ MODEL_ARGS = ["--epochs", "2"]         # train_model.py: 2 epochs of 8 batches =
 EXAMPLE_ARGS = {"train_mlp": LOOP_ARGS, "train_model": MODEL_ARGS}
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "MINDFT_", "RANK_"))}
-    env.update(GLOG_v="3", PYTHONUNBUFFERED="1", **extra)
-    return env
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Fault-free weights of every (example, world size, rank) used below, mindft off, one process."""
-    out = tmp_path_factory.mktemp("reference")
-    code = f"""
-import os, sys
-sys.path.insert(0, {str(EXAMPLES)!r})
-import train_mlp, train_model
-for module in (train_mlp, train_model):
-    for world in (1, 2, 4):
-        for rank in range(world):
-            os.environ.update(MS_WORKER_NUM=str(world), MS_NODE_ID=str(rank))
-            module.main({EXAMPLE_ARGS!r}[module.__name__] +
-                        ["--out", os.path.join({str(out)!r}, module.__name__, str(world))])
-"""
-    subprocess.run([sys.executable, "-c", code], env=_env(), check=True, timeout=240,
-                   stdout=subprocess.DEVNULL)
-    return out
+    return fault_free_weights(tmp_path_factory.mktemp("reference"),
+                              [(example, world, args) for example, args in EXAMPLE_ARGS.items() for world in (1, 2, 4)])
 
 
-class Job:
-    """A controller thread and one subprocess per rank running an example; kills what is left."""
+class Job(ControllerJob):
+    """A controller thread and one subprocess per rank running an example; ``env`` is what every
+    rank gets on top of the controller's address (a test may change it before spawning)."""
 
     def __init__(self, tmp: Path, example: str, world_size: int, secure: bool = False,
                  timeouts: Timeouts = TIMEOUTS) -> None:
-        self.tmp, self.example, self.world_size = tmp, example, world_size
-        tmp.mkdir(parents=True, exist_ok=True)
-        key_file: Optional[Path] = None
-        if secure:
-            key_file = tmp / "job.key"
-            generate_keys(key_file)
-        config = MindftConfig(world_size=world_size, controller_port=0, insecure=not secure,
-                              key_file=key_file, timeouts=timeouts)
-        self.controller = Controller(config)
-        self.controller.start()
-        port = self.controller.endpoint.rsplit(":", 1)[1]
-        self.env = _env(MS_ENABLE_TFT="{UCE:1}", MS_TFT_IP="127.0.0.1", MS_TFT_PORT=port,
-                        MS_WORKER_NUM=str(world_size), MINDFT_DUMP_DIR=str(tmp / "dump"),
-                        MINDFT_HEARTBEAT_INTERVAL=str(timeouts.heartbeat_interval),
-                        MINDFT_HEARTBEAT_MISSES=str(timeouts.heartbeat_misses),
+        super().__init__(tmp, world_size, timeouts, secure)
+        self.example = example
+        self.env = dict(GLOG_v="3", PYTHONUNBUFFERED="1", MS_ENABLE_TFT="{UCE:1}", MINDFT_DUMP_DIR=str(tmp / "dump"),
                         MINDFT_REPAIR_TIMEOUT=str(timeouts.repair),
                         MINDFT_SNAPSHOT_EVERY="1")  # the rollback steps asserted below assume it
-        self.env.update({"MINDFT_KEY_FILE": str(key_file)} if secure else {"MINDFT_INSECURE": "1"})
-        self.procs: list[subprocess.Popen] = []
-        self.logs: list[Path] = []
 
     def spawn(self, rank: int, *args: str, restart_count: int = 0) -> subprocess.Popen:
-        log = self.tmp / f"rank{rank}.inc{restart_count}.log"
-        env = dict(self.env, MS_NODE_ID=str(rank), MINDFT_RESTART_COUNT=str(restart_count))
-        with open(log, "wb") as handle:
-            proc = subprocess.Popen([sys.executable, str(EXAMPLES / f"{self.example}.py"),
-                                     *EXAMPLE_ARGS[self.example], "--out", str(self.tmp / "out"), *args],
-                                    env=env, stdout=handle, stderr=subprocess.STDOUT)
-        self.procs.append(proc)
-        self.logs.append(log)
-        return proc
+        return self.start([str(EXAMPLES / f"{self.example}.py"), *EXAMPLE_ARGS[self.example],
+                           "--out", str(self.tmp / "out"), *args],
+                          self.rank_environment(rank, restart_count, **self.env),
+                          self.tmp / f"rank{rank}.inc{restart_count}.log", stdout=True)
 
     def spawn_all(self, *args: str) -> list[subprocess.Popen]:
         return [self.spawn(rank, *args) for rank in range(self.world_size)]
@@ -115,41 +70,12 @@ class Job:
                 pytest.fail(f"rank still running after {timeout} s; logs:\n{self.tail()}")
         return codes
 
-    def tail(self) -> str:
-        return "\n".join(f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-                         for log in self.logs if log.exists())
 
-    def weights(self, rank: int) -> dict[str, np.ndarray]:
-        with np.load(self.tmp / "out" / f"rank{rank}.npz") as data:
-            return dict(data)
-
-    def cleanup(self) -> None:
-        end_job(self.procs, self.controller)
-
-
-@pytest.fixture
-def make_job(tmp_path: Path):
-    jobs: list[Job] = []
-
-    def make(example: str, world_size: int, **kwargs: object) -> Job:
-        job = Job(tmp_path / f"job{len(jobs)}", example, world_size, **kwargs)
-        jobs.append(job)
-        return job
-
-    yield make
-    for job in jobs:
-        job.cleanup()
+make_job = job_fixture(Job)
 
 
 def assert_identical(job: Job, reference: Path) -> None:
-    for rank in range(job.world_size):
-        got = job.weights(rank)
-        with np.load(reference / job.example / str(job.world_size) / f"rank{rank}.npz") as data:
-            want = dict(data)
-        assert sorted(got) == sorted(want)
-        assert any(name.startswith("moment1.") for name in want)  # optimizer state is compared too
-        different = [name for name in want if got[name].tobytes() != want[name].tobytes()]
-        assert not different, f"rank {rank}: {different} differ from the fault-free run"
+    assert_ranks_identical(job.tmp / "out", reference / job.example / str(job.world_size), job.world_size)
 
 
 def assert_recovered(job: Job, recoveries: int = 1) -> None:
@@ -251,13 +177,12 @@ def test_a_dump_directory_that_cannot_be_created_is_one_error_line_and_exit_4(ma
 
 
 def _run_example_alone(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
-    with socket.socket() as probe:  # a port where no controller listens
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # where no controller listens
     return subprocess.run([sys.executable, str(EXAMPLES / "train_mlp.py"), "--steps", "3",
                            "--out", str(tmp_path / "out")],
-                          env=_env(MS_ENABLE_TFT="{UCE:1}", MS_TFT_PORT=str(port), MINDFT_HEARTBEAT_INTERVAL="0.2",
-                                   MINDFT_HEARTBEAT_MISSES="5", **env),
+                          env=environment(GLOG_v="3", PYTHONUNBUFFERED="1", MS_ENABLE_TFT="{UCE:1}",
+                                          MS_TFT_PORT=str(port), MINDFT_HEARTBEAT_INTERVAL="0.2",
+                                          MINDFT_HEARTBEAT_MISSES="5", **env),
                           capture_output=True, text=True, timeout=120)
 
 

@@ -24,10 +24,12 @@ import psutil
 import pytest
 
 import fake_rank
-from launched import ROOT, free_port_pair
+from harness import Processes, free_port_pair
 from mindft.channel import Client, ControllerUnreachable
 from mindft.keys import generate_keys, load_keys
 from mindft.snapshot import size_from_text
+
+pytestmark = pytest.mark.slow
 
 RANK_SCRIPT = Path(__file__).with_name("fake_rank.py")
 STEPS = 40
@@ -51,32 +53,23 @@ class Nodes:
         for name in ("MINDFT_KEY_FILE", "MINDFT_INSECURE", "MINDFT_RESTART_SCOPE", "MINDFT_AGENT_REPLICATION"):
             self.env.pop(name, None)
         self.launchers: dict[str, subprocess.Popen] = {}
-        self.seen: dict[int, psutil.Process] = {}
+        self.processes = Processes()
         self.client = Client(f"127.0.0.1:{self.port + 1}", self.keys, timeout=2.0)
 
     def start(self, name: str, node: int, **env: str) -> None:
-        with open(self.tmp_path / f"{name}.out", "wb") as out:
-            self.launchers[name] = subprocess.Popen(
-                [sys.executable, "-m", "mindft.launch", "--nproc", "1", "--nnodes", "2", "--node-rank", str(node),
-                 "--master-port", str(self.port), "--no-scheduler", "--key-file", str(self.key_file),
-                 "--run-dir", str(self.tmp_path / f"run-{name}"), str(RANK_SCRIPT)],
-                env={**self.env, **env}, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.launchers[name] = self.processes.start(
+            [sys.executable, "-m", "mindft.launch", "--nproc", "1", "--nnodes", "2", "--node-rank", str(node),
+             "--master-port", str(self.port), "--no-scheduler", "--key-file", str(self.key_file),
+             "--run-dir", str(self.tmp_path / f"run-{name}"), str(RANK_SCRIPT)],
+            {**self.env, **env}, self.tmp_path / f"{name}.out")
 
     def output(self, name: str) -> str:
         return (self.tmp_path / f"{name}.out").read_text(errors="replace")
 
-    def remember(self) -> None:
-        for launcher in self.launchers.values():
-            try:
-                for child in psutil.Process(launcher.pid).children(recursive=True):
-                    self.seen.setdefault(child.pid, child)
-            except psutil.NoSuchProcess:
-                pass
-
     def until(self, what: str, check) -> object:
         deadline = time.monotonic() + DEADLINE
         while True:
-            self.remember()
+            self.processes.remember_all()
             try:
                 status = self.client.status()
             except ControllerUnreachable:
@@ -91,7 +84,7 @@ class Nodes:
     def lose(self, name: str) -> None:
         """The node dies: its launcher and everything it started, at once (no exit is reported),
         and the shared memory its agent held (the ranks' snapshots, the replicas it kept)."""
-        self.remember()
+        self.processes.remember_all()
         launcher = psutil.Process(self.launchers[name].pid)
         victims = [launcher, *launcher.children(recursive=True)]
         for process in victims:
@@ -106,26 +99,14 @@ class Nodes:
         try:
             return self.launchers[name].wait(DEADLINE)
         finally:
-            self.remember()
-
-    def kill_all(self) -> None:
-        self.remember()
-        for process in [*self.seen.values(), *(psutil.Process(p.pid) for p in self.launchers.values()
-                                               if p.poll() is None)]:
-            try:
-                process.kill()
-            except psutil.NoSuchProcess:
-                pass
-        for launcher in self.launchers.values():
-            if launcher.poll() is None:
-                launcher.wait(10)
+            self.processes.remember_all()
 
 
 @pytest.fixture
 def nodes(tmp_path: Path) -> Iterator[Nodes]:
     started = Nodes(tmp_path)
     yield started
-    started.kill_all()
+    started.processes.kill_all()
 
 
 def rows(status) -> dict:

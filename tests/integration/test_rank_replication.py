@@ -6,28 +6,20 @@ RankReplication, wired as the MindSpore session wires them.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
-import os
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Callable
 
 import pytest
 
-from mindft import channel
-from mindft.config import MindftConfig, Timeouts
-from mindft.controller import Controller
+from mindft.config import Timeouts
 from mindft.exitcodes import ExitCode
-from mindft.keys import generate_keys, load_keys
-from mindft.protocol import StatusReply, StatusRequest
 
-from launched import end_job
+from harness import ControllerJob
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 RANK_SCRIPT = Path(__file__).with_name("fake_rank.py")
 DEADLINE = 60.0
@@ -37,56 +29,26 @@ TIMEOUTS = Timeouts(heartbeat_interval=0.05, heartbeat_misses=40, register=30.0,
 STEPS = 12
 
 
-class Job:
-    """A controller thread plus rank subprocesses; :meth:`cleanup` kills whatever is left."""
+class Job(ControllerJob):
+    """A controller thread (CurveZMQ on) plus fake_rank.py subprocesses."""
 
     def __init__(self, tmp: Path, world_size: int = 2) -> None:
-        self.tmp, self.world_size = tmp, world_size
-        self.key_file = tmp / "job.key"
-        generate_keys(self.key_file)
-        config = MindftConfig(world_size=world_size, controller_port=0, key_file=self.key_file, timeouts=TIMEOUTS)
-        self.controller = Controller(config)
-        self.port = int(self.controller.endpoint.rsplit(":", 1)[1])
-        self.config = dataclasses.replace(config, controller_port=self.port)
-        self.procs: list[subprocess.Popen] = []
-        self.controller.start()
+        super().__init__(tmp, world_size, TIMEOUTS, secure=True)
 
     def spawn(self, rank: int, restart_count: int = 0, **extra: str) -> subprocess.Popen:
         t = TIMEOUTS
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "MINDFT_"))}
-        env.update(MS_ENABLE_TFT="{RSC:1}", MS_WORKER_NUM=str(self.world_size), MS_NODE_ID=str(rank),
-                   MS_TFT_IP="127.0.0.1", MS_TFT_PORT=str(self.port), MINDFT_RESTART_COUNT=str(restart_count),
-                   MINDFT_HEARTBEAT_INTERVAL=str(t.heartbeat_interval),
-                   MINDFT_HEARTBEAT_MISSES=str(t.heartbeat_misses), MINDFT_REGISTER_TIMEOUT=str(t.register),
-                   MINDFT_CONNECT_RETRIES=str(t.connect_retries), MINDFT_KEY_FILE=str(self.key_file),
-                   MINDFT_SNAPSHOT_EVERY="1", REPLICA_DIR=str(self.tmp), REPLICA_STEPS=str(STEPS), **extra)
-        proc = subprocess.Popen([sys.executable, str(RANK_SCRIPT)], env=env, cwd=self.tmp,
-                                stdout=subprocess.DEVNULL,
-                                stderr=open(self.tmp / f"stderr-{rank}.{restart_count}.txt", "ab"))
-        self.procs.append(proc)
-        return proc
+        env = self.rank_environment(rank, restart_count, MS_ENABLE_TFT="{RSC:1}",
+                                    MINDFT_REGISTER_TIMEOUT=str(t.register),
+                                    MINDFT_CONNECT_RETRIES=str(t.connect_retries), MINDFT_SNAPSHOT_EVERY="1",
+                                    REPLICA_DIR=str(self.tmp), REPLICA_STEPS=str(STEPS), **extra)
+        return self.start([str(RANK_SCRIPT)], env, self.tmp / f"stderr-{rank}.{restart_count}.txt")
 
     def events(self, rank: int) -> list[dict]:
         path = self.tmp / f"events-{rank}.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
-    def status(self) -> StatusReply:
-        reply = channel.request(self.config.controller_address, load_keys(self.key_file), StatusRequest(), 5.0)
-        assert isinstance(reply, StatusReply)
-        return reply
-
     def wait_for(self, predicate: Callable[[], object], what: str) -> None:
-        deadline = time.monotonic() + DEADLINE
-        while not predicate():
-            assert time.monotonic() < deadline, f"gave up waiting for {what}; stderr:\n{self.stderr()}"
-            time.sleep(0.05)
-
-    def stderr(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
-                         for p in sorted(self.tmp.glob("stderr-*.txt")))
-
-    def cleanup(self) -> None:
-        end_job(self.procs, self.controller)
+        super().wait_for(predicate, what, DEADLINE, every=0.05)
 
 
 @pytest.fixture
@@ -120,8 +82,8 @@ def test_a_dead_buddy_does_not_delay_the_pause_and_the_killed_rank_comes_back_fr
                  "rank 0's lost protection in the status")
 
     restarted = job.spawn(1, restart_count=1)
-    assert rank0.wait(DEADLINE) == ExitCode.OK, job.stderr()
-    assert restarted.wait(DEADLINE) == ExitCode.OK, job.stderr()
+    assert rank0.wait(DEADLINE) == ExitCode.OK, job.tail()
+    assert restarted.wait(DEADLINE) == ExitCode.OK, job.tail()
     result = job.controller.join(30)
     assert result is not None and result.exit_code == ExitCode.OK, result
     adopted = next(e for e in job.events(1) if e["event"] == "adopted")["adopted"]
@@ -146,7 +108,7 @@ def test_the_status_shows_each_ranks_replicated_step(job: Job) -> None:
     assert not any(r.replica_lost for r in job.status().ranks)
     (job.tmp / "go-0").write_text("")
     for proc in procs:
-        assert proc.wait(DEADLINE) == ExitCode.OK, job.stderr()
+        assert proc.wait(DEADLINE) == ExitCode.OK, job.tail()
     result = job.controller.join(30)
     assert result is not None and result.exit_code == ExitCode.OK, result
-    assert "LOST PROTECTION" not in job.stderr()
+    assert "LOST PROTECTION" not in job.tail()

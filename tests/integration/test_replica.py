@@ -15,6 +15,8 @@ from mindft.replica.wire import REPLICA_VERSION, ReplicaHeader, fetch_replica, p
 from mindft.slots import checksum
 from mindft.snapshot import Snapshot, SnapshotError, SnapshotStore
 
+pytestmark = pytest.mark.slow
+
 TIMEOUT = 10.0
 REFUSED_TIMEOUT = 1.0  # how long a client waits before concluding the server ignored it
 
