@@ -85,6 +85,47 @@ def router(context: zmq.Context, keys: Optional[CurveKeys], address: str) -> zmq
     return sock
 
 
+class RouterSender:
+    """Sends on the controller's ROUTER without ever blocking: a frame for a peer that is gone, or
+    whose pipe is full, is dropped (silence, not a send error, decides that a peer is dead)."""
+
+    # Broadcast frames from this size on share one buffer (below it, a copy per peer costs no more
+    # than the shared message's reference counting: measured crossover ~2 kB).
+    SHARE_FROM = 2048
+
+    def __init__(self, sock: zmq.Socket) -> None:
+        # zmq.Socket.send only adds draft-API arguments (routing_id, group) to the backend's
+        # send: calling the backend's directly saves a Python call per frame, two frames per
+        # rank per broadcast (16 384 ranks: ~15 ms per broadcast).
+        self._send = super(zmq.Socket, sock).send
+
+    def to(self, peer: bytes, frame: bytes) -> None:
+        try:
+            self._send(peer, _MORE_NOBLOCK)
+            self._send(frame, _NOBLOCK)
+        except zmq.ZMQError as error:
+            log.debug("could not send to %r: %s", peer, error)
+
+    def to_all(self, peers: Tuple[bytes, ...], frame: Union[bytes, zmq.Frame]) -> None:
+        """The same bytes to every peer, encoded once. A large frame (the start barrier's
+        RegisterAck carries every rank's endpoint) goes out as one zmq.Frame whose buffer every
+        peer's message shares: sent as bytes, each peer gets its own copy (16 384 ranks: 2.9 GB
+        and ~1 s of copying for one RegisterAck; shared: 180 kB, 30 ms)."""
+        if len(frame) >= self.SHARE_FROM:
+            frame = zmq.Frame(frame)
+        send = self._send
+        for peer in peers:
+            try:
+                send(peer, _MORE_NOBLOCK)
+                send(frame, _NOBLOCK)
+            except zmq.ZMQError as error:
+                log.debug("could not send to %r: %s", peer, error)
+
+
+_NOBLOCK = int(zmq.NOBLOCK)
+_MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
+
+
 def dealer(context: zmq.Context, keys: Optional[CurveKeys], address: str, identity: bytes = b"") -> zmq.Socket:
     """A rank's (or a client's) socket connected to the controller at ``address``."""
     sock = context.socket(zmq.DEALER)

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional
 
 import zmq
 
@@ -36,11 +36,7 @@ log = logging.getLogger(__name__)
 # Messages handled per poll wake-up before timers are checked again.
 _BATCH = 10_000
 _NOBLOCK = int(zmq.NOBLOCK)
-_MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 _RCVMORE = int(zmq.RCVMORE)
-# Broadcast frames from this size on share one buffer (below it, a copy per peer costs no more
-# than the shared message's reference counting: measured crossover ~2 kB).
-_SHARE_FROM = 2048
 # The job's address of the node agent in the controller's own process (no ZeroMQ identity is empty).
 LOCAL_AGENT = b""
 
@@ -73,10 +69,7 @@ class Controller:
             self._close()
             raise
         self.endpoint: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
-        # zmq.Socket.send only adds draft-API arguments (routing_id, group) to the backend's
-        # send: calling the backend's directly saves a Python call per frame, two frames per
-        # rank per broadcast (16 384 ranks: ~15 ms per broadcast).
-        self._raw_send = super(zmq.Socket, self._socket).send
+        self._out = channel.RouterSender(self._socket)
         self._wake_address = f"inproc://mindft-controller-wake-{id(self)}"
         self._wake_in = self._context.socket(zmq.PULL)
         self._wake_in.bind(self._wake_address)
@@ -231,13 +224,13 @@ class Controller:
                 if effect.peer == LOCAL_AGENT:
                     self._deliver_locally(effect.message)
                 else:
-                    self._send(effect.peer, encode(effect.message))
+                    self._out.to(effect.peer, encode(effect.message))
             elif kind is Broadcast:
                 peers = effect.peers
                 if LOCAL_AGENT in peers:
                     self._deliver_locally(effect.message)
                     peers = tuple(p for p in peers if p != LOCAL_AGENT)
-                self._broadcast(peers, encode(effect.message))
+                self._out.to_all(peers, encode(effect.message))
             elif kind is Transition:
                 log.info("controller state %s → %s (%s)", effect.source.value, effect.target.value, effect.reason)
                 if effect.target is JobState.NORMAL and effect.source is JobState.RESUMING:
@@ -254,7 +247,7 @@ class Controller:
                 elif effect.agent == LOCAL_AGENT:
                     self._deliver_locally(order)
                 else:
-                    self._send(effect.agent, encode(order))
+                    self._out.to(effect.agent, encode(order))
             elif kind is Finish:
                 self.result = effect
                 if effect.exit_code != ExitCode.OK:
@@ -263,29 +256,6 @@ class Controller:
     def _deliver_locally(self, message: Message) -> None:
         if self._local_agent is not None:
             self._local_agent(message)
-
-    def _send(self, peer: bytes, frame: bytes) -> None:
-        send = self._raw_send
-        try:
-            send(peer, _MORE_NOBLOCK)
-            send(frame, _NOBLOCK)
-        except zmq.ZMQError as error:  # peer gone or its pipe full: silence will tell
-            log.debug("could not send to %r: %s", peer, error)
-
-    def _broadcast(self, peers: tuple[bytes, ...], frame: Union[bytes, zmq.Frame]) -> None:
-        # The same bytes to every peer, encoded once by _apply. A large frame (the start
-        # barrier's RegisterAck carries every rank's endpoint) goes out as one zmq.Frame whose
-        # buffer every peer's message shares: sent as bytes, each peer gets its own copy
-        # (16 384 ranks: 2.9 GB and ~1 s of copying for one RegisterAck; shared: 180 kB, 30 ms).
-        if len(frame) >= _SHARE_FROM:
-            frame = zmq.Frame(frame)
-        send = self._raw_send
-        for peer in peers:
-            try:
-                send(peer, _MORE_NOBLOCK)
-                send(frame, _NOBLOCK)
-            except zmq.ZMQError as error:  # peer gone or its pipe full: silence will tell
-                log.debug("could not send to %r: %s", peer, error)
 
     def _drop(self, peer: bytes, reason: str) -> None:
         self.dropped_frames += 1
