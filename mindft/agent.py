@@ -309,7 +309,7 @@ class NodeAgent:
             return
         result = self.runner.poll() if self.runner is not None else None
         view = self.policy.view
-        step = getattr(result, "dump_step", view.dump_step if view is not None else -1)
+        step = result.dump_step if result is not None else view.dump_step if view is not None else -1
         for rank in self.policy.without_process():
             config = load_config(rank_environment(self.spec, rank, self.policy.workers[rank].restarts))
             try:

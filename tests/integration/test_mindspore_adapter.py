@@ -143,7 +143,7 @@ def test_the_session_reports_its_costs_and_follows_the_budget_cadence(controller
         assert loop.session.costs.step_time > 0 and loop.session.costs.capture_time > 0
     assert_identical(trainer.state(), Trainer().plain(30))
     assert ctl.join(10).exit_code == ExitCode.OK
-    assert ctl.job.schedule == schedule
+    assert ctl.job.tuner.schedule == schedule
 
 
 def test_fault_injected_by_the_controller_is_recovered(controller, reference) -> None:
