@@ -150,7 +150,7 @@ class Worker:
 
 @dataclass
 class NodePolicy:
-    """The rules of one node agent (see the module docstring); every input carries ``now``.
+    """The rules of one node agent (see the module docstring); what depends on time takes ``now``.
 
     ``protected``: fault tolerance is on (off: a failed rank ends the job, as under msrun).
     ``reports``: the controller wants exit reports (not with MindIO's controller, which notices a
