@@ -25,7 +25,7 @@ from mindft.ckpt import atomic_write
 from mindft.config import MINDX_TASK_VARIABLE, TFT_VARIABLE, MindftConfig, load_config
 from mindft.exitcodes import ExitCode
 from mindft.agent_links import ControllerHost, ControllerLink, recovery_progress
-from mindft.flow.agent import (WATCHER_MAX_RESTARTS, AbortJob, AgentEffect, Ending, KillWorker, NodePolicy,
+from mindft.flow.agent import (AbortJob, AgentEffect, Ending, KillWorker, NodePolicy,
                                Say, StartWorker)
 from mindft.keys import load_keys
 from mindft.launch_plan import LaunchSpec, mindio_gate_address, rank_environment
@@ -253,7 +253,7 @@ class NodeAgent:
             elif self.runner.poll() is None:
                 self._report_progress(now)
         if self.mindio_host is not None:
-            failure = self.mindio_host.check(WATCHER_MAX_RESTARTS)
+            failure = self.mindio_host.check(now)
             if failure is not None:
                 self._carry_out(self.policy.abort(failure))
             standin = self.mindio_host.standin

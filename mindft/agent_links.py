@@ -53,8 +53,6 @@ class ControllerHost:
         self.watcher = ResetWatcher(config.reset_file, config.timeouts.reset_poll_interval)
         self.supervision = WatcherSupervision()
         self.watching = False
-        self._watch_stop = threading.Event()
-        self._watch_thread: Optional[threading.Thread] = None
         self._controller_thread: Optional[threading.Thread] = None
 
     def start(self) -> None:
@@ -80,42 +78,16 @@ class ControllerHost:
         if self.watching or state in (None, JobState.STARTING) or self.poll() is not None:
             return
         self.watching = True
-        self._start_watch_thread()
+        self.watcher.start(self.controller.on_device_event)  # the watcher speaks the flow's inputs
         log.info("watching the device plugin's reset file %s every %gs", self.config.reset_file,
                  self.config.timeouts.reset_poll_interval)
 
-    def _start_watch_thread(self) -> None:
-        self._watch_thread = threading.Thread(target=self._watch, name="mindft-resetwatch", daemon=True)
-        self._watch_thread.start()
-
-    def _watch(self) -> None:
-        try:
-            self.watcher.run(self._on_reset_event, self._watch_stop)
-        except BaseException:
-            log.exception("the reset-file watcher died")
-            raise
-
-    def _on_reset_event(self, event: Any) -> None:
-        self.controller.on_device_event(event)  # the watcher speaks the flow's inputs
-
     def check_watcher(self, now: float) -> Optional[str]:
         """Restart a watcher thread that died; the reason to fail the job once it died too often."""
-        thread = self._watch_thread
-        if thread is None or thread.is_alive() or self._watch_stop.is_set():
-            return None
-        verdict = self.supervision.on_dead(now)
-        if isinstance(verdict, str):
-            return f"{verdict} (in {self.config.reset_file})"
-        if verdict:
-            log.warning("restarting the reset-file watcher (restart %d/%d)", self.supervision.restarts,
-                        self.supervision.max_restarts)
-            self._start_watch_thread()
-        return None
+        return self.watcher.supervise(self.supervision, now, self.controller.on_device_event)
 
     def stop(self) -> None:
-        self._watch_stop.set()
-        if self._watch_thread is not None:
-            self._watch_thread.join(self.config.timeouts.reset_poll_interval + 5.0)
+        self.watcher.stop()
         if self.poll() is None:
             # The job did not end in the controller (a signal, a failure of this node): its own
             # "finished: exit code 1" would contradict the launcher's verdict, printed last.

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional, Union
 
 from mindft.config import DEFAULT_RESET_FILE
+from mindft.flow.agent import WatcherSupervision
 from mindft.flow.inputs import (DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, HoldRepairs, RollbackAll,
                                 StopJob)
 from mindft.resetfile import (NO_FAULT_POLICIES, POLICY_ISOLATE, STATUS_FAILED, STATUS_FAULT, STATUS_RECOVERED,
@@ -328,6 +329,21 @@ class ResetWatcher:
         self._thread = threading.Thread(target=self._run_thread, args=(callback,), name="mindft-resetwatch",
                                         daemon=True)
         self._thread.start()
+
+    def supervise(self, supervision: WatcherSupervision, now: float,
+                  callback: Callable[[DeviceInput], Any]) -> Optional[str]:
+        """Start the thread of :meth:`start` again if it died, when ``supervision`` says; the
+        reason to fail the job once it died too often (None: alive, or dealt with)."""
+        if self._thread is None or self.alive or self._stop.is_set():
+            return None
+        verdict = supervision.on_dead(now)
+        if isinstance(verdict, str):
+            return f"{verdict} (in {self.path})"
+        if verdict:
+            log.warning("restarting the reset-file watcher (restart %d/%d)", supervision.restarts,
+                        supervision.max_restarts)
+            self.start(callback)
+        return None
 
     def stop(self, timeout: Optional[float] = None) -> None:
         """Stop the thread started by :meth:`start` and wait for it."""

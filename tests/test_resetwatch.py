@@ -13,6 +13,7 @@ from plugin_files import (INITIAL, HostPathMount, KubeletMount, check_code, clus
                           legacy, plugin_entry, plugin_episode)
 
 import mindft.resetwatch as resetwatch
+from mindft.flow.agent import WatcherSupervision
 from mindft.flow.inputs import (DEVICE_INPUTS, DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, HoldRepairs,
                                 RollbackAll, StopJob)
 from mindft.resetfile import read_reset_file
@@ -481,3 +482,40 @@ def test_events_iterator(mount: HostPathMount) -> None:
 def test_rejects_non_positive_interval(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         ResetWatcher(tmp_path / "reset.json", 0)
+
+
+def test_a_dead_watcher_thread_is_started_again_as_its_supervision_says(tmp_path: Path) -> None:
+    volume = KubeletMount(tmp_path / "config")
+    volume.publish(plugin_episode([1], "unrecovered", retry_time=1))
+    watcher = ResetWatcher(volume.path, 0.001)
+    seen: list[object] = []
+
+    class Fatal(BaseException):
+        """What no watcher survives (a consumer's Exception is logged and the thread goes on)."""
+
+    def dies(event: object) -> None:
+        raise Fatal("the thread's end")
+
+    supervision = WatcherSupervision(delay=0.0, max_restarts=1)
+    assert watcher.supervise(supervision, 0.0, seen.append) is None  # never started: nothing to restart
+    try:
+        watcher.start(dies)
+        deadline = time.monotonic() + 10
+        while watcher.alive and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert not watcher.alive and "the thread's end" in watcher.death
+        assert watcher.supervise(supervision, 1.0, seen.append) is None  # started again, with the new callback
+        volume.publish(plugin_episode([1], "recovered", retry_time=1))
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert seen == [DeviceRecovered(1)] and watcher.alive
+    finally:
+        watcher.stop()
+    watcher.start(dies)
+    volume.publish(plugin_episode([2], "unrecovered", retry_time=2))
+    while watcher.alive and time.monotonic() < deadline:
+        time.sleep(0.005)
+    reason = watcher.supervise(supervision, 2.0, seen.append)
+    assert reason is not None and "died 2 times" in reason and str(volume.path) in reason
+    watcher.stop()
+    assert watcher.supervise(supervision, 4.0, seen.append) is None  # stopped on purpose: not a death

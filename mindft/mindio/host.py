@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Mapping, Optional
 
+from mindft.flow.agent import WatcherSupervision
 from mindft.keys import CurveKeys
 from mindft.mindio.controller import MindioController
 from mindft.mindio.gate import StepGate
@@ -36,7 +37,7 @@ class MindioHost:
         self.standin: Optional[MindxStandIn] = None
         self.controller: Optional[MindioController] = None
         self.watcher: Optional[Any] = None
-        self.watcher_restarts = 0
+        self.supervision = WatcherSupervision(delay=0.0)  # a dead watcher restarts at once
 
     @property
     def gate_endpoint(self) -> str:
@@ -80,18 +81,11 @@ class MindioHost:
             log.info("every rank finished: destroying MindIO's controller before the ranks' processors")
             controller.stop()
 
-    def check(self, max_restarts: int = 10) -> Optional[str]:
+    def check(self, now: float) -> Optional[str]:
         """Restart a reset watcher that died; the reason to fail the job once it died too often."""
-        watcher = self.watcher
-        if watcher is None or watcher.alive:
+        if self.watcher is None:
             return None
-        if self.watcher_restarts >= max_restarts:
-            return (f"the reset-file watcher died {self.watcher_restarts + 1} times; device faults in "
-                    f"{watcher.path} can no longer be seen")
-        self.watcher_restarts += 1
-        log.warning("restarting the reset-file watcher (restart %d/%d)", self.watcher_restarts, max_restarts)
-        watcher.start(self.standin.on_device_event)
-        return None
+        return self.watcher.supervise(self.supervision, now, self.standin.on_device_event)
 
     def stop(self) -> None:
         """Stop all of it, bounded (idempotent)."""
