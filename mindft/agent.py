@@ -27,6 +27,7 @@ from mindft.exitcodes import ExitCode
 from mindft.agent_links import ControllerHost, ControllerLink, recovery_progress
 from mindft.flow.agent import (AbortJob, AgentEffect, Ending, KillWorker, NodePolicy,
                                Say, StartWorker)
+from mindft.flow.states import RECOVERY_STATES
 from mindft.keys import load_keys
 from mindft.launch_plan import LaunchSpec, mindio_gate_address, rank_environment
 from mindft.protocol import JobState, JobView, Message, NodeLost, OrderKind, ProcessExit, RankOrder, Reply
@@ -70,8 +71,7 @@ class NodeAgent:
         self._signal: Optional[int] = None
         self._signals_seen = 0
         self._announced = ""  # the failure already told to people
-        self._progress_key: Optional[tuple[JobState, int]] = None
-        self._progress_since = self._progress_last = 0.0
+        self._phase_since = self._progress_last = 0.0  # when the job's current phase began; the last progress line
 
     # ---- carrying out the policy's effects ------------------------------------------------------
 
@@ -110,9 +110,10 @@ class NodeAgent:
         scheduler.exit_seen = False
         scheduler.start()
 
-    def _on_message(self, message: Message) -> None:
-        if isinstance(message, JobView):
+    def _on_message(self, message: Message, now: float) -> None:
+        if isinstance(message, JobView):  # sent on every transition of the job
             self.policy.on_view(message)
+            self._phase_since = self._progress_last = now
         elif isinstance(message, RankOrder):
             self._carry_out(self.policy.on_order(message))
         elif isinstance(message, Reply) and not message.ok:
@@ -230,13 +231,13 @@ class NodeAgent:
     def _take_inputs(self, now: float) -> None:
         if self.link is not None:
             for message in self.link.receive(now):
-                self._on_message(message)
+                self._on_message(message, now)
         while True:
             try:
                 message = self.inbox.get_nowait()
             except queue.Empty:
                 return
-            self._on_message(message)
+            self._on_message(message, now)
 
     def _controller_code(self) -> Optional[int]:
         result = self.runner.poll() if self.runner is not None else None
@@ -271,20 +272,15 @@ class NodeAgent:
                                                              str(scheduler.log_path)))
 
     def _report_progress(self, now: float) -> None:
-        """While a recovery waits, say so at a steady pace (the controller logs only transitions)."""
+        """While a recovery waits, say so at a steady pace (the controller logs only transitions);
+        the controller's status is asked for only when a line is due."""
         view = self.policy.view
-        if view is None or view.state in (JobState.STARTING, JobState.NORMAL):
-            self._progress_key = None
-            return
-        status = self.runner.status()
-        key = (status.state, status.round)
-        if key != self._progress_key:
-            self._progress_key, self._progress_since, self._progress_last = key, now, now
+        if view is None or view.state not in RECOVERY_STATES:
             return
         if now - self._progress_last < self.spec.progress_interval:
             return
         self._progress_last = now
-        line = recovery_progress(status, now - self._progress_since)
+        line = recovery_progress(self.runner.status(), now - self._phase_since)
         if line is not None:
             self.console.line("mindft-launch", line)
 
