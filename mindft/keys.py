@@ -94,6 +94,18 @@ def secure_server(socket: zmq.Socket, keys: Optional[CurveKeys]) -> None:
     socket.zap_domain = ZAP_DOMAIN.encode()
 
 
+def bind_server(socket: zmq.Socket, keys: Optional[CurveKeys], ip: str, port: int = 0) -> str:
+    """Make ``socket`` a CURVE server (:func:`secure_server`) bound on ``ip`` (v4 or v6) and
+    ``port`` (0: a free one); its endpoint."""
+    secure_server(socket, keys)
+    host = f"[{ip}]" if ":" in ip else ip
+    if port:
+        socket.bind(f"tcp://{host}:{port}")
+    else:
+        port = socket.bind_to_random_port(f"tcp://{host}")
+    return f"tcp://{host}:{port}"
+
+
 def secure_client(socket: zmq.Socket, keys: Optional[CurveKeys]) -> None:
     """Make ``socket`` a CURVE client of a job server (before connect)."""
     if keys is None:

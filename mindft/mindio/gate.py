@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Optional, Sequence
 
 import zmq
 
-from mindft.keys import CurveKeys, secure_client, secure_server, start_authenticator
+from mindft.keys import CurveKeys, bind_server, secure_client, start_authenticator
 from mindft.mindio.rank import LeaveDevice, MindioRank
 from mindft.mindio.wheel import MindioError
 
@@ -51,13 +51,7 @@ class StepGate:
         self._authenticator = start_authenticator(self._context, keys)
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.linger = 0
-        secure_server(self._socket, keys)
-        host = f"[{ip}]" if ":" in ip else ip
-        if port:
-            self._socket.bind(f"tcp://{host}:{port}")
-        else:
-            port = self._socket.bind_to_random_port(f"tcp://{host}")
-        self.endpoint = f"tcp://{host}:{port}"
+        self.endpoint = bind_server(self._socket, keys, ip, port)
         self._done: Dict[int, int] = {}
         self._finished: Dict[int, bool] = {}
         # A hot reset (the launcher's MindxStandIn) holds the ranks at one common step and tells

@@ -24,10 +24,10 @@ from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tupl
 import numpy as np
 import zmq
 
-from mindft.keys import CurveKeys, secure_server, start_authenticator
+from mindft.keys import CurveKeys, bind_server, start_authenticator
 from mindft.replica.sources import LocalSnapshot, read_shared
 from mindft.replica.spill import SPILL_DIRECTORY, Spill, in_memory_filesystem
-from mindft.replica.wire import PIPE_HWM, ReplicaHeader, check_frames, decode_json, tcp_endpoint
+from mindft.replica.wire import PIPE_HWM, ReplicaHeader, check_frames, decode_json
 from mindft.slots import Slot, nbytes
 from mindft.snapshot import SnapshotError
 from mindft.threadcpu import ThreadCpu
@@ -143,13 +143,7 @@ class Keeper:
         self._socket.linger = 0
         # Messages are at most a chunk (a one-request push is the state: counted as one).
         self._socket.sndhwm = self._socket.rcvhwm = PIPE_HWM
-        secure_server(self._socket, keys)
-        bind_ip = f"[{ip}]" if ":" in ip else ip
-        if port:
-            self._socket.bind(f"tcp://{bind_ip}:{port}")
-        else:
-            port = self._socket.bind_to_random_port(f"tcp://{bind_ip}")
-        self.endpoint = tcp_endpoint(ip, port)
+        self.endpoint = bind_server(self._socket, keys, ip, port)
         self._held: Dict[int, _Held] = {}
         self._incoming: Dict[int, Tuple[int, _Incoming]] = {}
         self._waiting: Dict[int, _Waiting] = {}

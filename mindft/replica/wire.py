@@ -42,11 +42,6 @@ def node_ip(toward: str) -> str:
         return toward
 
 
-def tcp_endpoint(ip: str, port: int) -> str:
-    """The ZeroMQ TCP endpoint of ``ip`` (v4 or v6) and ``port``."""
-    return f"tcp://[{ip}]:{port}" if ":" in ip else f"tcp://{ip}:{port}"
-
-
 @dataclass(frozen=True)
 class ReplicaHeader:
     """The JSON frame in front of a replica's array frames: what the bytes are and how to check them."""
