@@ -219,8 +219,6 @@ class Scheduler:
         self.log_path = spec.log_dir / "scheduler.log"
         self.process: Optional[subprocess.Popen] = None
         self.exit_seen = False  # its exit was handled by the supervise loop
-        # False once a worker of its cluster exited: restarted workers need a new scheduler.
-        self.serves_workers = False
 
     @property
     def address(self) -> str:
@@ -241,7 +239,6 @@ class Scheduler:
                 [sys.executable, *SCHEDULER_COMMAND], env=scheduler_environment(self.spec),
                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                 start_new_session=True, close_fds=True)
-        self.serves_workers = True
         log.info("started MindSpore's scheduler on %s (pid %d), log %s", self.address, self.process.pid,
                  self.log_path)
 
