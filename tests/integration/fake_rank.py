@@ -229,6 +229,10 @@ class LoopRank(Fake):
             self.processor.report_fault("unknown", "fault while restoring", self.step)
             return self.held
         weights, total = self.snapshots[step]
+        if self.store is not None:
+            # Through the store, as a real rank restores: its next capture must then spare this
+            # step's slot, which a replica of another rank may point into.
+            self.store.restore(step)
         self.step, self.weights[:], self.total[0] = step, weights, total
         self.snapshots = {s: v for s, v in self.snapshots.items() if s <= step}
         self.say(f"ROLLBACK step {step}")
