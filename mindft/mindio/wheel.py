@@ -18,12 +18,14 @@ Quirks and how they are handled
   waits for its receive thread, which sits in a blocking ``recv`` that only the controller's
   teardown ends (MindSpore has rank 0 destroy the controller first). Destroying the controller
   takes 3-7 s (its worker threads exit one by one). Both run in a daemon thread with a bounded
-  wait; a stuck one is abandoned, never waited on, and the process still exits at once. The wheel's own ``atexit`` hooks
+  wait; a stuck one is abandoned (waited for once more at exit, below). The wheel's own ``atexit`` hooks
   (which would repeat the unbounded calls at interpreter exit) are unregistered.
 * A process that abandoned a destroy aborts at exit ("terminate called without an active
   exception", SIGABRT) when the wheel's C++ static destructors meet the thread still blocked in
-  it. After an abandoned destroy the process therefore ends with ``_exit(status)`` once Python
-  has finalized, skipping those destructors and keeping the exit status the program chose.
+  it, or when the call returns while Python finalizes (the thread, taking the GIL, is ended by
+  unwinding C++ frames). After an abandoned destroy the process therefore waits at exit, before
+  finalizing, up to ``EXIT_WAIT_SECONDS`` for the call to return, and ends with ``_exit(status)``
+  once Python has finalized, skipping those destructors and keeping the exit status the program chose.
 * A processor destroyed while its controller lives can abort ("pure virtual method called",
   SIGABRT), rarely, under load: the destroy shuts its own connection, its receive thread wakes,
   still sees it connected and reconnects through the link being deleted. The controller's
@@ -120,6 +122,20 @@ def skip_native_teardown_at_exit() -> None:
     _teardown_skipped = True
 
 
+# How long a process waits at exit for an abandoned call to come back (the controller's destroy
+# takes up to 7 s): a call that returns while the interpreter finalizes aborts the process.
+EXIT_WAIT_SECONDS = 10.0
+
+
+def _let_return(thread: threading.Thread, what: str) -> None:
+    """At exit, before the interpreter finalizes: give an abandoned call time to return. Returning
+    later, its thread would take the GIL while Python finalizes, which ends the thread by unwinding
+    the wheel's C++ frames: std::terminate, SIGABRT, the exit status lost."""
+    thread.join(EXIT_WAIT_SECONDS)
+    if thread.is_alive():
+        log.warning("%s still blocked at exit after %.0f s more", what, EXIT_WAIT_SECONDS)
+
+
 def bounded(call: Callable[[], Any], timeout: float, what: str) -> bool:
     """Run ``call`` in a daemon thread; True if it returned within ``timeout`` (else it is abandoned)."""
     errors: list = []
@@ -136,6 +152,7 @@ def bounded(call: Callable[[], Any], timeout: float, what: str) -> bool:
     if thread.is_alive():
         log.warning("%s did not return within %.1f s; abandoned (MindIO quirk)", what, timeout)
         skip_native_teardown_at_exit()
+        atexit.register(_let_return, thread, what)
         return False
     if errors:
         log.warning("%s failed: %r", what, errors[0])
