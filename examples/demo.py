@@ -171,6 +171,8 @@ def hot_reset(job_file: Path, rank: int, seconds: float, events: dict[str, float
 # What the timeline shows, from the faulted run's output: (label, words on the line).
 TIMELINE = (("ladder: every worker restarts from the agents' memory", "restarting every worker"),
             ("new MindSpore scheduler started", "started MindSpore's scheduler"),
+            ("first worker started (forked from the warm process, or cold)", "started rank"),
+            ("MindSpore's cluster formed (init() done on a rank)", "Cluster is successfully initialized"),
             ("every rank registered again", "every rank holds step"),
             ("every rank restored the rollback step", "every rank restored step"),
             ("training resumed", "every rank resumed after step"))

@@ -31,6 +31,7 @@ from mindft.flow.states import RECOVERY_STATES
 from mindft.keys import load_keys
 from mindft.launch_plan import LaunchSpec, mindio_gate_address, rank_environment
 from mindft.protocol import JobState, JobView, Message, NodeLost, OrderKind, ProcessExit, RankOrder, Reply
+from mindft.warm import WarmStarter
 from mindft.workers import Console, Scheduler, WorkerProcesses, agent_memory, agent_memory_report
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,8 @@ class NodeAgent:
     def __init__(self, spec: LaunchSpec, console: Optional[Console] = None) -> None:
         self.spec = spec
         self.console = console or Console(prefix=spec.prefix_output)
-        self.workers = WorkerProcesses(spec, self.console)
+        self.warm = start_warm(spec)
+        self.workers = WorkerProcesses(spec, self.console, self.warm)
         self.keys = None if spec.insecure or not spec.protected else load_keys(spec.key_file)
         self.client = Client(spec.controller_address, self.keys)
         self.policy = NodePolicy(tuple(spec.local_ranks), spec.max_restarts, protected=spec.protected,
@@ -66,7 +68,7 @@ class NodeAgent:
         self.link: Optional[ControllerLink] = None
         self.mindio_host: Optional[Any] = None
         self.replication: Optional[Any] = None  # mindft.replica.NodeReplication
-        self.scheduler: Optional[Scheduler] = Scheduler(spec) if spec.runs_scheduler else None
+        self.scheduler: Optional[Scheduler] = Scheduler(spec, self.warm) if spec.runs_scheduler else None
         self.inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()  # orders and views, from any thread
         self._signal: Optional[int] = None
         self._signals_seen = 0
@@ -335,6 +337,9 @@ class NodeAgent:
         for worker in self.workers.workers.values():
             if worker.pump is not None:
                 worker.pump.join(2.0)
+        if self.warm is not None:
+            self.console.line("mindft-launch", self.warm.summary())
+            self.warm.close()
         if self.replication is not None:
             self.replication.close()
             self.console.line("mindft-launch", self.replication.summary())
@@ -451,6 +456,16 @@ class NodeAgent:
                                       gate_port=spec.controller_port + 1, reset_file=config.reset_file,
                                       poll_interval=timeouts.reset_poll_interval, standin=standin)
         self.mindio_host.start()
+
+
+def start_warm(spec: LaunchSpec) -> Optional[WarmStarter]:
+    """The node's warm process, importing what MINDFT_PRELOAD names while the agent gets ready;
+    None with MINDFT_WARM_START=0."""
+    config = load_config(spec.env)
+    if not config.warm_start:
+        return None
+    # The workers' interpreter settings (rank_environment's PYTHONUNBUFFERED): a fork keeps them.
+    return WarmStarter({**spec.env, "PYTHONUNBUFFERED": "1"}, spec.log_dir / "warm.log", config.preload)
 
 
 def start_replication(spec: LaunchSpec, keys: Any) -> Optional[Any]:

@@ -222,6 +222,8 @@ class MindftConfig:
     agent_replication: bool = True  # mindft-launch on several nodes: the node agents stream the replicas
     replica_endpoint: str = ""  # the node agent's replica keeper, announced by the rank when it registers
     restart_scope: str = "auto"  # "all": a lost process restarts every worker; auto: when a rank says so
+    warm_start: bool = True  # mindft-launch forks the workers from a process that imported MindSpore
+    preload: str = "mindspore"  # what that process imports, comma-separated
     timeouts: Timeouts = field(default_factory=Timeouts)
 
     @property
@@ -321,6 +323,11 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "newest snapshot to the next node's agent in the background (the ranks push nothing); 0, each rank "
            "streams its newest snapshot to its buddy rank in the background, as ranks started without "
            "mindft-launch do (a step is reported once its replica arrived)", "1", "0, 1"),
+    EnvVar("MINDFT_WARM_START", "mindft-launch: 1, each node agent forks its workers and MindSpore's scheduler "
+           "from a warm process that imported MINDFT_PRELOAD once (a restart skips the interpreter's start and "
+           "the imports); 0, every process starts cold, as under msrun", "1", "0, 1"),
+    EnvVar("MINDFT_PRELOAD", "the modules the warm process imports, comma-separated (add the ones your "
+           "script imports, e.g. mindspore,mindformers)", "mindspore", "module names"),
     EnvVar("MINDFT_REPLICA_ENDPOINT", "the node agent's replica keeper, which a rank announces when it registers "
            "(mindft-launch sets it with agent replication)", "", "tcp://HOST:PORT"),
     EnvVar("MINDFT_LAUNCHER_PID", "mindft-launch's pid (it sets it); a rank started without it gives up "
@@ -407,8 +414,19 @@ def load_config(environ: Mapping[str, str] = os.environ) -> MindftConfig:
         replica_buddy=_replica_buddy(environ, world_size),
         agent_replication=_number(environ, "MINDFT_AGENT_REPLICATION", int, 1, 0, 1) == 1,
         replica_endpoint=_replica_endpoint(environ),
+        warm_start=_number(environ, "MINDFT_WARM_START", int, 1, 0, 1) == 1,
+        preload=_preload(environ),
         timeouts=timeouts,
     )
+
+
+def _preload(environ: Mapping[str, str]) -> str:
+    names = [name.strip() for name in environ.get("MINDFT_PRELOAD", "").split(",") if name.strip()]
+    bad = [name for name in names if not all(part.isidentifier() for part in name.split("."))]
+    if bad:
+        raise ConfigError(f"MINDFT_PRELOAD: {', '.join(map(repr, bad))} is not a module name; valid: "
+                          f"comma-separated module names such as mindspore,mindformers")
+    return ",".join(names) or "mindspore"
 
 
 def _replica_endpoint(environ: Mapping[str, str]) -> str:

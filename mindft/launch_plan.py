@@ -116,7 +116,8 @@ def scheduler_environment(spec: LaunchSpec) -> dict[str, str]:
     """The scheduler's environment: the job's, plus MS_ROLE=MS_SCHED (RANK_ID 0, as msrun)."""
     env = dict(spec.env)
     env.update(cluster_environment(spec))
-    env.update({"MS_ROLE": "MS_SCHED", "RANK_ID": "0", "RANK_SIZE": str(spec.world_size)})
+    env.update({"MS_ROLE": "MS_SCHED", "RANK_ID": "0", "RANK_SIZE": str(spec.world_size),
+                "PYTHONUNBUFFERED": "1"})  # as the workers': forked from the same warm process
     for worker_only in ("MS_NODE_ID", "DEVICE_ID"):
         env.pop(worker_only, None)
     return env

@@ -16,10 +16,11 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterable, Optional
+from typing import IO, Iterable, Mapping, Optional, Sequence, Union
 
 from mindft.launch_plan import DEFAULT_GRACE_PERIOD, LaunchSpec, rank_environment, scheduler_environment
 from mindft.snapshot import size_text
+from mindft.warm import WarmProcess, WarmStarter
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,21 @@ log = logging.getLogger(__name__)
 # the script's code (argument parsing, output files) out of the scheduler, which needs none of it.
 CLUSTER_FORMED_LINE = "Cluster is successfully initialized"  # in the scheduler's log (MindSpore 2.x)
 SCHEDULER_COMMAND = ("-c", "from mindspore.communication import init; init()")
+SCHEDULER_LISTEN_WAIT = 5.0  # for a started scheduler to listen, before the workers start
+
+
+def port_listening(port: int) -> bool:
+    """True when a socket of this host listens on TCP ``port`` (read from /proc: no connection made)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 3 and fields[3] == "0A" and int(fields[1].rpartition(":")[2], 16) == port:
+                return True
+    return False
 
 
 def agent_memory() -> Path:
@@ -68,13 +84,41 @@ class Console:
                 pass  # a closed console must not kill the launcher
 
 
+Process = Union[subprocess.Popen, WarmProcess]
+
+
+def start_process(command: Sequence[str], env: Mapping[str, str], output: Optional[int],
+                  warm: Optional[WarmStarter]) -> Process:
+    """Start ``command`` forked from the warm process where it can run it, else cold; its output
+    to the fd ``output``, or (None) to a pipe the returned process's ``stdout`` reads.
+
+    A new session: the terminal's Ctrl-C reaches the launcher only, which forwards it, and
+    killpg reaches whatever the process spawned."""
+    if warm is not None and warm.available:
+        read_end, write_end = os.pipe() if output is None else (-1, output)
+        try:
+            process = warm.spawn(command, env, write_end)
+        finally:
+            if output is None:
+                os.close(write_end)
+        if process is not None:
+            if output is None:
+                process.stdout = os.fdopen(read_end, "rb")
+            return process
+        if output is None:
+            os.close(read_end)
+    return subprocess.Popen(list(command), env=dict(env), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE if output is None else output, stderr=subprocess.STDOUT,
+                            start_new_session=True, close_fds=True)
+
+
 @dataclass
 class Worker:
     """One local rank's current process."""
 
     rank: int
     log_path: Path
-    process: Optional[subprocess.Popen] = None
+    process: Optional[Process] = None
     pump: Optional[threading.Thread] = None
     returncode: Optional[int] = None
 
@@ -88,9 +132,10 @@ class WorkerProcesses:
     """The workers of one node, as msrun's external agent handles them: start a list, kill,
     monitor. Each rank's output goes to its log file and, prefixed, to the console."""
 
-    def __init__(self, spec: LaunchSpec, console: Console) -> None:
+    def __init__(self, spec: LaunchSpec, console: Console, warm: Optional[WarmStarter] = None) -> None:
         self.spec = spec
         self.console = console
+        self.warm = warm
         spec.log_dir.mkdir(parents=True, exist_ok=True)
         self.workers: dict[int, Worker] = {
             rank: Worker(rank, spec.log_dir / f"rank_{rank}.log") for rank in spec.local_ranks}
@@ -105,20 +150,16 @@ class WorkerProcesses:
         log_file.write(f"--- mindft-launch: rank {rank}, incarnation {restarts}, "
                        f"{time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
         log_file.flush()
-        # A new session: the terminal's Ctrl-C reaches the launcher only, which forwards it,
-        # and killpg reaches whatever the rank spawned.
-        worker.process = subprocess.Popen(
-            list(self.spec.command), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+        worker.process = start_process(self.spec.command, env, None, self.warm)
         worker.returncode = None
         worker.pump = threading.Thread(target=self._pump, args=(worker.process, rank, log_file),
                                        name=f"mindft-pump-{rank}", daemon=True)
         worker.pump.start()
-        log.info("started rank %d (pid %d, restart %d), log %s", rank, worker.process.pid, restarts,
-                 worker.log_path)
+        log.info("started rank %d (pid %d, restart %d, %s), log %s", rank, worker.process.pid, restarts,
+                 "warm" if isinstance(worker.process, WarmProcess) else "cold", worker.log_path)
         return worker.process.pid
 
-    def _pump(self, process: subprocess.Popen, rank: int, log_file: IO[bytes]) -> None:
+    def _pump(self, process: Process, rank: int, log_file: IO[bytes]) -> None:
         # The pump must outlive any failure to write a line: a dead pump leaves the rank's
         # pipe full and the rank blocked in print(), which no heartbeat would explain.
         assert process.stdout is not None
@@ -214,10 +255,11 @@ class Scheduler:
     logging is verbose and says nothing about training.
     """
 
-    def __init__(self, spec: LaunchSpec) -> None:
+    def __init__(self, spec: LaunchSpec, warm: Optional[WarmStarter] = None) -> None:
         self.spec = spec
+        self.warm = warm
         self.log_path = spec.log_dir / "scheduler.log"
-        self.process: Optional[subprocess.Popen] = None
+        self.process: Optional[Process] = None
         self.exit_seen = False  # its exit was handled by the supervise loop
 
     @property
@@ -235,12 +277,14 @@ class Scheduler:
         """Start the scheduler process (a new session: the launcher forwards signals itself)."""
         self.spec.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log_file:
-            self.process = subprocess.Popen(
-                [sys.executable, *SCHEDULER_COMMAND], env=scheduler_environment(self.spec),
-                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                start_new_session=True, close_fds=True)
+            self.process = start_process((sys.executable, *SCHEDULER_COMMAND), scheduler_environment(self.spec),
+                                         log_file.fileno(), self.warm)
         log.info("started MindSpore's scheduler on %s (pid %d), log %s", self.address, self.process.pid,
                  self.log_path)
+        # Workers started before it listens fail to register and retry only after a sleep.
+        deadline = time.monotonic() + SCHEDULER_LISTEN_WAIT
+        while not port_listening(self.spec.scheduler_port) and self.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def cluster_formed(self) -> bool:
         """True once its log says every worker joined (MindSpore's own WARNING-level line)."""

@@ -51,7 +51,8 @@ def free_port_pair() -> int:
 def environment(tmp_path: Optional[Path] = None, **changes: str) -> dict[str, str]:
     """This process's environment without mindft's, MindSpore's and MindX's variables, mindft
     importable, the reset file under ``tmp_path`` (when given), then ``changes``."""
-    env = {name: value for name, value in os.environ.items() if not name.startswith(_FOREIGN)}
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith(_FOREIGN) or name == "MINDFT_PRELOAD"}  # conftest's, per test tier
     for name in (*LAUNCH_VARIABLES, "DEVICE_ID"):
         env.pop(name, None)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))

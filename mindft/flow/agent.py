@@ -138,6 +138,7 @@ class Worker:
     crashes: int = 0                # exits the controller did not order (bounded by max_restarts)
     returncode: Optional[int] = None
     stop_ordered: bool = False      # killed on the controller's order, to wait for its START
+    start_ordered: Optional[str] = None  # a START that came while its process was still leaving: the reason
 
     @property
     def final(self) -> bool:
@@ -199,6 +200,7 @@ class NodePolicy:
         """The agent started ``rank``'s process ``pid``."""
         worker = self.workers[rank]
         worker.phase, worker.pid, worker.returncode, worker.stop_ordered = WorkerPhase.RUNNING, pid, None, False
+        worker.start_ordered = None
 
     def running(self) -> list[int]:
         return [r for r, w in self.workers.items() if w.pid is not None]
@@ -225,7 +227,7 @@ class NodePolicy:
             worker.phase = WorkerPhase.AWAITING_START
             what = "left its device for a hot reset" if code == ExitCode.LEFT_DEVICE else "stopped"
             out.append(Say(f"rank {rank} {what}; it starts again when the controller says"))
-            return out + self._report(rank, code, pid, will_restart=True)
+            return out + self._report(rank, code, pid, will_restart=True) + self._start_ordered_early(worker)
         if code in _STOPPED_ON_PURPOSE:
             worker.phase = WorkerPhase.FINAL
             if self.view is not None and not self.job_over:
@@ -251,7 +253,7 @@ class NodePolicy:
         if self.restart_all:
             # Its peers cannot go on without it: the controller restarts every worker together.
             worker.phase = WorkerPhase.AWAITING_START
-            return out + self._report(rank, code, pid, will_restart=True)
+            return out + self._report(rank, code, pid, will_restart=True) + self._start_ordered_early(worker)
         worker.restarts += 1
         out += self._report(rank, code, pid, will_restart=True)
         # Whether the new process finds its state (a peer replica) is the rank's to say.
@@ -271,19 +273,35 @@ class NodePolicy:
             then = "so it can restart" if order.restart else "(it starts again when the controller says)"
             return [Say(f"controller: rank {order.rank} (pid {worker.pid}): {order.reason}; killing it {then}"),
                     KillWorker(order.rank, worker.pid, order.reason)]
-        if worker.pid is not None or not worker.awaiting_start or self.interrupted:
+        if self.interrupted:
             return []
+        if worker.pid is not None:
+            if order.pid and order.pid == worker.pid:
+                # The process the controller saw leave has not exited here yet (the rank said
+                # goodbye first): start the next one once it has.
+                worker.start_ordered = order.reason
+            return []  # else a late or repeated order for a process started since
+        if not worker.awaiting_start:
+            return []
+        return self._start(worker, order.reason)
+
+    def _start_ordered_early(self, worker: Worker) -> list[AgentEffect]:
+        reason, worker.start_ordered = worker.start_ordered, None
+        return [] if reason is None else self._start(worker, reason)
+
+    def _start(self, worker: Worker, reason: str) -> list[AgentEffect]:
+        """Carry out the controller's START for a rank awaiting it."""
         if worker.crashes > self.max_restarts:
             worker.phase = WorkerPhase.FINAL
-            return ([Say(f"not starting rank {order.rank}: it crashed {worker.crashes} times (--max-restarts "
+            return ([Say(f"not starting rank {worker.rank}: it crashed {worker.crashes} times (--max-restarts "
                          f"{self.max_restarts})")]
-                    + self._report(order.rank, worker.returncode or ExitCode.FAILED, 0, will_restart=False))
+                    + self._report(worker.rank, worker.returncode or ExitCode.FAILED, 0, will_restart=False))
         worker.restarts += 1
         renew = self.restart_all and not self.cluster_intact and not self.running()
         if renew:
             self.cluster_intact = True
-        return [StartWorker(order.rank, worker.restarts, f"controller: {order.reason}: starting rank {order.rank} "
-                                                         f"(restart {worker.restarts})", renew_cluster=renew)]
+        return [StartWorker(worker.rank, worker.restarts, f"controller: {reason}: starting rank {worker.rank} "
+                                                          f"(restart {worker.restarts})", renew_cluster=renew)]
 
     def on_scheduler_exit(self, pid: int, code: int, why: str, log_path: str) -> list[AgentEffect]:
         """MindSpore's scheduler (``pid``) exited: a failure while ranks still need it fails the job

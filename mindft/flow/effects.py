@@ -54,15 +54,17 @@ class KillRank:
 @dataclass(frozen=True)
 class StartRank:
     """Order the node agent that runs ``rank`` to start its process again (its device is back
-    after a hot reset, or every worker restarts). ``agent`` as in :class:`KillRank`."""
+    after a hot reset, or every worker restarts). ``agent`` as in :class:`KillRank`. ``pid``: the
+    process that left (0: not known), which the agent may not have seen exit yet."""
 
     rank: int
     reason: str
     agent: Optional[Peer] = None
+    pid: int = 0
 
     def order(self) -> RankOrder:
         """The order as it travels to the agent."""
-        return RankOrder(self.rank, OrderKind.START, self.reason)
+        return RankOrder(self.rank, OrderKind.START, self.reason, pid=self.pid)
 
 
 @dataclass(frozen=True)

@@ -365,7 +365,8 @@ class Job(Ladder):
                 self._emit(KillRank(rank, record.pid, f"still to be killed: {fault.detail or fault.kind.name}",
                                     restart=False, agent=peer))
             elif order is OrderKind.START:
-                self._emit(StartRank(rank, "still to be started for the recovery", peer))
+                self._emit(StartRank(rank, "still to be started for the recovery", peer,
+                                     record.pid if record is not None else 0))
 
     def _view(self) -> JobView:
         reason = self.result.reason if self.result is not None else ""

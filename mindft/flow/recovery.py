@@ -248,7 +248,7 @@ class Ladder:
             self._start_every_worker_if_ready()
         elif fault.left_at >= 0 and fault.exited and not fault.device_pending and not fault.start_ordered:
             fault.start_ordered = True
-            self._emit(StartRank(rank, "its device was reset and is back", self.agents.get(rank)))
+            self._emit(StartRank(rank, "its device was reset and is back", self.agents.get(rank), self._pid(rank)))
 
     def _start_every_worker_if_ready(self) -> None:
         """Start every stopped worker together once every one exited and every device is back."""
@@ -259,7 +259,11 @@ class Ladder:
             if not waiting.start_ordered:
                 waiting.start_ordered = True
                 self._emit(StartRank(number, "every worker restarts from the node agents' memory",
-                                     self.agents.get(number)))
+                                     self.agents.get(number), self._pid(number)))
+
+    def _pid(self, rank: int) -> int:
+        record = self.ranks.get(rank)
+        return record.pid if record is not None else 0
 
     def _finish_recovery(self, now: float) -> None:
         rec = self.recovery

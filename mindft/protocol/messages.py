@@ -382,8 +382,9 @@ class JobView:
 @dataclass(frozen=True)
 class RankOrder:
     """The controller orders the agent that runs ``rank`` to kill (``pid`` only: a newer process
-    is left alone) or start its process. ``restart`` (KILL): start it again at once (a hang)
-    rather than wait for a START."""
+    is left alone) or start its process (``pid``: the one that left, perhaps not yet seen
+    exiting by the agent). ``restart`` (KILL): start it again at once (a hang) rather than wait
+    for a START."""
 
     KIND: ClassVar[str] = "rank_order"
     rank: int

@@ -109,6 +109,24 @@ def test_a_kill_without_restart_waits_for_the_start_and_a_repeated_start_is_igno
     assert decisions(node.on_order(RankOrder(1, OrderKind.START, "go"))) == []
 
 
+@pytest.mark.parametrize("code, view", [(ExitCode.LEFT_DEVICE, JobView(S.REPAIRING)),
+                                         (-9, JobView(S.REPAIRING, restart_all=True))])
+def test_a_start_for_the_process_that_left_before_its_exit_was_seen_starts_it_on_that_exit(code, view) -> None:
+    node = policy(view)
+    assert decisions(node.on_order(RankOrder(1, OrderKind.START, "device back", pid=101))) == []
+    started = decisions(node.on_exit(1, code))
+    assert [_shape(e) for e in started if isinstance(e, StartWorker)] == [(StartWorker, 1, 1, False)]
+    node.started(1, 400)
+    assert decisions(node.on_exit(1, ExitCode.LEFT_DEVICE)) == [ProcessExit(1, ExitCode.LEFT_DEVICE, 400, True)]
+
+
+def test_a_repeated_start_for_an_older_process_is_not_kept_for_the_next_exit() -> None:
+    node = policy(JobView(S.REPAIRING))
+    assert decisions(node.on_order(RankOrder(1, OrderKind.START, "device back", pid=55))) == []
+    assert node.workers[1].start_ordered is None
+    assert decisions(node.on_exit(1, ExitCode.LEFT_DEVICE)) == [ProcessExit(1, ExitCode.LEFT_DEVICE, 101, True)]
+
+
 def test_the_first_start_of_a_restart_of_every_worker_renews_the_cluster() -> None:
     node = policy(JobView(S.REPAIRING, restart_all=True))
     for rank in (0, 1):
