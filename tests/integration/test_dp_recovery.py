@@ -74,13 +74,19 @@ def api_args(api: str) -> list[str]:
     return ["--loop"] if api == "loop" else []
 
 
-@pytest.mark.parametrize("api", ["model", "loop"])
-def test_a_rank_killed_mid_step_restarts_every_worker_from_memory(api: str, tmp_path: Path, processes: Processes,
-                                                                   references) -> None:
+@pytest.mark.parametrize("api, warm", [("model", "1"), ("loop", "1"), ("loop", "0")],
+                         ids=["model", "loop", "loop-cold-starts"])
+def test_a_rank_killed_mid_step_restarts_every_worker_from_memory(api: str, warm: str, tmp_path: Path,
+                                                                   processes: Processes, references) -> None:
     code, output = launch(processes, tmp_path, "run", 2, *api_args(api), "--fault-step", "12", "--fault-rank", "1",
-                          "--fault-kind", "kill")
+                          "--fault-kind", "kill", MINDFT_WARM_START=warm)
     out = output.read_text()
     assert code == 0, out[-4000:]
+    # Every worker, the first time and after the fault, and both schedulers: forked, or all cold.
+    if warm == "1":
+        assert out.count(", warm), log") == 4 and "warm start: 6 process(es) forked from pid" in out, out[-4000:]
+    else:
+        assert out.count(", cold), log") == 4 and "warm start:" not in out, out[-4000:]
     assert "rank 1 (pid" in out and "killed by SIGKILL" in out
     assert "restarting every worker from the node agents' memory" in out
     assert "started MindSpore's scheduler" in out and out.count("started MindSpore's scheduler") == 2
