@@ -331,8 +331,9 @@ class Job(Ladder):
             fault.left_at, fault.exited, fault.kill_ordered, fault.start_ordered = -1.0, False, False, False
             if fault.kind is FaultKind.HANG:
                 fault.kind = FaultKind.PROCESS_DIED
-            log.info("rank=%d restarted (incarnation %d): %s repaired", rank, message.incarnation,
-                     f"NODE LOST (node {fault.node})" if fault.node >= 0 else fault.kind.name)
+            log.info("rank=%d restarted (incarnation %d): %s", rank, message.incarnation,
+                     f"NODE LOST (node {fault.node}) repaired" if fault.node >= 0
+                     else "with every worker" if fault.collateral else f"{fault.kind.name} repaired")
             if self.state in (_S.ROLLBACK, _S.RESUMING):
                 # The new process missed this round's ROLLBACK: run the round again.
                 self._enter_pausing(f"rank {rank} restarted during {self.state.value}", now)
