@@ -27,18 +27,20 @@ from mindft.exitcodes import ExitCode
 from mindft.agent_links import ControllerHost, ControllerLink, recovery_progress
 from mindft.flow.agent import (AbortJob, AgentEffect, Ending, KillWorker, NodePolicy,
                                Say, StartWorker)
+from mindft.flow.inputs import SchedulerLost
 from mindft.flow.states import RECOVERY_STATES
 from mindft.keys import load_keys
 from mindft.launch_plan import LaunchSpec, mindio_gate_address, rank_environment
 from mindft.protocol import JobState, JobView, Message, NodeLost, OrderKind, ProcessExit, RankOrder, Reply
 from mindft.warm import WarmStarter
-from mindft.workers import Console, Scheduler, WorkerProcesses, agent_memory, agent_memory_report
+from mindft.workers import Console, Scheduler, WorkerProcesses, agent_memory, agent_memory_report, port_listening
 
 log = logging.getLogger(__name__)
 
 JOB_FILE = "job.json"
 MONITOR_INTERVAL = 0.1
 SCHEDULER_EXIT_GRACE = 30.0     # after this node's ranks finished, for the scheduler to finish on its own
+SCHEDULER_PORT_WAIT = 10.0      # for the scheduler's port to be free before a new scheduler binds it
 TAKE_OVER_TIMEOUT = 2.0         # an agent other than node 0's asks once whether the job already runs
 REPLICA_FETCH_TIMEOUT = 120.0   # for the agent that replaces a lost node to fetch one rank's replica
 
@@ -73,6 +75,7 @@ class NodeAgent:
         self._signal: Optional[int] = None
         self._signals_seen = 0
         self._announced = ""  # the failure already told to people
+        self._schedulers = 0  # MindSpore schedulers replaced by a new one
         self._phase_since = self._progress_last = 0.0  # when the job's current phase began; the last progress line
 
     # ---- carrying out the policy's effects ------------------------------------------------------
@@ -89,28 +92,45 @@ class NodeAgent:
                 self.write_job_file()
             elif isinstance(effect, KillWorker):
                 self.workers.signal_workers([effect.rank], signal.SIGKILL)
-            elif isinstance(effect, ProcessExit):
+            elif isinstance(effect, (ProcessExit, SchedulerLost)):
                 self._report(effect)
             elif isinstance(effect, AbortJob):
                 self._announced = effect.reason
                 self.console.line("mindft-launch", f"job failed: {effect.reason}")
 
-    def _report(self, message: ProcessExit) -> None:
+    def _report(self, message: ProcessExit | SchedulerLost) -> None:
         if self.runner is not None:
             self.runner.controller.from_local_agent(message)
-        elif self.link is not None:
+        elif self.link is not None and isinstance(message, ProcessExit):
             self.link.send(message)
+        else:  # the scheduler runs on node 0 only, in the controller's process
+            log.error("nobody to tell of %s: no controller in this process", message)
 
     def _renew_cluster(self) -> None:
         """Before the first worker of a restart of every worker: a new MindSpore scheduler, as the
-        workers that come back cannot join the old cluster (MCCL on CPU)."""
+        workers that come back cannot join the old cluster (MCCL on CPU), nor a dead scheduler's.
+        The old one's log is kept as ``scheduler.N.log`` (N: its number, from 0), so the new one's
+        log (what its exit is judged by) is its own."""
         scheduler = self.scheduler
         if scheduler is None:
             return
         scheduler.exit_seen = True  # stopping it is no failure
         scheduler.stop(0.0, 0.0)
+        self._schedulers += 1
+        kept = scheduler.log_path.with_name(f"{scheduler.log_path.stem}.{self._schedulers - 1}.log")
+        try:
+            scheduler.log_path.replace(kept)
+        except OSError as error:
+            log.warning("cannot keep the old scheduler's log as %s: %s", kept, error)
+        # Its listening socket closed with it (MindSpore binds with SO_REUSEADDR, so the old
+        # connections' TIME_WAIT does not hold the port); wait for a process that still holds it.
+        deadline = time.monotonic() + SCHEDULER_PORT_WAIT
+        while port_listening(self.spec.scheduler_port) and time.monotonic() < deadline:
+            time.sleep(MONITOR_INTERVAL)
         scheduler.exit_seen = False
         scheduler.start()
+        self.console.line("mindft-launch", f"a new MindSpore scheduler (pid {scheduler.pid}) on {scheduler.address} "
+                                           f"for the workers that start again; the previous one's log: {kept}")
 
     def _on_message(self, message: Message, now: float) -> None:
         if isinstance(message, JobView):  # sent on every transition of the job
@@ -271,7 +291,7 @@ class NodeAgent:
         if code is not None:
             scheduler.exit_seen = True
             self._carry_out(self.policy.on_scheduler_exit(scheduler.pid, code, scheduler.last_error(),
-                                                             str(scheduler.log_path)))
+                                                             str(scheduler.log_path), scheduler.cluster_formed()))
 
     def _report_progress(self, now: float) -> None:
         """While a recovery waits, say so at a steady pace (the controller logs only transitions);

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import zmq
 
@@ -24,6 +24,7 @@ from mindft import channel
 from mindft.config import MindftConfig
 from mindft.exitcodes import ExitCode
 from mindft.flow.cadence import Budget
+from mindft.flow.inputs import SchedulerLost
 from mindft.flow import (Broadcast, DeviceInput, Effect, Finish, Job, JobState, KillRank, Send,
                          StartRank, Transition, phase_times)
 from mindft.protocol import AgentHello, Message
@@ -101,10 +102,14 @@ class Controller:
         """A device event (``mindft.flow.DeviceFaulty`` etc.), from any thread."""
         self._post(lambda now: self.job.device(event, now))
 
-    def from_local_agent(self, message: Message) -> None:
+    def from_local_agent(self, message: Union[Message, SchedulerLost]) -> None:
         """A message of the node agent in this process (what other agents send on their link:
-        an exit report); its answer reaches the agent like the orders; from any thread."""
-        self._post(lambda now: self.job.handle(LOCAL_AGENT, message, now))
+        an exit report; its answer reaches the agent like the orders), or the loss of MindSpore's
+        scheduler, which runs only beside this controller; from any thread."""
+        if isinstance(message, SchedulerLost):
+            self._post(lambda now: self.job.scheduler_lost(message, now))
+        else:
+            self._post(lambda now: self.job.handle(LOCAL_AGENT, message, now))
 
     def attach_agent(self, node: int, ranks: tuple[int, ...], deliver: Callable[[Message], None]) -> None:
         """The node agent of this process runs ``ranks``: their orders and the job's view reach it

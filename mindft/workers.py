@@ -298,13 +298,17 @@ class Scheduler:
         return None if self.process is None else self.process.poll()
 
     def last_error(self) -> str:
-        """The last error line of its log (MindSpore's own explanation of why it stopped), or ''."""
+        """The last error line of its log (MindSpore's own explanation of why it stopped), or ''.
+        Not one from before the cluster formed, nor a retry of the forming cluster: its warnings
+        while workers join say "timed out" too."""
         try:
             lines = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
             return ""
         for line in reversed(lines):
-            if any(word in line for word in ("Error", "ERROR", "CRITICAL", "timed out")):
+            if CLUSTER_FORMED_LINE in line:
+                return ""
+            if any(word in line for word in ("Error", "ERROR", "CRITICAL", "timed out")) and "retry(" not in line:
                 return line.strip()[:400]
         return ""
 

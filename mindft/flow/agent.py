@@ -5,8 +5,8 @@ which exit code the node ends with.
 The node agent (:mod:`mindft.agent`) owns processes; this module owns its decisions. It never
 starts or kills anything: :class:`NodePolicy` takes what happened (an exit, an order, the job's
 view, the time) and returns what to do as values (:class:`StartWorker`, :class:`KillWorker`,
-:class:`~mindft.protocol.ProcessExit` for the controller, :class:`AbortJob`, :class:`Say`), which
-the agent carries out in order.
+:class:`~mindft.protocol.ProcessExit` and :class:`~mindft.flow.inputs.SchedulerLost` for the
+controller, :class:`AbortJob`, :class:`Say`), which the agent carries out in order.
 
 Who decides a restart: a process that left its device, was stopped for a restart of every
 worker, or crashed in a job whose collectives cannot take one restarted process (the job's view
@@ -14,6 +14,11 @@ says ``restart_all``) waits for the controller's START; a crash in any other job
 here at once, up to ``max_restarts`` crashes, and reported, so the controller counts it as a
 fault of that rank. What the controller knows decides the rest: a job that has not started
 (a rank that dies before every rank registered would die again: the job fails), or that ended.
+
+MindSpore's scheduler (node 0) is a member of the job: once it formed the cluster, its death
+while the ranks train is reported to the controller, which restarts every worker behind a new
+one (the agent starts it before the first worker), up to ``max_restarts`` losses; a scheduler
+that exits before any worker joined it, or in a job without a controller, fails the job.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence, Union
 
 from mindft.exitcodes import ExitCode, describe
+from mindft.flow.inputs import SchedulerLost
 from mindft.protocol import JobState, JobView, OrderKind, ProcessExit, RankOrder
 
 _TERMINAL = (JobState.DONE, JobState.FAILED)
@@ -103,7 +109,7 @@ class Say:
     text: str
 
 
-AgentEffect = Union[StartWorker, KillWorker, ProcessExit, AbortJob, Say]
+AgentEffect = Union[StartWorker, KillWorker, ProcessExit, SchedulerLost, AbortJob, Say]
 
 
 @dataclass(frozen=True)
@@ -167,6 +173,8 @@ class NodePolicy:
     view: Optional[JobView] = None  # the job as the controller last described it (None: not heard yet)
     interrupted: bool = False       # a signal asked this node to stop
     cluster_intact: bool = True     # MindSpore's scheduler still serves the workers it formed
+    scheduler_lost: bool = False    # it died: the next start of a worker starts a new one first
+    scheduler_losses: int = 0       # its deaths that restarted every worker (bounded by max_restarts)
     workers: dict[int, Worker] = field(default_factory=dict)
     failure: Optional[AbortJob] = None
     starts_over: bool = False       # no START will come any more (see :meth:`no_more_starts`)
@@ -297,21 +305,48 @@ class NodePolicy:
                          f"{self.max_restarts})")]
                     + self._report(worker.rank, worker.returncode or ExitCode.FAILED, 0, will_restart=False))
         worker.restarts += 1
-        renew = self.restart_all and not self.cluster_intact and not self.running()
+        renew = not self.running() and (self.scheduler_lost or (self.restart_all and not self.cluster_intact))
         if renew:
-            self.cluster_intact = True
+            self.cluster_intact, self.scheduler_lost = True, False
         return [StartWorker(worker.rank, worker.restarts, f"controller: {reason}: starting rank {worker.rank} "
                                                           f"(restart {worker.restarts})", renew_cluster=renew)]
 
-    def on_scheduler_exit(self, pid: int, code: int, why: str, log_path: str) -> list[AgentEffect]:
-        """MindSpore's scheduler (``pid``) exited: a failure while ranks still need it fails the job
-        at once; ``why`` is the last error line of its log."""
+    def on_scheduler_exit(self, pid: int, code: int, why: str, log_path: str, formed: bool) -> list[AgentEffect]:
+        """MindSpore's scheduler (``pid``) exited with ``code``; ``why`` is the last error line of
+        its log, ``formed`` whether every worker had joined it.
+
+        Once it formed the cluster, its death while the ranks train restarts every worker behind a
+        new one (the controller decides; up to ``max_restarts`` times, then the job fails with
+        dying gasps). It fails the job at once when it exits before any worker joined (a script
+        that never calls init() leaves it to time out), in a job without mindft's controller,
+        before the job started or after it finished; it only says so once the job failed (the
+        ranks write their dying gasps) or when it was no longer needed."""
+        what = f"MindSpore's scheduler (pid {pid}) {describe_exit(code)}"
+        cause = why or "no error line in its log"
         if code == ExitCode.OK or all(w.final for w in self.workers.values()):
-            return [Say(f"MindSpore's scheduler (pid {pid}) {describe_exit(code)}")]
-        hint = ("; a script that never calls mindspore.communication.init() runs with --no-scheduler"
-                if "timed out" in why or "not successfully spawned" in why else "")
-        return self._abort(f"MindSpore's scheduler (pid {pid}) {describe_exit(code)}: the ranks cannot communicate "
-                           f"without it ({why or 'no error line in its log'}); see {log_path}{hint}")
+            return [Say(what)]
+        if not formed:
+            # Its own verdict (not a signal) that the workers never came: a script without init().
+            hint = ("; a script that never calls mindspore.communication.init() runs with --no-scheduler"
+                    if code > 0 and ("timed out" in why or "not successfully spawned" in why) else "")
+            return self._abort(f"{what} before every worker joined it ({cause}); see {log_path}{hint}")
+        if self.view is not None and self.view.state is JobState.FAILED:
+            return [Say(f"{what} ({cause}) after the job failed; the ranks write their dying gasps")]
+        if not (self.protected and self.reports) or self.view is None or self.before_start or self.job_over:
+            return self._abort(f"{what}: the ranks cannot communicate without it ({cause}); see {log_path}")
+        if self.restart_all and not self.cluster_intact and not self.running():
+            # Every worker is stopped for a restart: a new scheduler starts with them anyway.
+            self.scheduler_lost = True
+            return [Say(f"{what} while every worker restarts ({cause}); a new one starts with them")]
+        self.cluster_intact, self.scheduler_lost = False, True
+        self.scheduler_losses += 1
+        if self.scheduler_losses > self.max_restarts:
+            return [Say(f"{what} ({cause}; see {log_path}); not starting a new one: it was lost "
+                        f"{self.scheduler_losses} times (--max-restarts {self.max_restarts})"),
+                    SchedulerLost(pid, code, why, will_restart=False)]
+        return [Say(f"{what} ({cause}; see {log_path}): every worker restarts behind a new scheduler (restart "
+                    f"{self.scheduler_losses}/{self.max_restarts})"),
+                SchedulerLost(pid, code, why)]
 
     def abort(self, reason: str) -> list[AgentEffect]:
         """The agent itself cannot go on (a dead watcher, a node that cannot rejoin)."""

@@ -1,4 +1,5 @@
-"""What the job is told besides rank messages: device events and process exits, one vocabulary.
+"""What the job is told besides rank messages: device events, process exits and the loss of
+MindSpore's scheduler, one vocabulary.
 
 The reset-file watcher (:mod:`mindft.resetwatch`) emits these values directly, the CLI's wire
 event (:class:`mindft.protocol.DeviceEvent`) is decoded into them by :func:`from_wire`, the
@@ -14,7 +15,7 @@ from typing import Optional, Union
 from mindft.protocol import DeviceEvent, DeviceStatus
 
 __all__ = ["DEVICE_INPUTS", "DeviceFailed", "DeviceFaulty", "DeviceInput", "DeviceRecovered", "HoldRepairs",
-           "ProcessExited", "RollbackAll", "StopJob", "from_wire"]
+           "ProcessExited", "RollbackAll", "SchedulerLost", "StopJob", "from_wire"]
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,24 @@ class ProcessExited:
     rank: int
     returncode: int
     pid: int = 0
+
+
+@dataclass(frozen=True)
+class SchedulerLost:
+    """MindSpore's scheduler (``pid``, on node 0) exited with ``returncode`` while the ranks trained.
+
+    Without it no worker can join the cluster again, and a process of the cluster it formed
+    cannot join another: the flow must restart every worker behind a new scheduler (node 0's
+    agent starts one before the first of them), or, when ``will_restart`` is False (the agent
+    used up its restarts), fail the job with dying gasps. ``cause``: the last error line of its
+    log ("" when it left none, as after SIGKILL). Only node 0's agent, in the controller's
+    process, reports it: it never crosses the wire.
+    """
+
+    pid: int
+    returncode: int
+    cause: str = field(default="", compare=False)
+    will_restart: bool = True
 
 
 DeviceInput = Union[DeviceFaulty, DeviceRecovered, DeviceFailed, StopJob, RollbackAll, HoldRepairs]

@@ -1,4 +1,4 @@
-"""The controller's rules as a plain object: ``Job.handle/device/process_exit/tick`` → effects.
+"""The controller's rules as a plain object: ``Job.handle/device/process_exit/scheduler_lost/tick`` → effects.
 
     STARTING → NORMAL → PAUSING → REPAIRING → ROLLBACK → RESUMING → NORMAL
     any recovery state → PAUSING on a further fault (a new round, the union of faults)
@@ -22,7 +22,7 @@ from mindft.exitcodes import ExitCode
 from mindft.flow.cadence import Budget, Tuner
 from mindft.flow.effects import Broadcast, Effect, Finish, KillRank, Peer, Send, StartRank, Transition
 from mindft.flow.inputs import (DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, HoldRepairs, ProcessExited,
-                                RollbackAll, StopJob, from_wire)
+                                RollbackAll, SchedulerLost, StopJob, from_wire)
 from mindft.flow.ranks import RankRecord, RankState, RankTable
 from mindft.flow.recovery import ACK_FOR, Ladder, Recovery
 from mindft.flow.replicas import KeptSteps, ReplicaWatch, rank_list
@@ -171,6 +171,12 @@ class Job(Ladder):
     def process_exit(self, event: ProcessExited, now: float, will_restart: bool = True) -> list[Effect]:
         """The launcher saw a rank's process exit; ``will_restart`` says whether a new one follows."""
         self._process_exit(event, now, will_restart)
+        return self._flush()
+
+    def scheduler_lost(self, event: SchedulerLost, now: float) -> list[Effect]:
+        """Node 0's agent saw MindSpore's scheduler die while the ranks trained (see
+        :meth:`~mindft.flow.recovery.Ladder._scheduler_lost`)."""
+        self._scheduler_lost(event, now)
         return self._flush()
 
     def tick(self, now: float) -> list[Effect]:
@@ -325,8 +331,9 @@ class Job(Ladder):
             fault.left_at, fault.exited, fault.kill_ordered, fault.start_ordered = -1.0, False, False, False
             if fault.kind is FaultKind.HANG:
                 fault.kind = FaultKind.PROCESS_DIED
-            log.info("rank=%d restarted (incarnation %d): %s repaired", rank, message.incarnation,
-                     f"NODE LOST (node {fault.node})" if fault.node >= 0 else fault.kind.name)
+            log.info("rank=%d restarted (incarnation %d): %s", rank, message.incarnation,
+                     f"NODE LOST (node {fault.node}) repaired" if fault.node >= 0
+                     else "with every worker" if fault.collateral else f"{fault.kind.name} repaired")
             if self.state in (_S.ROLLBACK, _S.RESUMING):
                 # The new process missed this round's ROLLBACK: run the round again.
                 self._enter_pausing(f"rank {rank} restarted during {self.state.value}", now)
@@ -458,7 +465,10 @@ class Job(Ladder):
             return True, "job failed: a rank exited before every rank registered"
         if record is None:
             return False, f"rank {event.rank} never registered"
-        if event.pid and record.pid and event.pid != record.pid:
+        fault = self.recovery.faults.get(event.rank) if self.state in RECOVERY_STATES else None
+        # A process started for a recovery and killed before it registered has a pid the job never learnt.
+        unregistered = fault is not None and fault.kill_ordered and not fault.exited and not record.alive
+        if event.pid and record.pid and event.pid != record.pid and not unregistered:
             return True, f"pid {event.pid} is not rank {event.rank}'s current process"
         if self.state in TERMINAL_STATES:
             return True, "job already ended"
@@ -468,7 +478,6 @@ class Job(Ladder):
             record.state = RankState.DEAD
             self._fail(f"{what} and will not be restarted", now)
             return True, f"rank {event.rank} lost: job failed"
-        fault = self.recovery.faults.get(event.rank) if self.state in RECOVERY_STATES else None
         if fault is not None and fault.left_at >= 0:
             # It left its device as told: it comes back when the device does.
             if fault.exited:

@@ -4,6 +4,11 @@ on CPU) and a fault takes a process, or a rank stays blocked (in a collective) p
 ``timeouts.stall``, every worker is killed and started again from the node agents' memory;
 failing both, every rank dumps the same step and the job exits non-zero.
 
+MindSpore's scheduler is a member of the job too (:class:`~mindft.flow.inputs.SchedulerLost`,
+from node 0's agent): without it no worker can join the cluster again, so its death restarts
+every worker behind a new one (the second rung), a fault of the job (SCHEDULER_LOST) rather
+than of a rank.
+
 A node can be lost with its agent's memory (:class:`~mindft.protocol.NodeLost`, from the agent of
 the node that replaces it): its ranks can then roll back only to the step of their replica on
 the buddy node that the new agent restored, so the rollback step must be one that replica holds
@@ -22,7 +27,9 @@ from typing import Optional
 from mindft.config import Timeouts
 from mindft.exitcodes import ExitCode
 from mindft.flow.cadence import Tuner
+from mindft.flow.agent import describe_exit
 from mindft.flow.effects import Broadcast, Finish, KillRank, Peer, Send, StartRank
+from mindft.flow.inputs import SchedulerLost
 from mindft.flow.ranks import RankRecord, RankState, RankTable
 from mindft.flow.replicas import ReplicaWatch, no_common_step, replicas_share_a_step
 from mindft.flow.states import RECOVERY_STATES, TERMINAL_STATES, Event, JobState
@@ -35,6 +42,7 @@ ACK_FOR = {_S.PAUSING: ActionKind.PAUSE, _S.ROLLBACK: ActionKind.ROLLBACK, _S.RE
 # The timeout (a field of :class:`~mindft.config.Timeouts`) that bounds each waiting state.
 PHASE_TIMEOUTS = {_S.STARTING: "register", _S.PAUSING: "pause", _S.REPAIRING: "repair",
                   _S.ROLLBACK: "rollback", _S.RESUMING: "resume"}
+SCHEDULER = -1  # the "rank" :meth:`Fault.describe` is given for the scheduler's fault: a member without a rank
 
 
 @dataclass
@@ -58,7 +66,8 @@ class Fault:
 
     def describe(self, rank: int) -> str:
         what = f"NODE LOST (node {self.node})" if self.node >= 0 else self.kind.name
-        return f"rank {rank} {what} in step {self.step}" + (f" ({self.detail})" if self.detail else "")
+        who = f"rank {rank} " if rank != SCHEDULER else ""
+        return f"{who}{what} in step {self.step}" + (f" ({self.detail})" if self.detail else "")
 
 
 @dataclass
@@ -73,6 +82,14 @@ class Recovery:
     restart_all: bool = False  # this recovery restarts every worker (the ladder's second rung)
     lost: set[int] = field(default_factory=set)  # ranks lost with their node, until their new process registers
     known: Optional[frozenset[int]] = None  # the steps every rank that reported this round holds (None: none did)
+    scheduler: Optional[Fault] = None  # MindSpore's scheduler was lost in this recovery (SCHEDULER_LOST)
+
+    def begin(self, now: float) -> None:
+        """A fault while the job trained: a recovery starts, with no fault yet."""
+        self.faults.clear()
+        self.scheduler = None
+        self.started = now
+        self.restart_all = False
 
     def new_round(self) -> None:
         self.round += 1
@@ -119,9 +136,7 @@ class Ladder:
             return
         rec = self.recovery
         if state is _S.NORMAL:
-            rec.faults.clear()
-            rec.started = now
-            rec.restart_all = False
+            rec.begin(now)
         log.warning("rank=%d fault %s in step %d in state %s: %s", rank, kind.name, step, state.value, detail)
         fault = rec.faults.get(rank)
         if fault is None or fault.collateral:
@@ -175,15 +190,42 @@ class Ladder:
             fault = rec.faults.get(record.rank)
             if fault is None:
                 fault = rec.faults[record.rank] = Fault(FaultKind.UNKNOWN, record.progress + 1, "", collateral=True)
+            # A process started for the previous round that has not registered yet joined the
+            # cluster being given up: it is stopped too (pid 0: the job does not know its pid).
+            starting = (fault.start_ordered and fault.process_pending
+                        and record.state in (RankState.DEAD, RankState.OFF_DEVICE))
             fault.process_pending, fault.start_ordered = True, False
             if fault.left_at < 0:
                 fault.left_at = now
-            if record.alive:
-                self._emit(KillRank(record.rank, record.pid, f"every worker restarts: {why}", restart=False,
-                                    agent=self.agents.get(record.rank)))
+            if record.alive or starting:
+                self._emit(KillRank(record.rank, record.pid if record.alive else 0, f"every worker restarts: {why}",
+                                    restart=False, agent=self.agents.get(record.rank)))
                 record.state, fault.exited, fault.kill_ordered = RankState.DEAD, False, True
         self.deadline = now + self.timeouts.repair
         self._advance(now)
+
+    def _scheduler_lost(self, event: SchedulerLost, now: float) -> None:
+        """MindSpore's scheduler died while the ranks trained: every worker restarts behind a new
+        one (node 0's agent starts it before the first of them), or, when its agent used up its
+        restarts or the job had not started, the job fails with dying gasps."""
+        what = (f"MindSpore's scheduler, pid {event.pid}, {describe_exit(event.returncode)}"
+                + (f"; its log: {event.cause}" if event.cause else ""))
+        state = self.state
+        if state in TERMINAL_STATES:
+            log.info("%s after the job ended (%s)", what, state.value)
+            return
+        if state is _S.STARTING:
+            self._fail(f"{what}, before every rank registered", now, Event.FAULT)
+            return
+        if not event.will_restart:
+            self._fail(f"{what}; no new scheduler: node 0's agent used all its restarts (--max-restarts)", now)
+            return
+        rec = self.recovery
+        if state is _S.NORMAL:
+            rec.begin(now)
+        log.warning("fault SCHEDULER_LOST in step %d in state %s: %s", self.ranks.slowest + 1, state.value, what)
+        rec.scheduler = Fault(FaultKind.SCHEDULER_LOST, self.ranks.slowest + 1, what)
+        self._restart_every_worker(rec.scheduler.describe(SCHEDULER), now)
 
     def _advance(self, now: float) -> None:
         """Move forward through the recovery states as far as the rank table allows."""
@@ -278,6 +320,7 @@ class Ladder:
         log.info("recovery %d done in %.3f s: %s; resumed after step %d", len(self.recoveries),
                  now - rec.started, summary, rec.repair_step)
         rec.faults.clear()
+        rec.scheduler = None
         # Resumed ranks reported steps meanwhile; one waiting at its window must hear of them
         # (RESUME told every rank the repair step: nothing to say if no rank got further).
         if self.ranks.slowest > rec.repair_step:
@@ -319,9 +362,7 @@ class Ladder:
             return True, "the job has not started: nothing to recover"
         rec = self.recovery
         if self.state is _S.NORMAL:
-            rec.faults.clear()
-            rec.started = now
-            rec.restart_all = False
+            rec.begin(now)
         restart = self.state in (_S.ROLLBACK, _S.RESUMING)
         for rank, step in zip(message.ranks, message.steps):
             record = self.ranks.get(rank)
@@ -381,7 +422,10 @@ class Ladder:
         return True
 
     def _fault_summary(self) -> str:
-        return "; ".join(f.describe(r) for r, f in sorted(self.recovery.faults.items()) if not f.collateral) or "none"
+        rec = self.recovery
+        scheduler = [rec.scheduler.describe(SCHEDULER)] if rec.scheduler is not None else []
+        return "; ".join(scheduler + [f.describe(r) for r, f in sorted(rec.faults.items()) if not f.collateral]) \
+            or "none"
 
     def _phase_timeout(self, now: float) -> None:
         state, rec = self.state, self.recovery
@@ -421,7 +465,7 @@ class Ladder:
         if self.state in TERMINAL_STATES:
             return
         step = self.dump_step = self._common_step(exact=False)
-        faults = self._fault_summary() if self.recovery.faults else ""
+        faults = self._fault_summary() if self.recovery.faults or self.recovery.scheduler else ""
         reason = (f"{reason}; every rank dumps " + (f"step {step}" if step >= 0 else "its newest snapshot")
                   + (f"; faults: {faults}" if faults else ""))
         self._move(event, reason, now)

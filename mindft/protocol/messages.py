@@ -16,7 +16,8 @@ from typing import ClassVar, Optional, Union
 # .stream_seconds (a push's duration, which undercounts it where both ends work at once).
 # 7: node agents hold a link to the controller (AgentHello) and receive their ranks' kill and start
 # orders (RankOrder) and the job's view (JobView) on it; states and orders are enums on the wire.
-PROTOCOL_VERSION = 7
+# 8: FaultKind.SCHEDULER_LOST (MindSpore's scheduler died: every worker restarts behind a new one).
+PROTOCOL_VERSION = 8
 # Large enough for an endpoint map of ~20k ranks; bigger frames are refused unread.
 MAX_FRAME = 4 * 1024 * 1024
 
@@ -77,6 +78,7 @@ class FaultKind(_WireEnum):
     COMMUNICATION = "communication"   # collective / link failure
     PROCESS_DIED = "process_died"     # the process exited (launcher report or re-register)
     HANG = "hang"                     # no heartbeat for timeouts.dead_after
+    SCHEDULER_LOST = "scheduler_lost"  # MindSpore's scheduler died (a fault of the job, not of one rank)
     UNKNOWN = "unknown"
 
 

@@ -13,7 +13,8 @@ KINDS = (FaultKind.UCE, FaultKind.COMMUNICATION, FaultKind.UNKNOWN)
 def random_job(seed: int) -> SimJob:
     """One schedule: world size, steps, cadence (fixed, or chosen by the job within a budget:
     then longer, so it changes), up to three faults, and for some even world sizes two nodes
-    whose agents replicate (fast, slow or lossy) and one of which may be lost, all from ``seed``."""
+    whose agents replicate (fast, slow or lossy) and one of which may be lost, and for some jobs
+with collectives the loss of MindSpore's scheduler, all from ``seed``."""
     pick = random.Random(seed)
     world, steps = pick.randint(2, 4), pick.randint(3, 9)
     budget = Budget(max_replay=pick.choice((2, 3, 4, 6))) if pick.random() < 0.4 else None
@@ -35,13 +36,15 @@ def random_job(seed: int) -> SimJob:
         job.spread(2, replica_speed=pick.choice((0, 1, 1, 3)), replica_drop=pick.choice((0.0, 0.0, 0.3)))
         if pick.random() < 0.6:
             job.lose_node_at(pick.randrange(2), pick.randint(1, steps), replace_after=pick.uniform(0.5, 8.0))
+    if job.collectives and pick.random() < 0.25:
+        job.lose_scheduler_at(pick.randint(1, steps))
     return job
 
 
 def explore(seeds: range) -> dict[str, int]:
     """Run every seed and check its end; returns how the jobs ended. Raises on a violation,
     naming the seed so it can be replayed with ``random_job(seed).run()``."""
-    ends = {"done": 0, "failed": 0, "nodes lost": 0}
+    ends = {"done": 0, "failed": 0, "nodes lost": 0, "schedulers lost": 0}
     for seed in seeds:
         job = random_job(seed)
         try:
@@ -51,4 +54,5 @@ def explore(seeds: range) -> dict[str, int]:
             raise AssertionError(f"seed {seed}: {error}") from error
         ends["done" if job.outcome.exit_code == 0 else "failed"] += 1
         ends["nodes lost"] += job.node_lost
+        ends["schedulers lost"] += job.schedulers_lost > 0
     return ends

@@ -15,6 +15,10 @@ With ``collectives=True`` every step ends in an all-reduce, as in data-parallel 
 with MCCL on CPU: a rank's step completes only when every rank of its communicator is in
 the same step's collective; a rank blocked there obeys nothing; a process started while
 processes of the running communicator live cannot join it (only a whole new set can).
+:meth:`SimJob.lose_scheduler_at` kills MindSpore's scheduler when a rank enters a step: the
+communicator it formed never completes a collective again, node 0's agent sees the exit a
+moment later and its policy decides; the first worker node 0 starts after that must start a
+new scheduler first (``renew_cluster``).
 
 With a ``budget`` the job chooses the snapshot cadence: ranks report made-up step and
 snapshot costs now and then, and every rank checks that a cadence the job announces never
@@ -50,6 +54,7 @@ from mindft.flow import (TRANSITIONS, Armed, Broadcast, DeviceFailed, DeviceFaul
                          Finished, Follower, Job, JobState, KillRank, RankState, Resumed, Send,
                          StartRank, Transition)
 from mindft.flow.agent import AbortJob, KillWorker, NodePolicy, StartWorker
+from mindft.flow.inputs import SchedulerLost
 from mindft.flow.cadence import Budget, Schedule
 from mindft.protocol import (Action, ActionKind, AgentHello, Cadence, CostReport, Done, FaultKind, FaultReport,
                              Heartbeat, JobView, NodeLost, ProcessExit, Progress, RankOrder, Register, RegisterAck,
@@ -224,6 +229,8 @@ class SimRank:
             self.mode = "follow"
             return
         if sim.collectives:
+            if step in sim.scheduler_losses:
+                sim.lose_scheduler(step)
             self.mode, self.collective_step = "collective", step
             return
         self._complete(step)
@@ -272,6 +279,7 @@ class SimJob:
     replica_speed: int = 1     # how likely a push is picked next, against one rank step or delivery
     replica_drop: float = 0.0  # chance a push never arrives
     node_losses: dict[tuple[int, int], float] = field(default_factory=dict)  # (node, step) -> replace after s
+    scheduler_losses: set[int] = field(default_factory=set)  # steps whose first entry kills MindSpore's scheduler
 
     def __post_init__(self) -> None:
         if self.world_size % self.nodes:
@@ -280,6 +288,10 @@ class SimJob:
         self.now = 0.0
         self.job = Job(self.world_size, self.timeouts, self.now, self.snapshot_every, budget=self.budget)
         self.communicator, self.members = 0, 0
+        self.dead_communicators: set[int] = set()  # formed by a scheduler that died
+        self.scheduler_down = False  # until node 0's agent starts a new scheduler
+        self.schedulers = 1  # started so far
+        self.schedulers_lost = 0
         self.ranks: dict[int, SimRank] = {}
         self.ranks = {r: SimRank(self, r, 0, {0: 0}) for r in range(self.world_size)}
         self.up: deque[tuple[bytes, object]] = deque()     # rank -> job, one FIFO (ZeroMQ fair-queues)
@@ -327,6 +339,13 @@ class SimJob:
         self.node_losses[(node, step)] = replace_after
         return self
 
+    def lose_scheduler_at(self, step: int) -> SimJob:
+        """MindSpore's scheduler dies when the first rank enters ``step`` (a job with collectives)."""
+        if not self.collectives:
+            raise ValueError("only a job with collectives (init()) has MindSpore's scheduler")
+        self.scheduler_losses.add(step)
+        return self
+
     def device_reset_at(self, rank: int, step: int, seconds: float = 1.0, fails: bool = False) -> SimJob:
         self.device_resets[(rank, step)] = seconds
         if fails:
@@ -338,7 +357,7 @@ class SimJob:
     def join_communicator(self, rank: SimRank) -> int:
         """The communicator a new process joins: the forming one, a new one when no process of
         the current one lives (a new scheduler), else none (-1: its collectives never complete)."""
-        if self.members < self.world_size:
+        if self.members < self.world_size and self.communicator not in self.dead_communicators:
             self.members += 1
             return self.communicator
         if any(r.alive and r.communicator == self.communicator for r in self.ranks.values() if r is not rank):
@@ -349,13 +368,21 @@ class SimJob:
     def release_collective(self, step: int, communicator: int) -> bool:
         """True (and every participant released) once every rank waits in ``step``'s collective."""
         ranks = self.ranks.values()
-        if communicator < 0 or len(self.ranks) < self.world_size or not all(
+        if communicator < 0 or communicator in self.dead_communicators or len(self.ranks) < self.world_size or not all(
                 r.mode == "collective" and r.collective_step == step and r.communicator == communicator
                 for r in ranks):
             return False
         for rank in ranks:
             rank.released = True
         return True
+
+    def lose_scheduler(self, step: int) -> None:
+        """The scheduler dies: its communicator with it; node 0's agent notices a moment later."""
+        self.scheduler_losses.discard(step)
+        self.dead_communicators.add(self.communicator)
+        self.scheduler_down = True
+        self.schedulers_lost += 1
+        self.timers.append((self.now + 0.1, "scheduler", 76 + self.schedulers))
 
     # ---- nodes and replicas ----
     def node_of(self, rank: int) -> int:
@@ -448,6 +475,8 @@ class SimJob:
         policy says) and says hello to the job."""
         ranks = self.node_ranks(node)
         policy = self.agents[node] = NodePolicy(ranks, MAX_RESTARTS, runs_controller=node == 0)
+        if replacing and node == 0 and self.scheduler_down:  # node 0's agent starts a scheduler first
+            self.scheduler_down, self.schedulers = False, self.schedulers + 1
         if replacing:
             status = self.job.status(self.now)
             policy.on_view(JobView(status.state, status.restart_all, reason=status.reason))
@@ -475,7 +504,13 @@ class SimJob:
         for effect in effects:
             if isinstance(effect, ProcessExit):  # on the agent's link, as the shell sends it
                 self._apply_agent(self.job.handle(agent_peer(node), effect, self.now))
+            elif isinstance(effect, SchedulerLost):  # in the controller's process, as node 0's shell reports it
+                self._apply(self.job.scheduler_lost(effect, self.now))
             elif isinstance(effect, StartWorker):
+                if node == 0 and effect.renew_cluster:
+                    self.scheduler_down, self.schedulers = False, self.schedulers + 1
+                elif node == 0 and self.scheduler_down:
+                    raise Violation(f"node 0 started rank {effect.rank} with MindSpore's scheduler dead")
                 self.timers.append((self.now + 0.2, "restart", (self.ranks[effect.rank], effect.restarts)))
             elif isinstance(effect, KillWorker):
                 rank = self.ranks[effect.rank]
@@ -602,6 +637,8 @@ class SimJob:
                 self.agents[self.node_of(old.rank)].started(old.rank, pid_of(old.rank, incarnation))
             elif kind == "replace":
                 self._replace_node(payload)
+            elif kind == "scheduler":
+                self._carry_out(0, self.agents[0].on_scheduler_exit(payload, -9, "", "scheduler.log", formed=True))
             elif kind == "device":
                 self._apply(self.job.device(payload, self.now))
 

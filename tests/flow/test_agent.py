@@ -9,6 +9,7 @@ import pytest
 from mindft.exitcodes import ExitCode
 from mindft.flow.agent import (CONTROLLER_FINISH_TIMEOUT, DUMP_GRACE_PERIOD, AbortJob, KillWorker, NodePolicy,
                                Say, StartWorker, WatcherSupervision, WorkerPhase, job_exit_code)
+from mindft.flow.inputs import SchedulerLost
 from mindft.protocol import JobState, JobView, OrderKind, ProcessExit, RankOrder
 
 S = JobState
@@ -145,16 +146,96 @@ def test_no_start_while_the_node_is_interrupted() -> None:
     assert decisions(node.on_order(RankOrder(1, OrderKind.START, "device back"))) == []
 
 
-@pytest.mark.parametrize("code, all_final, aborts", [(0, False, False), (1, True, False), (1, False, True)])
-def test_a_scheduler_that_fails_while_ranks_need_it_fails_the_job(code, all_final, aborts) -> None:
+LOG = "/logs/scheduler.log"
+SPAWN_ERROR = "RuntimeError: Failed to initialize distributed job cluster because some processes in the cluster " \
+              "are not successfully spawned."
+
+
+@pytest.mark.parametrize("view, code, why, formed, kwargs, expected", [
+    # it finished on its own: nothing to decide
+    (JobView(S.NORMAL), 0, "", True, {}, []),
+    # it formed the cluster and died while the ranks train: the controller restarts every worker behind a new one
+    (JobView(S.NORMAL), -9, "", True, {}, [SchedulerLost(77, -9, "")]),
+    (JobView(S.NORMAL, restart_all=True), 1, "[ERROR] lost", True, {}, [SchedulerLost(77, 1, "")]),
+    (JobView(S.PAUSING), -9, "", True, {}, [SchedulerLost(77, -9, "")]),  # during another recovery too
+    # it gave up before every worker joined (a script that never calls init()): the job fails, as before
+    (JobView(S.NORMAL), 1, SPAWN_ERROR, False, {}, [AbortJob("")]),
+    (JobView(S.STARTING), 1, SPAWN_ERROR, False, {}, [AbortJob("")]),
+    # the job has not started, or finished: it fails
+    (JobView(S.STARTING), -9, "", True, {}, [AbortJob("")]),
+    (JobView(S.DONE), -9, "", True, {}, [AbortJob("")]),
+    (None, -9, "", True, {}, [AbortJob("")]),
+    # the job already failed: the ranks write their dying gasps, nothing to add
+    (JobView(S.FAILED), -9, "", True, {}, []),
+    # no controller to restart anything: unprotected, or MindIO's
+    (None, -9, "", True, dict(protected=False, reports=False), [AbortJob("")]),
+    (JobView(S.NORMAL), -9, "", True, dict(reports=False), [AbortJob("")]),
+])
+def test_the_schedulers_exit(view, code, why, formed, kwargs, expected) -> None:
+    node = policy(view, **kwargs)
+    got = decisions(node.on_scheduler_exit(77, code, why, LOG, formed))
+    assert [_shape(e) for e in got] == [_shape(e) for e in expected]
+    assert node.scheduler_lost is any(isinstance(e, SchedulerLost) for e in expected)
+
+
+@pytest.mark.parametrize("code, why, formed, hint", [
+    (1, SPAWN_ERROR, False, True),   # its own verdict that the workers never came
+    (1, "[ERROR] Cluster topology timed out", False, True),
+    (-9, "Topology build timed out., retry(3/120)", False, False),  # killed while forming: no verdict of its own
+])
+def test_a_scheduler_no_worker_joined_hints_at_no_scheduler_only_when_it_gave_up(code, why, formed, hint) -> None:
     node = policy()
-    if all_final:
-        for rank in (0, 1):
-            node.on_exit(rank, 0)
-    effects = node.on_scheduler_exit(77, code, "Cluster topology timed out", "/logs/scheduler.log")
-    assert any(isinstance(e, AbortJob) for e in effects) is aborts
-    if aborts:
-        assert "--no-scheduler" in node.failure.reason  # a timeout hints at a script without init()
+    node.on_scheduler_exit(77, code, why, LOG, formed)
+    assert node.failure is not None and ("--no-scheduler" in node.failure.reason) is hint
+    assert LOG in node.failure.reason
+
+
+def test_a_lost_scheduler_is_said_with_its_cause_and_renews_the_cluster_at_the_first_start() -> None:
+    node = policy(JobView(S.NORMAL, restart_all=True))
+    said = node.on_scheduler_exit(77, -9, "", LOG, formed=True)
+    assert "killed by SIGKILL" in said[0].text and "no error line in its log" in said[0].text
+    assert "every worker restarts behind a new scheduler (restart 1/2)" in said[0].text
+    node.on_view(JobView(S.REPAIRING, restart_all=True))
+    for rank in (0, 1):  # the controller stops every worker: ordered, not crashes
+        node.on_order(RankOrder(rank, OrderKind.KILL, "every worker restarts", pid=100 + rank))
+        node.on_exit(rank, -9)
+    assert all(w.crashes == 0 for w in node.workers.values())
+    first = decisions(node.on_order(RankOrder(0, OrderKind.START, "go")))
+    node.started(0, 500)
+    second = decisions(node.on_order(RankOrder(1, OrderKind.START, "go")))
+    assert [_shape(e) for e in first + second] == [(StartWorker, 0, 1, True), (StartWorker, 1, 1, False)]
+    assert not node.scheduler_lost and node.cluster_intact
+
+
+def test_a_lost_scheduler_renews_the_cluster_in_a_job_that_restarts_single_ranks_too() -> None:
+    node = policy(JobView(S.NORMAL))  # restart_all off: yet a new scheduler is needed
+    node.on_scheduler_exit(77, -9, "", LOG, formed=True)
+    for rank in (0, 1):
+        node.on_order(RankOrder(rank, OrderKind.KILL, "every worker restarts", pid=100 + rank))
+        node.on_exit(rank, -9)
+    assert [_shape(e) for e in decisions(node.on_order(RankOrder(0, OrderKind.START, "go")))] == [
+        (StartWorker, 0, 1, True)]
+
+
+def test_scheduler_losses_are_bounded_by_max_restarts_then_the_job_fails_with_dying_gasps() -> None:
+    node = policy(JobView(S.NORMAL, restart_all=True), max_restarts=1)
+    assert decisions(node.on_scheduler_exit(77, -9, "", LOG, formed=True)) == [SchedulerLost(77, -9, "")]
+    node.cluster_intact = True  # a new scheduler formed a new cluster
+    last = decisions(node.on_scheduler_exit(78, -9, "", LOG, formed=True))
+    assert last == [SchedulerLost(78, -9, "", will_restart=False)] and node.failure is None
+    assert node.scheduler_losses == 2
+
+
+def test_a_scheduler_that_dies_while_every_worker_is_stopped_for_a_restart_costs_no_restart() -> None:
+    node = policy(JobView(S.REPAIRING, restart_all=True))
+    for rank in (0, 1):
+        node.on_order(RankOrder(rank, OrderKind.KILL, "every worker restarts", pid=100 + rank))
+        node.on_exit(rank, -9)
+    said = node.on_scheduler_exit(77, 1, "[ERROR] lost its workers", LOG, formed=True)
+    assert decisions(said) == [] and "a new one starts with them" in said[0].text
+    assert node.scheduler_losses == 0 and node.failure is None
+    assert [_shape(e) for e in decisions(node.on_order(RankOrder(0, OrderKind.START, "go")))] == [
+        (StartWorker, 0, 1, True)]
 
 
 def test_a_replacement_node_rejoins_now_or_with_every_worker_or_not_at_all() -> None:

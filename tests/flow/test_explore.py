@@ -129,6 +129,7 @@ def test_seeded_schedules(seeds: range) -> None:
     assert ends["done"] > len(seeds) * 0.8  # most schedules are recoverable ones
     assert ends["failed"] > 0               # and the failing ones are explored too
     assert ends["nodes lost"] > len(seeds) * 0.05  # and lost nodes, recovered or not
+    assert ends["schedulers lost"] > len(seeds) * 0.05  # and MindSpore's scheduler lost mid-training
 
 
 def test_a_seed_replays_the_same_schedule() -> None:
@@ -166,6 +167,56 @@ def test_the_explorer_catches_restarting_one_rank_of_a_collective_job(monkeypatc
     from mindft.flow.job import Job
     monkeypatch.setattr(Job, "_restart_every_worker", Job._enter_pausing)
     with pytest.raises(AssertionError, match="FAILED though every fault was recoverable|did not end"):
+        explore(range(300))
+
+
+# ---- MindSpore's scheduler dies: every worker restarts behind a new one ----
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_collectives_a_lost_scheduler_restarts_every_worker_behind_a_new_one(nodes: int) -> None:
+    for seed in range(20):
+        job = finished(SimJob(4, 8, seed=seed, collectives=True).spread(nodes).lose_scheduler_at(5))
+        assert job.outcome.exit_code == ExitCode.OK, job.outcome.reason
+        assert [r.incarnation for r in job.ranks.values()] == [1, 1, 1, 1] and job.schedulers == 2
+        assert len(job.job.recoveries) == 1
+
+
+def test_collectives_a_scheduler_lost_during_a_recovery_and_again_after_it() -> None:
+    for seed in range(20):
+        job = finished(SimJob(3, 9, seed=seed, collectives=True).kill_at(1, 4).lose_scheduler_at(4)
+                       .lose_scheduler_at(7))
+        assert job.outcome.exit_code == ExitCode.OK, job.outcome.reason
+        assert job.schedulers_lost == 2 and job.schedulers >= 3
+
+
+def test_the_explorer_catches_a_start_behind_a_dead_scheduler(monkeypatch) -> None:
+    import dataclasses
+    from mindft.flow.agent import NodePolicy, StartWorker
+    real = NodePolicy.on_order
+
+    def never_renews(self, order):
+        return [dataclasses.replace(e, renew_cluster=False) if isinstance(e, StartWorker) else e
+                for e in real(self, order)]
+    monkeypatch.setattr(NodePolicy, "on_order", never_renews)
+    with pytest.raises(AssertionError, match="with MindSpore's scheduler dead"):
+        explore(range(300))
+
+
+def test_the_explorer_catches_an_agent_that_keeps_a_lost_scheduler_to_itself(monkeypatch) -> None:
+    from mindft.flow.agent import NodePolicy
+    from mindft.flow.inputs import SchedulerLost
+    real = NodePolicy.on_scheduler_exit
+    # The ranks wait in a collective of the dead cluster for ever, heartbeating: nothing else ends it.
+    monkeypatch.setattr(NodePolicy, "on_scheduler_exit", lambda self, *args, **kwargs: [
+        e for e in real(self, *args, **kwargs) if not isinstance(e, SchedulerLost)])
+    with pytest.raises(AssertionError, match="did not end"):
+        explore(range(300))
+
+
+def test_the_explorer_catches_a_job_that_ignores_a_lost_scheduler(monkeypatch) -> None:
+    from mindft.flow.job import Job
+    monkeypatch.setattr(Job, "_scheduler_lost", lambda self, event, now: None)
+    with pytest.raises(AssertionError, match="did not end|every fault was recoverable|scheduler dead"):
         explore(range(300))
 
 

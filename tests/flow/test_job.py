@@ -5,6 +5,7 @@ import pytest
 
 from mindft.config import Timeouts
 from mindft.exitcodes import ExitCode
+from mindft.flow.inputs import SchedulerLost
 from mindft.flow import (Broadcast, DeviceFailed, DeviceFaulty, DeviceRecovered, Finish, HoldRepairs, Job, JobState,
                          KillRank, ProcessExited, RankState, RollbackAll, Send, StartRank, StopJob, Transition,
                          held_after)
@@ -528,3 +529,99 @@ def test_the_status_says_who_a_recovery_waits_for_and_when_it_times_out() -> Non
     assert status.state is S.REPAIRING
     assert status.waiting == "rank 1 (device not recovered), rank 2 (not re-registered)"
     assert status.deadline_in == pytest.approx(T.repair)
+
+
+# ---- MindSpore's scheduler is a member of the job ----
+
+def collective_job(world: int = 2, steps: int = 4) -> Driver:
+    d = Driver(world)
+    for rank in range(world):
+        d.send(rank, Register(rank, 0, 100 + rank, (0,), collectives=True))
+    d.steps(steps)
+    d.effects.clear()
+    return d
+
+
+def test_a_lost_scheduler_restarts_every_worker_from_memory_and_names_the_fault() -> None:
+    d = collective_job()
+    out = d.job.scheduler_lost(SchedulerLost(77, -9, ""), d.now)
+    assert d.job.state is S.REPAIRING and d.job.recovery.restart_all
+    assert sorted((k.rank, k.pid, k.restart) for k in out if isinstance(k, KillRank)) == [(0, 100, False),
+                                                                                          (1, 101, False)]
+    reason = d.job.status(d.now).reason
+    assert reason.startswith("SCHEDULER_LOST in step 5 (MindSpore's scheduler, pid 77, killed by SIGKILL)")
+    assert any(isinstance(e, Transition) and "restarting every worker" in e.reason for e in out)
+    for rank in range(2):
+        d.effects += d.job.process_exit(ProcessExited(rank, -9, 100 + rank), d.now)
+    assert sorted(e.rank for e in d.effects if isinstance(e, StartRank)) == [0, 1]
+    for rank in range(2):
+        d.send(rank, Register(rank, 1, 200 + rank, (3, 4), collectives=True), incarnation=1)
+    for kind in (ActionKind.ROLLBACK, ActionKind.RESUME):
+        for rank in range(2):
+            d.send(rank, Ack(rank, kind, 4, (3, 4), d.job.recovery.round), incarnation=1)
+    assert d.job.state is S.NORMAL and len(d.job.recoveries) == 1
+    assert d.job.recovery.scheduler is None  # the next recovery starts without it
+
+
+@pytest.mark.parametrize("state", ["pausing", "repairing"])
+def test_a_scheduler_lost_during_another_recovery_restarts_every_worker_in_a_new_round(state: str) -> None:
+    d = Driver(2).start()  # no collectives: a fault rolls back in place
+    d.steps(4)
+    d.send(1, FaultReport(1, 5, FaultKind.UCE))
+    if state == "repairing":
+        d.job.device(DeviceFaulty(1, "0x1", "reset"), d.now)
+        d.ack_all(ActionKind.PAUSE, 4)
+        d.job.process_exit(ProcessExited(1, ExitCode.LEFT_DEVICE, 101), d.now)  # off its chip for the reset
+        assert d.job.state is S.REPAIRING
+    round_ = d.job.recovery.round
+    out = d.job.scheduler_lost(SchedulerLost(77, 1, "[ERROR] gone"), d.now)
+    assert d.job.recovery.restart_all and d.job.recovery.round == round_ + 1
+    assert "SCHEDULER_LOST" in d.job.status(d.now).reason and "rank 1 " in d.job.status(d.now).reason
+    assert "its log: [ERROR] gone" in d.job.status(d.now).reason
+    assert {k.rank for k in out if isinstance(k, KillRank)} == ({0} if state == "repairing" else {0, 1})
+    d.effects = list(d.job.process_exit(ProcessExited(0, -9, 100), d.now))
+    if state == "repairing":  # every worker starts again once rank 1's chip is back too
+        assert not any(isinstance(e, StartRank) for e in d.effects)
+        d.effects += d.job.device(DeviceRecovered(1), d.now)
+    else:
+        d.effects += d.job.process_exit(ProcessExited(1, -9, 101), d.now)
+    assert sorted(e.rank for e in d.effects if isinstance(e, StartRank)) == [0, 1]
+
+
+def test_a_scheduler_lost_while_the_new_workers_start_stops_them_too() -> None:
+    d = collective_job()
+    d.job.process_exit(ProcessExited(1, -9, 101), d.now)  # every worker restarts
+    d.job.process_exit(ProcessExited(0, -9, 100), d.now)
+    assert {row.order for row in d.job.status(d.now).ranks} == {"start"}
+    d.send(0, Register(0, 1, 200, (3, 4), collectives=True), incarnation=1)  # rank 1's new process not yet
+    out = d.job.scheduler_lost(SchedulerLost(78, -9, ""), d.now)
+    # Both new processes joined the lost scheduler's cluster: the registered one by its pid, the other by any.
+    assert sorted((k.rank, k.pid) for k in out if isinstance(k, KillRank)) == [(0, 200), (1, 0)]
+    d.job.process_exit(ProcessExited(1, -9, 301), d.now)  # a pid the job never learnt: still rank 1's exit
+    d.effects.clear()
+    d.effects += d.job.process_exit(ProcessExited(0, -9, 200), d.now)
+    assert sorted(e.rank for e in d.effects if isinstance(e, StartRank)) == [0, 1]
+
+
+@pytest.mark.parametrize("when, detail", [
+    ("starting", "before every rank registered"),
+    ("out of restarts", "used all its restarts (--max-restarts)"),
+])
+def test_a_lost_scheduler_fails_the_job_with_dying_gasps(when: str, detail: str) -> None:
+    if when == "starting":
+        d = Driver(2)
+        d.send(0, Register(0, 0, 100, (0,), collectives=True))
+        d.effects += d.job.scheduler_lost(SchedulerLost(77, 1, ""), d.now)
+    else:
+        d = collective_job()
+        d.effects += d.job.scheduler_lost(SchedulerLost(77, -9, "", will_restart=False), d.now)
+    assert d.job.state is S.FAILED and detail in d.job.result.reason
+    assert d.actions(ActionKind.DUMP_AND_EXIT)
+
+
+def test_a_scheduler_lost_after_the_job_ended_changes_nothing() -> None:
+    d = collective_job(steps=2)
+    for rank in range(2):
+        d.send(rank, Done(rank, 2))
+    assert d.job.state is S.DONE
+    assert d.job.scheduler_lost(SchedulerLost(77, -9, ""), d.now) == [] and d.job.state is S.DONE

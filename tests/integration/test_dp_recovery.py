@@ -5,12 +5,15 @@ gradients of every step (``Model.train``, or a hand-written loop with
 ``DistributedGradReducer``). On CPU a process that left cannot rejoin the running
 communicator, and a rank that stops inside a step leaves its peers blocked in the
 all-reduce: the ladder's second rung restarts every worker from the node agents' memory
-with a new scheduler, and every rank rolls back to the step they all hold.
+with a new scheduler, and every rank rolls back to the step they all hold. So does the death
+of MindSpore's scheduler itself.
 """
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -222,3 +225,27 @@ def test_a_uce_after_the_all_reduce_rolls_back_in_place(api: str, tmp_path: Path
     assert "rank 1 UCE in step" in out and "every live rank paused" in out
     assert "restarting every worker" not in out and "restart 1/" not in out
     assert_ranks_identical(tmp_path / "run" / "out", references(api, 2), 2)
+
+
+def test_a_killed_scheduler_restarts_every_worker_behind_a_new_one(tmp_path: Path, processes: Processes,
+                                                                   references) -> None:
+    """MindSpore's scheduler is a member of the job: SIGKILLed mid-training, every worker restarts
+    from the node agents' memory behind a new scheduler, and the job ends bit-identical."""
+    launcher, output = launch(processes, tmp_path, "run", 2, "--step-seconds", "0.2", wait=False)
+    job_file = tmp_path / "run" / "job.json"
+    _wait_for(job_file, launcher, output, lambda s: s.state == "NORMAL" and s.step >= 6, "training")
+    processes.remember(launcher.pid)
+    old = json.loads(job_file.read_text())["scheduler_pid"]
+    os.kill(old, signal.SIGKILL)
+    code = launcher.wait(240)
+    out = output.read_text()
+    assert code == 0, out[-4000:]
+    # The launcher names the cause and the restart, and that a new scheduler serves the new workers.
+    assert f"MindSpore's scheduler (pid {old}) killed by SIGKILL" in out, out[-4000:]
+    assert "every worker restarts behind a new scheduler (restart 1/3)" in out
+    assert re.search(r"SCHEDULER_LOST in step \d+ \(MindSpore's scheduler, pid \d+, killed by SIGKILL\); "
+                     r"restarting every worker from the node agents' memory", out), out[-4000:]
+    assert "a new MindSpore scheduler (pid" in out and "job failed" not in out
+    assert (tmp_path / "run" / "logs" / "scheduler.0.log").is_file()  # the lost one's log, kept
+    assert_ranks_identical(tmp_path / "run" / "out", references("model", 2), 2)
+    assert processes.leftovers() == []
