@@ -13,7 +13,6 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 import pytest
 
@@ -125,7 +124,7 @@ HEARTBEAT = ("MS_RETRY_INTERVAL_LOWER", "MS_RETRY_INTERVAL_UPPER")
 ])
 def test_heartbeat_interval_is_short_unless_the_user_set_one(clean_environment: None, script: Path,
                                                              user: dict[str, str],
-                                                             expected: tuple[Optional[str], ...]) -> None:
+                                                             expected: tuple[str | None, ...]) -> None:
     for argv, environ in ((["--nproc", "2", "--master_port", "18118", str(script)], {}),
                           (["--nproc", "2", "--master_port", "18118", str(script)], {"MS_ENABLE_TFT": ""})):
         spec = plan(argv, **environ, **user)
