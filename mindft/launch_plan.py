@@ -28,6 +28,15 @@ DEFAULT_GRACE_PERIOD = 10.0     # after forwarding SIGINT/SIGTERM, before SIGKIL
 DEFAULT_PROGRESS_INTERVAL = 5.0  # between progress lines while a recovery waits
 DEFAULT_CLUSTER_TIME_OUT = 600  # msrun's --cluster_time_out: MS_TOPO_TIMEOUT, for the cluster to form
 MULTI_NODE_MASTER_PORT = 29600  # --master-port of a job on several nodes when none is given
+# MindSpore's cluster heartbeat: a worker learns that the cluster formed only from its next
+# heartbeat's reply, and sleeps a random whole number of seconds in MS_RETRY_INTERVAL_LOWER..
+# MS_RETRY_INTERVAL_UPPER (default 3..5) between heartbeats; 1..1 bounds that wait by 1 s. 0 would
+# make the heartbeat a busy loop against the scheduler for the whole job. MindSpore counts more
+# than 256 workers as a large cluster, where the interval paces the scheduler's load: its defaults
+# stay there.
+HEARTBEAT_INTERVAL = ("MS_RETRY_INTERVAL_LOWER", "MS_RETRY_INTERVAL_UPPER")
+SHORT_HEARTBEAT_SECONDS = 1
+SHORT_HEARTBEAT_MAX_WORKERS = 256
 
 
 def resolve_ip(address: str) -> str:
@@ -97,16 +106,21 @@ class LaunchSpec:
 
 
 def cluster_environment(spec: LaunchSpec) -> dict[str, str]:
-    """What msrun sets in every process of MindSpore's cluster (none without a scheduler).
+    """What msrun sets in every process of MindSpore's cluster (none without a scheduler), and
+    the heartbeat interval that lets the cluster form without seconds of idle waiting.
 
     ``MS_ENABLE_RECOVERY=1`` when fault tolerance is on, as msrun sets it when an external
     agent controls the workers: without it the scheduler refuses a restarted worker
     ("Repeated registration node"). MindSpore 2.10 reads no ``MS_RECOVERY_PATH``.
+    ``MS_RETRY_INTERVAL_LOWER``/``UPPER`` = 1 on clusters of up to 256 workers, unless the
+    job's environment sets either of them: the user's pair is then left whole.
     """
     if spec.scheduler_port is None:
         return {}
     env = {"MS_SCHED_HOST": spec.master_ip, "MS_SCHED_PORT": str(spec.scheduler_port),
            "MS_WORKER_NUM": str(spec.world_size), "MS_TOPO_TIMEOUT": str(spec.cluster_time_out)}
+    if spec.world_size <= SHORT_HEARTBEAT_MAX_WORKERS and not any(name in spec.env for name in HEARTBEAT_INTERVAL):
+        env.update(dict.fromkeys(HEARTBEAT_INTERVAL, str(SHORT_HEARTBEAT_SECONDS)))
     if spec.protected:
         env["MS_ENABLE_RECOVERY"] = "1"
     return env

@@ -113,6 +113,38 @@ def test_environment_of_workers_and_scheduler_is_msruns(clean_environment: None,
     assert not {"MS_ROLE", "MS_SCHED_PORT"} & set(rank_environment(no_cluster, 0, 0))
 
 
+HEARTBEAT = ("MS_RETRY_INTERVAL_LOWER", "MS_RETRY_INTERVAL_UPPER")
+
+
+@pytest.mark.parametrize("user, expected", [
+    ({}, ("1", "1")),  # the cluster forms without MindSpore's 3..5 s heartbeat wait
+    ({"MS_RETRY_INTERVAL_LOWER": "2", "MS_RETRY_INTERVAL_UPPER": "4"}, ("2", "4")),
+    ({"MS_RETRY_INTERVAL_UPPER": "7"}, (None, "7")),  # half a pair: MindSpore's default completes it, not ours
+    ({"MS_RETRY_INTERVAL_LOWER": ""}, ("", None)),  # set, even empty, is the user's
+])
+def test_heartbeat_interval_is_short_unless_the_user_set_one(clean_environment: None, script: Path,
+                                                             user: dict[str, str],
+                                                             expected: tuple[str | None, ...]) -> None:
+    for argv, environ in ((["--nproc", "2", "--master_port", "18118", str(script)], {}),
+                          (["--nproc", "2", "--master_port", "18118", str(script)], {"MS_ENABLE_TFT": ""})):
+        spec = plan(argv, **environ, **user)
+        for env in (rank_environment(spec, 1, restart_count=2), scheduler_environment(spec)):
+            assert tuple(env.get(name) for name in HEARTBEAT) == expected
+
+
+def test_heartbeat_interval_keeps_mindspores_defaults_on_a_large_cluster_and_without_a_scheduler(
+        clean_environment: None, script: Path) -> None:
+    large = plan(["--worker_num", "512", "--local_worker_num", "8", "--node_rank", "1", "--master_port", "18118",
+                  "--insecure", str(script)])
+    assert large.world_size == 512  # MindSpore sleeps in seconds above 256 workers: the interval paces its load
+    assert not set(HEARTBEAT) & (set(rank_environment(large, 8, 0)) | set(scheduler_environment(large)))
+    largest_short = plan(["--worker_num", "256", "--local_worker_num", "8", "--master_port", "18118",
+                          "--insecure", str(script)])
+    assert rank_environment(largest_short, 0, 0)["MS_RETRY_INTERVAL_LOWER"] == "1"
+    no_cluster = plan(["--nproc", "2", "--no-scheduler", str(script)])
+    assert not set(HEARTBEAT) & set(rank_environment(no_cluster, 0, 0))
+
+
 # --- real jobs -------------------------------------------------------------------------------
 
 @pytest.mark.mindspore
