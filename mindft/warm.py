@@ -97,7 +97,7 @@ class WarmStarter:
         self._gone: Optional[str] = None  # why warm starts stopped, once said
         self.forked = 0
         self.idle_pss: Optional[int] = None  # bytes, measured when it became ready
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # one request per message
         self._control = ours
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log_file:

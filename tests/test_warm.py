@@ -173,3 +173,10 @@ def test_a_listening_port_is_seen_without_connecting_to_it() -> None:
         assert not port_listening(port)  # bound, not yet listening: MindSpore's scheduler is not up
         server.listen()
         assert port_listening(port)
+
+
+def test_a_large_environment_arrives_whole(warm: WarmStarter) -> None:
+    big = "x" * 100_000
+    _, output, code = run((sys.executable, "-c", "import os; print(len(os.environ['BIG']))"),
+                          environment(PYTHONUNBUFFERED="1", BIG=big), warm)
+    assert (output, code) == (b"100000\n", 0)
