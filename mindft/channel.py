@@ -51,9 +51,9 @@ _pipe_ids = itertools.count()
 
 # The two likely causes of a controller's silence, and their fixes: CurveZMQ drops a client with
 # another key without a word, so a wrong key looks exactly like no controller.
-UNREACHABLE_CAUSES = ("either no controller runs there (start the job with mindft-launch, node 0 included, or "
-                      "unset MS_ENABLE_TFT to train without fault tolerance) or it holds a different key "
-                      "(CurveZMQ gives no answer to a wrong key: give every node the same --key-file)")
+UNREACHABLE_CAUSES = ("either no controller runs there: start the job with mindft-launch, node 0 included, or "
+                      "unset MS_ENABLE_TFT to train without fault tolerance; or it holds a different key, and "
+                      "CurveZMQ gives no answer to a wrong key: give every node the same --key-file")
 
 
 class ControllerUnreachable(RuntimeError):
