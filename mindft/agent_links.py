@@ -11,7 +11,7 @@ from typing import Any, Optional
 import zmq
 
 from mindft import channel
-from mindft.config import MindftConfig
+from mindft.config import ConfigError, MindftConfig, load_config
 from mindft.exitcodes import ExitCode
 from mindft.flow.agent import WatcherSupervision
 from mindft.flow.effects import Finish
@@ -47,7 +47,14 @@ class ControllerHost:
         from mindft.resetwatch import ResetWatcher
 
         self.config = config
-        self.controller = (controller_class or Controller)(config)  # binds now: port 0 becomes a real port
+        try:
+            self.controller = (controller_class or Controller)(config)  # binds now: port 0 becomes a real port
+        except zmq.ZMQError as error:
+            if error.errno != zmq.EADDRINUSE:
+                raise
+            # Taken since the launcher's check: a configuration error (exit 2), not a traceback.
+            raise ConfigError(f"port {config.controller_port} on {config.controller_ip}, the controller's "
+                              f"port, is in use; choose another --master-port (or MS_TFT_PORT)") from None
         self.port = int(self.controller.endpoint.rsplit(":", 1)[1])
         self.result: Optional[Any] = None
         self.watcher = ResetWatcher(config.reset_file, config.timeouts.reset_poll_interval)
@@ -112,6 +119,12 @@ class ControllerLink:
         identity = f"agent/{spec.node_rank}/{os.getpid()}".encode()
         self._socket = channel.dealer(self._context, keys, spec.controller_address, identity)
         self._hello_at = -HELLO_INTERVAL
+        self._address = spec.controller_address
+        self._first_hello: Optional[float] = None
+        self._heard = False
+        # As long as a rank waits for the controller's first answer before it gives up.
+        timeouts = load_config(spec.env).timeouts
+        self._silence_limit = timeouts.dead_after * timeouts.connect_retries
 
     def send(self, message: Message) -> None:
         try:
@@ -123,12 +136,19 @@ class ControllerLink:
         if now - self._hello_at >= HELLO_INTERVAL:
             self._hello_at = now
             self.send(self._hello)
+        if self._first_hello is None:
+            self._first_hello = now
         messages = []
         while self._socket.poll(0):
+            self._heard = True
             try:
                 messages.append(decode(self._socket.recv()))
             except ProtocolError as error:
                 log.warning("dropped a frame from the controller: %s", error)
+        if not self._heard and now - self._first_hello >= self._silence_limit:
+            self._heard = True  # said once
+            log.error("no mindft controller answers this node agent at %s (waited %g s): %s", self._address,
+                      self._silence_limit, channel.UNREACHABLE_CAUSES)
         return messages
 
     def close(self) -> None:

@@ -49,6 +49,13 @@ _request_ids = itertools.count(1)
 _pipe_ids = itertools.count()
 
 
+# The two likely causes of a controller's silence, and their fixes: CurveZMQ drops a client with
+# another key without a word, so a wrong key looks exactly like no controller.
+UNREACHABLE_CAUSES = ("either no controller runs there: start the job with mindft-launch, node 0 included, or "
+                      "unset MS_ENABLE_TFT to train without fault tolerance; or it holds a different key, and "
+                      "CurveZMQ gives no answer to a wrong key: give every node the same --key-file")
+
+
 class ControllerUnreachable(RuntimeError):
     """The controller did not answer a request in time."""
 
@@ -230,9 +237,8 @@ def run_link(context: zmq.Context, keys: Optional[CurveKeys], config: MindftConf
                 except zmq.Again:
                     pass
             if check.verdict is Verdict.NEVER_ANSWERED:
-                return (f"rank {rank}: MS_ENABLE_TFT is set but no mindft controller answers at {address} "
-                        f"(waited {check.periods * live.dead_after:g} s): start the job with mindft-launch, "
-                        f"or unset MS_ENABLE_TFT to train without fault tolerance")
+                return (f"rank {rank}: no mindft controller answers at {address} (waited "
+                        f"{check.periods * live.dead_after:g} s): {UNREACHABLE_CAUSES}")
             if check.verdict is Verdict.SILENT:
                 return (f"rank {rank}: controller at {address} silent for {live.retries} periods of "
                         f"{live.dead_after:g} s (timeouts.connect_retries); is it running, and do both sides "
@@ -270,8 +276,9 @@ def request(address: str, keys: Optional[CurveKeys], message: Request, timeout: 
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not sock.poll(left * 1000.0):
-                raise ControllerUnreachable(f"no answer from the controller at {address} within {timeout:g} s "
-                                            f"(is the job running, and is this the job's key?)")
+                raise ControllerUnreachable(f"no answer from the controller at {address} within {timeout:g} s: "
+                                            f"is the job running, and is this the job's key? (CurveZMQ gives "
+                                            f"no answer to a different key)")
             try:
                 reply = decode(sock.recv())
             except ProtocolError as error:

@@ -329,6 +329,18 @@ def _error_code(value: str) -> int:
         raise click.BadParameter(f"{value!r} is not a number (e.g. 0x80E01801)") from None
 
 
+def _reset_file_to_write(path: Path, job: Optional[Path], job_reset_file: Path) -> Path:
+    """``path``, unless its directory does not exist and no job (--job) watches it: then no job can
+    see what would be written there (the default is the device plugin's mount), so refuse (exit 2)
+    rather than create directories nobody asked for."""
+    if path.parent.exists() or (job is not None and path == job_reset_file):
+        return path
+    click.echo(f"mindft: the reset file's directory {path.parent} does not exist, so no job watches {path}; "
+               f"pass --job RUN_DIR/job.json of the running job, or --reset-file in an existing directory",
+               err=True)
+    sys.exit(EXIT_CONFIG_ERROR)
+
+
 @main.command("inject")
 @click.option("--rank", type=click.IntRange(0), required=True, help="The rank to hit.")
 @click.option("--fault", type=click.Choice(FAULTS), required=True,
@@ -350,7 +362,7 @@ def inject(rank: int, fault: str, reset_file: Optional[Path], recover_after: flo
     """Inject a fault into a running job (for demos and drills)."""
     target = _target(job, address, key_file, insecure)
     if fault == "hot-reset":
-        path = reset_file or target.reset_file
+        path = _reset_file_to_write(reset_file or target.reset_file, job, target.reset_file)
         try:
             device_script(path, [rank], 0.0, recover_after, None if no_recover else "recovered",
                           _error_code(error_code), policy, functools.partial(_emit, as_json))
@@ -427,7 +439,8 @@ def simulate_device_plugin(ranks: Sequence[int], reset_file: Optional[Path], job
     with kubelet's atomic ..data swap and a checkCode when the file is a configMap
     volume's symlink. A job's ResetWatcher reacts exactly as on a real device fault.
     """
-    path = reset_file or _target(job, None, None, False).reset_file
+    job_reset_file = _target(job, None, None, False).reset_file
+    path = _reset_file_to_write(reset_file or job_reset_file, job, job_reset_file)
     try:
         device_script(path, sorted(set(ranks)), delay, hold, None if outcome == "none" else outcome,
                       _error_code(error_code), policy, functools.partial(_emit, as_json), _job_pids(job),

@@ -50,7 +50,7 @@ def _setup_logging(verbose: bool) -> None:
     class _Tagged(logging.Formatter):
         def format(self, record: logging.LogRecord) -> str:
             tag = record.name.rsplit(".", 1)[-1]
-            tag = "mindft-launch" if tag in ("launch", "launch_plan", "workers", "agent") else tag
+            tag = "mindft-launch" if tag in ("launch", "launch_plan", "workers", "agent", "agent_links") else tag
             level = "" if record.levelno == logging.INFO else f"{record.levelname}: "
             return f"[{tag}] {level}{record.getMessage()}" + (
                 "\n" + self.formatException(record.exc_info) if record.exc_info else "")

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Optional, Sequence
 from mindft.config import MINDX_TASK_VARIABLE, ConfigError, load_config
 from mindft.keys import load_keys
 from mindft.mindio import STEP_GATE_VARIABLE
-from mindft.preflight import check_launchable, choose_backend
+from mindft.preflight import check_launchable, choose_backend, port_in_use
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,6 @@ def rank_environment(spec: LaunchSpec, rank: int, restart_count: int) -> dict[st
         "MS_WORKER_NUM": str(spec.world_size), "RANK_SIZE": str(spec.world_size),
         "MS_NODE_ID": str(rank), "RANK_ID": str(rank),
         "DEVICE_ID": str(local_rank), "LOCAL_RANK": str(local_rank),
-        "MS_TFT_IP": spec.master_ip, "MS_TFT_PORT": str(spec.controller_port),
         "MINDFT_RESTART_COUNT": str(restart_count), "MINDFT_LAUNCHER_PID": str(os.getpid()),
         "PYTHONUNBUFFERED": "1",  # so prefixed console output is live
     })
@@ -153,7 +152,10 @@ def rank_environment(spec: LaunchSpec, rank: int, restart_count: int) -> dict[st
         env.update(cluster_environment(spec))
         env["MS_ROLE"] = "MS_WORKER"
     if not spec.protected:
+        # No controller runs: its address would be a placeholder (port 0 when none was chosen),
+        # which the ranks' configuration rightly refuses.
         return env
+    env.update({"MS_TFT_IP": spec.master_ip, "MS_TFT_PORT": str(spec.controller_port)})
     if spec.state_dir is not None:
         env["MINDFT_STATE_DIR"] = str(spec.state_dir / f"rank{rank}")
         if spec.replica_endpoint:
@@ -280,6 +282,24 @@ def resolve_ports(master_port: Optional[int], nnodes: int, master_ip: str, sched
     return (master_port if scheduler else None), controller_port
 
 
+def _check_ports_free(ip: str, scheduler_port: Optional[int], controller_port: int, mindio: bool,
+                      tft_port: Optional[int]) -> None:
+    """Refuse a launch whose servers on node 0 would find their port taken, before anything starts
+    (a taken port otherwise shows only as a bind error deep in a log)."""
+    controller_fix = "choose another MS_TFT_PORT" if tft_port else "choose another --master-port"
+    wanted = []
+    if scheduler_port is not None:
+        wanted.append((scheduler_port, "MindSpore's scheduler port (--master-port)", "choose another --master-port"))
+    if controller_port:
+        wanted.append((controller_port, "the controller's port", controller_fix))
+        if mindio:
+            wanted.append((controller_port + 1, "the step gate's port (the controller's + 1)", controller_fix))
+    for port, what, fix in wanted:
+        problem = port_in_use(ip, port)
+        if problem is not None:
+            raise UsageError(f"port {port} on {ip}, {what}, is in use{problem}; {fix}")
+
+
 def plan_launch(params: Mapping[str, Any], environ: Mapping[str, str]) -> LaunchSpec:
     """The launch the command line (click's parameters of :func:`main`) and environment ask for.
 
@@ -321,6 +341,8 @@ def plan_launch(params: Mapping[str, Any], environ: Mapping[str, str]) -> Launch
         max_restarts = 0
     if mindio and controller_port == 0:
         controller_port = free_port_pair(master_ip)  # MindIO's controller cannot pick its own port
+    if node_rank == 0:
+        _check_ports_free(master_ip, scheduler_port, controller_port if protected else 0, mindio, tft_port)
     insecure = (params["insecure"] or base.insecure) and protected  # MINDFT_INSECURE=1 is --insecure
     key_file = params["key_file"] if protected and not insecure else None
     if protected and nnodes > 1 and key_file is None and not insecure:

@@ -107,7 +107,8 @@ class Processor:
                 if left <= 0:
                     raise ProcessorError(f"rank {self.rank}: no answer from the controller at "
                                          f"{self._config.controller_address} within "
-                                         f"{self._timeouts.register:g} s (timeouts.register); is it running?")
+                                         f"{self._timeouts.register:g} s (timeouts.register): "
+                                         f"{channel.UNREACHABLE_CAUSES}")
                 self._cond.wait(left)
             log.info("rank=%d incarnation=%d registered; controller state %s", self.rank, self.incarnation,
                      self._ack.state)
