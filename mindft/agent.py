@@ -31,9 +31,10 @@ from mindft.flow.inputs import SchedulerLost
 from mindft.flow.states import RECOVERY_STATES
 from mindft.keys import load_keys
 from mindft.launch_plan import LaunchSpec, mindio_gate_address, rank_environment
+from mindft.ports import port_listening
 from mindft.protocol import JobState, JobView, Message, NodeLost, OrderKind, ProcessExit, RankOrder, Reply
 from mindft.warm import WarmStarter
-from mindft.workers import Console, Scheduler, WorkerProcesses, agent_memory, agent_memory_report, port_listening
+from mindft.workers import Console, Scheduler, WorkerProcesses, agent_memory, agent_memory_report
 
 log = logging.getLogger(__name__)
 

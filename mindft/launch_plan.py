@@ -20,7 +20,8 @@ from typing import Any, Mapping, Optional, Sequence
 from mindft.config import MINDX_TASK_VARIABLE, ConfigError, load_config
 from mindft.keys import load_keys
 from mindft.mindio import STEP_GATE_VARIABLE
-from mindft.preflight import check_launchable, choose_backend, port_in_use
+from mindft.ports import port_in_use
+from mindft.preflight import check_launchable, choose_backend
 
 log = logging.getLogger(__name__)
 

@@ -10,20 +10,18 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping
 
 from mindft.config import MINDX_TASK_VARIABLE, ConfigError, MindftConfig, TFTOptions
 from mindft.keys import load_keys
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MINDIO_IMPORT_TIMEOUT", "BackendChoice", "ato_failure_rate", "check_launchable", "choose_backend",
-           "port_in_use"]
+__all__ = ["MINDIO_IMPORT_TIMEOUT", "BackendChoice", "ato_failure_rate", "check_launchable", "choose_backend"]
 
 
 def ato_failure_rate(tft: TFTOptions) -> float:
@@ -127,50 +125,3 @@ def _check_mindio_importable() -> None:
                           f"({lines[-1] if lines else f'exit {result.returncode}'}); install it "
                           f"(pip install mindio_ttp-*.whl) or set MINDFT_BACKEND=auto or mindft")
 
-
-def port_in_use(ip: str, port: int) -> Optional[str]:
-    """None when a server could bind ``ip:port`` now; else the rest of a sentence saying who holds it
-    (" by pid P (name)" when this user may see it, else "")."""
-    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-    with socket.socket(family) as probe:
-        # As the servers do (ZeroMQ, MindSpore): a port in TIME_WAIT is free, a listener is not.
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((ip, port))
-            return None
-        except OSError:
-            pass
-    pid = _listener_pid(port)
-    if pid is None:
-        return ""
-    try:
-        name = Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        name = ""
-    return f" by pid {pid}" + (f" ({name})" if name else "")
-
-
-def _listener_pid(port: int) -> Optional[int]:
-    """The pid of a process with a TCP socket listening on ``port`` (from /proc), or None."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(f"socket:[{fields[9]}]")
-    if not inodes:
-        return None
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            for fd in (entry / "fd").iterdir():
-                if os.readlink(fd) in inodes:
-                    return int(entry.name)
-        except OSError:
-            continue
-    return None

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import IO, Iterable, Mapping, Optional, Sequence, Union
 
 from mindft.launch_plan import DEFAULT_GRACE_PERIOD, LaunchSpec, rank_environment, scheduler_environment
+from mindft.ports import port_listening
 from mindft.snapshot import size_text
 from mindft.warm import WarmProcess, WarmStarter
 
@@ -30,20 +31,6 @@ log = logging.getLogger(__name__)
 CLUSTER_FORMED_LINE = "Cluster is successfully initialized"  # in the scheduler's log (MindSpore 2.x)
 SCHEDULER_COMMAND = ("-c", "from mindspore.communication import init; init()")
 SCHEDULER_LISTEN_WAIT = 5.0  # for a started scheduler to listen, before the workers start
-
-
-def port_listening(port: int) -> bool:
-    """True when a socket of this host listens on TCP ``port`` (read from /proc: no connection made)."""
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            rows = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            fields = row.split()
-            if len(fields) > 3 and fields[3] == "0A" and int(fields[1].rpartition(":")[2], 16) == port:
-                return True
-    return False
 
 
 def agent_memory() -> Path:

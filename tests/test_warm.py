@@ -19,7 +19,7 @@ from mindft.agent import start_warm
 from mindft.config import ConfigError, load_config
 from mindft.launch_plan import LaunchSpec
 from mindft.warm import WarmProcess, WarmStarter
-from mindft.workers import port_listening, start_process
+from mindft.workers import start_process
 
 PROBE = '''
 import json, os, signal, sys
@@ -162,17 +162,6 @@ def test_the_idle_warm_process_memory_is_measured(warm: WarmStarter) -> None:
         time.sleep(0.05)
     assert warm.idle_pss is not None and warm.idle_pss > 1 << 20
     assert "(PSS)" in warm.summary()
-
-
-def test_a_listening_port_is_seen_without_connecting_to_it() -> None:
-    import socket
-
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        port = server.getsockname()[1]
-        assert not port_listening(port)  # bound, not yet listening: MindSpore's scheduler is not up
-        server.listen()
-        assert port_listening(port)
 
 
 def test_a_large_environment_arrives_whole(warm: WarmStarter) -> None:

@@ -120,6 +120,9 @@ def test_a_lost_node_comes_back_from_its_replica_on_the_next_node(nodes: Nodes, 
     and restores the weights from rank 0's snapshot of the same step."""
     if data_parallel:
         nodes.env["LAUNCH_DATA_PARALLEL"] = "1"
+    # Rank 1 is stopped until its newest snapshot is on node 0: 0.6 s of silence would have it
+    # found hung (and restarted) first whenever replication is slow on a loaded machine.
+    nodes.env["MINDFT_HEARTBEAT_MISSES"] = "30"
     nodes.start("node1", 1)
     nodes.start("node0", 0)
     nodes.until("both ranks training, rank 1 replicated",
