@@ -16,7 +16,10 @@ Each rank writes its final parameters and optimizer moments to ``OUT/rank<R>.npz
 the replicas identical, so every rank's file holds the same numbers.
 
 ``--loop`` trains the same model with a hand-written loop instead (gradients
-all-reduced by ``nn.DistributedGradReducer``, mindft's ``FaultTolerantLoop``).
+all-reduced by ``nn.DistributedGradReducer``, mindft's ``FaultTolerantLoop``);
+``--callback`` calls ``model.train`` itself with mindft's ``FaultTolerance`` callback.
+``--fault-kind bug`` raises a ``ValueError`` in the same step of every incarnation, as a bug
+in the script would, and ``exit-always`` exits there in every incarnation.
 ``--fault-step/--fault-rank/--fault-kind`` inject one fault into the first incarnation
 of a rank, inside the step before its all-reduce (``uce``: a device error; ``kill``: SIGKILL;
 ``exit``: ``os._exit(137)``; ``stop``: the process stops itself, as a hang), or after it (``uce-after``: a
@@ -100,15 +103,21 @@ class Timeline:
 def fault_drill(args: argparse.Namespace, optimizer: nn.Optimizer, timeline: Timeline):
     """A forward pre-hook: in step --fault-step of --fault-rank's first incarnation, before the
     step's all-reduce, fail as --fault-kind says; every step sleeps --step-seconds first."""
-    rank, first_incarnation = get_rank(), load_config().restart_count == 0
+    rank, first_incarnation, fired = get_rank(), load_config().restart_count == 0, []
+    every_incarnation = args.fault_kind in ("bug", "exit-always")
 
     def hook(cell: nn.Cell, inputs: object) -> None:
         time.sleep(args.step_seconds)
         step = int(optimizer.global_step.asnumpy().reshape(-1)[0]) + 1  # the step being computed
-        if (step != args.fault_step or rank != args.fault_rank or not first_incarnation
-                or args.fault_kind == "uce-after"):
+        if (step != args.fault_step or rank != args.fault_rank or not (first_incarnation or every_incarnation)
+                or args.fault_kind == "uce-after" or (fired and not every_incarnation)):
             return
+        fired.append(step)  # a device fault strikes once: a rollback in place replays the step
         timeline("fault", step)
+        if args.fault_kind == "bug":
+            raise ValueError(f"a bug in the training script, in step {step} of rank {rank}")
+        if args.fault_kind == "exit-always":
+            os._exit(1)
         if args.fault_kind == "exit":
             os._exit(137)  # as if killed -9, with an exit code a parent can check
         if args.fault_kind == "kill":
@@ -183,7 +192,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep this long in every step")
     parser.add_argument("--fault-step", type=int, default=-1)
     parser.add_argument("--fault-rank", type=int, default=0)
-    parser.add_argument("--fault-kind", choices=("uce", "kill", "exit", "stop", "uce-after"), default="uce")
+    parser.add_argument("--callback", action="store_true", help="model.train with mindft's FaultTolerance callback")
+    parser.add_argument("--fault-kind", choices=("uce", "kill", "exit", "stop", "uce-after", "bug", "exit-always"),
+                        default="uce")
     parser.add_argument("--timeline", action="store_true", help="print timeline lines for bench/recovery.py")
     args = parser.parse_args(argv)
     timeline = Timeline(args.timeline)
@@ -205,6 +216,9 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.loop:
         train_loop(net, optimizer, dataset, args.epochs, timeline)
+    elif args.callback:
+        model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), optimizer)
+        model.train(args.epochs, dataset, callbacks=[mindft.mindspore.FaultTolerance()], dataset_sink_mode=False)
     else:
         model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), optimizer)
         mindft.mindspore.train(model, args.epochs, dataset)  # mindft's line, instead of model.train(...)

@@ -17,6 +17,7 @@ class ExitCode(enum.IntEnum):
     DUMP_FAILED = 4    # stopped on purpose, but the dying-gasp checkpoint could not be written
     UNREACHABLE = 5    # the controller did not answer (CLI)
     LEFT_DEVICE = 6    # left its device on the controller's order (hot reset); started again when it is back
+    REWIND_REQUIRED = 7  # rolled back to an earlier step that Model.train cannot go back to by itself
     INTERRUPTED = 130  # stopped by SIGINT/SIGTERM (128 + SIGINT, as shells report it)
 
 
@@ -35,6 +36,8 @@ def describe(code: int) -> str:
                 ExitCode.DUMP_FAILED: "stopped; dying-gasp checkpoint NOT written",
                 ExitCode.UNREACHABLE: "controller unreachable",
                 ExitCode.LEFT_DEVICE: "left its device for a hot reset; restarted when the device is back",
+                ExitCode.REWIND_REQUIRED: "rolled back to an earlier step, which Model.train cannot re-enter "
+                                          "by itself (mindft.mindspore.RewindRequired)",
                 ExitCode.INTERRUPTED: "interrupted"}[ExitCode(code)]
     except ValueError:
         return f"exit code {code}"

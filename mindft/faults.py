@@ -48,7 +48,8 @@ def classify(error: BaseException) -> FaultKind:
     """Map an exception raised inside a step to the :class:`FaultKind` reported to the controller.
 
     :class:`DeviceFault` carries its kind; any other exception is classified by its
-    message (and its chained causes); what matches nothing is ``UNKNOWN``.
+    message (and its chained causes); what matches nothing is the training script's own error
+    (``USER_ERROR``), as MindSpore's fault tolerance re-raises what it does not recognise.
     """
     seen: set[int] = set()
     current: BaseException | None = error
@@ -61,7 +62,7 @@ def classify(error: BaseException) -> FaultKind:
             if pattern.search(text):
                 return kind
         current = current.__cause__ or current.__context__
-    return FaultKind.UNKNOWN
+    return FaultKind.USER_ERROR
 
 
 def describe(error: BaseException) -> str:

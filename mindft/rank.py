@@ -31,6 +31,7 @@ from mindft.config import ConfigError, MindftConfig, load_config
 from mindft.exitcodes import ExitCode
 from mindft.faults import DeviceFault, classify, describe
 from mindft.flow.follower import CostMeter, Finished, RankHooks, Resumed, joins_recovery
+from mindft.flow.recovery import retried
 from mindft.keys import job_keys
 from mindft.processor import Processor, ProcessorError
 from mindft.protocol import Action, FaultKind, RegisterAck, StatusRequest
@@ -365,8 +366,13 @@ class RankEngine:
             resumed = self.loop.follow(action)
             return self.step if resumed is None else resumed
         step = self.step + 1
+        kind = classify(error)
+        if not retried(kind):
+            # Said once, with the traceback: the job ends (every rank dumps one step), nothing retries it.
+            log.error("rank=%d: the training script raised an exception in step %d, not a device fault; the "
+                      "job ends with every rank's dying gasp", self.config.rank, step, exc_info=error)
         try:
-            resumed = self.loop.fault(classify(error), describe(error), step)
+            resumed = self.loop.fault(kind, describe(error), step)
         except StepKeepsFailing as failing:
             log.error("rank=%d %s; giving up", self.config.rank, failing)
             self._dump_quietly(-1, f"step {step} keeps failing: {describe(error)}")

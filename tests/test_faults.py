@@ -22,8 +22,8 @@ from mindft.protocol import FaultKind
     ("HCCL timeout: wait for notify", FaultKind.COMMUNICATION),
     ("Ring ReduceScatter wait receiving [1,9] failed.", FaultKind.COMMUNICATION),
     ("UCEError while HCCL was running", FaultKind.UCE),
-    ("shapes (3,4) and (5,6) not aligned", FaultKind.UNKNOWN),
-    ("", FaultKind.UNKNOWN),
+    ("shapes (3,4) and (5,6) not aligned", FaultKind.USER_ERROR),  # the script's own bug
+    ("", FaultKind.USER_ERROR),
 ])
 def test_classify_runtime_error_messages(message: str, kind: FaultKind) -> None:
     assert classify(RuntimeError(message)) is kind

@@ -35,4 +35,4 @@ def test_job_verdict_says_what_the_exit_code_means() -> None:
     assert job_verdict(4) == "exit code 4: stopped; dying-gasp checkpoint NOT written"
     assert job_verdict(130) == "exit code 130: interrupted by SIGINT"
     assert job_verdict(143) == "exit code 143: interrupted by SIGTERM"
-    assert job_verdict(7) == "exit code 7"
+    assert job_verdict(9) == "exit code 9"

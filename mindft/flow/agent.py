@@ -11,8 +11,10 @@ controller, :class:`AbortJob`, :class:`Say`), which the agent carries out in ord
 Who decides a restart: a process that left its device, was stopped for a restart of every
 worker, or crashed in a job whose collectives cannot take one restarted process (the job's view
 says ``restart_all``) waits for the controller's START; a crash in any other job is restarted
-here at once, up to ``max_restarts`` crashes, and reported, so the controller counts it as a
-fault of that rank. What the controller knows decides the rest: a job that has not started
+here at once, and reported, so the controller counts it as a fault of that rank. Every exit
+that a restart follows costs the rank one of its ``max_restarts`` (a crash, and a stop so that
+every worker restarts, as torchrun counts its group's restarts), but a hot reset's: the device
+plugin bounds those. What the controller knows decides the rest: a job that has not started
 (a rank that dies before every rank registered would die again: the job fails), or that ended.
 
 MindSpore's scheduler (node 0) is a member of the job: once it formed the cluster, its death
@@ -141,7 +143,7 @@ class Worker:
     phase: WorkerPhase = WorkerPhase.RUNNING
     pid: Optional[int] = None       # its running process (None: none)
     restarts: int = 0               # processes started after the first
-    crashes: int = 0                # exits the controller did not order (bounded by max_restarts)
+    restarts_used: int = 0          # exits a restart follows, but a hot reset's (bounded by max_restarts)
     returncode: Optional[int] = None
     stop_ordered: bool = False      # killed on the controller's order, to wait for its START
     start_ordered: Optional[str] = None  # a START that came while its process was still leaving: the reason
@@ -194,6 +196,11 @@ class NodePolicy:
     def job_over(self) -> bool:
         return self.view is not None and self.view.state in _TERMINAL
 
+    def resetting(self, rank: int) -> bool:
+        """``rank``'s chip is being reset: however its process ended, a new one would sit on the
+        chip and stop the reset, so it waits for the controller's START."""
+        return self.view is not None and rank in self.view.resetting
+
     @property
     def before_start(self) -> bool:
         return self.view is not None and self.view.state is JobState.STARTING
@@ -231,11 +238,25 @@ class NodePolicy:
                 out.append(self.failure)
             return out
         self.cluster_intact = False  # the cluster lost a worker for good
-        if code == ExitCode.LEFT_DEVICE or worker.stop_ordered:
+        hot_reset = code == ExitCode.LEFT_DEVICE or self.resetting(rank)
+        if hot_reset or worker.stop_ordered:
+            # Its state is in the agent's memory: it waits for START (or, the job over, its dying gasp).
             worker.phase = WorkerPhase.AWAITING_START
+            if self.job_over:
+                return out + [Say(f"rank {rank} stopped; the job is over")]
+            if not hot_reset:
+                worker.restarts_used += 1
+                if worker.restarts_used > self.max_restarts:
+                    out.append(Say(f"rank {rank} stopped; it used all {self.max_restarts} restarts (--max-restarts)"))
+                    return out + self._report(rank, code, pid, will_restart=False)
             what = "left its device for a hot reset" if code == ExitCode.LEFT_DEVICE else "stopped"
             out.append(Say(f"rank {rank} {what}; it starts again when the controller says"))
             return out + self._report(rank, code, pid, will_restart=True) + self._start_ordered_early(worker)
+        if code == ExitCode.REWIND_REQUIRED:
+            # Its script cannot go back to the step it restored: a new process would do the same.
+            worker.phase = WorkerPhase.FINAL
+            out.append(Say(f"not restarting rank {rank}: {describe_exit(code)}"))
+            return out + self._report(rank, code, pid, will_restart=False)
         if code in _STOPPED_ON_PURPOSE:
             worker.phase = WorkerPhase.FINAL
             if self.view is not None and not self.job_over:
@@ -252,8 +273,8 @@ class NodePolicy:
         if self.job_over:
             worker.phase = WorkerPhase.FINAL
             return out + [Say(f"not restarting rank {rank}: the job is over")]
-        worker.crashes += 1
-        if worker.crashes > self.max_restarts:
+        worker.restarts_used += 1
+        if worker.restarts_used > self.max_restarts:
             worker.phase = WorkerPhase.FINAL
             out.append(Say(f"not restarting rank {rank}: it used all {self.max_restarts} restarts"))
             # Fail the job now instead of after timeouts.repair: the healthy ranks dump.
@@ -265,7 +286,7 @@ class NodePolicy:
         worker.restarts += 1
         out += self._report(rank, code, pid, will_restart=True)
         # Whether the new process finds its state (a peer replica) is the rank's to say.
-        return out + [StartWorker(rank, worker.restarts, f"restarting rank {rank} (restart {worker.crashes}/"
+        return out + [StartWorker(rank, worker.restarts, f"restarting rank {rank} (restart {worker.restarts_used}/"
                                                         f"{self.max_restarts})")]
 
     def on_order(self, order: RankOrder) -> list[AgentEffect]:
@@ -278,7 +299,8 @@ class NodePolicy:
             if worker.pid is None or (order.pid and order.pid != worker.pid):
                 return []  # gone already, or a newer process than the one meant
             worker.stop_ordered = worker.stop_ordered or not order.restart
-            then = "so it can restart" if order.restart else "(it starts again when the controller says)"
+            then = ("so it can restart" if order.restart else "(the job is over)" if self.job_over
+                    else "(it starts again when the controller says)")
             return [Say(f"controller: rank {order.rank} (pid {worker.pid}): {order.reason}; killing it {then}"),
                     KillWorker(order.rank, worker.pid, order.reason)]
         if self.interrupted:
@@ -299,10 +321,10 @@ class NodePolicy:
 
     def _start(self, worker: Worker, reason: str) -> list[AgentEffect]:
         """Carry out the controller's START for a rank awaiting it."""
-        if worker.crashes > self.max_restarts:
+        if worker.restarts_used > self.max_restarts:
             worker.phase = WorkerPhase.FINAL
-            return ([Say(f"not starting rank {worker.rank}: it crashed {worker.crashes} times (--max-restarts "
-                         f"{self.max_restarts})")]
+            return ([Say(f"not starting rank {worker.rank}: it used all {self.max_restarts} restarts "
+                         f"(--max-restarts)")]
                     + self._report(worker.rank, worker.returncode or ExitCode.FAILED, 0, will_restart=False))
         worker.restarts += 1
         renew = not self.running() and (self.scheduler_lost or (self.restart_all and not self.cluster_intact))
@@ -416,10 +438,14 @@ class NodePolicy:
         return None
 
     def exit_code(self, ending: Ending) -> int:
-        """The node's exit code once ``ending`` was carried out (every rank's final code known)."""
+        """The node's exit code once ``ending`` was carried out (every rank's final code known):
+        a deterministic failure's verdict is the job's, unless a dying gasp could not be written."""
         if ending.code is not None:
             return ending.code
-        return job_exit_code(ending.controller, self.final_codes())
+        codes = self.final_codes()
+        if self.view is not None and self.view.exit_code >= 0 and ExitCode.DUMP_FAILED not in codes:
+            return self.view.exit_code
+        return job_exit_code(ending.controller, codes)
 
     def stopped(self, rank: int, code: int) -> None:
         """``rank``'s process exited as the node stopped everything: no decision, only its code."""

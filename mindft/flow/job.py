@@ -19,6 +19,7 @@ from typing import Optional
 
 from mindft.config import Timeouts
 from mindft.exitcodes import ExitCode
+from mindft.flow.agent import describe_exit
 from mindft.flow.cadence import Budget, Tuner
 from mindft.flow.effects import Broadcast, Effect, Finish, KillRank, Peer, Send, StartRank, Transition
 from mindft.flow.inputs import (DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, HoldRepairs, ProcessExited,
@@ -71,9 +72,11 @@ class Job(Ladder):
         self.state = JobState.STARTING
         self.recovery = Recovery()
         self.recoveries: list[float] = []
+        self.recovered: dict[tuple[int, FaultKind], int] = {}
         self.history: list[tuple[JobState, float]] = [(self.state, now)]
         self.result: Optional[Finish] = None
         self.dump_step = -1  # the step every rank dumps when the job fails (-1: each its newest)
+        self.verdict = -1  # the job's exit code whatever the ranks' (-1: from their codes)
         self.deadline = now + timeouts.register
         self._next_check = now  # when silent ranks are looked for next
         self.holding = False  # HoldRepairs: the fault manager is still collecting faults
@@ -157,6 +160,7 @@ class Job(Ladder):
             self._add_fault(record, FaultKind.DEVICE_RESET, record.progress + 1,
                             f"device plugin: error {event.error_code or '?'} policy {event.policy or '?'}",
                             now, device=True)
+            self._tell_agents()  # no agent may restart the rank's process on its own now
         elif isinstance(event, DeviceRecovered):
             fault = self.recovery.faults.get(event.rank)
             if fault is not None and fault.device_pending:
@@ -377,7 +381,9 @@ class Job(Ladder):
 
     def _view(self) -> JobView:
         reason = self.result.reason if self.result is not None else ""
-        return JobView(self.state, self.restart_all, self.dump_step, reason)
+        resetting = tuple(sorted(r for r, f in self.recovery.faults.items() if f.device_pending)) \
+            if self.state in RECOVERY_STATES else ()
+        return JobView(self.state, self.restart_all, self.dump_step, reason, resetting, self.verdict)
 
     def _tell_agents(self) -> None:
         peers = tuple(dict.fromkeys(self.agents.values()))
@@ -476,7 +482,10 @@ class Job(Ladder):
             return True, f"rank {event.rank}'s node was lost: a new node starts it"
         if event.returncode in (ExitCode.DUMPED, ExitCode.DUMP_FAILED) or not will_restart:
             record.state = RankState.DEAD
-            self._fail(f"{what} and will not be restarted", now)
+            rewind = event.returncode == ExitCode.REWIND_REQUIRED
+            self._fail(f"{what} ({describe_exit(event.returncode)}) and will not be restarted" if rewind
+                       else f"{what} and will not be restarted", now,
+                       verdict=ExitCode.REWIND_REQUIRED if rewind else -1)
             return True, f"rank {event.rank} lost: job failed"
         if fault is not None and fault.left_at >= 0:
             # It left its device as told: it comes back when the device does.
@@ -487,6 +496,8 @@ class Job(Ladder):
                      now - fault.left_at, event.returncode)
             self._start_if_ready(event.rank, fault)
             return True, f"rank {event.rank} stopped as told"
+        if fault is not None and fault.device_pending:
+            fault.left_at = now  # it left the chip being reset: it starts again once the chip is back
         self._add_fault(record, FaultKind.PROCESS_DIED, record.progress + 1,
                         f"process {event.pid} exited with code {event.returncode}", now, dead=True, exited=True)
         return True, f"rank {event.rank} marked dead"

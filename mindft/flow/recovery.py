@@ -4,6 +4,13 @@ on CPU) and a fault takes a process, or a rank stays blocked (in a collective) p
 ``timeouts.stall``, every worker is killed and started again from the node agents' memory;
 failing both, every rank dumps the same step and the job exits non-zero.
 
+Deterministic failures are final: an exception from the training script (USER_ERROR), or a
+rank's fault of the same kind in the same step as one the job already recovered from, fails
+the job at once (every rank's dying gasp of one step), so a bug is retried at most once. The
+step of a lost process or a hang is the one after the last step its rank reported, which may
+lag the step it died in by one (the report dies with the process): for those, one step apart
+is the same step.
+
 MindSpore's scheduler is a member of the job too (:class:`~mindft.flow.inputs.SchedulerLost`,
 from node 0's agent): without it no worker can join the cluster again, so its death restarts
 every worker behind a new one (the second rung), a fault of the job (SCHEDULER_LOST) rather
@@ -83,10 +90,12 @@ class Recovery:
     lost: set[int] = field(default_factory=set)  # ranks lost with their node, until their new process registers
     known: Optional[frozenset[int]] = None  # the steps every rank that reported this round holds (None: none did)
     scheduler: Optional[Fault] = None  # MindSpore's scheduler was lost in this recovery (SCHEDULER_LOST)
+    seen: dict[tuple[int, FaultKind], int] = field(default_factory=dict)  # (rank, kind) → step, of its faults
 
     def begin(self, now: float) -> None:
         """A fault while the job trained: a recovery starts, with no fault yet."""
         self.faults.clear()
+        self.seen.clear()
         self.scheduler = None
         self.started = now
         self.restart_all = False
@@ -99,6 +108,12 @@ class Recovery:
         """A rank reported the steps it holds this round (kept as a running intersection)."""
         self.known = frozenset(held) if self.known is None else self.known & frozenset(held)
 
+
+
+def retried(kind: FaultKind) -> bool:
+    """Whether a fault of ``kind`` is worth a recovery: not an exception from the training script,
+    which would raise again in the same step."""
+    return kind is not FaultKind.USER_ERROR
 
 
 class Ladder:
@@ -114,8 +129,10 @@ class Ladder:
     holding: bool
     deadline: float
     dump_step: int
+    verdict: int
     result: Optional[Finish]
     recoveries: list[float]
+    recovered: dict[tuple[int, FaultKind], int]  # (rank, kind) → step of the last such fault a recovery repaired
     agents: dict[int, Peer]
     tuner: Tuner
     replicas: ReplicaWatch
@@ -134,6 +151,14 @@ class Ladder:
         if state is _S.STARTING:
             self._fail(f"rank {rank} {kind.name} before every rank registered: {detail}", now, Event.FAULT)
             return
+        if not retried(kind):
+            self._fail(f"rank {rank} raised an exception from the training script in step {step}, not a device "
+                       f"fault: {detail}", now, verdict=ExitCode.FAILED)
+            return
+        if self._again(rank, kind, step):
+            self._fail(f"rank {rank} {kind.name} in step {step} again after the job recovered from it: a "
+                       f"deterministic failure, not retried ({detail})", now, verdict=ExitCode.FAILED)
+            return
         rec = self.recovery
         if state is _S.NORMAL:
             rec.begin(now)
@@ -142,6 +167,7 @@ class Ladder:
         if fault is None or fault.collateral:
             rec.faults[rank] = fault = Fault(kind, step, detail, device_pending=device, process_pending=dead,
                                              exited=exited)
+            rec.seen[(rank, kind)] = step
             restart = True  # a new fault always (re)starts the recovery with the union of faults
         else:
             fault.exited = fault.exited or exited
@@ -156,7 +182,9 @@ class Ladder:
             if device and not fault.device_pending:
                 fault.device_pending = True
                 fault.kind = FaultKind.DEVICE_RESET
-                restart = restart or state not in (_S.PAUSING, _S.REPAIRING)
+                # A chip reset takes the process: where one process cannot rejoin, every worker restarts.
+                restart = restart or state not in (_S.PAUSING, _S.REPAIRING) or (self.restart_all
+                                                                                  and not rec.restart_all)
         if not restart:
             self._advance(now)
         elif self.restart_all and (dead or device or rec.restart_all):
@@ -164,11 +192,19 @@ class Ladder:
         else:
             self._enter_pausing(fault.describe(rank), now)
 
+    def _again(self, rank: int, kind: FaultKind, step: int) -> bool:
+        """Whether ``rank`` failed this way in this step before, and the job recovered from it (a
+        chip reset is the device plugin's to judge)."""
+        before = self.recovered.get((rank, kind))
+        if before is None or kind is FaultKind.DEVICE_RESET:
+            return False
+        return abs(step - before) <= (1 if kind in (FaultKind.PROCESS_DIED, FaultKind.HANG) else 0)
+
     def _enter_pausing(self, why: str, now: float) -> None:
         rec = self.recovery
         self._move(Event.FAULT, why, now)
         rec.new_round()
-        rec.waiting = {r.rank for r in self.ranks if r.alive}
+        rec.waiting = self._answering()
         rec.repair_step = -1
         # A rank blocked in a collective never pauses: past timeouts.stall every worker restarts.
         self.deadline = now + (min(self.timeouts.pause, self.timeouts.stall) if self.restart_all
@@ -176,6 +212,12 @@ class Ladder:
         self._emit(Broadcast(self.ranks.peers(), Action(ActionKind.PAUSE, self.ranks.slowest, reason=why,
                                                         round=rec.round)))
         self._advance(now)
+
+    def _answering(self) -> set[int]:
+        """The ranks a new round waits for: every live rank but those told to leave their device
+        or killed, which count as gone (their exit, or the kill after ``timeouts.leave``, follows)."""
+        faults = self.recovery.faults
+        return {r.rank for r in self.ranks if r.alive and not (r.rank in faults and faults[r.rank].left_at >= 0)}
 
     def _restart_every_worker(self, why: str, now: float) -> None:
         """The second rung: kill every process (their snapshots stay in the node agents' memory),
@@ -237,10 +279,12 @@ class Ladder:
             if state is _S.PAUSING:
                 self._move(Event.ALL_PAUSED, "every live rank paused", now)
                 self.deadline = now + self.timeouts.repair
-                self._leave_devices(now)
             elif state is _S.REPAIRING:
                 # A live rank whose fault needs nothing external (UCE, COMMUNICATION, UNKNOWN)
                 # is repaired as soon as it waits; devices and lost processes are waited for.
+                # Every live rank is paused here: a rank on a chip being reset (also one that
+                # faulted during this phase) leaves it now.
+                self._leave_devices(now)
                 if rec.restart_all:
                     self._start_every_worker_if_ready()
                 if self._replicas_fall_short(now):
@@ -317,6 +361,7 @@ class Ladder:
             if record.state is not RankState.DONE:  # resumed ranks may have finished already
                 record.state = RankState.RUNNING
         self.recoveries.append(now - rec.started)
+        self.recovered.update(rec.seen)
         log.info("recovery %d done in %.3f s: %s; resumed after step %d", len(self.recoveries),
                  now - rec.started, summary, rec.repair_step)
         rec.faults.clear()
@@ -461,16 +506,31 @@ class Ladder:
             return "device not recovered"
         return "not re-registered" + (f"; node {fault.node} was lost" if fault.node >= 0 else "")
 
-    def _fail(self, reason: str, now: float, event: Event = Event.UNRECOVERABLE) -> None:
+    def _fail(self, reason: str, now: float, event: Event = Event.UNRECOVERABLE, verdict: int = -1) -> None:
+        """The job fails: every rank dumps one step. ``verdict``: the job's exit code whatever the
+        ranks' (-1: from theirs), for a deterministic failure, which would fail the same way again:
+        1 as a script's uncaught exception, though the dumps were written.
+
+        Where a rank may be blocked in a collective with a rank that is gone (``restart_all``) it
+        obeys no order: every live worker is stopped instead, and its node agent writes its dying
+        gasp from memory (the same snapshot the rank would write)."""
         if self.state in TERMINAL_STATES:
             return
         step = self.dump_step = self._common_step(exact=False)
         faults = self._fault_summary() if self.recovery.faults or self.recovery.scheduler else ""
         reason = (f"{reason}; every rank dumps " + (f"step {step}" if step >= 0 else "its newest snapshot")
                   + (f"; faults: {faults}" if faults else ""))
+        self.verdict = verdict
         self._move(event, reason, now)
-        self._emit(Broadcast(self.ranks.peers(), Action(ActionKind.DUMP_AND_EXIT, step, reason=reason,
-                                                        round=self.recovery.round)))
+        told = self.ranks.peers()
+        if self.restart_all:
+            stopped = [r for r in self.ranks if r.alive and self.agents.get(r.rank) is not None]
+            for record in stopped:
+                self._emit(KillRank(record.rank, record.pid, f"the job failed; its node agent writes its dying "
+                                                             f"gasp of step {step} from memory", restart=False,
+                                    agent=self.agents[record.rank]))
+            told = tuple(r.peer for r in self.ranks if r not in stopped)
+        self._emit(Broadcast(told, Action(ActionKind.DUMP_AND_EXIT, step, reason=reason, round=self.recovery.round)))
         self._finish(ExitCode.FAILED, reason)
 
     def _finish(self, code: ExitCode, reason: str) -> None:

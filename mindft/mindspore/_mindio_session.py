@@ -38,6 +38,7 @@ from mindspore import nn, ops
 from mindft.config import ConfigError, MindftConfig, load_config
 from mindft.exitcodes import ExitCode
 from mindft.faults import classify, describe
+from mindft.flow.recovery import retried
 from mindft.keys import job_keys
 from mindft.flow.follower import MAX_FAULTS_PER_STEP
 from mindft.mindio import (STEP_GATE_VARIABLE, LeaveDevice, MindioError, MindioExit, MindioRank, RankCallbacks,
@@ -257,12 +258,14 @@ class MindioSession:
         step = self.step + 1
         count = self._faults_at.get(step, 0) + 1
         self._faults_at = {step: count}
-        if count > MAX_FAULTS_PER_STEP:
-            log.error("rank=%d step %d failed %d times in a row; giving up", self.config.rank, step, count - 1)
-            self._dump_quietly(f"step {step} keeps failing: {describe(error)}")
+        kind = classify(error)
+        if count > MAX_FAULTS_PER_STEP or not retried(kind):
+            log.error("rank=%d step %d %s; giving up", self.config.rank, step,
+                      f"failed {count - 1} times in a row" if retried(kind) else
+                      "raised an exception from the training script, not a device fault")
+            self._dump_quietly(f"step {step}: {describe(error)}")
             self.close()
             raise error
-        kind = classify(error)
         # Every kind is repaired the same way here (each rank restores its own snapshot), and MindIO
         # repairs in place only what it calls a UCE: report that, name the real kind in the log.
         log.warning("rank=%d fault %s inside step %d: %s; reporting it to MindIO as UCE", self.config.rank,

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from typing import Any, Iterable, List, Optional
 
 from mindspore.train import Callback, Model
 
 from mindft.config import MindftConfig, load_config
+from mindft.exitcodes import ExitCode
 from mindft.mindspore.backend import delegates_to_mindspore, mindio_callback, session_class
 from mindft.mindspore._session import RewindRequired, Session, TrainingState, optimizer_of
 
@@ -41,7 +44,29 @@ class FaultTolerance(Callback):
                                                        self._config, snapshot_every=self._snapshot_every)
             self.steps_per_epoch = steps_per_epoch
             self.session.start(self._position(0))
+            if not self._driven:
+                self._exit_on_uncaught_rewind()
         return self.session.step
+
+    def _exit_on_uncaught_rewind(self) -> None:
+        """A :class:`RewindRequired` that the script does not catch ends the process with one line
+        and its own exit code (:attr:`~mindft.exitcodes.ExitCode.REWIND_REQUIRED`), which the launcher
+        does not restart: a new process would restore the same step and raise it again."""
+        previous = sys.excepthook
+
+        def hook(kind: type, error: BaseException, trace: Any) -> None:
+            if not isinstance(error, RewindRequired):
+                previous(kind, error, trace)
+                return
+            rank = self.session.config.rank if self.session is not None else -1
+            sys.stderr.write(f"mindft: rank {rank}: {error}\n")
+            sys.stderr.flush()
+            sys.stdout.flush()
+            if self.session is not None:
+                self.session.close()
+            os._exit(ExitCode.REWIND_REQUIRED)  # no interpreter teardown: its exit code is the message
+
+        sys.excepthook = hook
 
     def on_train_begin(self, run_context: Any) -> None:
         """Register with the controller (first call only); a restarted rank restores its state here."""

@@ -17,7 +17,9 @@ from typing import ClassVar, Optional, Union
 # 7: node agents hold a link to the controller (AgentHello) and receive their ranks' kill and start
 # orders (RankOrder) and the job's view (JobView) on it; states and orders are enums on the wire.
 # 8: FaultKind.SCHEDULER_LOST (MindSpore's scheduler died: every worker restarts behind a new one).
-PROTOCOL_VERSION = 8
+# 9: JobView.resetting (ranks whose chip is being reset: a crash of one waits for START like a hot reset's exit);
+# FaultKind.USER_ERROR (an exception from the training script: the job ends); JobView.exit_code.
+PROTOCOL_VERSION = 9
 # Large enough for an endpoint map of ~20k ranks; bigger frames are refused unread.
 MAX_FRAME = 4 * 1024 * 1024
 
@@ -79,6 +81,7 @@ class FaultKind(_WireEnum):
     PROCESS_DIED = "process_died"     # the process exited (launcher report or re-register)
     HANG = "hang"                     # no heartbeat for timeouts.dead_after
     SCHEDULER_LOST = "scheduler_lost"  # MindSpore's scheduler died (a fault of the job, not of one rank)
+    USER_ERROR = "user_error"         # an exception from the training script, not a device fault: not retried
     UNKNOWN = "unknown"
 
 
@@ -372,13 +375,18 @@ class AgentHello:
 class JobView:
     """What a node agent needs of the job's state to decide about its processes: sent on every
     transition and in answer to :class:`AgentHello`. ``dump_step``: the step every rank dumps once
-    the job FAILED (-1: each its newest)."""
+    the job FAILED (-1: each its newest). ``resetting``: ranks whose chip the device plugin is
+    resetting (the controller starts them once it is back, however their process ended).
+    ``exit_code``: the job's exit code whatever the ranks' (-1: from their codes), for a
+    deterministic failure."""
 
     KIND: ClassVar[str] = "job_view"
     state: JobState
     restart_all: bool = False
     dump_step: int = -1
     reason: str = ""
+    resetting: tuple[int, ...] = ()
+    exit_code: int = -1
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ import random
 
 from mindft.flow.cadence import Budget
 from mindft.protocol import FaultKind
-from sim import SimJob
+from sim import PHASES, SimJob
 
 KINDS = (FaultKind.UCE, FaultKind.COMMUNICATION, FaultKind.UNKNOWN)
 
@@ -38,13 +38,17 @@ with collectives the loss of MindSpore's scheduler, all from ``seed``."""
             job.lose_node_at(pick.randrange(2), pick.randint(1, steps), replace_after=pick.uniform(0.5, 8.0))
     if job.collectives and pick.random() < 0.25:
         job.lose_scheduler_at(pick.randint(1, steps))
+    if job.faults or job.kills or job.device_resets:  # a fault in the middle of a recovery
+        for _ in range(pick.choice((0, 1, 1, 2))):
+            job.fault_in_phase(pick.choice(PHASES), pick.randrange(world), pick.choice(("device", "device", "kill")),
+                               seconds=pick.uniform(0.1, 3.0))
     return job
 
 
 def explore(seeds: range) -> dict[str, int]:
     """Run every seed and check its end; returns how the jobs ended. Raises on a violation,
     naming the seed so it can be replayed with ``random_job(seed).run()``."""
-    ends = {"done": 0, "failed": 0, "nodes lost": 0, "schedulers lost": 0}
+    ends = {"done": 0, "failed": 0, "nodes lost": 0, "schedulers lost": 0, **dict.fromkeys(PHASES, 0)}
     for seed in seeds:
         job = random_job(seed)
         try:
@@ -55,4 +59,6 @@ def explore(seeds: range) -> dict[str, int]:
         ends["done" if job.outcome.exit_code == 0 else "failed"] += 1
         ends["nodes lost"] += job.node_lost
         ends["schedulers lost"] += job.schedulers_lost > 0
+        for phase, hits in job.phase_hits.items():
+            ends[phase] += hits
     return ends

@@ -68,6 +68,10 @@ REPORT_EVERY = 1.0  # s between an agent's replica reports (mindft.replica.sende
 AGENT_LOST_AFTER = 5.0  # s a capture may wait for its replica before the agent says protection is lost
 _NONE_IN_ANY_STATE = dict.fromkeys(RankState, 0)
 MAX_RESTARTS = 5  # each node agent's --max-restarts
+# The phases of an episode a fault can be scheduled in (:meth:`SimJob.fault_in_phase`).
+PHASES = ("pausing", "repairing", "leaving", "restarting", "rollback", "resuming")
+_PHASE_OF = {JobState.PAUSING: "pausing", JobState.REPAIRING: "repairing", JobState.ROLLBACK: "rollback",
+             JobState.RESUMING: "resuming"}
 
 
 class Violation(AssertionError):
@@ -219,11 +223,13 @@ class SimRank:
             sim.lose_node(node, sim.node_losses.pop((node, step)))
             return
         if (self.rank, step, self.incarnation) in sim.kills:
+            sim.injected.append((self.rank, sim.job.ranks.get(self.rank).progress + 1, step))
             self.mode = "dead"  # its node agent decides what follows
             sim.exited(self, -9)
             return
         fault = self.armed or sim.faults.pop((self.rank, step), None)
         if fault is not None:
+            sim.injected.append((self.rank, step, step))
             self.armed = None
             self.sim.to_job(self, FaultReport(self.rank, step, fault, "simulated"))
             self.mode = "follow"
@@ -280,6 +286,7 @@ class SimJob:
     replica_drop: float = 0.0  # chance a push never arrives
     node_losses: dict[tuple[int, int], float] = field(default_factory=dict)  # (node, step) -> replace after s
     scheduler_losses: set[int] = field(default_factory=set)  # steps whose first entry kills MindSpore's scheduler
+    phase_faults: list[tuple[str, int, str, float]] = field(default_factory=list)  # (phase, rank, kind, reset s)
 
     def __post_init__(self) -> None:
         if self.world_size % self.nodes:
@@ -315,6 +322,10 @@ class SimJob:
         self.node_lost = False  # a node was lost: a FAILED job must have had no common step
         self.truth: Optional[frozenset[int]] = None  # the steps every rank could restore when the job failed
         self.agents: dict[int, NodePolicy] = {}  # per node, from run() on (spread() may change the nodes)
+        self.phase_hits: dict[str, int] = dict.fromkeys(PHASES, 0)  # faults injected in each phase
+        # (rank, first, last) of every fault and kill inside a step: the steps the job may say it
+        # was in (a killed process's step is the one after its last report that arrived).
+        self.injected: list[tuple[int, int, int]] = []
 
     # ---- schedule ----
     def fail_at(self, rank: int, step: int, kind: FaultKind = FaultKind.UCE) -> SimJob:
@@ -352,6 +363,50 @@ class SimJob:
             self.device_failures.add((rank, step))
             self.failing = True
         return self
+
+    def fault_in_phase(self, phase: str, rank: int, kind: str = "device", seconds: float = 1.0) -> SimJob:
+        """When an episode first reaches ``phase`` (one of :data:`PHASES`; "leaving": a rank was
+        told to leave its device or killed and its process still runs; "restarting": a process
+        was ordered started and has not registered), rank ``rank``'s chip faults and is reset
+        for ``seconds`` ("device", if its process runs) or its process is killed ("kill")."""
+        if phase not in PHASES or kind not in ("device", "kill"):
+            raise ValueError(f"phase must be one of {PHASES} and kind 'device' or 'kill', got {phase!r}, {kind!r}")
+        self.phase_faults.append((phase, rank, kind, seconds))
+        return self
+
+    def _phases(self) -> set[str]:
+        """The phases of an episode the job is in now."""
+        job = self.job
+        phase = _PHASE_OF.get(job.state)
+        if phase is None:
+            return set()
+        phases = {phase}
+        for number, fault in job.recovery.faults.items():
+            if fault.left_at >= 0 and not fault.exited and self.ranks[number].alive:
+                phases.add("leaving")
+            if fault.start_ordered and fault.process_pending:
+                phases.add("restarting")
+        return phases
+
+    def _phase_faults(self) -> None:
+        if not self.phase_faults or self.job.result is not None:
+            return
+        phases = self._phases()
+        for planned in [p for p in self.phase_faults if p[0] in phases]:
+            self.phase_faults.remove(planned)
+            phase, number, kind, seconds = planned
+            rank = self.ranks[number]
+            if not rank.alive or self.node_of(number) in self.lost_nodes:
+                continue
+            self.phase_hits[phase] += 1
+            if kind == "kill":
+                record = self.job.ranks.get(number)
+                self.injected.append((number, record.progress + 1 if record else 0, rank.position + 1))
+                rank.mode = "dead"
+                self.exited(rank, -9)
+            elif number not in self.resetting and self.job.ranks.get(number) is not None:
+                self._apply(self.job.device(DeviceFaulty(number, "8C03A000", "reset"), self.now))
+                self.resetting[number] = (self.now, seconds, DeviceRecovered(number))
 
     # ---- the communicator ----
     def join_communicator(self, rank: SimRank) -> int:
@@ -589,7 +644,14 @@ class SimJob:
                     self.truth = self._restorable()
 
     def _check_bookkeeping(self) -> None:
-        """The rank table's incremental counts and ``alive`` flags match a full recount."""
+        """The rank table's incremental counts and ``alive`` flags match a full recount; no round
+        waits for a rank that was told to leave its device or killed."""
+        recovery = self.job.recovery
+        for number in recovery.waiting:
+            fault = recovery.faults.get(number)
+            if fault is not None and fault.left_at >= 0:
+                raise Violation(f"round {recovery.round} ({self.job.state.value}) waits for rank {number}, "
+                                f"which was told to leave its device or killed")
         table = self.job.ranks
         counted = _NONE_IN_ANY_STATE.copy()
         for record in table:
@@ -692,6 +754,7 @@ class SimJob:
             else:
                 choice.act()
             self._device_faults()
+            self._phase_faults()
             if self.now > max_seconds:
                 raise Violation(f"the job did not end within {max_seconds} simulated seconds "
                                 f"(state {self.job.state.value})")
@@ -716,6 +779,7 @@ class SimJob:
         self._report_replicas()
         self._device_plugin()
         self._apply(job.tick(self.now))
+        self._phase_faults()
         if self.finished_at is None and math.isinf(job.next_wakeup()):
             raise Violation("the job stopped waking up before it ended")
 
@@ -736,10 +800,16 @@ class SimJob:
                     raise Violation(f"job DONE but rank {rank.rank} exited {rank.exit_code} with model "
                                     f"{rank.model} (expected {expected_state(self.steps)})")
         else:
-            if self.node_lost and not self.failing and self.truth:
+            # A rank that failed twice in one step (or, its step being the last it reported, one
+            # apart) is deterministic: the job rightly ended.
+            twice = any(rank == other and first - 1 <= until and since - 1 <= last
+                        for i, (rank, first, last) in enumerate(self.injected)
+                        for other, since, until in self.injected[i + 1:])
+            deterministic = twice and "again after the job recovered" in result.reason
+            if self.node_lost and not self.failing and self.truth and not deterministic:
                 raise Violation(f"job FAILED after a node loss though every rank could restore step "
                                 f"{max(self.truth)}: {result.reason}")
-            if not self.failing and not self.node_lost:
+            if not self.failing and not self.node_lost and not deterministic:
                 raise Violation(f"job FAILED though every fault was recoverable: {result.reason}")
             for rank in ranks:
                 if rank.mode not in ("exited", "dead"):

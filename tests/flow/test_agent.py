@@ -7,7 +7,7 @@ from typing import Optional
 import pytest
 
 from mindft.exitcodes import ExitCode
-from mindft.flow.agent import (CONTROLLER_FINISH_TIMEOUT, DUMP_GRACE_PERIOD, AbortJob, KillWorker, NodePolicy,
+from mindft.flow.agent import (CONTROLLER_FINISH_TIMEOUT, DUMP_GRACE_PERIOD, AbortJob, Ending, KillWorker, NodePolicy,
                                Say, StartWorker, WatcherSupervision, WorkerPhase, job_exit_code)
 from mindft.flow.inputs import SchedulerLost
 from mindft.protocol import JobState, JobView, OrderKind, ProcessExit, RankOrder
@@ -39,6 +39,14 @@ def decisions(effects: list) -> list:
     # it left its device for a hot reset: back when the controller says (its device is back)
     (JobView(S.REPAIRING), ExitCode.LEFT_DEVICE, {}, [ProcessExit(1, ExitCode.LEFT_DEVICE, 101, True)],
      WorkerPhase.AWAITING_START),
+    # a crash while its chip is being reset: a new process would stop the reset, so back when the
+    # controller says (the chip is back), like a rank that left its device
+    (JobView(S.PAUSING, resetting=(1,)), -9, {}, [ProcessExit(1, -9, 101, True)], WorkerPhase.AWAITING_START),
+    (JobView(S.PAUSING, resetting=(0,)), -9, {}, [ProcessExit(1, -9, 101, True), StartWorker(1, 1, "")],
+     WorkerPhase.RUNNING),
+    # its script cannot re-enter training at the step it restored: a new process would do the same
+    (JobView(S.NORMAL), ExitCode.REWIND_REQUIRED, {}, [ProcessExit(1, ExitCode.REWIND_REQUIRED, 101, False)],
+     WorkerPhase.FINAL),
     # it dumped on its own while the job goes on: fail the job now, the others dump while fresh
     (JobView(S.NORMAL), ExitCode.DUMPED, {}, [ProcessExit(1, ExitCode.DUMPED, 101, False)], WorkerPhase.FINAL),
     # it dumped because the job failed: nothing to report
@@ -79,6 +87,22 @@ def test_crashes_are_bounded_by_max_restarts_then_the_job_is_told_it_lost_the_ra
     assert last == [ProcessExit(1, -9, 202, False)] and node.workers[1].final
 
 
+def test_restarts_of_every_worker_count_against_max_restarts_and_hot_resets_do_not() -> None:
+    node = policy(JobView(S.REPAIRING, restart_all=True), max_restarts=1)
+    node.on_order(RankOrder(0, OrderKind.KILL, "every worker restarts", pid=100))
+    assert decisions(node.on_exit(0, -9)) == [ProcessExit(0, -9, 100, True)]
+    node.on_order(RankOrder(0, OrderKind.START, "go"))
+    node.started(0, 300)
+    node.on_order(RankOrder(0, OrderKind.KILL, "every worker restarts", pid=300))
+    # out of restarts: the job is told at once; its state stays for the dying gasp
+    assert decisions(node.on_exit(0, -9)) == [ProcessExit(0, -9, 300, False)] and node.without_process() == [0]
+    for _ in range(3):  # hot resets are the device plugin's to bound
+        assert decisions(node.on_exit(1, ExitCode.LEFT_DEVICE)) == [ProcessExit(1, ExitCode.LEFT_DEVICE, 101, True)]
+        node.on_order(RankOrder(1, OrderKind.START, "the chip is back"))
+        node.started(1, 101)
+    assert node.workers[1].restarts_used == 0
+
+
 def test_crashes_count_across_restarts_of_every_worker() -> None:
     node = policy(JobView(S.NORMAL, restart_all=True), max_restarts=1)
     node.on_exit(1, -9)
@@ -103,7 +127,7 @@ def test_a_kill_without_restart_waits_for_the_start_and_a_repeated_start_is_igno
     assert decisions(node.on_order(RankOrder(1, OrderKind.KILL, "every worker restarts", pid=101))) == [
         KillWorker(1, 101, "every worker restarts")]
     assert decisions(node.on_exit(1, -9)) == [ProcessExit(1, -9, 101, True)]
-    assert node.workers[1].awaiting_start and node.workers[1].crashes == 0  # ordered: not a crash
+    assert node.workers[1].awaiting_start and node.workers[1].restarts_used == 1  # a restart costs one
     started = decisions(node.on_order(RankOrder(1, OrderKind.START, "go")))
     assert [_shape(e) for e in started] == [(StartWorker, 1, 1, False)]
     node.started(1, 400)
@@ -196,10 +220,10 @@ def test_a_lost_scheduler_is_said_with_its_cause_and_renews_the_cluster_at_the_f
     assert "killed by SIGKILL" in said[0].text and "no error line in its log" in said[0].text
     assert "every worker restarts behind a new scheduler (restart 1/2)" in said[0].text
     node.on_view(JobView(S.REPAIRING, restart_all=True))
-    for rank in (0, 1):  # the controller stops every worker: ordered, not crashes
+    for rank in (0, 1):  # the controller stops every worker: a restart each
         node.on_order(RankOrder(rank, OrderKind.KILL, "every worker restarts", pid=100 + rank))
         node.on_exit(rank, -9)
-    assert all(w.crashes == 0 for w in node.workers.values())
+    assert all(w.restarts_used == 1 for w in node.workers.values())
     first = decisions(node.on_order(RankOrder(0, OrderKind.START, "go")))
     node.started(0, 500)
     second = decisions(node.on_order(RankOrder(1, OrderKind.START, "go")))
@@ -318,3 +342,20 @@ def test_when_no_start_will_come_the_node_ends_and_dumps_the_ranks_waiting_for_o
     assert ending is not None and node.without_process() == [1]
     node.dumped(1, ok=True)
     assert node.exit_code(ending) == ExitCode.DUMPED
+
+
+def test_a_deterministic_failure_is_the_nodes_exit_code_unless_a_dying_gasp_failed() -> None:
+    node = policy(JobView(S.FAILED, exit_code=ExitCode.FAILED))
+    for rank in (0, 1):
+        node.on_exit(rank, ExitCode.DUMPED)
+    assert node.exit_code(Ending(ExitCode.FAILED)) == ExitCode.FAILED  # not 3: the script has a bug
+    node.workers[1].returncode = ExitCode.DUMP_FAILED
+    assert node.exit_code(Ending(ExitCode.FAILED)) == ExitCode.DUMP_FAILED
+
+
+def test_a_rank_stopped_after_the_job_failed_waits_for_its_dying_gasp_from_memory() -> None:
+    node = policy(JobView(S.FAILED, restart_all=True))
+    said = node.on_order(RankOrder(1, OrderKind.KILL, "the job failed", pid=101))
+    assert "(the job is over)" in said[0].text
+    assert decisions(node.on_exit(1, -9)) == [] and node.without_process() == [1]
+    assert node.workers[1].restarts_used == 0

@@ -20,7 +20,7 @@ from mindft.exitcodes import ExitCode
 from mindft.flow import Follower, JobState, RankState
 from mindft.protocol import FaultKind
 from explore import explore, random_job
-from sim import SimJob, Violation
+from sim import PHASES, SimJob, Violation
 
 SEEDS = 10_000
 
@@ -130,6 +130,29 @@ def test_seeded_schedules(seeds: range) -> None:
     assert ends["failed"] > 0               # and the failing ones are explored too
     assert ends["nodes lost"] > len(seeds) * 0.05  # and lost nodes, recovered or not
     assert ends["schedulers lost"] > len(seeds) * 0.05  # and MindSpore's scheduler lost mid-training
+    assert all(ends[phase] > len(seeds) * 0.01 for phase in PHASES), ends  # and faults in every phase of an episode
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_second_hot_reset_while_a_rank_leaves_its_chip_ends_exact(seed: int) -> None:
+    job = finished(SimJob(4, 8, seed=seed).device_reset_at(1, 4).fault_in_phase("leaving", 2))
+    assert job.phase_hits["leaving"] == 1 and job.outcome.exit_code == ExitCode.OK
+    assert job.ranks[1].incarnation == job.ranks[2].incarnation == 1
+
+
+@pytest.mark.parametrize("phase", ["pausing", "rollback"])
+def test_collectives_a_chip_reset_during_a_recovery_in_place_restarts_every_worker(phase: str) -> None:
+    job = finished(SimJob(3, 8, seed=11, collectives=True).fail_at(0, 3).fault_in_phase(phase, 0))
+    assert job.phase_hits[phase] == 1 and job.outcome.exit_code == ExitCode.OK
+    incarnations = {rank.incarnation for rank in job.ranks.values()}
+    assert len(incarnations) == 1 and incarnations != {0}  # every worker restarted, together
+
+
+def test_the_explorer_catches_a_round_that_waits_for_a_rank_told_to_leave(monkeypatch) -> None:
+    from mindft.flow.job import Job
+    monkeypatch.setattr(Job, "_answering", lambda self: {r.rank for r in self.ranks if r.alive})
+    with pytest.raises(AssertionError, match="waits for rank .*told to leave"):
+        explore(range(1_000))
 
 
 def test_a_seed_replays_the_same_schedule() -> None:
@@ -311,8 +334,16 @@ def test_the_explorer_catches_an_agent_that_restarts_a_rank_that_left_its_device
     # Without the rule, leaving the device looks like a crash: restarted at once, on the chip being reset.
     monkeypatch.setattr(NodePolicy, "on_exit", lambda self, rank, code: real(self, rank, 1 if code ==
                                                                              ExitCode.LEFT_DEVICE else code))
+    monkeypatch.setattr(NodePolicy, "resetting", lambda self, rank: False)
     with pytest.raises(AssertionError, match="started on its device while the device is reset"):
         explore(range(300))
+
+
+def test_the_explorer_catches_an_agent_that_restarts_a_crash_on_a_chip_being_reset(monkeypatch) -> None:
+    from mindft.flow.agent import NodePolicy
+    monkeypatch.setattr(NodePolicy, "resetting", lambda self, rank: False)
+    with pytest.raises(AssertionError, match="started on its device while the device is reset"):
+        explore(range(1_000))
 
 
 def test_the_explorer_catches_an_agent_that_restarts_one_rank_of_a_collective_job(monkeypatch) -> None:

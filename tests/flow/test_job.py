@@ -209,6 +209,54 @@ def test_the_hot_reset_contract_leave_the_device_then_come_back() -> None:
     assert d.job.state is S.ROLLBACK and d.actions(ActionKind.ROLLBACK)[-1].step == 3
 
 
+def test_a_second_hot_reset_while_a_rank_leaves_its_chip_does_not_wait_for_it() -> None:
+    # unrecovered for rank 1, then (0.2 s later) for ranks 1 and 2: rank 1 is on its way out.
+    d = Driver(4).start()
+    d.steps(3)
+    d.job.device(DeviceFaulty(1), d.now)
+    d.ack_all(ActionKind.PAUSE, 3, held=(2, 3))
+    assert [a.kind for a in d.actions(ActionKind.LEAVE_DEVICE)] == [ActionKind.LEAVE_DEVICE]
+    d.now += 0.2
+    d.job.device(DeviceFaulty(1), d.now)
+    d.job.device(DeviceFaulty(2), d.now)
+    assert d.job.state is S.PAUSING and d.job.recovery.round == 2
+    assert d.job.recovery.waiting == {0, 2, 3}  # a rank told to leave counts as gone
+    d.ack_all(ActionKind.PAUSE, 3, held=(2, 3), ranks=(0, 2, 3))
+    assert d.job.state is S.REPAIRING and len(d.actions(ActionKind.LEAVE_DEVICE)) == 2
+    for rank in (1, 2):
+        d.job.process_exit(ProcessExited(rank, ExitCode.LEFT_DEVICE, 100 + rank), d.now)
+        out = d.job.device(DeviceRecovered(rank), d.now)
+        assert [e.rank for e in out if isinstance(e, StartRank)] == [rank]
+        d.send(rank, Register(rank, 1, 200 + rank, (2, 3)), incarnation=1)
+    assert d.job.state is S.ROLLBACK and d.actions(ActionKind.ROLLBACK)[-1].step == 3
+
+
+def test_a_chip_that_faults_while_the_job_repairs_is_left_at_once() -> None:
+    d = Driver(2).start()
+    d.send(0, FaultReport(0, 1, FaultKind.UCE, "x"))
+    d.job.device(HoldRepairs(True), d.now)
+    d.ack_all(ActionKind.PAUSE, 0, held=(0,))
+    assert d.job.state is S.REPAIRING and not d.actions(ActionKind.LEAVE_DEVICE)
+    out = d.job.device(DeviceFaulty(0), d.now)  # the rank already in this recovery: no new round
+    leave = [e for e in out if isinstance(e, Send) and isinstance(e.message, Action)
+             and e.message.kind is ActionKind.LEAVE_DEVICE]
+    assert d.job.state is S.REPAIRING and [e.peer for e in leave] == [peer(0)]
+
+
+def test_a_rank_that_dies_while_its_chip_is_reset_is_started_when_the_chip_is_back() -> None:
+    d = Driver(2).start()
+    out = d.job.device(DeviceFaulty(1), d.now)
+    views = [e.message for e in out if isinstance(e, Broadcast) and isinstance(e.message, JobView)]
+    d.send(9, AgentHello(0, (0, 1)))
+    views += [e.message for e in d.effects if isinstance(e, Send) and isinstance(e.message, JobView)]
+    assert views and all(v.resetting == (1,) for v in views)  # no agent restarts it on its own
+    d.job.process_exit(ProcessExited(1, -9, 101), d.now)  # before it was told to leave
+    d.ack_all(ActionKind.PAUSE, 0, held=(0,), ranks=(0,))
+    assert d.job.state is S.REPAIRING
+    out = d.job.device(DeviceRecovered(1), d.now)
+    assert [e.rank for e in out if isinstance(e, StartRank)] == [1]
+
+
 def test_a_rank_that_does_not_leave_its_device_is_killed_in_time_and_not_restarted_early() -> None:
     d = Driver(2).start()
     d.job.device(DeviceFaulty(0), d.now)
@@ -250,6 +298,81 @@ def test_a_graceful_exit_stops_the_job_with_dumps() -> None:
     out = d.job.device(StopJob("Volcano graceful exit"), d.now)
     dumps = [e.message for e in out if isinstance(e, Broadcast) and isinstance(e.message, Action)]
     assert dumps and dumps[0].kind is ActionKind.DUMP_AND_EXIT and dumps[0].step == 3
+
+
+def _recover_in_place(d: Driver, step: int) -> None:
+    d.ack_all(ActionKind.PAUSE, step)
+    d.ack_all(ActionKind.ROLLBACK, step)
+    d.ack_all(ActionKind.RESUME, step)
+    assert d.job.state is S.NORMAL
+
+
+def test_an_exception_from_the_training_script_ends_the_job_at_once_with_exit_1() -> None:
+    d = Driver(2).start()
+    d.steps(4)
+    out = d.send(1, FaultReport(1, 5, FaultKind.USER_ERROR, "ValueError: bad batch"))
+    assert d.job.state is S.FAILED and d.job.result.exit_code == ExitCode.FAILED
+    assert "rank 1 raised an exception from the training script in step 5" in d.job.result.reason
+    assert d.actions(ActionKind.DUMP_AND_EXIT)[-1].step == 4 and not d.actions(ActionKind.ROLLBACK)
+    assert d.job.status(d.now).recoveries == 0 and d.job._view().exit_code == ExitCode.FAILED
+    assert any(isinstance(e, Finish) for e in out)
+
+
+@pytest.mark.parametrize("kind, first, again, final", [
+    (FaultKind.UCE, 5, 5, True),                    # the same step again: deterministic
+    (FaultKind.UCE, 5, 6, False),                   # another step: a new fault, recovered
+    (FaultKind.COMMUNICATION, 5, 5, True),
+    (FaultKind.UNKNOWN, 5, 4, False),
+])
+def test_the_same_fault_in_the_same_step_after_a_recovery_ends_the_job(kind, first, again, final) -> None:
+    d = Driver(2).start()
+    d.steps(first - 1)
+    d.send(0, FaultReport(0, first, kind, "x"))
+    _recover_in_place(d, first - 1)
+    d.steps(again - 1)
+    d.send(0, FaultReport(0, again, kind, "x"))
+    assert (d.job.state is S.FAILED) is final
+    if final:
+        assert f"rank 0 {kind.name} in step {again} again after the job recovered from it" in d.job.result.reason
+        assert d.job._view().exit_code == ExitCode.FAILED
+
+
+@pytest.mark.parametrize("again, final", [(5, True), (6, True), (7, False)])
+def test_a_process_lost_again_within_a_step_of_the_last_loss_ends_the_job(again: int, final: bool) -> None:
+    # A lost process's step is the one after its last report that arrived: it may lag by one.
+    d = Driver(2).start()
+    d.steps(4)
+    d.job.process_exit(ProcessExited(1, -9, 101), d.now)
+    d.ack_all(ActionKind.PAUSE, 4, ranks=(0,))
+    d.send(1, Register(1, 1, 201, (3, 4)), incarnation=1)
+    for kind in (ActionKind.ROLLBACK, ActionKind.RESUME):
+        for rank in (0, 1):
+            d.send(rank, Ack(rank, kind, 4, (3, 4), d.job.recovery.round), incarnation=rank)
+    assert d.job.state is S.NORMAL
+    for step in range(5, again):
+        for rank in (0, 1):
+            d.send(rank, StepReport(rank, step, d.job.recovery.round), incarnation=rank)
+    d.job.process_exit(ProcessExited(1, -9, 201), d.now)
+    assert (d.job.state is S.FAILED) is final
+
+
+def test_a_failed_job_whose_ranks_may_be_blocked_in_a_collective_stops_them_for_their_agents_to_dump() -> None:
+    d = Driver(2)
+    d.job = Job(2, T, 0.0, restart_scope="all")
+    d.start()
+    d.send(9, AgentHello(0, (0, 1)))
+    d.steps(3)
+    out = d.send(1, FaultReport(1, 4, FaultKind.USER_ERROR, "ValueError"))
+    kills = [e for e in out if isinstance(e, KillRank)]
+    assert [(k.rank, k.restart, k.agent) for k in kills] == [(0, False, peer(9)), (1, False, peer(9))]
+    assert all(not e.peers for e in out if isinstance(e, Broadcast) and isinstance(e.message, Action))
+
+
+def test_a_rank_that_cannot_rewind_fails_the_job_with_its_own_exit_code() -> None:
+    d = Driver(2).start()
+    d.job.process_exit(ProcessExited(1, ExitCode.REWIND_REQUIRED, 101), d.now, will_restart=False)
+    assert d.job.state is S.FAILED and d.job._view().exit_code == ExitCode.REWIND_REQUIRED
+    assert "Model.train cannot re-enter" in d.job.result.reason
 
 
 def test_process_exits_stale_pid_ignored_current_pauses_final_fails() -> None:
@@ -523,7 +646,8 @@ def test_the_status_says_who_a_recovery_waits_for_and_when_it_times_out() -> Non
     d.ack_all(ActionKind.PAUSE, 2)
     d.job.process_exit(ProcessExited(2, -9, 102), d.now)
     d.now = 4.0
-    assert d.job.status(d.now).waiting == "rank 0, rank 1"  # a new round: the live ranks pause again
+    # A new round: the live ranks pause again, but rank 1, told to leave its chip, counts as gone.
+    assert d.job.status(d.now).waiting == "rank 0"
     d.ack_all(ActionKind.PAUSE, 2, ranks=[0, 1])
     status = d.job.status(d.now)
     assert status.state is S.REPAIRING

@@ -24,6 +24,7 @@ Options (after the prefix):
   CRASH_ALWAYS       "RANK": that rank exits with code 7 at step 2 in every incarnation
   GIVE_UP            "RANK:STEP[:CODE]": that rank exits CODE (default 3, as after its own dying gasp) inside STEP
   IGNORE_TERM        "1": ignore SIGTERM (the launcher must escalate to SIGKILL)
+  LEAVE_SECONDS      seconds a rank takes to leave its device once told (default 0; a real one tears down)
   NO_FILE_REPLICA    "1": a restarted rank finds its state only in its node agent's memory
   DATA_PARALLEL      "1": every rank's weights are the same, as data-parallel ranks' are
   HOLD               "STEP": before capturing STEP (first incarnation only), wait until the file
@@ -96,6 +97,7 @@ class Options:
         self.no_file_replica = get("NO_FILE_REPLICA") == "1"
         self.model_rank = 0 if get("DATA_PARALLEL") == "1" else rank
         self.hold = int(get("HOLD")) if get("HOLD") else None
+        self.leave_seconds = float(get("LEAVE_SECONDS", "0"))
 
 
 class Fake:
@@ -252,6 +254,7 @@ class LoopRank(Fake):
     def leave_device(self, reason: str) -> NoReturn:
         self.event("left_device", reason=reason)
         self.say(f"leaves its device: {reason}")
+        time.sleep(self.options.leave_seconds)
         self.processor.close()
         sys.exit(6)  # ExitCode.LEFT_DEVICE: its buddy's copy (the replica file) outlives it
 

@@ -119,7 +119,7 @@ def test_a_uce_before_the_all_reduce_restarts_every_worker_after_the_stall(api: 
         assert "restarting every worker" in out
     else:
         # The PAUSE reached rank 1 before its gate: it abandoned step 9 there and rolled back in
-        # place (rank 0's drill fails step 9 again on every replay until its process gives up).
+        # place.
         assert "every live rank paused" in out and "rank=1 step 9 interrupted before its collectives" in out
     assert_ranks_identical(tmp_path / "run" / "out", references(api, 2), 2)
 
@@ -248,4 +248,55 @@ def test_a_killed_scheduler_restarts_every_worker_behind_a_new_one(tmp_path: Pat
     assert "a new MindSpore scheduler (pid" in out and "job failed" not in out
     assert (tmp_path / "run" / "logs" / "scheduler.0.log").is_file()  # the lost one's log, kept
     assert_ranks_identical(tmp_path / "run" / "out", references("model", 2), 2)
+    assert processes.leftovers() == []
+
+
+# ---- deterministic failures end the job: a bug is not a device fault ----
+
+def _dumped_steps(run_dir: Path) -> list[int]:
+    """The step of every dying-gasp checkpoint written for the job."""
+    steps = []
+    for path in sorted((run_dir / "dump").rglob("*.ckpt")):
+        checkpoint = ms.load_checkpoint(str(path))
+        steps.append(int(np.asarray(checkpoint["global_step"].asnumpy()).reshape(-1)[0]))
+    return steps
+
+
+@pytest.mark.parametrize("api", ["model", "loop"])
+def test_a_bug_in_the_training_script_ends_the_job_at_once(api: str, tmp_path: Path, processes: Processes) -> None:
+    code, output = launch(processes, tmp_path, "run", 2, *api_args(api), "--fault-step", "9", "--fault-rank", "1",
+                          "--fault-kind", "bug")
+    out = output.read_text()
+    assert code == ExitCode.FAILED, out[-4000:]
+    assert "rank=1: the training script raised an exception in step 9, not a device fault" in out, out[-4000:]
+    assert out.count("Traceback (most recent call last)") == 1, out[-6000:]  # said once, with its traceback
+    assert "rank 1 raised an exception from the training script in step 9" in out
+    assert "restarting" not in out and "incarnation 1" not in out  # not retried
+    steps = _dumped_steps(tmp_path / "run")
+    assert len(steps) == 2 and len(set(steps)) == 1, steps  # every rank's dying gasp, of one step
+    assert processes.leftovers() == []
+
+
+def test_a_rank_that_dies_in_the_same_step_again_ends_the_job_after_one_retry(tmp_path: Path,
+                                                                              processes: Processes) -> None:
+    code, output = launch(processes, tmp_path, "run", 2, "--fault-step", "9", "--fault-rank", "1",
+                          "--fault-kind", "exit-always")
+    out = output.read_text()
+    assert code == ExitCode.FAILED, out[-4000:]
+    assert out.count("restarting every worker from the node agents' memory") == 1, out[-4000:]
+    assert "rank 1 PROCESS_DIED in step 9 again after the job recovered from it" in out, out[-4000:]
+    steps = _dumped_steps(tmp_path / "run")
+    assert len(steps) == 2 and len(set(steps)) == 1, steps
+    assert processes.leftovers() == []
+
+
+def test_rewind_required_after_a_restart_exits_7_with_one_line(tmp_path: Path, processes: Processes) -> None:
+    # model.train with the callback cannot go back to the step a restarted process restores.
+    code, output = launch(processes, tmp_path, "run", 2, "--callback", "--fault-step", "9", "--fault-rank", "1",
+                          "--fault-kind", "kill")
+    out = output.read_text()
+    assert code == ExitCode.REWIND_REQUIRED, out[-4000:]
+    assert out.count("restarting every worker from the node agents' memory") == 1, out[-4000:]
+    assert re.search(r"mindft: rank \d: rolled back to step \d+: re-enter training at batch", out), out[-4000:]
+    assert "Traceback" not in out and "not restarting rank" in out
     assert processes.leftovers() == []
