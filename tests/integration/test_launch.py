@@ -183,7 +183,8 @@ def test_a_second_hot_reset_while_a_rank_leaves_its_chip(launch: Callable[..., J
     write_reset_file(reset, fault_state([1], policy="reset"))
     job.wait_until(lambda: "leaves its device" in job.text(), "rank 1 to be told to leave")
     write_reset_file(reset, fault_state([1, 2], policy="reset"))
-    job.wait_until(lambda: job.text().count("left its device for a hot reset") >= 2, "ranks 1 and 2 to leave")
+    job.wait_until(lambda: all(f"rank {rank} left its device for a hot reset;" in job.text() for rank in (1, 2)),
+                   "ranks 1 and 2 to leave their chips")
     write_reset_file(reset, fault_state([1, 2], "recovered", policy="reset"))
     assert job.wait() == 0, job.text()
     out = job.text()
