@@ -96,7 +96,7 @@ def _fail(message: str) -> None:
 @click.option("--join", type=click.BOOL, default=None,
               help="Accepted for msrun compatibility; mindft-launch always stays with the job.")
 @click.option("--max-restarts", type=click.IntRange(0, 1000), default=3, show_default=True,
-              help="Times each rank may be restarted after it crashed.")
+              help="Times each rank may be restarted (a restart of every worker counts; a hot reset's does not).")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Private directory for the key file, logs and job.json. Default: a new temporary one.")
 @click.option("--log-dir", "--log_dir", "log_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -124,15 +124,17 @@ def main(**params: Any) -> None:
     msrun's option names are accepted too: change the command name and keep
     the rest. Node 0 also runs mindft's controller and its watcher of the
     device plugin's reset file. Each rank's output is printed prefixed with
-    [rank N]; a crashed rank is restarted up to --max-restarts times; the
-    launcher exits with the job's result.
+    [rank N]; a crashed rank is restarted up to --max-restarts times (an
+    exception from the script is not retried); the launcher exits with the
+    job's result.
 
     \b
     Exit codes: 0  every rank finished
-                1  the job failed (or a rank's own crash code)
+                1  the job failed, or the script has a bug (or a rank's own crash code)
                 2  bad usage or configuration; nothing was started
                 3  every rank wrote its dying-gasp checkpoint
                 4  a rank had to stop but could not write its checkpoint
+                7  Model.train could not go back to the step a rank restored
                 130/143  interrupted by SIGINT/SIGTERM
     """
     _setup_logging(params["verbose"])

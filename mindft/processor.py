@@ -246,6 +246,13 @@ class Processor:
         else:
             self._context.term()
 
+    def fail(self, reason: str) -> None:
+        """Break the link from outside (any thread): every wait and send raises ProcessorError(reason)."""
+        with self._cond:
+            if self._error is None:
+                self._error = reason
+            self._cond.notify_all()
+
     def _raise_if_broken(self) -> None:
         if self._closed:
             raise ProcessorError(f"rank {self.rank}: processor is closed")

@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import logging
 import os
+import select
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, NoReturn, Optional, Protocol, Sequence, Tuple
@@ -118,7 +121,7 @@ class RankLoop:
                     return None
                 action = None
         except ProcessorError as error:
-            self.hooks.dump_and_exit(-1, f"lost the controller: {error}")
+            self._give_up(str(error))
 
     def end_step(self, step: int, capture: Callable[[int], None]) -> Optional[int]:
         """The end of ``step``: on a capture step wait for the window and ``capture(step)``, then
@@ -141,8 +144,12 @@ class RankLoop:
                 return None
             action = processor.poll_action()
         except ProcessorError as error:
-            self.hooks.dump_and_exit(-1, f"lost the controller: {error}")
+            self._give_up(str(error))
         return None if action is None else self.follow(action)
+
+    def _give_up(self, reason: str) -> NoReturn:
+        """The job is out of reach: the dying gasp of the step every rank holds, as last heard."""
+        self.hooks.dump_and_exit(self.processor.follower.orphan_step(), reason)
 
     def fault(self, kind: FaultKind, detail: str, step: int) -> Optional[int]:
         """A fault of ``kind`` inside ``step``: report it and follow the recovery. Returns what
@@ -155,7 +162,7 @@ class RankLoop:
         try:
             self.processor.report_fault(kind, detail, step)
         except ProcessorError as lost:
-            self.hooks.dump_and_exit(-1, f"lost the controller while reporting {kind.name}: {lost}")
+            self._give_up(f"lost the controller while reporting {kind.name}: {lost}")
         return self.follow()
 
     def finish(self, step: int) -> Optional[int]:
@@ -164,7 +171,7 @@ class RankLoop:
         try:
             self.processor.done(step)
         except ProcessorError as error:
-            self.hooks.dump_and_exit(-1, f"lost the controller: {error}")
+            self._give_up(str(error))
         while not self.finished_job:
             resumed = self.follow()
             if resumed is not None:
@@ -200,6 +207,54 @@ def replica_buddy(config: MindftConfig) -> Optional[int]:
     if config.world_size == 1 or config.replica_buddy == -1:
         return None
     return (config.rank + 1) % config.world_size if config.replica_buddy is None else config.replica_buddy
+
+
+def _exit_now(code: int) -> NoReturn:
+    """Exit with ``code`` without the interpreter's teardown, the logs and output flushed."""
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+class AgentWatch:
+    """Waits in a daemon thread, without polling (a pidfd), for the node agent's exit, then calls
+    ``gone(pid, ending)``; ``ending`` is set once the rank ends on its own (Linux >= 5.3; elsewhere
+    the watch does nothing)."""
+
+    def __init__(self, pid: int, gone: Callable[[int, threading.Event], None]) -> None:
+        self.ending = threading.Event()
+        self.gone = False  # the agent exited
+        self._wake_read, self._wake_write = os.pipe()
+        try:
+            agent: Optional[int] = os.pidfd_open(pid)
+        except ProcessLookupError:
+            agent = None  # gone already
+        except (AttributeError, OSError):
+            return
+        threading.Thread(target=self._run, args=(pid, agent, gone), name="mindft-agent-watch", daemon=True).start()
+
+    def _run(self, pid: int, agent: Optional[int], gone: Callable[[int, threading.Event], None]) -> None:
+        if agent is not None:
+            readable, _, _ = select.select([agent, self._wake_read], [], [])
+            os.close(agent)
+            if self._wake_read in readable:
+                os.close(self._wake_read)
+                return
+        self.gone = True
+        gone(pid, self.ending)
+
+    def close(self) -> None:
+        self.ending.set()
+        try:
+            os.write(self._wake_write, b"x")
+            os.close(self._wake_write)
+        except OSError:
+            pass
 
 
 class RankEngine:
@@ -243,6 +298,7 @@ class RankEngine:
         self._overlapped_capture = 0.0  # the synchronous part of an overlapped capture still copying
         self._interrupt: Optional[Action] = None  # an action that interrupted the step before its collectives
         self._rollback_started = 0.0
+        self._agent_watch: Optional[AgentWatch] = None
         self.last_recovery: Dict[str, float] = {}
         if not self.enabled:
             log.info("rank=%d mindft off (MS_ENABLE_TFT=%r enables nothing): training runs unprotected",
@@ -279,6 +335,8 @@ class RankEngine:
             adopted = self._adopt_replica()
         self.processor = Processor(config, self._keeper.endpoint if self._keeper else "", keys=self._keys,
                                    snapshot_every=self._snapshot_every)
+        if config.launcher_pid:
+            self._agent_watch = AgentWatch(config.launcher_pid, self._agent_gone)
         self.loop = RankLoop(self.processor, self)
         self.loop.costs = self.costs
         self.loop.lockstep = collectives  # a fault at a boundary then rolls back in place
@@ -297,6 +355,9 @@ class RankEngine:
 
     def close(self) -> None:
         """Leave the job: stop the replication and the processor, free the snapshots (idempotent)."""
+        if self._agent_watch is not None:
+            self._agent_watch.close()
+            self._agent_watch = None
         if self._replication is not None:
             self._replication.close()
             self._replication = None
@@ -321,6 +382,21 @@ class RankEngine:
         self.store.wait()
         log.info("rank=%d done at step %d; waiting for the other ranks", self.config.rank, self.step)
         return self.loop.finish(self.step)
+
+    def _agent_gone(self, pid: int, ending: threading.Event) -> None:
+        """The node agent (``pid``) is gone (the agent watch's thread): nothing restarts this rank
+        or keeps its snapshots any more. The training thread ends it with its dying gasp at its
+        next step boundary; when it has not begun to after ``timeouts.dead_after`` (blocked in a
+        collective whose peer is gone), this thread writes it and ends the process."""
+        log.error("rank=%d its node agent (pid %d) is gone: the rank ends with its dying gasp", self.config.rank, pid)
+        processor = self.processor
+        if processor is None:
+            return
+        processor.fail(f"rank {self.config.rank}: its node agent (pid {pid}) is gone")
+        if ending.wait(self.config.timeouts.dead_after):
+            return
+        path = self._dump_quietly(processor.follower.orphan_step(), "its node agent is gone; training is blocked")
+        _exit_now(ExitCode.DUMPED if path is not None else ExitCode.DUMP_FAILED)
 
     # ---- step boundaries -----------------------------------------------------------------
 
@@ -426,11 +502,18 @@ class RankEngine:
 
     def dump_and_exit(self, step: int, reason: str) -> NoReturn:
         """Write the dying-gasp checkpoint of ``step`` (-1: newest) and exit: 3 if written, 4 if not."""
+        watch = self._agent_watch
+        if watch is not None:
+            watch.ending.set()  # this thread writes it, not the watch
         path = self._dump_quietly(step, reason)
         log.critical("rank=%d stops: %s; dying-gasp checkpoint: %s", self.config.rank, reason,
                      path or "NOT written")
         self.close()
-        raise SystemExit(ExitCode.DUMPED if path is not None else ExitCode.DUMP_FAILED)
+        code = ExitCode.DUMPED if path is not None else ExitCode.DUMP_FAILED
+        if watch is not None and watch.gone:
+            # Nobody would stop a teardown that waits for MindSpore's cluster, which went with the agent.
+            _exit_now(code)
+        raise SystemExit(code)
 
     # ---- what a front end adds to a snapshot -----------------------------------------------
 

@@ -29,7 +29,9 @@ log = logging.getLogger(__name__)
 # unregistered. msrun runs the training script itself in this role; a command of its own keeps
 # the script's code (argument parsing, output files) out of the scheduler, which needs none of it.
 CLUSTER_FORMED_LINE = "Cluster is successfully initialized"  # in the scheduler's log (MindSpore 2.x)
-SCHEDULER_COMMAND = ("-c", "from mindspore.communication import init; init()")
+# It dies with its parent (the agent, or a warm start's waiter): no scheduler outlives the agent.
+SCHEDULER_COMMAND = ("-c", "from mindft.zygote import die_with_parent; die_with_parent(); "
+                           "from mindspore.communication import init; init()")
 SCHEDULER_LISTEN_WAIT = 5.0  # for a started scheduler to listen, before the workers start
 
 

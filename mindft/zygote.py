@@ -8,7 +8,10 @@ over one Unix socket (:mod:`mindft.warm`). Each request is a :class:`ForkRequest
 descriptors: the worker's output and a status pipe. The warm process forks a *waiter*, which forks
 the worker, writes ``pid N`` and, once the worker ended, ``exit CODE`` (Popen's convention: ``-N``
 for a signal) to the status pipe. The waiter, not the warm process, is the worker's parent, so an
-exit is reported even after the warm process is gone.
+exit is reported even after the warm process is gone; the waiter ends with the node agent (it
+watches the agent's pid), so nothing it started outlives the agent: MindSpore's scheduler dies
+with its parent (:func:`die_with_parent` in its command), a rank ends itself with its dying
+gasp (:mod:`mindft.rank`).
 
 The worker becomes what a cold start gives: its own session, output on fds 1 and 2, stdin from
 /dev/null, the request's working directory, environment and ``sys.argv``, the signal dispositions
@@ -77,7 +80,8 @@ def runnable(argv: Sequence[str], executable: str) -> bool:
 
 def serve() -> None:
     """Preload, say ready, then fork a waiter per request until the agent closes its end."""
-    _die_with_parent()
+    die_with_parent()
+    agent = os.getppid()
     control = socket.socket(fileno=int(sys.argv[1]))  # its end of the agent's socket
     preload = [name.strip() for name in os.environ.pop(PRELOAD_VARIABLE, "").split(",") if name.strip()]
     for name in preload:
@@ -103,14 +107,15 @@ def serve() -> None:
             return
         if not data:
             return  # the agent is gone
-        worker = _fork_waiter(data, fds, control, (wakeup_read, wakeup_write), previous_chld)
+        worker = _fork_waiter(data, fds, control, (wakeup_read, wakeup_write), previous_chld, agent)
         if worker is not None:
             break
     # The worker: returning from here ends the interpreter as a cold start's script would.
     _become(*worker)
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
+    """SIGKILL this process when its parent exits (Linux; elsewhere nothing)."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
@@ -128,7 +133,7 @@ def _reap() -> None:
 
 
 def _fork_waiter(data: bytes, fds: Sequence[int], control: socket.socket, wakeup: Tuple[int, int],
-                 previous_chld: Any) -> Optional[Tuple[ForkRequest, int]]:
+                 previous_chld: Any, agent: int) -> Optional[Tuple[ForkRequest, int]]:
     """Fork the waiter for one request. The warm process gets None and goes on; the waiter forks
     the worker and reports on it until it ends; the worker gets its request and output fd."""
     if len(fds) != 2:
@@ -160,14 +165,31 @@ def _fork_waiter(data: bytes, fds: Sequence[int], control: socket.socket, wakeup
         return request, output
     os.close(output)
     os.write(status, f"pid {worker}\n".encode())
-    while True:
-        try:
-            _, code = os.waitpid(worker, 0)
-            break
-        except InterruptedError:
-            continue
+    if not _wait_for_exit(worker, agent):
+        os._exit(0)  # the agent is gone: nobody to report to, and nothing of the job may outlive it
+    _, code = os.waitpid(worker, 0)
     os.write(status, f"exit {os.waitstatus_to_exitcode(code)}\n".encode())
     os._exit(0)
+
+
+def _wait_for_exit(worker: int, agent: int) -> bool:
+    """Wait until ``worker`` exited (True) or the agent did (False), without polling."""
+    try:
+        watched = [os.pidfd_open(worker)]
+    except (AttributeError, OSError):  # no pidfd (not Linux >= 5.3): the worker alone
+        return True
+    try:
+        watched.append(os.pidfd_open(agent))
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    while True:
+        try:
+            readable, _, _ = select.select(watched, [], [])
+        except InterruptedError:
+            continue
+        return watched[0] in readable
 
 
 def _become(request: ForkRequest, output: int) -> None:

@@ -231,6 +231,12 @@ class Follower:
         if step > self.slowest:
             self.slowest = step
 
+    def orphan_step(self) -> int:
+        """The step to dump when the job can no longer name one (its controller or its node agent
+        lost): the newest capture at or before the step every rank finished, as last heard, which
+        the window keeps held by every rank, so that every rank orphaned alike dumps the same step."""
+        return self.schedule.at_or_before(self.slowest)
+
     def on_action(self, action: Action) -> Command:
         """What ``action`` asks of this rank."""
         kind = action.kind

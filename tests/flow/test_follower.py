@@ -172,3 +172,10 @@ def test_costs_are_smoothed_and_not_reported_before_both_are_measured() -> None:
 ])
 def test_a_restarted_rank_joins_the_recovery(restarted: bool, adopted: bool, state: str, follows: bool) -> None:
     assert joins_recovery(restarted, adopted, state) is follows
+
+
+@pytest.mark.parametrize("every, slowest, expected", [(1, 7, 7), (3, 7, 6), (3, 5, 3), (2, 0, 0)])
+def test_an_orphaned_rank_dumps_the_capture_every_rank_holds_as_last_heard(every, slowest, expected) -> None:
+    follower = Follower(0, every)
+    follower.on_progress(slowest)
+    assert follower.orphan_step() == expected

@@ -300,3 +300,25 @@ def test_rewind_required_after_a_restart_exits_7_with_one_line(tmp_path: Path, p
     assert re.search(r"mindft: rank \d: rolled back to step \d+: re-enter training at batch", out), out[-4000:]
     assert "Traceback" not in out and "not restarting rank" in out
     assert processes.leftovers() == []
+
+
+@pytest.mark.parametrize("warm", ["1", "0"], ids=["warm-starts", "cold-starts"])
+def test_the_node_agent_killed_leaves_same_step_dying_gasps_and_no_process(warm: str, tmp_path: Path,
+                                                                          processes: Processes) -> None:
+    """SIGKILL of mindft-launch (node 0's agent, with the controller in it): every rank writes its
+    dying gasp of one step from its own memory, and nothing of the job outlives the agent."""
+    launcher, output = launch(processes, tmp_path, "run", 2, "--step-seconds", "0.2", wait=False,
+                              MINDFT_WARM_START=warm)
+    job_file = tmp_path / "run" / "job.json"
+    _wait_for(job_file, launcher, output, lambda s: s.state == "NORMAL" and s.step >= 6, "training")
+    processes.remember(launcher.pid)
+    assert len(processes.seen) >= 3  # MindSpore's scheduler, two ranks (the warm process and its waiters)
+    launcher.kill()
+    launcher.wait()
+    deadline = time.monotonic() + 60
+    while processes.leftovers() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes.leftovers() == []
+    # (their output went to the agent's pipes: the dying gasps are what they leave)
+    steps = _dumped_steps(tmp_path / "run")
+    assert len(steps) == 2 and len(set(steps)) == 1 and steps[0] >= 6, steps
