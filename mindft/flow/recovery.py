@@ -109,7 +109,6 @@ class Recovery:
         self.known = frozenset(held) if self.known is None else self.known & frozenset(held)
 
 
-
 def retried(kind: FaultKind) -> bool:
     """Whether a fault of ``kind`` is worth a recovery: not an exception from the training script,
     which would raise again in the same step."""
