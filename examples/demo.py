@@ -281,7 +281,7 @@ def _demo(argv: Optional[list[str]]) -> int:
                     MINDFT_HEARTBEAT_INTERVAL="0.2", MINDFT_RESET_POLL_INTERVAL="0.1")
     base_env.pop("MINDFT_KEY_FILE", None)
 
-    say(f"1/3 reference: {args.nproc} ranks, data-parallel, {steps} steps, no fault")
+    say(f"stage 1 of 3, the reference: {args.nproc} ranks, data-parallel, {steps} steps, no fault")
     ref_env = dict(base_env, MINDFT_RESET_FILE=str(work / "ref-reset" / "reset.json"),
                    MINDFT_DUMP_DIR=str(work / "ref-dump"))
     reference = Run("reference", launcher_command(args.nproc, work / "ref-run", work / "ref", args.epochs,
@@ -294,10 +294,10 @@ def _demo(argv: Optional[list[str]]) -> int:
 
     reset_file = work / "reset" / "reset.json"
     if args.fault == "hot-reset":
-        say(f"2/3 the same training; at step {args.fault_step} the device plugin hot-resets rank "
+        say(f"stage 2 of 3, the same training; at step {args.fault_step} the device plugin hot-resets rank "
             f"{args.fault_rank}'s chip (writing {reset_file})")
     else:
-        say(f"2/3 the same training; at step {args.fault_step} rank {args.fault_rank}'s process is killed")
+        say(f"stage 2 of 3, the same training; at step {args.fault_step} rank {args.fault_rank}'s process is killed")
     fault_env = dict(base_env, MINDFT_RESET_FILE=str(reset_file), MINDFT_DUMP_DIR=str(work / "fault-dump"))
     faulted = Run("faulted", launcher_command(args.nproc, work / "fault-run", work / "fault", args.epochs,
                                               args.step_seconds, args.train_args), fault_env, args.verbose)
@@ -328,7 +328,7 @@ def _demo(argv: Optional[list[str]]) -> int:
         print("".join(faulted.lines[-40:]), end="")
         return 1
 
-    say("3/3 final weights, reference vs faulted run:")
+    say(f"stage 3 of 3, the final weights of all {args.nproc} ranks, reference vs faulted run:")
     identical = compare(work / "ref", work / "fault")
     if identical:
         what = "hot reset of" if args.fault == "hot-reset" else "killed process of"

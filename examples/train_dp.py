@@ -11,6 +11,9 @@ dataset)``. It runs the same under msrun and under mindft-launch::
     MS_ENABLE_TFT='{RSC:1}' mindft-launch --worker_num 2 --local_worker_num 2 \\
           --master_port 8118 examples/train_dp.py --out /tmp/dp
 
+The device is ``--device-target`` (default: the ``DEVICE_TARGET`` environment variable, else
+CPU): examples/k8s/volcano-job.yaml runs this script on Ascend.
+
 Each rank writes its final parameters and optimizer moments to ``OUT/rank<R>.npz``
 (``--out``, or the ``TRAIN_DP_OUT`` environment variable); data parallelism keeps
 the replicas identical, so every rank's file holds the same numbers.
@@ -186,6 +189,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=8, help="per rank")
     parser.add_argument("--samples", type=int, default=256, help="in the whole data set")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--device-target", choices=("CPU", "Ascend", "GPU"),
+                        default=os.environ.get("DEVICE_TARGET", "CPU"),
+                        help="MindSpore's device (default: the DEVICE_TARGET environment variable, else CPU)")
     parser.add_argument("--out", type=Path, default=os.environ.get("TRAIN_DP_OUT") or None,
                         help="write final weights to OUT/rank<R>.npz [env: TRAIN_DP_OUT]")
     parser.add_argument("--loop", action="store_true", help="a hand-written loop instead of Model.train")
@@ -201,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     timeline.started()
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    ms.set_device("CPU")
+    ms.set_device(args.device_target)
     ms.set_deterministic(True)
     init()  # MCCL on CPU; the scheduler process (MS_ROLE=MS_SCHED) serves the cluster here, then exits
     ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)

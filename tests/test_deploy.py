@@ -198,8 +198,8 @@ def test_volcano_job_args_are_valid_launcher_arguments() -> None:
     # The training script is one the image contains: Dockerfile.train copies examples/ into /opt/mindft.
     lines = _dockerfile()
     assert lines.index("WORKDIR /opt/mindft") < lines.index("COPY examples ./examples")
-    assert params["script"] == "/opt/mindft/examples/train_mlp.py"
-    assert (ROOT / "examples" / "train_mlp.py").exists()
+    assert params["script"] == "/opt/mindft/examples/train_dp.py"
+    assert (ROOT / "examples" / "train_dp.py").exists()
     assert any(port["containerPort"] == params["master_port"] for port in container["ports"])
 
 
@@ -503,3 +503,33 @@ def test_dockerfile_enables_rsc_and_starts_the_launcher() -> None:
 def test_every_manifest_has_kind_and_name(path: Path) -> None:
     for document in load_yaml(path):
         assert document["apiVersion"] and document["kind"] and document["metadata"]["name"]
+
+
+@pytest.mark.slow
+@pytest.mark.mindspore
+@pytest.mark.timeout(300)
+def test_the_volcano_jobs_command_trains_here_on_cpu(tmp_path: Path) -> None:
+    """The manifest's mindft-launch command, scaled to one node of 2 CPU processes and pointed at
+    this machine, with the device the pod's environment names overridden: it trains, protected,
+    to the end (a manifest cannot drift from a script that runs)."""
+    from harness import environment, free_port_pair
+
+    _, job = _volcano_job()
+    [task] = job["spec"]["tasks"]
+    [container] = _containers(task["template"]["spec"])
+    here = {"--nproc": "2", "--nnodes": "1", "--master-addr": "127.0.0.1",
+            "--master-port": str(free_port_pair()), "--key-file": str(tmp_path / "keys.json"),
+            "--out": str(tmp_path / "out")}
+    args = [str(arg) for arg in container["args"]]
+    args = [here.get(before, arg) if before in here else arg.replace("/opt/mindft/", f"{ROOT}/")
+            for before, arg in zip(["", *args], args)]
+    subprocess.run([sys.executable, "-m", "mindft.cli", "keygen", str(tmp_path / "keys.json")], check=True,
+                   capture_output=True)
+    env = environment(tmp_path, **{e["name"]: str(e["value"]) for e in container["env"]})
+    env.update(DEVICE_TARGET="CPU", MINDFT_RESET_FILE=str(tmp_path / "reset.json"),
+               MINDFT_DUMP_DIR=str(tmp_path / "dump"))
+    run = subprocess.run([sys.executable, "-m", "mindft.launch", "--run-dir", str(tmp_path / "run"), *args],
+                         env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "NORMAL → DONE (all 2 ranks finished" in run.stdout, run.stdout[-3000:]  # protected by mindft
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["rank0.npz", "rank1.npz"]

@@ -417,8 +417,9 @@ class Job(Ladder):
     def _check_done(self, now: float) -> None:
         if self.state is not _S.NORMAL or self.ranks.count(RankState.DONE) != len(self.ranks):
             return
+        done = len(self.recoveries)
         reason = (f"all {self.ranks.world_size} ranks finished at step {self.ranks.slowest}; "
-                  f"{len(self.recoveries)} recoveries")
+                  f"{done} recover{'y' if done == 1 else 'ies'}")
         self._emit(Broadcast(self.ranks.peers(), Action(ActionKind.FINISH, self.ranks.slowest,
                                                         round=self.recovery.round)))
         self._move(Event.ALL_DONE, reason, now)

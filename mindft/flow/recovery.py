@@ -501,9 +501,16 @@ class Ladder:
 
     @staticmethod
     def _repair_wait(fault: Fault) -> str:
+        """What a repair waits for of one rank, in the words of what is happening."""
         if fault.device_pending:
-            return "device not recovered"
-        return "not re-registered" + (f"; node {fault.node} was lost" if fault.node >= 0 else "")
+            return "its chip is being reset"
+        if fault.node >= 0:
+            return f"node {fault.node} was lost; its new process has not registered"
+        if fault.kill_ordered and not fault.exited:
+            return "its process is being stopped"
+        if fault.start_ordered:
+            return "its new process is starting: importing, joining MindSpore's cluster, restoring"
+        return "its process is gone; a new one has not registered"
 
     def _fail(self, reason: str, now: float, event: Event = Event.UNRECOVERABLE, verdict: int = -1) -> None:
         """The job fails: every rank dumps one step. ``verdict``: the job's exit code whatever the

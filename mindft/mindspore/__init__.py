@@ -2,7 +2,7 @@
 
 Two ways in:
 
-* ``Model.train``: ``mindft.mindspore.train(model, epochs, dataset)`` (or pass
+* ``Model.train``: ``mindft.mindspore.train(model, epoch, train_dataset, ...)`` (or pass
   :class:`FaultTolerance` to ``Model.train`` yourself).
 * hand-written loops: :class:`FaultTolerantLoop`.
 

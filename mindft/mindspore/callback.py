@@ -6,6 +6,7 @@ import os
 import sys
 from typing import Any, Iterable, List, Optional
 
+from mindspore import context
 from mindspore.train import Callback, Model
 
 from mindft.config import MindftConfig, load_config
@@ -101,36 +102,49 @@ class FaultTolerance(Callback):
         return {"step": step, "epoch": epoch, "batch_in_epoch": batch}
 
 
-def train(model: Model, epochs: int, dataset: Any, callbacks: Optional[Iterable[Callback]] = None,
+def train(model: Model, epoch: int, train_dataset: Any, callbacks: Optional[Iterable[Callback]] = None,
+          dataset_sink_mode: bool = False, sink_size: int = -1, initial_epoch: int = 0, *,
           config: Optional[MindftConfig] = None, snapshot_every: Optional[int] = None) -> int:
-    """``model.train(epochs, dataset, callbacks)`` that survives faults; returns the final step.
+    """``model.train(...)`` that survives faults, with ``Model.train``'s parameters; returns the
+    steps trained.
 
-    Runs with ``dataset_sink_mode=False``. After a rollback to step ``k`` it re-enters
-    ``Model.train`` at epoch ``k // steps_per_epoch`` with the first
-    ``k % steps_per_epoch`` batches of that epoch skipped, so the next batch is batch
-    ``k + 1``. The dataset must yield the same batches in the same order every epoch
-    (deterministic order, e.g. ``shuffle=False`` or a seeded per-epoch shuffle).
+    After a rollback to step ``k`` it re-enters ``Model.train`` at the epoch and batch after
+    step ``k`` (the first batches of that epoch skipped), so training goes on exactly where it
+    was. The dataset must yield the same batches in the same order every epoch (a
+    deterministic order, e.g. ``shuffle=False`` or a seeded per-epoch shuffle).
+    ``initial_epoch`` starts at that epoch, as ``Model.train`` does (the steps count from there).
+    ``dataset_sink_mode`` is honoured where ``Model.train`` does not sink anyway (CPU,
+    PyNative); a sinking device runs ``sink_size`` steps per call, between mindft's step
+    boundaries, so there it is refused before training starts, with what to change.
     ``config`` and ``snapshot_every`` go to the :class:`FaultTolerance` callback this adds
     (unless ``callbacks`` already holds one).
     """
+    problem = sink_problem(dataset_sink_mode, sink_size, context.get_context("device_target"),
+                           context.get_context("mode") == context.PYNATIVE_MODE)
+    if problem:
+        raise ValueError(f"mindft.mindspore.train: {problem}")
+    if not 0 <= initial_epoch < epoch:
+        raise ValueError(f"mindft.mindspore.train: initial_epoch must be in 0..{epoch - 1} (epoch={epoch}), "
+                         f"got {initial_epoch}")
     cbs: List[Callback] = list(callbacks or [])
     config = config if config is not None else load_config()
     if delegates_to_mindspore(config):
         # On Ascend MindSpore's Model.train retries in place with mindio-ttp (_handle_tft): no re-entry here.
-        model.train(epochs, dataset, callbacks=[*cbs, mindio_callback(config)], dataset_sink_mode=False)
-        return epochs * dataset.get_dataset_size()
+        model.train(epoch, train_dataset, callbacks=[*cbs, mindio_callback(config)], dataset_sink_mode=False,
+                    initial_epoch=initial_epoch)
+        return (epoch - initial_epoch) * train_dataset.get_dataset_size()
     ft = next((cb for cb in cbs if isinstance(cb, FaultTolerance)), None)
     if ft is None:
         ft = FaultTolerance(config, snapshot_every)
         cbs.insert(0, ft)
-    per_epoch = dataset.get_dataset_size()
-    total = epochs * per_epoch
+    per_epoch = train_dataset.get_dataset_size()
+    total = (epoch - initial_epoch) * per_epoch
     ft._driven = True
     ft.attach(model.train_network, getattr(model, "_optimizer", None), per_epoch)
     session = ft.session
     try:
         while True:
-            _train_to(model, epochs, dataset, cbs, session, per_epoch, total)
+            _train_to(model, epoch, initial_epoch, train_dataset, cbs, session, per_epoch, total)
             if session.finish() is None:  # None: every rank is done; else a late fault rolled back
                 break
     finally:
@@ -138,20 +152,30 @@ def train(model: Model, epochs: int, dataset: Any, callbacks: Optional[Iterable[
     return session.step
 
 
-def _train_to(model: Model, epochs: int, dataset: Any, cbs: List[Callback], session: Session, per_epoch: int,
-              total: int) -> None:
-    """Run Model.train until ``total`` steps, re-entering it after every rollback."""
+def sink_problem(sink_mode: bool, sink_size: int, device: str, pynative: bool) -> str:
+    """Why ``dataset_sink_mode``/``sink_size`` cannot be protected step by step ("": they can)."""
+    if not sink_mode or device == "CPU" or pynative:
+        return ""  # Model.train does not sink here: every step ends in the callbacks
+    return (f"dataset_sink_mode=True on {device} runs {'a whole epoch' if sink_size == -1 else f'{sink_size} steps'}"
+            f" per call (sink_size={sink_size}), with no step boundary for mindft to snapshot or roll back at: "
+            f"pass dataset_sink_mode=False")
+
+
+def _train_to(model: Model, epoch: int, first_epoch: int, dataset: Any, cbs: List[Callback], session: Session,
+              per_epoch: int, total: int) -> None:
+    """Run Model.train until ``total`` steps after epoch ``first_epoch``, re-entering it after every rollback."""
     while session.step < total:
-        epoch, offset = divmod(session.step, per_epoch)
+        done, offset = divmod(session.step, per_epoch)
+        current = first_epoch + done
         try:
             if offset:
                 # Finish the interrupted epoch from batch offset + 1, then go on normally.
-                model.train(epoch + 1, dataset.skip(offset), callbacks=cbs, dataset_sink_mode=False,
-                            initial_epoch=epoch)
-                if session.step < (epoch + 1) * per_epoch:
+                model.train(current + 1, dataset.skip(offset), callbacks=cbs, dataset_sink_mode=False,
+                            initial_epoch=current)
+                if session.step < (done + 1) * per_epoch:
                     break  # a callback asked Model.train to stop
             else:
-                model.train(epochs, dataset, callbacks=cbs, dataset_sink_mode=False, initial_epoch=epoch)
+                model.train(epoch, dataset, callbacks=cbs, dataset_sink_mode=False, initial_epoch=current)
                 break  # finished, or stopped on request: either way not to be re-entered
         except RewindRequired as rewind:
             log.info("re-entering Model.train after step %d", rewind.step)

@@ -405,7 +405,7 @@ def test_done_is_a_barrier_and_a_late_fault_rolls_finished_ranks_back_too() -> N
     d.send(0, Done(0, 5))
     d.send(1, Done(1, 5))
     assert d.job.state is S.DONE and d.actions(ActionKind.FINISH)
-    assert d.job.result == Finish(ExitCode.OK, "all 2 ranks finished at step 5; 1 recoveries")
+    assert d.job.result == Finish(ExitCode.OK, "all 2 ranks finished at step 5; 1 recovery")
 
 
 def test_done_counts_the_current_incarnation_only() -> None:
@@ -651,8 +651,11 @@ def test_the_status_says_who_a_recovery_waits_for_and_when_it_times_out() -> Non
     d.ack_all(ActionKind.PAUSE, 2, ranks=[0, 1])
     status = d.job.status(d.now)
     assert status.state is S.REPAIRING
-    assert status.waiting == "rank 1 (device not recovered), rank 2 (not re-registered)"
+    assert status.waiting == "rank 1 (its chip is being reset), rank 2 (its process is gone; a new one has not registered)"
     assert status.deadline_in == pytest.approx(T.repair)
+    d.job.process_exit(ProcessExited(1, ExitCode.LEFT_DEVICE, 101), d.now)
+    d.job.device(DeviceRecovered(1), d.now)
+    assert d.job.status(d.now).waiting.startswith("rank 1 (its new process is starting: importing, joining")
 
 
 # ---- MindSpore's scheduler is a member of the job ----

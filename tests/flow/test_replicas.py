@@ -422,7 +422,7 @@ def test_the_repair_timeout_names_the_lost_node() -> None:
         d.send(0, StepReport(0, 2))
         d.at(d.now + 1.0)
     assert d.job.state is S.FAILED
-    assert "rank 1 (not re-registered; node 1 was lost)" in d.job.result.reason
+    assert "rank 1 (node 1 was lost; its new process has not registered)" in d.job.result.reason
     assert d.now <= T.repair + 2
     assert d.actions(ActionKind.DUMP_AND_EXIT)[-1].step == 2  # the survivor dumps
 

@@ -282,7 +282,7 @@ def test_repair_timeout_when_a_dead_rank_never_returns(make_job) -> None:
     job.procs[1].kill()
     result = job.result()
     assert result.exit_code == EXIT_FAILED
-    assert "REPAIRING timed out" in result.reason and "rank 1 (not re-registered)" in result.reason
+    assert "REPAIRING timed out" in result.reason and "rank 1 (its process is gone; a new one has not registered)" in result.reason
     assert job.procs[0].wait(30) == EXIT_DUMPED
 
 

@@ -485,7 +485,7 @@ def test_progress_is_shown_while_waiting_for_a_repair(launch: Callable[..., Job]
     assert job.wait() == 0, job.text()
     lines = [line for line in before_recovered.splitlines() if "recovery round 1: REPAIRING for" in line]
     assert len(lines) >= 3
-    assert all("waiting for rank 1 (device not recovered); " in line for line in lines)
+    assert all("waiting for rank 1 (its chip is being reset); " in line for line in lines)
     lefts = [int(line.split("; ")[1].split("s left")[0]) for line in lines]
     assert lefts == sorted(lefts, reverse=True) and lefts[0] <= 30   # MINDFT_REPAIR_TIMEOUT=30
     assert job.text().rstrip().endswith("exit code 0: finished")

@@ -189,6 +189,68 @@ def test_callback_alone_protects_model_train(controller) -> None:
     assert_identical(trainer.state(), Trainer().plain(8))  # 2 epochs of 4 batches == 8 plain steps
 
 
+def test_train_takes_every_parameter_model_train_takes() -> None:
+    import inspect
+
+    from mindft.mindspore import train
+    ours = inspect.signature(train).parameters
+    for name, parameter in inspect.signature(Model.train).parameters.items():
+        if name != "self":
+            assert name in ours and ours[name].default == parameter.default, name
+
+
+def _batches(trainer: Trainer):
+    import mindspore.dataset as ds
+
+    class Source:
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+            return tuple(t.asnumpy() for t in trainer.batch(index + 1))
+    return ds.GeneratorDataset(Source(), ["x", "y"], shuffle=False)
+
+
+@pytest.mark.parametrize("keywords", [
+    dict(dataset_sink_mode=True, sink_size=1),   # Model.train does not sink on CPU: accepted
+    dict(dataset_sink_mode=True),                 # the whole epoch per sink: the same on CPU
+    dict(initial_epoch=1),
+], ids=["sink-size-1", "sink-epoch", "initial-epoch"])
+def test_train_with_model_train_keywords_is_protected_and_equals_model_train(controller, keywords) -> None:
+    from mindft.mindspore import train
+    ctl, config = controller
+    protected, plain = Trainer(), Trainer()
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    steps = train(Model(protected.net, loss, protected.optimizer), epoch=2, train_dataset=_batches(protected),
+                  config=config, **keywords)
+    Model(plain.net, loss, plain.optimizer).train(2, _batches(plain), **keywords)
+    result = ctl.join(10)
+    assert result is not None and result.exit_code == ExitCode.OK, result
+    assert steps == ctl.latest_status().step == (4 if keywords.get("initial_epoch") else 8)
+    assert_identical(protected.state(), plain.state())
+
+
+@pytest.mark.parametrize("device, pynative, keywords, refused", [
+    ("Ascend", False, dict(dataset_sink_mode=True), "a whole epoch per call"),
+    ("Ascend", False, dict(dataset_sink_mode=True, sink_size=1), "1 steps per call"),
+    ("Ascend", False, dict(dataset_sink_mode=False), ""),
+    ("Ascend", True, dict(dataset_sink_mode=True), ""),
+    ("CPU", False, dict(dataset_sink_mode=True, sink_size=4), ""),
+])
+def test_a_sinking_dataset_is_refused_with_what_to_change(device, pynative, keywords, refused) -> None:
+    from mindft.mindspore.callback import sink_problem
+    problem = sink_problem(keywords["dataset_sink_mode"], keywords.get("sink_size", -1), device, pynative)
+    assert (refused in problem and "pass dataset_sink_mode=False" in problem) if refused else problem == ""
+
+
+def test_train_refuses_an_initial_epoch_past_the_last() -> None:
+    from mindft.mindspore import train
+    trainer = Trainer()
+    model = Model(trainer.net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), trainer.optimizer)
+    with pytest.raises(ValueError, match="initial_epoch must be in 0..1"):
+        train(model, 2, _batches(trainer), initial_epoch=2, config=MindftConfig())
+
+
 GRAPH_MODE_RUN = """
 import dataclasses, sys
 sys.path.insert(0, {examples!r})
