@@ -241,12 +241,15 @@ class NodeAgent:
                 self.policy.interrupted = True
                 self.workers.kill_worker(self.workers.running(), self._signal, self.spec.grace_period)
                 return 128 + self._signal
+            # The controller's verdict before its messages: every view it sent before finishing
+            # is in the inbox by then, so the ending below sees the job as the controller left it.
+            controller = self._controller_code()
             self._take_inputs(now)
             for rank, code in self.workers.exits().items():
                 self._carry_out(self.policy.on_exit(rank, code))
             self._check_scheduler()
             self._check_controller_side(now)
-            ending = self.policy.ending(now, self._controller_code())
+            ending = self.policy.ending(now, controller)
             if ending is not None:
                 return self._end(ending)
             time.sleep(MONITOR_INTERVAL)

@@ -148,8 +148,10 @@ class RankLoop:
         return None if action is None else self.follow(action)
 
     def _give_up(self, reason: str) -> NoReturn:
-        """The job is out of reach: the dying gasp of the step every rank holds, as last heard."""
-        self.hooks.dump_and_exit(self.processor.follower.orphan_step(), reason)
+        """The job is out of reach: the dying gasp of the step every rank holds, as last heard
+        (its newest when it no longer holds that one: no progress was heard before the loss)."""
+        step = self.processor.follower.orphan_step()
+        self.hooks.dump_and_exit(step if step in self.hooks.settle() else -1, reason)
 
     def fault(self, kind: FaultKind, detail: str, step: int) -> Optional[int]:
         """A fault of ``kind`` inside ``step``: report it and follow the recovery. Returns what
@@ -395,7 +397,9 @@ class RankEngine:
         processor.fail(f"rank {self.config.rank}: its node agent (pid {pid}) is gone")
         if ending.wait(self.config.timeouts.dead_after):
             return
-        path = self._dump_quietly(processor.follower.orphan_step(), "its node agent is gone; training is blocked")
+        step, store = processor.follower.orphan_step(), self.store
+        held = store.steps if store is not None else ()
+        path = self._dump_quietly(step if step in held else -1, "its node agent is gone; training is blocked")
         _exit_now(ExitCode.DUMPED if path is not None else ExitCode.DUMP_FAILED)
 
     # ---- step boundaries -----------------------------------------------------------------

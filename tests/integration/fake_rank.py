@@ -21,7 +21,7 @@ Options (after the prefix):
   COST               "STEP_S:SNAPSHOT_S": report these costs after step 2 (the job then picks the cadence)
   IGNORE, STALL      "pause", "rollback" or "resume": stall STALL seconds (default 4) there, so the phase times out
   CRASH              "RANK:STEP": that rank SIGKILLs itself inside STEP, once per job
-  CRASH_ALWAYS       "RANK": that rank exits with code 7 at step 2 in every incarnation
+  CRASH_ALWAYS       "RANK": that rank exits with code 9 at step 2 in every incarnation
   GIVE_UP            "RANK:STEP[:CODE]": that rank exits CODE (default 3, as after its own dying gasp) inside STEP
   IGNORE_TERM        "1": ignore SIGTERM (the launcher must escalate to SIGKILL)
   LEAVE_SECONDS      seconds a rank takes to leave its device once told (default 0; a real one tears down)
@@ -135,7 +135,7 @@ class Fake:
             self.say(f"gives up at step {step}")
             os._exit(options.give_up[1])
         if options.crash_always and step == 2:
-            os._exit(7)
+            os._exit(9)
         if step == options.crash_step and self.once("crash"):
             os.kill(os.getpid(), signal.SIGKILL)
         planned = options.fault_at is not None and options.fault_at[0] == step and self.once("fault")
