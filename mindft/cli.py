@@ -1,8 +1,8 @@
 """The ``mindft`` command: configuration check, job status, fault injection, keys (for people).
 
-Exit codes (mindft.exitcodes): 0 success; 1 the operation failed or was refused (e.g.
-the controller does not know the rank, the process is gone); 2 usage or configuration
-error; 5 the controller did not answer.
+Exit codes: :data:`CLI_CODES` of :mod:`mindft.exitcodes`, listed by ``mindft --help``. A
+command's error is ``mindft: MESSAGE`` on stderr, or with ``--json`` a JSON object on stdout
+(:class:`CommandError`).
 """
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import functools
 import json
 import logging
 import os
+import re
+import shlex
 import signal
 import sys
 import time
@@ -21,8 +23,8 @@ from typing import Any, Optional, Sequence
 
 import click
 
-from mindft.config import ConfigError, MindftConfig, load_config
-from mindft.exitcodes import ExitCode
+from mindft.config import TFT_VARIABLE, ConfigError, MindftConfig, TFTOptions, load_config
+from mindft.exitcodes import ExitCode, help_block
 from mindft.plugin_sim import device_script
 from mindft.preflight import BackendChoice, check_launchable, choose_backend
 from mindft.protocol import RankState
@@ -31,12 +33,78 @@ EXIT_OK = ExitCode.OK
 EXIT_FAILED = ExitCode.FAILED
 EXIT_CONFIG_ERROR = ExitCode.USAGE
 EXIT_UNREACHABLE = ExitCode.UNREACHABLE
+CLI_CODES = (ExitCode.OK, ExitCode.FAILED, ExitCode.USAGE, ExitCode.UNREACHABLE)  # what a mindft command returns
 
 
-@click.group()
-@click.version_option(package_name="mindft")
+class CommandError(click.ClickException):
+    """A command's error: ``mindft: MESSAGE`` on stderr, or under ``--json`` one JSON object on
+    stdout, ``{"error": MESSAGE, "input": ..., "valid": ..., "exit_code": ...}`` (``input``: the
+    option or variable at fault, ``valid``: what it accepts, each when known)."""
+
+    def __init__(self, message: str, exit_code: int, input_name: str = "", valid: str = "") -> None:
+        super().__init__(message)
+        self.exit_code = int(exit_code)
+        self.input_name = input_name
+        self.valid = valid
+        self.as_json = False
+
+    def show(self, file: Any = None) -> None:
+        if self.as_json:
+            fields = {"error": self.message, "input": self.input_name, "valid": self.valid, "exit_code": self.exit_code}
+            click.echo(json.dumps({key: value for key, value in fields.items() if value != ""}))
+        else:
+            click.echo(f"mindft: {self.message}", err=True)
+
+
+def _json_error(error: click.ClickException) -> CommandError:
+    """``error`` as a :class:`CommandError` printed as JSON (click's usage errors name their option)."""
+    if isinstance(error, CommandError):
+        error.as_json = True
+        return error
+    param = getattr(error, "param", None)
+    name = getattr(error, "option_name", "") or (param.opts[0] if param is not None and param.opts else "")
+    choices = getattr(getattr(param, "type", None), "choices", None)
+    converted = CommandError(error.format_message(), error.exit_code, name,
+                             ", ".join(map(str, choices)) if choices else "")
+    converted.as_json = True
+    return converted
+
+
+class _Command(click.Command):
+    """A command whose errors, its command line's included, are JSON when it was given ``--json``."""
+
+    def make_context(self, info_name: Optional[str], args: list[str], parent: Optional[click.Context] = None,
+                     **extra: Any) -> click.Context:
+        as_json = "--json" in args  # read before parsing, which consumes args
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.ClickException as error:
+            if as_json:
+                raise _json_error(error) from None
+            raise
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as error:
+            if ctx.params.get("as_json"):
+                raise _json_error(error) from None
+            raise
+
+
+class _Group(click.Group):
+    """mindft's groups: their commands are :class:`_Command`, their subgroups of this class."""
+
+    command_class = _Command
+    group_class = type
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]},
+             help="mindft: graceful fault tolerance for MindSpore training.\n\n"
+                  + help_block(CLI_CODES, "Exit codes (mindft-launch --help lists every code):"))
+@click.version_option(package_name="mindft", message="mindft %(version)s")
 def main() -> None:
-    """mindft: graceful fault tolerance for MindSpore training."""
+    """The ``mindft`` command group."""
 
 
 @main.group("config")
@@ -44,17 +112,32 @@ def config_group() -> None:
     """Inspect mindft's configuration."""
 
 
-def _config_rows(config: MindftConfig) -> list[tuple[str, str]]:
-    rows = [("MS_ENABLE_TFT", str(config.tft)),
-            ("fault tolerance enabled", "yes" if config.tft.enabled else "no"),
-            ("needs mindio-ttp (in MindSpore)", "yes" if config.tft.needs_mindio else "no")]
+def _shown(value: object) -> str:
+    """A configuration value as a user writes it: yes/no, numbers without a needless '.0', '-' when unset."""
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    text = str(value)
+    return text[:-2] if isinstance(value, float) and text.endswith(".0") else text
+
+
+def _config_rows(config: MindftConfig, tft_text: Optional[str],
+                 choice: Optional[BackendChoice] = None) -> list[tuple[str, str]]:
+    """``config check``'s table: MS_ENABLE_TFT as written (shell-quoted), then what it means and every value."""
+    rows = [("MS_ENABLE_TFT", "-" if tft_text is None else shlex.quote(tft_text)),
+            ("options in effect", "-" if config.tft == TFTOptions() else str(config.tft)),
+            ("fault tolerance enabled", _shown(config.tft.enabled)),
+            ("needs mindio-ttp (in MindSpore)", _shown(config.tft.needs_mindio))]
+    if choice is not None:
+        rows += [("backend", choice.backend), ("backend because", choice.reason)]
     for field in dataclasses.fields(config):
         if field.name in ("tft", "timeouts"):
             continue
-        rows.append((field.name, str(getattr(config, field.name))))
+        rows.append((field.name, _shown(getattr(config, field.name))))
     rows.append(("controller address", config.controller_address))
     for field in dataclasses.fields(config.timeouts):
-        rows.append((f"timeouts.{field.name}", str(getattr(config.timeouts, field.name))))
+        rows.append((f"timeouts.{field.name}", _shown(getattr(config.timeouts, field.name))))
     return rows
 
 
@@ -85,21 +168,24 @@ def config_check(as_json: bool) -> None:
         config = load_config()
         check_launchable(config)
     except ConfigError as error:
-        click.echo(f"mindft: configuration error: {error}", err=True)
-        sys.exit(EXIT_CONFIG_ERROR)
+        raise _config_error(error) from None
+    choice = _backend_choice(config) if config.tft.enabled else None
     if as_json:
         resolved = _jsonable(config)
-        if config.tft.enabled:
-            resolved["backend_choice"] = _jsonable(_backend_choice(config))
+        if choice is not None:
+            resolved["backend_choice"] = _jsonable(choice)
         click.echo(json.dumps(resolved, indent=2))
         return
-    rows = _config_rows(config)
-    if config.tft.enabled:
-        choice = _backend_choice(config)
-        rows[3:3] = [("backend", choice.backend), ("backend because", choice.reason)]
+    rows = _config_rows(config, os.environ.get(TFT_VARIABLE), choice)
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         click.echo(f"{name:<{width}}  {value}")
+
+
+def _config_error(error: ConfigError) -> CommandError:
+    """A configuration error (exit 2); its message begins with the variable at fault, which it names."""
+    variable = re.match(r"[A-Z][A-Z0-9_]*", str(error))
+    return CommandError(f"configuration error: {error}", EXIT_CONFIG_ERROR, variable.group(0) if variable else "")
 
 
 def _backend_choice(config: MindftConfig) -> BackendChoice:
@@ -122,9 +208,8 @@ def keygen(path: Path, force: bool) -> None:
     from mindft.keys import generate_keys
 
     if path.exists() and not force:
-        click.echo(f"mindft: {path} exists; use --force to replace it (every node of a running job "
-                   f"would lose access)", err=True)
-        sys.exit(EXIT_FAILED)
+        raise CommandError(f"{path} exists; use --force to replace it (every node of a running job "
+                           f"would lose access)", EXIT_FAILED, "PATH")
     keys = generate_keys(path)
     click.echo(f"wrote a job key pair to {path} (mode 600); public key {keys.public.decode()}")
     click.echo(f"use it with: mindft-launch --key-file {path} ...  or  export MINDFT_KEY_FILE={path}")
@@ -145,8 +230,7 @@ def _target(job: Optional[Path], address: Optional[str], key_file: Optional[Path
     try:
         config = load_config()
     except ConfigError as error:
-        click.echo(f"mindft: configuration error: {error}", err=True)
-        sys.exit(EXIT_CONFIG_ERROR)
+        raise _config_error(error) from None
     found = _Target(config.controller_address, config.key_file, config.insecure, config.reset_file)
     if job is not None:
         try:
@@ -154,14 +238,14 @@ def _target(job: Optional[Path], address: Optional[str], key_file: Optional[Path
             found = _Target(info["controller"], Path(info["key_file"]) if info.get("key_file") else None,
                             bool(info.get("insecure")), Path(info.get("reset_file") or found.reset_file))
         except (OSError, ValueError, KeyError, TypeError) as error:
-            click.echo(f"mindft: --job {job}: not a job file written by mindft-launch ({error})", err=True)
-            sys.exit(EXIT_CONFIG_ERROR)
+            raise CommandError(f"--job {job}: not a job file written by mindft-launch ({error})", EXIT_CONFIG_ERROR,
+                               "--job", "RUN_DIR/job.json of a running mindft-launch") from None
     if address:
         try:
             found = dataclasses.replace(found, address=controller_endpoint(address))
         except ValueError as error:
-            click.echo(f"mindft: --address: {error}", err=True)
-            sys.exit(EXIT_CONFIG_ERROR)
+            raise CommandError(f"--address: {error}", EXIT_CONFIG_ERROR, "--address",
+                               "HOST:PORT or tcp://HOST:PORT") from None
     if key_file:
         found = dataclasses.replace(found, key_file=key_file, insecure=False)
     if insecure:
@@ -192,15 +276,14 @@ def _client(target: _Target, timeout: float) -> Any:
     if target.insecure:
         keys = None
     elif target.key_file is None:
-        click.echo("mindft: no job key: pass --job RUN_DIR/job.json, --key-file PATH or --insecure "
-                   "(or set MINDFT_KEY_FILE)", err=True)
-        sys.exit(EXIT_CONFIG_ERROR)
+        raise CommandError("no job key: pass --job RUN_DIR/job.json, --key-file PATH or --insecure "
+                           "(or set MINDFT_KEY_FILE)", EXIT_CONFIG_ERROR, "--key-file",
+                           "--job RUN_DIR/job.json, --key-file PATH, --insecure or MINDFT_KEY_FILE")
     else:
         try:
             keys = load_keys(target.key_file)
         except ConfigError as error:
-            click.echo(f"mindft: {error}", err=True)
-            sys.exit(EXIT_CONFIG_ERROR)
+            raise CommandError(str(error), EXIT_CONFIG_ERROR, "--key-file") from None
     return Client(target.address, keys, timeout=timeout)
 
 
@@ -229,8 +312,12 @@ def _status_reply(target: _Target, timeout: float) -> Any:
     try:
         return _client(target, timeout).status()
     except ControllerUnreachable as error:
-        click.echo(f"mindft: {error}", err=True)
-        sys.exit(EXIT_UNREACHABLE)
+        raise _unreachable(error, target) from None
+
+
+def _unreachable(error: Exception, target: _Target) -> CommandError:
+    return CommandError(str(error), EXIT_UNREACHABLE, "--address",
+                        f"a running job's controller, with its key (--job RUN_DIR/job.json; tried {target.address})")
 
 
 def _age(seconds: float) -> str:
@@ -326,7 +413,8 @@ def _error_code(value: str) -> int:
     try:
         return int(value, 0)
     except ValueError:
-        raise click.BadParameter(f"{value!r} is not a number (e.g. 0x80E01801)") from None
+        raise CommandError(f"--error-code: {value!r} is not a number (e.g. 0x80E01801)", EXIT_CONFIG_ERROR,
+                           "--error-code", "a number, e.g. 0x80E01801") from None
 
 
 def _reset_file_to_write(path: Path, job: Optional[Path], job_reset_file: Path) -> Path:
@@ -335,10 +423,9 @@ def _reset_file_to_write(path: Path, job: Optional[Path], job_reset_file: Path) 
     rather than create directories nobody asked for."""
     if path.parent.exists() or (job is not None and path == job_reset_file):
         return path
-    click.echo(f"mindft: the reset file's directory {path.parent} does not exist, so no job watches {path}; "
-               f"pass --job RUN_DIR/job.json of the running job, or --reset-file in an existing directory",
-               err=True)
-    sys.exit(EXIT_CONFIG_ERROR)
+    raise CommandError(f"the reset file's directory {path.parent} does not exist, so no job watches {path}; "
+                       f"pass --job RUN_DIR/job.json of the running job, or --reset-file in an existing directory",
+                       EXIT_CONFIG_ERROR, "--reset-file", "a path in an existing directory, or --job RUN_DIR/job.json")
 
 
 @main.command("inject")
@@ -346,7 +433,8 @@ def _reset_file_to_write(path: Path, job: Optional[Path], job_reset_file: Path) 
 @click.option("--fault", type=click.Choice(FAULTS), required=True,
               help="hot-reset: write the reset file as the device plugin does (faulty, then recovered); "
                    "uce: the rank raises an uncorrectable memory error at its next step (via the "
-                   "controller); kill: SIGKILL the rank's process; hang: SIGSTOP it (same node only).")
+                   "controller, whose answer says what the job will do); kill: SIGKILL the rank's process; "
+                   "hang: SIGSTOP it (same node only).")
 @click.option("--reset-file", type=click.Path(dir_okay=False, path_type=Path),
               help="hot-reset: the reset file. Default: from --job, else MINDFT_RESET_FILE.")
 @click.option("--recover-after", type=click.FloatRange(0), default=3.0, show_default=True,
@@ -367,8 +455,7 @@ def inject(rank: int, fault: str, reset_file: Optional[Path], recover_after: flo
             device_script(path, [rank], 0.0, recover_after, None if no_recover else "recovered",
                           _error_code(error_code), policy, functools.partial(_emit, as_json))
         except OSError as error:
-            click.echo(f"mindft: cannot write the reset file {path}: {error}", err=True)
-            sys.exit(EXIT_FAILED)
+            raise CommandError(f"cannot write the reset file {path}: {error}", EXIT_FAILED, "--reset-file") from None
         return
     from mindft.channel import ControllerUnreachable
     from mindft.protocol import FaultKind, InjectRequest, Reply
@@ -378,28 +465,28 @@ def inject(rank: int, fault: str, reset_file: Optional[Path], recover_after: flo
             reply = _client(target, timeout).request(
                 InjectRequest(rank=rank, fault=FaultKind.UCE, detail="injected by 'mindft inject'"))
         except ControllerUnreachable as error:
-            click.echo(f"mindft: {error}", err=True)
-            sys.exit(EXIT_UNREACHABLE)
+            raise _unreachable(error, target) from None
         ok = isinstance(reply, Reply) and reply.ok
         detail = getattr(reply, "detail", type(reply).__name__)
-        click.echo(json.dumps({"ok": ok, "rank": rank, "fault": fault, "detail": detail}) if as_json
+        click.echo(json.dumps({"ok": ok, "rank": rank, "fault": fault, "detail": detail,
+                               **({} if ok else {"error": f"refused: {detail}"})}) if as_json
                    else f"{'ok' if ok else 'refused'}: {detail}")
         sys.exit(EXIT_OK if ok else EXIT_FAILED)
     reply = _status_reply(target, timeout)
     row = next((r for r in reply.ranks if r.rank == rank), None)
     if row is None or row.pid <= 0:
-        click.echo(f"mindft: the controller knows no process for rank {rank}", err=True)
-        sys.exit(EXIT_FAILED)
+        known = ", ".join(str(r.rank) for r in reply.ranks if r.pid > 0) or "none yet"
+        raise CommandError(f"the controller knows no process for rank {rank}", EXIT_FAILED, "--rank",
+                           f"a rank with a process: {known}")
     signum = signal.SIGKILL if fault == "kill" else signal.SIGSTOP
     try:
         os.kill(row.pid, signum)
     except ProcessLookupError:
-        click.echo(f"mindft: rank {rank}'s process {row.pid} does not exist here "
-                   f"(kill and hang work on the rank's own node)", err=True)
-        sys.exit(EXIT_FAILED)
+        raise CommandError(f"rank {rank}'s process {row.pid} does not exist here "
+                           f"(kill and hang work on the rank's own node)", EXIT_FAILED, "--rank",
+                           "a rank on this node") from None
     except PermissionError as error:
-        click.echo(f"mindft: cannot signal pid {row.pid}: {error}", err=True)
-        sys.exit(EXIT_FAILED)
+        raise CommandError(f"cannot signal pid {row.pid}: {error}", EXIT_FAILED, "--rank") from None
     name = signal.Signals(signum).name
     click.echo(json.dumps({"ok": True, "rank": rank, "fault": fault, "pid": row.pid, "signal": name})
                if as_json else f"sent {name} to rank {rank} (pid {row.pid})")
@@ -446,8 +533,7 @@ def simulate_device_plugin(ranks: Sequence[int], reset_file: Optional[Path], job
                       _error_code(error_code), policy, functools.partial(_emit, as_json), _job_pids(job),
                       process_deadline)
     except OSError as error:
-        click.echo(f"mindft: cannot write the reset file {path}: {error}", err=True)
-        sys.exit(EXIT_FAILED)
+        raise CommandError(f"cannot write the reset file {path}: {error}", EXIT_FAILED, "--reset-file") from None
 
 
 def serve_controller(args: Sequence[str]) -> int:

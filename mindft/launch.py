@@ -27,7 +27,7 @@ import click
 
 from mindft.agent import JOB_FILE, NodeAgent
 from mindft.config import ConfigError
-from mindft.exitcodes import ExitCode, describe
+from mindft.exitcodes import ExitCode, describe, help_block
 from mindft.keys import generate_keys
 from mindft.launch_plan import (DEFAULT_CLUSTER_TIME_OUT, DEFAULT_GRACE_PERIOD, DEFAULT_PROGRESS_INTERVAL, LaunchSpec,
                                 UsageError, plan_launch)
@@ -63,13 +63,30 @@ def _setup_logging(verbose: bool) -> None:
     root.propagate = False
 
 
+_HELP = """Run SCRIPT [ARGS] as NPROC ranks with mindft fault tolerance.
+
+Runs MindSpore's cluster as msrun does: on node 0 the scheduler
+(MS_ROLE=MS_SCHED), then the workers with the environment msrun sets
+(MS_ROLE=MS_WORKER, MS_SCHED_HOST/PORT, MS_WORKER_NUM, MS_NODE_ID, RANK_ID,
+RANK_SIZE, DEVICE_ID; MS_ENABLE_RECOVERY=1 with fault tolerance on, so a
+restarted worker rejoins) plus MS_TFT_IP/MS_TFT_PORT and MINDFT_KEY_FILE.
+msrun's option names are accepted too: change the command name and keep
+the rest. Node 0 also runs mindft's controller and its watcher of the
+device plugin's reset file. Each rank's output is printed prefixed with
+[rank N]; a crashed rank is restarted up to --max-restarts times (an
+exception from the script is not retried); the launcher exits with the
+job's result.
+
+""" + help_block()
+
+
 def _fail(message: str) -> None:
     click.echo(f"mindft-launch: {message}", err=True)
     sys.exit(ExitCode.USAGE)
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False,
-                                 "help_option_names": ["-h", "--help"]})
+                                 "help_option_names": ["-h", "--help"]}, help=_HELP)
 @click.option("--nproc", "--local_worker_num", "nproc", type=click.IntRange(1, 4096), default=None,
               envvar="MINDFT_NPROC", help="Ranks to start on this node. [default: 1, or --worker_num / --nnodes]")
 @click.option("--nnodes", type=click.IntRange(1, 100000), default=None, envvar="MINDFT_NNODES",
@@ -111,32 +128,11 @@ def _fail(message: str) -> None:
               show_default=True, help="Seconds between progress lines while a recovery waits.")
 @click.option("--no-prefix", is_flag=True, help="Do not prefix rank output with [rank N].")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging of mindft itself.")
+@click.version_option(package_name="mindft", message="mindft %(version)s")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def main(**params: Any) -> None:
-    """Run SCRIPT [ARGS] as NPROC ranks with mindft fault tolerance.
-
-    Runs MindSpore's cluster as msrun does: on node 0 the scheduler
-    (MS_ROLE=MS_SCHED), then the workers with the environment msrun sets
-    (MS_ROLE=MS_WORKER, MS_SCHED_HOST/PORT, MS_WORKER_NUM, MS_NODE_ID, RANK_ID,
-    RANK_SIZE, DEVICE_ID; MS_ENABLE_RECOVERY=1 with fault tolerance on, so a
-    restarted worker rejoins) plus MS_TFT_IP/MS_TFT_PORT and MINDFT_KEY_FILE.
-    msrun's option names are accepted too: change the command name and keep
-    the rest. Node 0 also runs mindft's controller and its watcher of the
-    device plugin's reset file. Each rank's output is printed prefixed with
-    [rank N]; a crashed rank is restarted up to --max-restarts times (an
-    exception from the script is not retried); the launcher exits with the
-    job's result.
-
-    \b
-    Exit codes: 0  every rank finished
-                1  the job failed, or the script has a bug (or a rank's own crash code)
-                2  bad usage or configuration; nothing was started
-                3  every rank wrote its dying-gasp checkpoint
-                4  a rank had to stop but could not write its checkpoint
-                7  Model.train could not go back to the step a rank restored
-                130/143  interrupted by SIGINT/SIGTERM
-    """
+    """``mindft-launch``: plan the launch from the command line, run the node agent, exit with the job's code."""
     _setup_logging(params["verbose"])
     try:
         spec = plan_launch(params, os.environ)

@@ -1,6 +1,7 @@
 """The ``mindft`` command: keygen, inject, simulate-device-plugin, status; output and exit codes."""
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import signal
@@ -11,9 +12,10 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+import click
 import pytest
 import zmq
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from mindft.cli import EXIT_CONFIG_ERROR, EXIT_FAILED, EXIT_UNREACHABLE, controller_endpoint, main
 from mindft.config import MindftConfig, Timeouts
@@ -177,6 +179,9 @@ def test_status_table_and_inject_kill_a_registered_rank(runner: CliRunner, tmp_p
         assert table[2].split()[0] == "1" and table[2].split()[-1] == str(victim.pid)
         missing = runner.invoke(main, ["inject", "--rank", "0", "--fault", "kill", "--job", str(job)])
         assert missing.exit_code == EXIT_FAILED and "no process for rank 0" in missing.output
+        error = _json_error(runner.invoke(main, ["inject", "--rank", "0", "--fault", "kill", "--job", str(job),
+                                                 "--json"]), EXIT_FAILED)
+        assert error["input"] == "--rank" and error["valid"] == "a rank with a process: 1"
         killed = runner.invoke(main, ["inject", "--rank", "1", "--fault", "kill", "--job", str(job)])
         assert killed.exit_code == 0, killed.output
         assert victim.wait(timeout=10) == -signal.SIGKILL
@@ -244,6 +249,11 @@ def test_inject_uce_for_unknown_rank_is_refused(runner: CliRunner, tmp_path: Pat
                                   str(_job_file(tmp_path, ctl, key_file))])
     assert result.exit_code == EXIT_FAILED
     assert "refused" in result.output and "not registered" in result.output
+    answer = runner.invoke(main, ["inject", "--rank", "1", "--fault", "uce", "--json", "--job",
+                                  str(_job_file(tmp_path, ctl, key_file))])
+    assert answer.exit_code == EXIT_FAILED
+    document = json.loads(answer.stdout)
+    assert document["ok"] is False and "not registered" in document["error"]
 
 
 def test_status_with_the_wrong_key_is_unreachable(runner: CliRunner, tmp_path: Path,
@@ -307,3 +317,118 @@ def test_config_check_still_works(runner: CliRunner, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("MS_ENABLE_TFT", "{RSC:1,ARF:1}")
     bad = runner.invoke(main, ["config", "check"])
     assert bad.exit_code == EXIT_CONFIG_ERROR and "ARF" in bad.output
+
+
+def _command_paths(group: click.Group, prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """Every command and group of ``mindft`` as the words that call it (the group itself first)."""
+    yield prefix
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            yield from _command_paths(command, (*prefix, name))
+        else:
+            yield (*prefix, name)
+
+
+def test_dash_h_is_help_everywhere(runner: CliRunner) -> None:
+    from mindft.launch import main as launch
+
+    paths = list(_command_paths(main))
+    assert ("config", "check") in paths and ("inject",) in paths
+    for path in paths:
+        result = runner.invoke(main, [*path, "-h"])
+        assert result.exit_code == 0 and result.output.startswith("Usage:"), (path, result.output)
+        assert result.output == runner.invoke(main, [*path, "--help"]).output, path
+    launcher = runner.invoke(launch, ["-h"])
+    assert launcher.exit_code == 0 and "Run SCRIPT [ARGS] as NPROC ranks" in launcher.output
+
+
+def test_version_on_both_commands(runner: CliRunner) -> None:
+    from mindft.launch import main as launch
+
+    expected = f"mindft {importlib.metadata.version('mindft')}\n"
+    for command in (main, launch):
+        result = runner.invoke(command, ["--version"])
+        assert (result.exit_code, result.output) == (0, expected), result.output
+
+
+def _config_table(output: str) -> dict[str, str]:
+    rows = {}
+    for line in output.splitlines():
+        name, _, value = line.partition("  ")
+        rows[name.strip()] = value.strip()
+    return rows
+
+
+def test_config_check_prints_values_as_a_user_writes_them(runner: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("MINDFT_SNAPSHOT_EVERY", "MINDFT_STATE_DIR", "MINDFT_REPLICA_BUDDY", "MINDFT_REPLICA_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MS_ENABLE_TFT", "{RSC:0}")
+    result = runner.invoke(main, ["config", "check"])
+    assert result.exit_code == 0, result.output
+    rows = _config_table(result.output)
+    assert rows["MS_ENABLE_TFT"] == "'{RSC:0}'" and rows["options in effect"] == "-"
+    assert rows["fault tolerance enabled"] == "no" and rows["insecure"] == "no" and rows["warm_start"] == "yes"
+    assert rows["key_file"] == "-" and rows["snapshot_every"] == "-" and rows["replica_endpoint"] == "-"
+    assert rows["timeouts.register"] == "120" and rows["timeouts.heartbeat_interval"] == "0.5"
+    assert not {"None", "True", "False", "{}", ""} & set(rows.values()), rows
+    monkeypatch.delenv("MS_ENABLE_TFT")
+    assert _config_table(runner.invoke(main, ["config", "check"]).output)["MS_ENABLE_TFT"] == "-"
+
+
+def _json_commands(group: click.Group = main) -> list[tuple[str, ...]]:
+    return [path for path in _command_paths(group) if path and not isinstance(_command(path), click.Group)
+            and any("--json" in param.opts for param in _command(path).params)]
+
+
+def _command(path: tuple[str, ...]) -> click.Command:
+    command: click.Command = main
+    for word in path:
+        assert isinstance(command, click.Group)
+        command = command.commands[word]
+    return command
+
+
+def _json_error(result: Result, code: int) -> dict:
+    assert result.exit_code == code, result.output
+    document = json.loads(result.stdout)
+    assert set(document) >= {"error", "exit_code"} and document["exit_code"] == code, document
+    return document
+
+
+def test_every_json_command_answers_a_bad_command_line_in_json(runner: CliRunner) -> None:
+    commands = _json_commands()
+    assert set(commands) == {("config", "check"), ("status",), ("inject",), ("simulate-device-plugin",)}
+    for path in commands:
+        error = _json_error(runner.invoke(main, [*path, "--bogus", "--json"]), EXIT_CONFIG_ERROR)
+        assert error["input"] == "--bogus" and "No such option" in error["error"], (path, error)
+    error = _json_error(runner.invoke(main, ["inject", "--rank", "0", "--fault", "zap", "--json"]), EXIT_CONFIG_ERROR)
+    assert error["input"] == "--fault" and error["valid"] == "hot-reset, uce, kill, hang"
+    error = _json_error(runner.invoke(main, ["inject", "--fault", "uce", "--json"]), EXIT_CONFIG_ERROR)
+    assert error["input"] == "--rank"
+
+
+def test_json_errors_name_the_input_and_what_is_valid(runner: CliRunner, monkeypatch: pytest.MonkeyPatch,
+                                                      tmp_path: Path) -> None:
+    monkeypatch.setenv("MS_ENABLE_TFT", "{RSC:2}")
+    error = _json_error(runner.invoke(main, ["config", "check", "--json"]), EXIT_CONFIG_ERROR)
+    assert error["input"] == "MS_ENABLE_TFT" and "RSC must be one of 0, 1, got '2'" in error["error"]
+    monkeypatch.delenv("MS_ENABLE_TFT")
+    error = _json_error(runner.invoke(main, ["status", "--address", "x", "--insecure", "--json"]), EXIT_CONFIG_ERROR)
+    assert error["input"] == "--address" and error["valid"] == "HOST:PORT or tcp://HOST:PORT"
+    error = _json_error(runner.invoke(main, ["status", "--address", "127.0.0.1:1", "--json"]), EXIT_CONFIG_ERROR)
+    assert "no job key" in error["error"] and "--key-file" in error["valid"]
+    with zmq.Context.instance().socket(zmq.ROUTER) as probe:
+        port = probe.bind_to_random_port("tcp://127.0.0.1")
+    error = _json_error(runner.invoke(main, ["status", "--address", f"127.0.0.1:{port}", "--insecure",
+                                             "--timeout", "0.2", "--json"]), EXIT_UNREACHABLE)
+    assert "no answer" in error["error"]
+    missing = tmp_path / "nowhere" / "reset.json"
+    for command in (["inject", "--rank", "0", "--fault", "hot-reset"], ["simulate-device-plugin", "--rank", "0"]):
+        error = _json_error(runner.invoke(main, [*command, "--reset-file", str(missing), "--json"]), EXIT_CONFIG_ERROR)
+        assert error["input"] == "--reset-file" and "does not exist" in error["error"]
+    error = _json_error(runner.invoke(main, ["simulate-device-plugin", "--rank", "0", "--error-code", "oops",
+                                             "--reset-file", str(tmp_path / "r.json"), "--json"]), EXIT_CONFIG_ERROR)
+    assert error["input"] == "--error-code" and "0x80E01801" in error["valid"]
+    plain = runner.invoke(main, ["status", "--address", "x", "--insecure"])
+    assert plain.exit_code == EXIT_CONFIG_ERROR and plain.stdout == ""
+    assert plain.stderr.startswith("mindft: --address: 'x' is not a controller address")

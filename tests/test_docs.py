@@ -17,7 +17,7 @@ from typing import Iterator, NamedTuple, Optional
 import mindft.config
 import mindft.protocol
 from mindft.config import ENV_VARS, Timeouts
-from mindft.exitcodes import ExitCode, describe
+from mindft.exitcodes import ExitCode, describe, explain
 from mindft.flow.states import JobState
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,10 +121,55 @@ def test_exit_code_tables_match_exitcodes() -> None:
             assert name == member.name, f"{row.where()}: code {code} is ExitCode.{member.name}, not {name}"
             assert meaning.startswith(describe(member)), \
                 f"{row.where()}: the meaning should begin with describe({code}) = {describe(member)!r}"
+            assert meaning == explain(member), \
+                f"{row.where()}: the meaning should be explain({code}) = {explain(member)!r}, as --help says it"
             listed.add(member)
         missing = sorted(set(ExitCode) - listed)
         where = table.rows[0].path.relative_to(ROOT) if table.rows else "?"
         assert not missing, f"{where}: the exit-code table misses {', '.join(f'{m.value} ({m.name})' for m in missing)}"
+
+
+def help_exit_codes(text: str) -> dict[int, str]:
+    """The exit codes a --help text lists under its 'Exit codes' heading: code → meaning, its
+    wrapped lines joined (the list ends at the first line that is neither an entry nor its continuation)."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip().startswith("Exit codes")), None)
+    assert start is not None, f"no 'Exit codes' heading in:\n{text}"
+    found: dict[int, str] = {}
+    last = None
+    for line in lines[start + 1:]:
+        entry = re.fullmatch(r"\s+(\d+)\s+(\S.*)", line)
+        if entry:
+            last = int(entry.group(1))
+            assert last not in found, f"code {last} is listed twice"
+            found[last] = entry.group(2).strip()
+        elif last is not None and line.startswith(" " * 8) and line.strip():
+            found[last] += " " + line.strip()
+        else:
+            break
+    return found
+
+
+def test_help_lists_the_exit_codes_in_the_words_of_exitcodes() -> None:
+    from click.testing import CliRunner
+
+    from mindft.cli import CLI_CODES, main as cli
+    from mindft.launch import main as launch
+
+    launcher = CliRunner().invoke(launch, ["--help"])
+    assert launcher.exit_code == 0, launcher.output
+    assert help_exit_codes(launcher.output) == {code.value: explain(code) for code in ExitCode}, \
+        "mindft-launch --help should list every ExitCode in the words of mindft.exitcodes.explain"
+    commands = CliRunner().invoke(cli, ["--help"])
+    assert commands.exit_code == 0, commands.output
+    assert help_exit_codes(commands.output) == {code.value: explain(code) for code in CLI_CODES}, \
+        "mindft --help should list the codes a mindft command returns in the words of mindft.exitcodes.explain"
+
+
+def test_exitcodes_words_every_code_once() -> None:
+    for code in ExitCode:
+        assert explain(code).startswith(describe(code)) and explain(code) != describe(code), code
+    assert "128 + the signal: 130 SIGINT, 143 SIGTERM" in explain(ExitCode.INTERRUPTED)
 
 
 def _same_value(documented: str, actual: str) -> bool:

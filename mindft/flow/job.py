@@ -462,7 +462,16 @@ class Job(Ladder):
             return Reply(False, f"the job is {self.state.value}, not NORMAL; inject when it trains", rid)
         self._emit(Send(record.peer, Action(ActionKind.INJECT_FAULT, record.progress, reason=message.detail,
                                             fault=message.fault, round=self.recovery.round)))
-        return Reply(True, f"rank {message.rank} will raise {message.fault.name} at its next step boundary", rid)
+        what = f"rank {message.rank} will raise {message.fault.name} at its next step boundary"
+        if self.restart_all:
+            # The peers cannot pause: they block in the collective the faulty rank never joins.
+            wait = min(self.timeouts.pause, self.timeouts.stall)
+            return Reply(True, f"{what}; its peers will block in their next collective, which this job cannot "
+                               f"repair in place (a restarted process cannot rejoin it, as with MCCL on CPU), so "
+                               f"after {wait:g} s (MINDFT_STALL_TIMEOUT) every worker restarts from the node "
+                               f"agents' memory and rolls back to the newest snapshot every rank holds", rid)
+        return Reply(True, f"{what}; every rank then rolls back in place to the newest snapshot every rank holds "
+                           f"(no process restarts)", rid)
 
     def _process_exit(self, event: ProcessExited, now: float, will_restart: bool) -> tuple[bool, str]:
         record = self.ranks.get(event.rank)

@@ -452,10 +452,24 @@ def test_inject_is_relayed_in_normal_and_refused_during_a_recovery() -> None:
     d = Driver(2).start()
     out = d.send(9, InjectRequest(0, FaultKind.UCE, "test", request_id=3))
     assert isinstance(out[0].message, Action) and out[0].peer == peer(0)
-    assert out[1] == Send(peer(9), Reply(True, "rank 0 will raise UCE at its next step boundary", 3))
+    assert out[1] == Send(peer(9), Reply(True, "rank 0 will raise UCE at its next step boundary; every rank then "
+                                               "rolls back in place to the newest snapshot every rank holds (no "
+                                               "process restarts)", 3))
     d.send(0, FaultReport(0, 1, FaultKind.UCE))
     refused = d.send(9, InjectRequest(1, FaultKind.UCE, request_id=4))[0].message
     assert not refused.ok and "PAUSING, not NORMAL" in refused.detail
+
+
+def test_inject_says_every_worker_restarts_where_collectives_cannot_be_repaired_in_place() -> None:
+    d = Driver(2)
+    d.job = Job(2, T, 0.0)
+    for rank in range(2):
+        d.send(rank, Register(rank, 0, 100 + rank, (0,), collectives=True))
+    detail = d.send(9, InjectRequest(1, FaultKind.UCE, "test", request_id=3))[1].message.detail
+    assert detail.startswith("rank 1 will raise UCE at its next step boundary; its peers will block in their next "
+                             "collective, which this job cannot repair in place")
+    assert f"after {T.stall:g} s (MINDFT_STALL_TIMEOUT) every worker restarts from the node agents' memory" in detail
+    assert "rolls back in place" not in detail
 
 
 def test_status_counts_recoveries_and_answers_with_the_request_id() -> None:
