@@ -192,7 +192,7 @@ class MetricsServer:
         self.address, self.port = address, port
         self._lock = threading.Lock()
         self._closed = False
-        log.info("metrics at %s", self.url)
+        log.debug("metrics at %s", self.url)
 
     @property
     def url(self) -> str:

@@ -2,7 +2,10 @@
 no threads; read back through prometheus_client's own parser of the exposition format."""
 from __future__ import annotations
 
+import os
+import socket
 import urllib.request
+from pathlib import Path
 from typing import Optional
 
 import pytest
@@ -12,10 +15,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from harness import free_port
 from mindft.config import ConfigError, MindftConfig, Timeouts
 from mindft.flow import Job, JobState, Transition
+from mindft.launch import main
+from mindft.launch_plan import LaunchSpec, UsageError, plan_launch
 from mindft.metrics import FAULT_KINDS, JobMetrics, MetricsServer
 from mindft.protocol import (Ack, ActionKind, FaultKind, FaultReport, ProcessExit, Register, ReplicaReport,
                              StepReport)
 
+FAKE_RANK = Path(__file__).resolve().parent / "integration" / "fake_rank.py"
 T = Timeouts(heartbeat_interval=1.0, heartbeat_misses=3, register=10.0, pause=5.0, repair=20.0, rollback=5.0,
              resume=5.0, leave=8.0)
 
@@ -208,3 +214,30 @@ def test_a_taken_metrics_port_is_a_configuration_error() -> None:
                            metrics_at=("127.0.0.1", taken.port))
     finally:
         taken.close()
+
+
+def _plan(*argv: str) -> LaunchSpec:
+    """What mindft-launch would run for ``argv`` (its own click command parses them)."""
+    params = main.make_context("mindft-launch", [*argv, "--no-scheduler", str(FAKE_RANK)]).params
+    return plan_launch(params, {"MS_ENABLE_TFT": "{RSC:1}"})
+
+
+def test_metrics_are_off_unless_asked_and_served_on_the_master_address_by_default() -> None:
+    assert _plan().metrics_port is None
+    port = free_port()
+    spec = _plan("--metrics-port", str(port))
+    assert (spec.metrics_ip, spec.metrics_port) == ("127.0.0.1", port)
+    assert _plan("--metrics-port", str(port), "--metrics-addr", "0.0.0.0").metrics_ip == "0.0.0.0"
+
+
+def test_a_taken_or_shared_metrics_port_is_a_usage_error() -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(UsageError, match=f"port {port} on 127.0.0.1, the metrics port \\(--metrics-port\\), "
+                                             f"is in use by pid {os.getpid()} .*; choose another --metrics-port"):
+            _plan("--metrics-port", str(port))
+    controller = free_port()
+    with pytest.raises(UsageError, match=f"--metrics-port {controller + 1} is also the controller's port"):
+        _plan("--master-port", str(controller), "--metrics-port", str(controller + 1))
