@@ -17,8 +17,10 @@ metric is listed in docs/metrics.md.
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
+import weakref
 from typing import Callable, Iterable, Iterator, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
@@ -51,17 +53,20 @@ class StatusCollector(Collector):
 
     ``status`` returns the controller's :class:`StatusReply` (:meth:`Controller.latest_status`,
     thread-safe); it raises when the controller does not answer in time, and the scrape fails
-    (an honest ``up == 0`` rather than stale numbers).
+    (an honest ``up == 0`` rather than stale numbers). A bound method is held weakly: the
+    controller owns its metrics, which must not keep it (its sockets) alive in a reference cycle.
     """
 
     def __init__(self, status: Callable[[], StatusReply]) -> None:
-        self._status = status
+        self._status: Callable[[], Optional[Callable[[], StatusReply]]] = (
+            weakref.WeakMethod(status) if inspect.ismethod(status) else lambda: status)
 
     def describe(self) -> Iterable[Metric]:
         return list(_status_families())
 
     def collect(self) -> Iterable[Metric]:
-        return list(_status_families(self._status()))
+        status = self._status()
+        return [] if status is None else list(_status_families(status()))
 
 
 def _status_families(status: Optional[StatusReply] = None) -> Iterator[Metric]:

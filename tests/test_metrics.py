@@ -241,3 +241,22 @@ def test_a_taken_or_shared_metrics_port_is_a_usage_error() -> None:
     controller = free_port()
     with pytest.raises(UsageError, match=f"--metrics-port {controller + 1} is also the controller's port"):
         _plan("--master-port", str(controller), "--metrics-port", str(controller + 1))
+
+
+def test_a_controller_is_not_kept_alive_by_its_metrics() -> None:
+    import gc
+    import weakref
+
+    from mindft.controller import Controller
+
+    controller = Controller(MindftConfig(world_size=1, controller_port=0, insecure=True))
+    registry, gone = controller.metrics.registry, weakref.ref(controller)
+    controller.start()
+    controller.stop()
+    gc.disable()
+    try:
+        del controller
+        assert gone() is None  # freed at once, by reference counting: no cycle through the registry
+    finally:
+        gc.enable()
+    assert "mindft_job_state" not in generate_latest(registry).decode()  # its status left with it
