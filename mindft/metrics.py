@@ -45,7 +45,6 @@ PHASES = {JobState.PAUSING: "pause", JobState.REPAIRING: "repair", JobState.ROLL
 # From a hot reset's tenth of a second to a node replaced in minutes.
 SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 STEPS_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
-STATUS_TIMEOUT = 5.0  # seconds a scrape waits for the controller's status (its serving thread computes it)
 
 
 class StatusCollector(Collector):
@@ -122,8 +121,8 @@ class JobMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.recoveries = Counter("mindft_recoveries", "Recoveries, by the kind of the fault that started them and "
-                                  "the rung of the ladder that ended them (dying_gasp: the job failed).",
+        self.recoveries = Counter("mindft_recoveries", "Recoveries, by the kind of their first fault and the rung of "
+                                  "the ladder that ended them (dying_gasp: the job failed).",
                                   ["kind", "rung"], registry=r)
         self.phase_seconds = Histogram("mindft_recovery_phase_seconds", "Seconds a completed recovery spent in "
                                        "each phase (pause, repair, rollback, resume), summed over its rounds.",
@@ -156,22 +155,19 @@ class JobMetrics:
             self._recovered(job)
         elif effect.target is JobState.FAILED:
             self.dying_gasps.inc()
-            if effect.source in RECOVERY_STATES and self._kind is not None:
-                self.recoveries.labels(self._kind, DYING_GASP).inc()
+            # A recovery gave up (also at once, as for a lost node no replica can replace): the
+            # faults it was for are still the job's. A failure without one (an exception from
+            # the script, a fault again in the same step) is counted by the dying gasp alone.
+            kind = _first_fault(job) or self._kind
+            if kind is not None:
+                self.recoveries.labels(kind, DYING_GASP).inc()
             self._kind = None
 
     def _track(self, job: Job) -> None:
         """Remember the recovery's fault and rung as they stand now (every new fault moves the job:
         the last move before the recovery ends sees them all)."""
-        recovery = job.recovery
-        first = next((fault for fault in recovery.faults.values() if not fault.collateral), None)
-        if first is not None:
-            self._kind = NODE_LOST if first.node >= 0 else first.kind.value
-        elif recovery.scheduler is not None:
-            self._kind = recovery.scheduler.kind.value
-        elif self._kind is None:
-            self._kind = FaultKind.UNKNOWN.value
-        self._rung = RESTART_ALL if recovery.restart_all else IN_PLACE
+        self._kind = _first_fault(job) or self._kind or FaultKind.UNKNOWN.value
+        self._rung = RESTART_ALL if job.recovery.restart_all else IN_PLACE
         if job.state is not JobState.RESUMING:  # from RESUMING on, the ranks' progress starts at the rollback step
             self._newest = max(self._newest, max((r.progress for r in job.ranks), default=-1))
 
@@ -186,6 +182,15 @@ class JobMetrics:
         if recovery.repair_step >= 0:
             self.lost_steps.observe(max(0, self._newest - recovery.repair_step))
         self._kind, self._rung, self._newest = None, IN_PLACE, -1
+
+
+def _first_fault(job: Job) -> Optional[str]:
+    """The kind of the current recovery's first fault of a rank (else the scheduler's; None: no fault)."""
+    recovery = job.recovery
+    first = next((fault for fault in recovery.faults.values() if not fault.collateral), None)
+    if first is not None:
+        return NODE_LOST if first.node >= 0 else first.kind.value
+    return recovery.scheduler.kind.value if recovery.scheduler is not None else None
 
 
 class MetricsServer:

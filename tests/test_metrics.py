@@ -18,7 +18,8 @@ from mindft.flow import Job, JobState, Transition
 from mindft.launch import main
 from mindft.launch_plan import LaunchSpec, UsageError, plan_launch
 from mindft.metrics import FAULT_KINDS, JobMetrics, MetricsServer
-from mindft.protocol import (Ack, ActionKind, FaultKind, FaultReport, ProcessExit, Register, ReplicaReport,
+from mindft.protocol import (Ack, ActionKind, FaultKind, FaultReport, NodeLost, ProcessExit, Register,
+                             ReplicaReport,
                              StepReport)
 
 FAKE_RANK = Path(__file__).resolve().parent / "integration" / "fake_rank.py"
@@ -162,6 +163,15 @@ def test_a_failed_job_counts_its_dying_gasp_and_the_recovery_that_gave_up() -> N
     assert d.value("mindft_recoveries_total", kind="uce", rung="dying_gasp") == 1.0
     assert d.value("mindft_recovery_seconds_count") == 0.0  # it did not complete
     assert d.value("mindft_job_state", state="FAILED") == 1.0
+
+
+def test_a_lost_node_no_replica_can_replace_takes_the_dying_gasp_at_once() -> None:
+    d = Driver(world=2).start()
+    d.steps(1, 3)
+    d.send(0, NodeLost(1, (1,), (-1,), (), "test"))  # (from node 1's new agent; nothing could be restored)
+    assert d.job.state is JobState.FAILED
+    assert d.value("mindft_recoveries_total", kind="node_lost", rung="dying_gasp") == 1.0
+    assert d.value("mindft_dying_gasps_total") == 1.0
 
 
 def test_a_job_that_fails_while_training_took_no_rung() -> None:
