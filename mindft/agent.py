@@ -186,13 +186,19 @@ class NodeAgent:
         elif spec.mindio:
             self._start_mindio()
         elif spec.node_rank == 0:
-            self.runner = ControllerHost(self.controller_config())
+            self.runner = ControllerHost(self.controller_config(), metrics_at=None if spec.metrics_port is None
+                                         else (spec.metrics_ip, spec.metrics_port))
             if spec.controller_port == 0:
                 # The controller picked a free port; every rank and client must use it.
                 spec = self.spec = self.workers.spec = dataclasses.replace(spec, controller_port=self.runner.port)
                 self.client = Client(spec.controller_address, self.keys)
             self.runner.controller.attach_agent(0, tuple(spec.local_ranks), self.inbox.put)
             self.runner.start()
+        if spec.metrics_port is not None and self.runner is None:
+            why = (f"this is node {spec.node_rank}" if spec.protected and not spec.mindio
+                   else "MindIO TFT coordinates this job" if spec.mindio else "fault tolerance is off")
+            log.warning("--metrics-port: no metrics are served: only mindft's controller, on node 0, serves them "
+                        "(%s)", why)
         self.console.line("mindft-launch", self._banner())
         code: Optional[int] = None
         try:
@@ -228,8 +234,10 @@ class NodeAgent:
         else:
             host = f"[{spec.master_ip}]" if ":" in spec.master_ip else spec.master_ip
             cluster = f"MindSpore scheduler {host}:{spec.scheduler_port}"
+        metrics = (f"; metrics {self.runner.metrics_server.url}"
+                   if self.runner is not None and self.runner.metrics_server is not None else "")
         return (f"{spec.world_size} rank(s), {spec.nproc} on this node (node {spec.node_rank}/{spec.nnodes}); "
-                f"{controller}; {cluster}; run directory {spec.run_dir}, logs in {spec.log_dir}")
+                f"{controller}; {cluster}{metrics}; run directory {spec.run_dir}, logs in {spec.log_dir}")
 
     def _supervise(self) -> int:
         while True:

@@ -42,19 +42,37 @@ class ControllerHost:
     says; a dead controller fails the job.
     """
 
-    def __init__(self, config: MindftConfig, controller_class: Optional[type] = None) -> None:
+    def __init__(self, config: MindftConfig, controller_class: Optional[type] = None,
+                 metrics_at: Optional[tuple[str, int]] = None) -> None:
         from mindft.controller import Controller  # imported late: only node 0 needs it
+        from mindft.metrics import JobMetrics, MetricsServer
         from mindft.resetwatch import ResetWatcher
 
         self.config = config
+        metrics = JobMetrics()
+        # ``metrics_at`` (address, port): the controller's metrics served over HTTP, bound before the
+        # controller so that a taken port leaves nothing to close.
+        self.metrics_server: Optional[MetricsServer] = None
+        if metrics_at is not None:
+            address, port = metrics_at
+            try:
+                self.metrics_server = MetricsServer(metrics.registry, address, port)
+            except OSError as error:  # taken since the launcher's check: exit 2, as for the controller's port
+                raise ConfigError(f"port {port} on {address}, the metrics port, cannot be bound ({error.strerror}); "
+                                  f"choose another --metrics-port") from None
         try:
-            self.controller = (controller_class or Controller)(config)  # binds now: port 0 becomes a real port
+            # Binds now: port 0 becomes a real port.
+            self.controller = (controller_class or Controller)(config, metrics=metrics)
         except zmq.ZMQError as error:
+            self.close_metrics()
             if error.errno != zmq.EADDRINUSE:
                 raise
             # Taken since the launcher's check: a configuration error (exit 2), not a traceback.
             raise ConfigError(f"port {config.controller_port} on {config.controller_ip}, the controller's "
                               f"port, is in use; choose another --master-port (or MS_TFT_PORT)") from None
+        except BaseException:
+            self.close_metrics()
+            raise
         self.port = int(self.controller.endpoint.rsplit(":", 1)[1])
         self.result: Optional[Any] = None
         self.watcher = ResetWatcher(config.reset_file, config.timeouts.reset_poll_interval)
@@ -107,6 +125,12 @@ class ControllerHost:
                 controller_log.setLevel(level)
             self.poll()
             log.info("controller stopped by the node agent")
+        self.close_metrics()
+
+    def close_metrics(self) -> None:
+        """Stop serving the metrics (with the controller)."""
+        if self.metrics_server is not None:
+            self.metrics_server.close()
 
 
 class ControllerLink:

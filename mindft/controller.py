@@ -29,6 +29,7 @@ from mindft.flow import (Broadcast, DeviceInput, Effect, Finish, Job, JobState, 
                          StartRank, Transition, phase_times)
 from mindft.protocol import AgentHello, Message
 from mindft.keys import job_keys, start_authenticator
+from mindft.metrics import JobMetrics
 from mindft.preflight import ato_failure_rate
 from mindft.protocol import ProtocolError, StatusReply, decode, encode
 
@@ -53,10 +54,12 @@ class Controller:
     """The job's coordinator (see the module docstring).
 
     The socket is bound in the constructor, so :attr:`endpoint` is known at once
-    (``controller_port=0`` picks a free port).
+    (``controller_port=0`` picks a free port). :attr:`metrics` (``metrics``, or a new
+    :class:`~mindft.metrics.JobMetrics`) counts the transitions it carries out and reads its status.
     """
 
-    def __init__(self, config: MindftConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: MindftConfig, clock: Callable[[], float] = time.monotonic,
+                 metrics: Optional[JobMetrics] = None) -> None:
         self._clock = clock
         self._wake_lock = threading.Lock()  # first: _close() needs it if the bind below fails
         self._local_agent: Optional[Callable[[Message], None]] = None
@@ -80,6 +83,8 @@ class Controller:
         self.job = Job(config.world_size, config.timeouts, clock(), snapshot_every=config.snapshot_every or 1,
                        restart_scope=config.restart_scope, budget=job_budget(config))
         self.result: Optional[Finish] = None
+        self.metrics = metrics if metrics is not None else JobMetrics()
+        self.metrics.watch(self.latest_status)
         self.dropped_frames = 0
         self._stopped = False
         self._thread: Optional[threading.Thread] = None
@@ -238,6 +243,7 @@ class Controller:
                 self._out.to_all(peers, encode(effect.message))
             elif kind is Transition:
                 log.info("controller state %s → %s (%s)", effect.source.value, effect.target.value, effect.reason)
+                self.metrics.transition(self.job, effect)
                 if effect.target is JobState.NORMAL and effect.source is JobState.RESUMING:
                     job = self.job
                     log.info("recovery phases: %s", {k: round(v, 4) for k, v in

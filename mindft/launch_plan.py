@@ -40,12 +40,12 @@ SHORT_HEARTBEAT_SECONDS = 1
 SHORT_HEARTBEAT_MAX_WORKERS = 256
 
 
-def resolve_ip(address: str) -> str:
-    """The IP address of ``address`` (a host name such as a Volcano pod name, or an IP)."""
+def resolve_ip(address: str, option: str = "--master-addr") -> str:
+    """The IP address of ``address`` (a host name such as a Volcano pod name, or an IP), given as ``option``."""
     try:
         return socket.getaddrinfo(address, None, proto=socket.IPPROTO_TCP)[0][4][0]
     except socket.gaierror as error:
-        raise ConfigError(f"--master-addr: cannot resolve {address!r} ({error})") from None
+        raise ConfigError(f"{option}: cannot resolve {address!r} ({error})") from None
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,9 @@ class LaunchSpec:
     # This node agent's replica keeper (mindft.replica) when the agents replicate (several
     # nodes, MINDFT_AGENT_REPLICATION=1): the ranks announce it and push nothing themselves.
     replica_endpoint: Optional[str] = None
+    # Where node 0 serves the controller's Prometheus metrics (--metrics-port; None: nowhere).
+    metrics_port: Optional[int] = None
+    metrics_ip: str = "127.0.0.1"
 
     @property
     def world_size(self) -> int:
@@ -301,6 +304,16 @@ def _check_ports_free(ip: str, scheduler_port: Optional[int], controller_port: i
             raise UsageError(f"port {port} on {ip}, {what}, is in use{problem}; {fix}")
 
 
+def _check_metrics_port(ip: str, port: int, taken: dict[int, str]) -> None:
+    """Refuse a metrics port that node 0's other servers use (``taken``: port → whose) or that is in use."""
+    if port in taken:
+        raise UsageError(f"--metrics-port {port} is also {taken[port]}; choose another --metrics-port")
+    problem = port_in_use(ip, port)
+    if problem is not None:
+        raise UsageError(f"port {port} on {ip}, the metrics port (--metrics-port), is in use{problem}; "
+                         f"choose another --metrics-port")
+
+
 def plan_launch(params: Mapping[str, Any], environ: Mapping[str, str]) -> LaunchSpec:
     """The launch the command line (click's parameters of :func:`main`) and environment ask for.
 
@@ -344,6 +357,12 @@ def plan_launch(params: Mapping[str, Any], environ: Mapping[str, str]) -> Launch
         controller_port = free_port_pair(master_ip)  # MindIO's controller cannot pick its own port
     if node_rank == 0:
         _check_ports_free(master_ip, scheduler_port, controller_port if protected else 0, mindio, tft_port)
+    metrics_port = params["metrics_port"]
+    metrics_ip = resolve_ip(params["metrics_addr"], "--metrics-addr") if params["metrics_addr"] else master_ip
+    if metrics_port is not None and node_rank == 0 and protected and not mindio:
+        taken = {port: what for port, what in ((scheduler_port, "MindSpore's scheduler port (--master-port)"),
+                                              (controller_port, "the controller's port")) if port}
+        _check_metrics_port(metrics_ip, metrics_port, taken)
     insecure = (params["insecure"] or base.insecure) and protected  # MINDFT_INSECURE=1 is --insecure
     key_file = params["key_file"] if protected and not insecure else None
     if protected and nnodes > 1 and key_file is None and not insecure:
@@ -360,4 +379,5 @@ def plan_launch(params: Mapping[str, Any], environ: Mapping[str, str]) -> Launch
                       run_dir=run_dir, log_dir=params["log_dir"] or run_dir / "logs", key_file=key_file,
                       insecure=insecure, grace_period=params["grace_period"],
                       progress_interval=params["progress_interval"], env=env,
-                      prefix_output=not params["no_prefix"], protected=protected, mindio=mindio)
+                      prefix_output=not params["no_prefix"], protected=protected, mindio=mindio,
+                      metrics_port=metrics_port, metrics_ip=metrics_ip)

@@ -1,0 +1,221 @@
+"""The controller's job-wide metrics for Prometheus, through ``prometheus_client``.
+
+A shell, like the controller it serves: nothing here decides anything. Two sources feed one
+private :class:`~prometheus_client.CollectorRegistry` per controller:
+
+* what a recovery was (its fault, the rung of the ladder it took, its phases, the steps it
+  replayed) is counted when the controller carries out a :class:`~mindft.flow.Transition`
+  (:meth:`JobMetrics.transition`, on the controller's serving thread), read from the job
+  (:attr:`Job.recovery`, :attr:`Job.history`, :func:`~mindft.flow.phase_times`);
+* what the job is now (its state, step, ranks, snapshot cadence, replicas) is read on each
+  scrape from the controller's status (:class:`StatusCollector`), which the serving thread
+  computes (:meth:`Controller.latest_status`), so the scrape never reads the job's state while
+  it changes.
+
+:class:`MetricsServer` serves the registry over HTTP (``mindft-launch --metrics-port``); every
+metric is listed in docs/metrics.md.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import threading
+import weakref
+from typing import Callable, Iterable, Iterator, Optional
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from mindft.flow import RECOVERY_STATES, Job, JobState, RankState, Transition, phase_times
+from mindft.protocol import FaultKind, StatusReply
+
+log = logging.getLogger(__name__)
+
+# The ladder's rungs as the metrics name them (mindft.flow.recovery): every rank rolls back in
+# place; every worker restarts from the node agents' memory; the job fails, every rank dumps.
+IN_PLACE, RESTART_ALL, DYING_GASP = "in_place", "restart_all", "dying_gasp"
+RUNGS = (IN_PLACE, RESTART_ALL, DYING_GASP)
+# A rank whose node was lost has a PROCESS_DIED fault on a lost node: a kind of its own here.
+NODE_LOST = "node_lost"
+FAULT_KINDS = tuple(kind.value for kind in FaultKind) + (NODE_LOST,)
+# The recovery states as phases of the histogram (the time in each, summed over a recovery's rounds).
+PHASES = {JobState.PAUSING: "pause", JobState.REPAIRING: "repair", JobState.ROLLBACK: "rollback",
+          JobState.RESUMING: "resume"}
+# From a hot reset's tenth of a second to a node replaced in minutes.
+SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+STEPS_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+
+
+class StatusCollector(Collector):
+    """The job as its latest status shows it, read on each scrape.
+
+    ``status`` returns the controller's :class:`StatusReply` (:meth:`Controller.latest_status`,
+    thread-safe); it raises when the controller does not answer in time, and the scrape fails
+    (an honest ``up == 0`` rather than stale numbers). A bound method is held weakly: the
+    controller owns its metrics, which must not keep it (its sockets) alive in a reference cycle.
+    """
+
+    def __init__(self, status: Callable[[], StatusReply]) -> None:
+        self._status: Callable[[], Optional[Callable[[], StatusReply]]] = (
+            weakref.WeakMethod(status) if inspect.ismethod(status) else lambda: status)
+
+    def describe(self) -> Iterable[Metric]:
+        return list(_status_families())
+
+    def collect(self) -> Iterable[Metric]:
+        status = self._status()
+        return [] if status is None else list(_status_families(status()))
+
+
+def _status_families(status: Optional[StatusReply] = None) -> Iterator[Metric]:
+    """The metric families of one status (without samples when ``status`` is None: their description)."""
+    state = GaugeMetricFamily("mindft_job_state", "The job's state: 1 for the current one, 0 for the others.",
+                              labels=["state"])
+    step = GaugeMetricFamily("mindft_job_step", "The step every rank finished (the slowest rank's progress).")
+    ranks = GaugeMetricFamily("mindft_ranks", "Ranks in each state, as the controller sees them.", labels=["state"])
+    every = GaugeMetricFamily("mindft_snapshot_every_steps",
+                              "The snapshot cadence: every rank snapshots every N-th step (in force from its "
+                              "switch step).")
+    overhead = GaugeMetricFamily("mindft_snapshot_overhead_ratio",
+                                 "The budget's estimate of the snapshots' slowdown at the cadence, by the slowest "
+                                 "ranks' figures (0.01: 1%); absent until a rank reported its costs.")
+    budget = GaugeMetricFamily("mindft_snapshot_overhead_budget_ratio",
+                               "MINDFT_OVERHEAD_BUDGET; absent when MINDFT_SNAPSHOT_EVERY fixes the cadence.")
+    over = GaugeMetricFamily("mindft_snapshot_over_budget",
+                             "1 when even every MINDFT_MAX_REPLAY_STEPS steps snapshots cost more than the budget.")
+    lag = GaugeMetricFamily("mindft_rank_replica_lag_steps",
+                            "Steps a rank finished beyond the newest one its buddy node's agent holds; absent "
+                            "for a rank whose replica no agent reported.", labels=["rank"])
+    lost = GaugeMetricFamily("mindft_rank_lost_protection",
+                             "1 when a rank's replica is behind the steps every rank keeps (LOST PROTECTION): "
+                             "a loss of its node now could not be recovered.", labels=["rank"])
+    if status is not None:
+        for candidate in JobState:
+            state.add_metric([candidate.value], 1.0 if candidate is status.state else 0.0)
+        step.add_metric([], status.step)
+        counts = dict.fromkeys(RankState, 0)
+        for row in status.ranks:
+            counts[row.state] += 1
+            if row.replicated >= 0:
+                lag.add_metric([str(row.rank)], max(0, row.step - row.replicated))
+            lost.add_metric([str(row.rank)], 1.0 if row.replica_lost else 0.0)
+        for rank_state, count in counts.items():
+            ranks.add_metric([rank_state.value], count)
+        every.add_metric([], status.snapshot_every)
+        if status.snapshot_cost >= 0:
+            overhead.add_metric([], status.snapshot_cost)
+        if status.overhead_budget > 0:
+            budget.add_metric([], status.overhead_budget)
+        over.add_metric([], 1.0 if status.over_budget else 0.0)
+    yield from (state, step, ranks, every, overhead, budget, over, lag, lost)
+
+
+class JobMetrics:
+    """The controller's metrics in a registry of their own (:attr:`registry`).
+
+    :meth:`transition` is called by the controller for every :class:`Transition` it carries out;
+    :meth:`watch` adds the job's status, read on each scrape.
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.recoveries = Counter("mindft_recoveries", "Recoveries, by the kind of their first fault and the rung of "
+                                  "the ladder that ended them (dying_gasp: the job failed).",
+                                  ["kind", "rung"], registry=r)
+        self.phase_seconds = Histogram("mindft_recovery_phase_seconds", "Seconds a completed recovery spent in "
+                                       "each phase (pause, repair, rollback, resume), summed over its rounds.",
+                                       ["phase"], buckets=SECONDS_BUCKETS, registry=r)
+        self.recovery_seconds = Histogram("mindft_recovery_seconds", "Seconds from a fault to every rank resumed, "
+                                          "per completed recovery.", buckets=SECONDS_BUCKETS, registry=r)
+        self.lost_steps = Histogram("mindft_recovery_lost_steps", "Steps a completed recovery made the job train "
+                                    "again: the newest step a rank finished minus the step every rank rolled back "
+                                    "to.", buckets=STEPS_BUCKETS, registry=r)
+        self.dying_gasps = Counter("mindft_dying_gasps", "Times the job failed and told every rank to write its "
+                                   "dying-gasp checkpoint.", registry=r)
+        for kind in FAULT_KINDS:  # every series exists from the start, so that rate() sees the first one
+            for rung in RUNGS:
+                self.recoveries.labels(kind, rung)
+        for phase in PHASES.values():
+            self.phase_seconds.labels(phase)
+        self._kind: Optional[str] = None  # the current recovery's first fault (None: no recovery)
+        self._rung = IN_PLACE
+        self._newest = -1  # the newest step a rank finished since the recovery began
+
+    def watch(self, status: Callable[[], StatusReply]) -> None:
+        """Read the job's status on each scrape from ``status`` (thread-safe, e.g. ``Controller.latest_status``)."""
+        self.registry.register(StatusCollector(status))
+
+    def transition(self, job: Job, effect: Transition) -> None:
+        """Count what the job's move says, from the job as it stands after the input that moved it."""
+        if effect.target in RECOVERY_STATES:
+            self._track(job)
+        elif effect.target is JobState.NORMAL and effect.source is JobState.RESUMING:
+            self._recovered(job)
+        elif effect.target is JobState.FAILED:
+            self.dying_gasps.inc()
+            # A recovery gave up (also at once, as for a lost node no replica can replace): the
+            # faults it was for are still the job's. A failure without one (an exception from
+            # the script, a fault again in the same step) is counted by the dying gasp alone.
+            kind = _first_fault(job) or self._kind
+            if kind is not None:
+                self.recoveries.labels(kind, DYING_GASP).inc()
+            self._kind = None
+
+    def _track(self, job: Job) -> None:
+        """Remember the recovery's fault and rung as they stand now (every new fault moves the job:
+        the last move before the recovery ends sees them all)."""
+        self._kind = _first_fault(job) or self._kind or FaultKind.UNKNOWN.value
+        self._rung = RESTART_ALL if job.recovery.restart_all else IN_PLACE
+        if job.state is not JobState.RESUMING:  # from RESUMING on, the ranks' progress starts at the rollback step
+            self._newest = max(self._newest, max((r.progress for r in job.ranks), default=-1))
+
+    def _recovered(self, job: Job) -> None:
+        recovery = job.recovery
+        self.recoveries.labels(self._kind or FaultKind.UNKNOWN.value, self._rung).inc()
+        times = phase_times(job.history, recovery.started)
+        for state, phase in PHASES.items():
+            self.phase_seconds.labels(phase).observe(times.get(state.value, 0.0))
+        if job.recoveries:
+            self.recovery_seconds.observe(job.recoveries[-1])
+        if recovery.repair_step >= 0:
+            self.lost_steps.observe(max(0, self._newest - recovery.repair_step))
+        self._kind, self._rung, self._newest = None, IN_PLACE, -1
+
+
+def _first_fault(job: Job) -> Optional[str]:
+    """The kind of the current recovery's first fault of a rank (else the scheduler's; None: no fault)."""
+    recovery = job.recovery
+    first = next((fault for fault in recovery.faults.values() if not fault.collateral), None)
+    if first is not None:
+        return NODE_LOST if first.node >= 0 else first.kind.value
+    return recovery.scheduler.kind.value if recovery.scheduler is not None else None
+
+
+class MetricsServer:
+    """``registry`` over HTTP at ``http://ADDRESS:PORT/metrics`` (prometheus_client's server, in a
+    daemon thread) until :meth:`close`. Binds in the constructor: a taken port raises OSError."""
+
+    def __init__(self, registry: CollectorRegistry, address: str, port: int) -> None:
+        self._server, self._thread = start_http_server(port, address, registry=registry)
+        self.address, self.port = address, port
+        self._lock = threading.Lock()
+        self._closed = False
+        log.debug("metrics at %s", self.url)
+
+    @property
+    def url(self) -> str:
+        """Where Prometheus scrapes."""
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        """Stop serving and release the port (idempotent)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._server.shutdown()
+        self._server.server_close()  # shutdown() alone keeps the port bound
+        self._thread.join(5.0)

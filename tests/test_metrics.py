@@ -1,0 +1,272 @@
+"""The controller's metrics (mindft.metrics) from a flow Job driven message by message: no sockets,
+no threads; read back through prometheus_client's own parser of the exposition format."""
+from __future__ import annotations
+
+import os
+import socket
+import urllib.request
+from pathlib import Path
+from typing import Optional
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from harness import free_port
+from mindft.config import ConfigError, MindftConfig, Timeouts
+from mindft.flow import Job, JobState, Transition
+from mindft.launch import main
+from mindft.launch_plan import LaunchSpec, UsageError, plan_launch
+from mindft.metrics import FAULT_KINDS, JobMetrics, MetricsServer
+from mindft.protocol import (Ack, ActionKind, FaultKind, FaultReport, NodeLost, ProcessExit, Register,
+                             ReplicaReport,
+                             StepReport)
+
+FAKE_RANK = Path(__file__).resolve().parent / "integration" / "fake_rank.py"
+T = Timeouts(heartbeat_interval=1.0, heartbeat_misses=3, register=10.0, pause=5.0, repair=20.0, rollback=5.0,
+             resume=5.0, leave=8.0)
+
+
+class Driver:
+    """A Job, its metrics fed with every Transition it emits (as the controller's shell does),
+    and a clock the test moves."""
+
+    def __init__(self, world: int = 2, every: int = 1, restart_scope: str = "rank") -> None:
+        self.now = 0.0
+        self.job = Job(world, T, self.now, snapshot_every=every, restart_scope=restart_scope)
+        self.world = world
+        self.metrics = JobMetrics()
+        self.metrics.watch(lambda: self.job.status(self.now))
+
+    def send(self, rank: int, message, incarnation: int = 0) -> None:
+        for effect in self.job.handle(f"rank{rank}.inc{incarnation}".encode(), message, self.now):
+            if isinstance(effect, Transition):
+                self.metrics.transition(self.job, effect)
+
+    def start(self) -> Driver:
+        for rank in range(self.world):
+            self.send(rank, Register(rank, 0, 100 + rank, (0,)))
+        return self
+
+    def steps(self, first: int, last: int) -> None:
+        for step in range(first, last + 1):
+            for rank in range(self.world):
+                self.send(rank, StepReport(rank, step))
+
+    def ack_all(self, kind: ActionKind, step: int, held: tuple[int, ...], incarnation: int = 0) -> None:
+        for rank in range(self.world):
+            self.send(rank, Ack(rank, kind, step, held, self.job.recovery.round), incarnation)
+
+    def samples(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """Every sample of the exposition, parsed back: (name, sorted labels) → value."""
+        text = generate_latest(self.metrics.registry).decode()
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+    def value(self, name: str, **labels: str) -> Optional[float]:
+        return self.samples().get((name, tuple(sorted(labels.items()))))
+
+
+def _recover_from_uce(d: Driver, fault_step: int = 6) -> None:
+    """Rank 1 reports a UCE in ``fault_step``; pausing, rolling back and resuming take a second each
+    (a UCE needs nothing external: the repair takes no time)."""
+    d.send(1, FaultReport(1, fault_step, FaultKind.UCE, "injected"))
+    assert d.job.state is JobState.PAUSING
+    d.now += 1.0
+    d.ack_all(ActionKind.PAUSE, fault_step - 1, (fault_step - 2, fault_step - 1))
+    assert d.job.state is JobState.ROLLBACK
+    d.now += 1.0
+    d.ack_all(ActionKind.ROLLBACK, fault_step - 1, (fault_step - 2, fault_step - 1))
+    assert d.job.state is JobState.RESUMING
+    d.now += 1.0
+    d.ack_all(ActionKind.RESUME, fault_step - 1, (fault_step - 2, fault_step - 1))
+    assert d.job.state is JobState.NORMAL
+
+
+def test_status_gauges_show_the_job_and_its_ranks() -> None:
+    d = Driver(world=2, every=1)
+    assert d.value("mindft_job_state", state="STARTING") == 1.0
+    assert d.value("mindft_ranks", state="registered") == 0.0
+    d.send(0, Register(0, 0, 100, (0,)))
+    assert d.value("mindft_ranks", state="registered") == 1.0
+    d.send(1, Register(1, 0, 101, (0,)))
+    d.steps(1, 7)
+    assert d.value("mindft_job_state", state="NORMAL") == 1.0
+    assert d.value("mindft_job_state", state="STARTING") == 0.0
+    assert d.value("mindft_job_step") == 7.0
+    assert d.value("mindft_ranks", state="running") == 2.0
+    assert d.value("mindft_snapshot_every_steps") == 1.0
+    assert d.value("mindft_snapshot_over_budget") == 0.0
+    assert d.value("mindft_snapshot_overhead_ratio") is None  # no rank reported its costs
+    # No agent reported a replica: no lag, and no LOST PROTECTION yet.
+    assert d.value("mindft_rank_replica_lag_steps", rank="0") is None
+    assert d.value("mindft_rank_lost_protection", rank="1") == 0.0
+    d.send(0, ReplicaReport(node=1, ranks=(0, 1), steps=(5, 7)))
+    assert d.value("mindft_rank_replica_lag_steps", rank="0") == 2.0
+    assert d.value("mindft_rank_replica_lag_steps", rank="1") == 0.0
+
+
+def test_a_recovery_is_counted_with_its_kind_rung_phases_and_lost_steps() -> None:
+    d = Driver(world=2).start()
+    d.steps(1, 5)
+    assert d.value("mindft_recoveries_total", kind="uce", rung="in_place") == 0.0  # exists before the first
+    _recover_from_uce(d)
+    assert d.value("mindft_recoveries_total", kind="uce", rung="in_place") == 1.0
+    assert d.value("mindft_recovery_seconds_count") == 1.0
+    assert d.value("mindft_recovery_seconds_sum") == pytest.approx(3.0)
+    for phase, seconds in (("pause", 1.0), ("repair", 0.0), ("rollback", 1.0), ("resume", 1.0)):
+        assert d.value("mindft_recovery_phase_seconds_count", phase=phase) == 1.0
+        assert d.value("mindft_recovery_phase_seconds_sum", phase=phase) == pytest.approx(seconds), phase
+    # The fastest rank had finished step 5, every rank rolled back to 5: nothing to train again.
+    assert d.value("mindft_recovery_lost_steps_count") == 1.0
+    assert d.value("mindft_recovery_lost_steps_sum") == 0.0
+    assert d.value("mindft_ranks", state="running") == 2.0
+    assert d.value("mindft_dying_gasps_total") == 0.0
+
+
+def test_steps_lost_are_the_newest_finished_step_minus_the_rollback_step() -> None:
+    d = Driver(world=2, every=4).start()
+    d.steps(1, 6)  # snapshots at 4 (and 0): a fault in step 7 rolls back to 4
+    d.send(1, FaultReport(1, 7, FaultKind.COMMUNICATION, "link"))
+    d.ack_all(ActionKind.PAUSE, 6, (0, 4))
+    d.ack_all(ActionKind.ROLLBACK, 4, (0, 4))
+    d.ack_all(ActionKind.RESUME, 4, (0, 4))
+    assert d.job.state is JobState.NORMAL
+    assert d.value("mindft_recoveries_total", kind="communication", rung="in_place") == 1.0
+    assert d.value("mindft_recovery_lost_steps_sum") == 2.0
+    assert d.value("mindft_recovery_lost_steps_bucket", le="2.0") == 1.0
+    assert d.value("mindft_recovery_lost_steps_bucket", le="1.0") == 0.0
+
+
+def test_restarting_every_worker_is_the_second_rung() -> None:
+    d = Driver(world=2, restart_scope="all").start()
+    d.steps(1, 3)
+    d.send(0, ProcessExit(1, -9, 101, will_restart=True))  # a process died where collectives cannot be repaired
+    assert d.job.recovery.restart_all
+    d.send(0, ProcessExit(0, -15, 100, will_restart=True))  # (killed by its agent, as ordered)
+    for rank in range(2):
+        d.send(rank, Register(rank, 1, 200 + rank, (2, 3)), incarnation=1)
+    d.ack_all(ActionKind.ROLLBACK, 3, (2, 3), incarnation=1)
+    d.ack_all(ActionKind.RESUME, 3, (2, 3), incarnation=1)
+    assert d.job.state is JobState.NORMAL
+    assert d.value("mindft_recoveries_total", kind="process_died", rung="restart_all") == 1.0
+    assert d.value("mindft_recoveries_total", kind="process_died", rung="in_place") == 0.0
+
+
+def test_a_failed_job_counts_its_dying_gasp_and_the_recovery_that_gave_up() -> None:
+    d = Driver(world=2).start()
+    d.steps(1, 3)
+    d.send(1, FaultReport(1, 4, FaultKind.UCE, "injected"))
+    d.send(0, ProcessExit(0, 1, 100, will_restart=False))  # while it pauses: nothing to recover it with
+    assert d.job.state is JobState.FAILED
+    assert d.value("mindft_dying_gasps_total") == 1.0
+    assert d.value("mindft_recoveries_total", kind="uce", rung="dying_gasp") == 1.0
+    assert d.value("mindft_recovery_seconds_count") == 0.0  # it did not complete
+    assert d.value("mindft_job_state", state="FAILED") == 1.0
+
+
+def test_a_lost_node_no_replica_can_replace_takes_the_dying_gasp_at_once() -> None:
+    d = Driver(world=2).start()
+    d.steps(1, 3)
+    d.send(0, NodeLost(1, (1,), (-1,), (), "test"))  # (from node 1's new agent; nothing could be restored)
+    assert d.job.state is JobState.FAILED
+    assert d.value("mindft_recoveries_total", kind="node_lost", rung="dying_gasp") == 1.0
+    assert d.value("mindft_dying_gasps_total") == 1.0
+
+
+def test_a_job_that_fails_while_training_took_no_rung() -> None:
+    d = Driver(world=2).start()
+    d.send(0, ProcessExit(0, 1, 100, will_restart=False))
+    assert d.job.state is JobState.FAILED
+    assert d.value("mindft_dying_gasps_total") == 1.0
+    assert sum(value for (name, _), value in d.samples().items() if name == "mindft_recoveries_total") == 0.0
+
+
+def test_every_series_follows_the_naming_conventions() -> None:
+    d = Driver(world=2).start()
+    d.steps(1, 5)
+    _recover_from_uce(d)
+    names = {name for name, _ in d.samples()}
+    assert all(name.startswith("mindft_") for name in names)
+    text = generate_latest(d.metrics.registry).decode()
+    types = {family.name: family.type for family in text_string_to_metric_families(text)}
+    assert types["mindft_recoveries"] == "counter" and types["mindft_dying_gasps"] == "counter"
+    assert types["mindft_recovery_phase_seconds"] == "histogram" and types["mindft_recovery_seconds"] == "histogram"
+    assert types["mindft_ranks"] == "gauge" and types["mindft_job_step"] == "gauge"
+    # rank is a label of the per-rank gauges only.
+    with_rank = {name for name, labels in d.samples() if any(key == "rank" for key, _ in labels)}
+    assert with_rank <= {"mindft_rank_replica_lag_steps", "mindft_rank_lost_protection"}
+    kinds = {dict(labels)["kind"] for name, labels in d.samples() if name == "mindft_recoveries_total"}
+    assert kinds == set(FAULT_KINDS)
+
+
+def test_the_server_serves_the_registry_and_lets_go_of_its_port() -> None:
+    d = Driver(world=2).start()
+    server = MetricsServer(d.metrics.registry, "127.0.0.1", free_port())
+    try:
+        with urllib.request.urlopen(server.url, timeout=5) as answer:
+            text = answer.read().decode()
+        assert any(f.name == "mindft_job_state" for f in text_string_to_metric_families(text))
+    finally:
+        server.close()
+    server.close()  # idempotent
+    again = MetricsServer(d.metrics.registry, "127.0.0.1", server.port)  # the port was released
+    again.close()
+
+
+def test_a_taken_metrics_port_is_a_configuration_error() -> None:
+    from mindft.agent_links import ControllerHost
+
+    taken = MetricsServer(JobMetrics().registry, "127.0.0.1", free_port())
+    try:
+        with pytest.raises(ConfigError, match=f"port {taken.port} on 127.0.0.1, the metrics port, cannot be bound"):
+            ControllerHost(MindftConfig(world_size=1, controller_port=0, insecure=True),
+                           metrics_at=("127.0.0.1", taken.port))
+    finally:
+        taken.close()
+
+
+def _plan(*argv: str) -> LaunchSpec:
+    """What mindft-launch would run for ``argv`` (its own click command parses them)."""
+    params = main.make_context("mindft-launch", [*argv, "--no-scheduler", str(FAKE_RANK)]).params
+    return plan_launch(params, {"MS_ENABLE_TFT": "{RSC:1}"})
+
+
+def test_metrics_are_off_unless_asked_and_served_on_the_master_address_by_default() -> None:
+    assert _plan().metrics_port is None
+    port = free_port()
+    spec = _plan("--metrics-port", str(port))
+    assert (spec.metrics_ip, spec.metrics_port) == ("127.0.0.1", port)
+    assert _plan("--metrics-port", str(port), "--metrics-addr", "0.0.0.0").metrics_ip == "0.0.0.0"
+
+
+def test_a_taken_or_shared_metrics_port_is_a_usage_error() -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(UsageError, match=f"port {port} on 127.0.0.1, the metrics port \\(--metrics-port\\), "
+                                             f"is in use by pid {os.getpid()} .*; choose another --metrics-port"):
+            _plan("--metrics-port", str(port))
+    controller = free_port()
+    with pytest.raises(UsageError, match=f"--metrics-port {controller + 1} is also the controller's port"):
+        _plan("--master-port", str(controller), "--metrics-port", str(controller + 1))
+
+
+def test_a_controller_is_not_kept_alive_by_its_metrics() -> None:
+    import gc
+    import weakref
+
+    from mindft.controller import Controller
+
+    controller = Controller(MindftConfig(world_size=1, controller_port=0, insecure=True))
+    registry, gone = controller.metrics.registry, weakref.ref(controller)
+    controller.start()
+    controller.stop()
+    gc.disable()
+    try:
+        del controller
+        assert gone() is None  # freed at once, by reference counting: no cycle through the registry
+    finally:
+        gc.enable()
+    assert "mindft_job_state" not in generate_latest(registry).decode()  # its status left with it
