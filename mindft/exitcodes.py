@@ -29,8 +29,9 @@ class ExitCode(enum.IntEnum):
 # Code → (the short description, the rest of the sentence): describe() is the first part, explain() both.
 _MEANINGS: dict[ExitCode, tuple[str, str]] = {
     ExitCode.OK: ("finished", ": the job (or command) ended well"),
-    ExitCode.FAILED: ("failed", ": the job failed and mindft saved nothing, or the command failed "
-                                "(the launcher also passes on a crashed rank's own code)"),
+    ExitCode.FAILED: ("failed", ": the job failed and mindft saved nothing, or the script has a bug (every "
+                                "rank's dying gasp written, nothing retried), or the command failed (the "
+                                "launcher also passes on a crashed rank's own code)"),
     ExitCode.USAGE: ("usage or configuration error", ": nothing was started"),
     ExitCode.DUMPED: ("dying-gasp checkpoint written", ": stopped on purpose (the launcher: by every rank)"),
     ExitCode.DUMP_FAILED: ("stopped; dying-gasp checkpoint NOT written",
