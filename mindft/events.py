@@ -2,7 +2,8 @@
 
 Node 0's controller appends to ``RUN_DIR/events.jsonl`` (the job's view: every transition, the
 faults, the ladder's decisions, the orders to the nodes, the end); each node agent appends to
-``RUN_DIR/events-node<N>.jsonl`` (its processes' starts and exits, the scheduler's, its kills).
+``RUN_DIR/events-node<N>.jsonl`` (its processes' starts and exits, the scheduler's, when
+MindSpore's cluster formed).
 Ranks never write: logging costs nothing per step.
 
 Each line is one :class:`Event`: the time (``time``, ISO-8601 UTC, and ``at``, epoch seconds),
@@ -117,6 +118,14 @@ class ProcessExited:
 
 
 @dataclass(frozen=True)
+class ClusterFormed:
+    """MindSpore's scheduler ``pid`` says every worker joined its cluster (``init()`` returns on the ranks)."""
+
+    KIND = "cluster_formed"
+    pid: int
+
+
+@dataclass(frozen=True)
 class JobFinished:
     """The controller's verdict: the job is over with ``exit_code``."""
 
@@ -125,9 +134,11 @@ class JobFinished:
     reason: str
 
 
-Record = Union[JobMoved, FaultSeen, LadderDecision, OrderSent, ProcessStarted, ProcessExited, JobFinished]
+Record = Union[JobMoved, FaultSeen, LadderDecision, OrderSent, ProcessStarted, ProcessExited, ClusterFormed,
+               JobFinished]
 RECORDS: dict[str, type] = {cls.KIND: cls for cls in
-                            (JobMoved, FaultSeen, LadderDecision, OrderSent, ProcessStarted, ProcessExited, JobFinished)}
+                            (JobMoved, FaultSeen, LadderDecision, OrderSent, ProcessStarted, ProcessExited, ClusterFormed,
+                             JobFinished)}
 
 
 @dataclass(frozen=True)

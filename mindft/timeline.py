@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
-from mindft.events import (Event, FaultSeen, JobFinished, JobMoved, LadderDecision, OrderSent, ProcessExited,
+from mindft.events import (ClusterFormed, Event, FaultSeen, JobFinished, JobMoved, LadderDecision, OrderSent, ProcessExited,
                            ProcessStarted)
 
 RECOVERY_STATES = ("PAUSING", "REPAIRING", "ROLLBACK", "RESUMING")
@@ -70,6 +70,8 @@ def describe(event: Event) -> str:
     if isinstance(r, ProcessExited):
         who = f"rank {r.rank}" if r.role == "worker" else r.role
         return f"{event.source}: {who} (pid {r.pid}) {_how(r)}"
+    if isinstance(r, ClusterFormed):
+        return f"{event.source}: MindSpore's cluster formed (scheduler pid {r.pid})"
     if isinstance(r, JobFinished):
         return f"job finished: exit code {r.exit_code}: {r.reason}"
     return event.kind  # pragma: no cover - every record kind is above
@@ -109,6 +111,10 @@ def recoveries(events: Iterable[Event]) -> list[Recovery]:
                 current = None
             continue
         if current is None:
+            if isinstance(r, LadderDecision) and found and found[-1].outcome == "failed" and found[-1].rung != r.rung:
+                # The controller logs the last rung after the move to FAILED that ended the recovery.
+                found[-1].rung = r.rung
+                found[-1].marks.append((event.at, _RUNGS.get(r.rung, "ladder: " + r.rung)))
             continue
         if isinstance(r, FaultSeen):
             current.faults.append(r)
@@ -128,6 +134,8 @@ def recoveries(events: Iterable[Event]) -> list[Recovery]:
             groups.setdefault("kill", []).append((event.at, f"rank {r.rank}"))
         elif isinstance(r, ProcessExited) and r.role == "worker":
             groups.setdefault("exit", []).append((event.at, f"rank {r.rank} ({_how(r)})"))
+        elif isinstance(r, ClusterFormed):
+            current.marks.append((event.at, "MindSpore's cluster formed (init() returns on the ranks)"))
         elif isinstance(r, ProcessStarted) and r.role == "scheduler":
             current.marks.append((event.at, "new MindSpore scheduler started"))
         elif isinstance(r, ProcessStarted):
