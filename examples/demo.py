@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))  # runnable from a checkout even before `pip insta
 from mindft.keys import load_keys  # noqa: E402
 from mindft.channel import Client, ControllerUnreachable  # noqa: E402
 from mindft.events import read as read_events  # noqa: E402
-from mindft.timeline import recoveries, render  # noqa: E402
+from mindft.timeline import Recovery, recoveries, render  # noqa: E402
 
 TRAIN = ROOT / "examples" / "train_dp.py"
 RUN_TIMEOUT = 600.0
@@ -169,17 +169,15 @@ def hot_reset(job_file: Path, rank: int, seconds: float, events: dict[str, float
         raise SystemExit("[demo] the device plugin simulation failed")
 
 
-def timeline(run_dir: Path, since: float, plugin: dict[str, float]) -> tuple[list[tuple[float, str]], list[str]]:
-    """(seconds after ``since``, what happened) for the first recovery in ``run_dir``'s event log
-    (mindft.events, what ``mindft events`` reads), with the device plugin's moves; and the lines
-    ``mindft events`` heads and ends that recovery with (what it was; its phases)."""
+def timeline(run_dir: Path, since: float, plugin: dict[str, float]) -> tuple[list[tuple[float, str]],
+                                                                          Optional[Recovery]]:
+    """(seconds after ``since``, what happened) in the first recovery of ``run_dir``'s event log
+    (mindft.events: what ``mindft events`` reads), with the device plugin's moves; and that recovery."""
     marks = [(at - since, f"device plugin: {name}") for name, at in plugin.items()]
     found = recoveries(read_events(run_dir))
-    if not found:
-        return sorted(marks), []
-    marks += [(at - since, label) for at, label in found[0].marks]
-    lines = render(found[0])
-    return sorted(marks), [lines[0]] + [line.strip() for line in lines[2:] if line.strip().startswith("phases:")]
+    if found:
+        marks += [(at - since, label) for at, label in found[0].marks]
+    return sorted(marks), found[0] if found else None
 
 
 def load_weights(directory: Path) -> dict[str, dict[str, np.ndarray]]:
@@ -311,16 +309,18 @@ def _demo(argv: Optional[list[str]]) -> int:
         raise
     code = faulted.wait()
     say(f"faulted run finished: exit {code} in {faulted.seconds:.1f}s")
-    marks, summary = timeline(work / "fault-run", fault_at, plugin)
-    for line in summary[:1]:
+    marks, recovery = timeline(work / "fault-run", fault_at, plugin)
+    lines = render(recovery) if recovery is not None else []
+    for line in lines[:1]:  # what it was, the ladder's rung, how long it took
         say(line)
-    say(f"timeline (seconds after the fault; from {work / 'fault-run'}/events*.jsonl, as "
-        f"'mindft events --job {work / 'fault-run'}' prints it):")
+    say(f"timeline (seconds after the fault), from the event log in {work / 'fault-run'} "
+        f"('mindft events --job {work / 'fault-run'}' prints it too):")
     for seconds, what in marks:
         print(f"  {seconds:7.2f}  {what}", flush=True)
-    for line in summary[1:]:
-        print(f"  {line}", flush=True)
-    if code != 0 or not summary or "recovered" not in summary[0]:
+    for line in lines[-1:]:
+        if line.strip().startswith("phases:"):
+            print(line, flush=True)
+    if code != 0 or recovery is None or recovery.outcome != "recovered":
         say("the faulted run did not recover; last lines:")
         print("".join(faulted.lines[-40:]), end="")
         return 1

@@ -388,6 +388,7 @@ class NodeAgent:
         if self.spec.state_dir is not None:
             self.console.line("mindft-launch", agent_memory_report(self.spec.state_dir))
             shutil.rmtree(self.spec.state_dir, ignore_errors=True)
+        self.events.close()
 
     def _stop_scheduler(self, clean_end: bool) -> None:
         """Stop the scheduler; after a clean end first let it see every worker unregister (ranks on

@@ -321,6 +321,8 @@ class Controller:
         if self._authenticator is not None:
             self._authenticator.stop()
         self._context.term()
+        if getattr(self, "events", None) is not None:
+            self.events.close()  # the verdict is in it already
         while True:  # nobody will answer these any more
             try:
                 item = self._inbox.get_nowait()

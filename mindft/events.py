@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional, Union
+from typing import Any, BinaryIO, Iterable, Iterator, Optional, Union
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,8 @@ def decode(line: str) -> Event:
 
 
 class EventLog:
-    """Appends events to ``path`` for ``source``, from any thread, bounded as the module says.
+    """Appends events to ``path`` for ``source``, from any thread, bounded as the module says; the
+    file stays open until :meth:`close`.
 
     Writing never fails its caller: an unwritable file is logged once and the events are dropped
     (the log explains a job, it must not end one). No fsync: a line lost in a crash of the host
@@ -202,22 +203,38 @@ class EventLog:
         self.source = source
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
+        self._handle: Optional[BinaryIO] = None  # open while the log is written: a recovery of 16k ranks logs 16k orders
+        self._size = 0
         self._failed = False
 
     def append(self, record: Record, at: Optional[float] = None) -> None:
         """Append ``record``, stamped with ``at`` (default: now, the wall clock)."""
-        line = encode(Event(time.time() if at is None else at, self.source, record)) + "\n"
-        data = line.encode()
+        data = (encode(Event(time.time() if at is None else at, self.source, record)) + "\n").encode()
         with self._lock:
             try:
-                if self.path.exists() and self.path.stat().st_size + len(data) > self.max_bytes:
+                if self._handle is None:
+                    self._handle = open(self.path, "ab")
+                    self._size = self._handle.tell()
+                if self._size and self._size + len(data) > self.max_bytes:
+                    self._handle.close()
+                    self._handle = None
                     os.replace(self.path, self.path.with_name(self.path.name + ".1"))
-                with open(self.path, "ab") as handle:
-                    handle.write(data)
+                    self._handle = open(self.path, "ab")
+                    self._size = 0
+                self._handle.write(data)
+                self._handle.flush()  # a line at a time: readers (--follow) see whole lines
+                self._size += len(data)
             except OSError as error:
                 if not self._failed:
                     self._failed = True
                     log.warning("cannot write the event log %s (%s); events are dropped", self.path, error)
+
+    def close(self) -> None:
+        """Close the file (a later :meth:`append` opens it again)."""
+        with self._lock:
+            if self._handle is not None:
+                self._handle.close()
+                self._handle = None
 
 
 def files(run_dir: Path) -> list[Path]:
