@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,9 +22,19 @@ def test_a_crash_is_logged_and_mindft_events_shows_its_recovery(tmp_path: Path, 
     env = environment(tmp_path, LAUNCH_DIR=str(tmp_path), LAUNCH_STEPS="30", LAUNCH_STEP_TIME="0.02",
                       LAUNCH_CRASH="1:10", MINDFT_HEARTBEAT_INTERVAL="0.1", MINDFT_DUMP_DIR=str(tmp_path / "dump"),
                       MINDFT_REGISTER_TIMEOUT="60", MINDFT_REPAIR_TIMEOUT="30", MS_ENABLE_TFT="{RSC:1}")
-    code, out = processes.run([sys.executable, "-m", "mindft.launch", "--nproc", "2", "--run-dir", str(run_dir),
-                               str(RANK_SCRIPT)], env, tmp_path / "launcher.out")
-    assert code == 0, out[-4000:]
+    launcher = processes.start([sys.executable, "-m", "mindft.launch", "--nproc", "2", "--run-dir", str(run_dir),
+                                str(RANK_SCRIPT)], env, tmp_path / "launcher.out")
+    deadline = time.monotonic() + 60
+    while not (run_dir / "job.json").exists() and launcher.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # Followed while it runs: every event as it is written, the recovery's timeline, until the verdict.
+    follow = processes.start([sys.executable, "-m", "mindft.cli", "events", "--job", str(run_dir / "job.json"),
+                              "--follow"], env, tmp_path / "follow.out")
+    assert launcher.wait(90) == 0, (tmp_path / "launcher.out").read_text()[-4000:]
+    assert follow.wait(30) == 0
+    followed = (tmp_path / "follow.out").read_text()
+    assert "NORMAL → PAUSING: rank 1 PROCESS_DIED" in followed and "recovery 1: process_died on rank 1" in followed
+    assert "  job finished: exit code 0" in followed.rstrip().splitlines()[-1], followed
     assert not (run_dir / "job.json").exists()  # gone with the job; the event log stays
     assert (run_dir / CONTROLLER_FILE).is_file() and (run_dir / node_file(0)).is_file()
 
