@@ -11,7 +11,8 @@
    cannot rejoin the others' all-reduce, so mindft's ladder restarts every worker from
    the node agents' memory: all leave at once, come back after ``recovered``, roll back
    to the step they all hold and resume;
-3. prints the ladder's decision and a timeline, and compares the final weights of both
+3. prints the ladder's decision and a timeline (from the run's event log, as ``mindft events``
+   prints it), and compares the final weights of both
    runs: exit code 0 only if they are bit-identical.
 """
 from __future__ import annotations
@@ -36,6 +37,8 @@ sys.path.insert(0, str(ROOT))  # runnable from a checkout even before `pip insta
 
 from mindft.keys import load_keys  # noqa: E402
 from mindft.channel import Client, ControllerUnreachable  # noqa: E402
+from mindft.events import read as read_events  # noqa: E402
+from mindft.timeline import Recovery, recoveries, render  # noqa: E402
 
 TRAIN = ROOT / "examples" / "train_dp.py"
 RUN_TIMEOUT = 600.0
@@ -79,7 +82,6 @@ class Run:
     def __init__(self, name: str, command: list[str], env: dict[str, str], verbose: bool) -> None:
         self.name = name
         self.lines: list[str] = []
-        self.times: list[float] = []  # when each line arrived (time.monotonic())
         self.started = time.monotonic()
         self.process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True, errors="replace", start_new_session=True)
@@ -91,7 +93,6 @@ class Run:
     def _pump(self) -> None:
         assert self.process.stdout is not None
         for line in self.process.stdout:
-            self.times.append(time.monotonic())
             self.lines.append(line)
             if self._verbose or interesting(line):
                 print(f"  {self.name} | {line}", end="", flush=True)
@@ -160,7 +161,7 @@ def hot_reset(job_file: Path, rank: int, seconds: float, events: dict[str, float
     assert plugin.stdout is not None
     for line in plugin.stdout:
         event = json.loads(line)
-        events.setdefault(event["event"], time.monotonic())
+        events.setdefault(event["event"], time.time())  # wall clock, as the event log
         say(f"device plugin: rank {rank} {event['event']}"
             + (f" (pid {event['pid']})" if "pid" in event else "")
             + (f" — resetting the chip for {seconds:g}s" if event["event"] == "process left the chip" else ""))
@@ -168,24 +169,15 @@ def hot_reset(job_file: Path, rank: int, seconds: float, events: dict[str, float
         raise SystemExit("[demo] the device plugin simulation failed")
 
 
-# What the timeline shows, from the faulted run's output: (label, words on the line).
-TIMELINE = (("ladder: every worker restarts from the agents' memory", "restarting every worker"),
-            ("new MindSpore scheduler started", "started MindSpore's scheduler"),
-            ("first worker started (forked from the warm process, or cold)", "started rank"),
-            ("MindSpore's cluster formed (init() done on a rank)", "Cluster is successfully initialized"),
-            ("every rank registered again", "every rank holds step"),
-            ("every rank restored the rollback step", "every rank restored step"),
-            ("training resumed", "every rank resumed after step"))
-
-
-def timeline(run: Run, since: float, plugin: dict[str, float]) -> list[tuple[float, str]]:
-    """(seconds after the fault, what happened) for the first recovery of ``run``."""
+def timeline(run_dir: Path, since: float, plugin: dict[str, float]) -> tuple[list[tuple[float, str]],
+                                                                          Optional[Recovery]]:
+    """(seconds after ``since``, what happened) in the first recovery of ``run_dir``'s event log
+    (mindft.events: what ``mindft events`` reads), with the device plugin's moves; and that recovery."""
     marks = [(at - since, f"device plugin: {name}") for name, at in plugin.items()]
-    for label, words in TIMELINE:
-        at = next((t for t, line in zip(run.times, run.lines) if t >= since and words in line), None)
-        if at is not None:
-            marks.append((at - since, label))
-    return sorted(marks)
+    found = recoveries(read_events(run_dir))
+    if found:
+        marks += [(at - since, label) for at, label in found[0].marks]
+    return sorted(marks), found[0] if found else None
 
 
 def load_weights(directory: Path) -> dict[str, dict[str, np.ndarray]]:
@@ -305,7 +297,7 @@ def _demo(argv: Optional[list[str]]) -> int:
     try:
         client = controller_of(work / "fault-run", 60.0)
         status = wait_for(client, faulted, lambda s: s.step >= args.fault_step, f"step {args.fault_step}")
-        fault_at = time.monotonic()
+        fault_at = time.time()  # wall clock, as the event log's times
         if args.fault == "kill":
             pid = next(r.pid for r in status.ranks if r.rank == args.fault_rank)
             os.kill(pid, signal.SIGKILL)
@@ -317,13 +309,18 @@ def _demo(argv: Optional[list[str]]) -> int:
         raise
     code = faulted.wait()
     say(f"faulted run finished: exit {code} in {faulted.seconds:.1f}s")
-    recoveries = [line.strip() for line in faulted.lines if "recovery" in line and "done in" in line]
-    for line in recoveries:
-        say(line.split("] ", 1)[-1])
-    say("timeline (seconds after the fault):")
-    for seconds, what in timeline(faulted, fault_at, plugin):
+    marks, recovery = timeline(work / "fault-run", fault_at, plugin)
+    lines = render(recovery) if recovery is not None else []
+    for line in lines[:1]:  # what it was, the ladder's rung, how long it took
+        say(line)
+    say(f"timeline (seconds after the fault), from the event log in {work / 'fault-run'} "
+        f"('mindft events --job {work / 'fault-run'}' prints it too):")
+    for seconds, what in marks:
         print(f"  {seconds:7.2f}  {what}", flush=True)
-    if code != 0 or not recoveries:
+    for line in lines[-1:]:
+        if line.strip().startswith("phases:"):
+            print(line, flush=True)
+    if code != 0 or recovery is None or recovery.outcome != "recovered":
         say("the faulted run did not recover; last lines:")
         print("".join(faulted.lines[-40:]), end="")
         return 1

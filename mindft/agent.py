@@ -23,6 +23,7 @@ from typing import Any, Mapping, Optional
 from mindft.channel import Client, ControllerUnreachable
 from mindft.ckpt import atomic_write
 from mindft.config import MINDX_TASK_VARIABLE, TFT_VARIABLE, MindftConfig, load_config
+from mindft.events import CONTROLLER_FILE, ClusterFormed, EventLog, ProcessExited, node_file
 from mindft.exitcodes import ExitCode
 from mindft.agent_links import ControllerHost, ControllerLink, recovery_progress
 from mindft.flow.agent import (AbortJob, AgentEffect, Ending, KillWorker, NodePolicy,
@@ -61,7 +62,9 @@ class NodeAgent:
         self.spec = spec
         self.console = console or Console(prefix=spec.prefix_output)
         self.warm = start_warm(spec)
-        self.workers = WorkerProcesses(spec, self.console, self.warm)
+        # This node's event log: its processes' starts and exits (the controller keeps the job's).
+        self.events = EventLog(spec.run_dir / node_file(spec.node_rank), f"node {spec.node_rank}")
+        self.workers = WorkerProcesses(spec, self.console, self.warm, self.events)
         self.keys = None if spec.insecure or not spec.protected else load_keys(spec.key_file)
         self.client = Client(spec.controller_address, self.keys)
         self.policy = NodePolicy(tuple(spec.local_ranks), spec.max_restarts, protected=spec.protected,
@@ -71,12 +74,13 @@ class NodeAgent:
         self.link: Optional[ControllerLink] = None
         self.mindio_host: Optional[Any] = None
         self.replication: Optional[Any] = None  # mindft.replica.NodeReplication
-        self.scheduler: Optional[Scheduler] = Scheduler(spec, self.warm) if spec.runs_scheduler else None
+        self.scheduler: Optional[Scheduler] = Scheduler(spec, self.warm, self.events) if spec.runs_scheduler else None
         self.inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()  # orders and views, from any thread
         self._signal: Optional[int] = None
         self._signals_seen = 0
         self._announced = ""  # the failure already told to people
         self._schedulers = 0  # MindSpore schedulers replaced by a new one
+        self._formed_pid: Optional[int] = None  # the scheduler whose formed cluster is in the event log
         self._phase_since = self._progress_last = 0.0  # when the job's current phase began; the last progress line
 
     # ---- carrying out the policy's effects ------------------------------------------------------
@@ -192,6 +196,7 @@ class NodeAgent:
                 # The controller picked a free port; every rank and client must use it.
                 spec = self.spec = self.workers.spec = dataclasses.replace(spec, controller_port=self.runner.port)
                 self.client = Client(spec.controller_address, self.keys)
+            self.runner.controller.events = EventLog(spec.run_dir / CONTROLLER_FILE, "controller")
             self.runner.controller.attach_agent(0, tuple(spec.local_ranks), self.inbox.put)
             self.runner.start()
         if spec.metrics_port is not None and self.runner is None:
@@ -300,8 +305,13 @@ class NodeAgent:
         if scheduler is None or scheduler.exit_seen:
             return
         code = scheduler.poll()
+        if code is None and self._formed_pid != scheduler.pid and scheduler.cluster_formed():
+            # Read from its log only until it formed: when the cluster formed is a phase of a restart.
+            self._formed_pid = scheduler.pid
+            self.events.append(ClusterFormed(scheduler.pid or 0))
         if code is not None:
             scheduler.exit_seen = True
+            self.events.append(ProcessExited("scheduler", scheduler.pid or 0, code))
             self._carry_out(self.policy.on_scheduler_exit(scheduler.pid, code, scheduler.last_error(),
                                                              str(scheduler.log_path), scheduler.cluster_formed()))
 
@@ -378,6 +388,7 @@ class NodeAgent:
         if self.spec.state_dir is not None:
             self.console.line("mindft-launch", agent_memory_report(self.spec.state_dir))
             shutil.rmtree(self.spec.state_dir, ignore_errors=True)
+        self.events.close()
 
     def _stop_scheduler(self, clean_end: bool) -> None:
         """Stop the scheduler; after a clean end first let it see every worker unregister (ranks on

@@ -22,11 +22,12 @@ import zmq
 
 from mindft import channel
 from mindft.config import MindftConfig
+from mindft.events import EventLog, FaultSeen, JobFinished, JobMoved, LadderDecision, OrderSent
 from mindft.exitcodes import ExitCode
 from mindft.flow.cadence import Budget
 from mindft.flow.inputs import SchedulerLost
-from mindft.flow import (Broadcast, DeviceInput, Effect, Finish, Job, JobState, KillRank, Send,
-                         StartRank, Transition, phase_times)
+from mindft.flow import (RECOVERY_STATES, Broadcast, DeviceInput, Effect, Finish, Job, JobState, KillRank,
+                         Send, StartRank, Transition, phase_times)
 from mindft.protocol import AgentHello, Message
 from mindft.keys import job_keys, start_authenticator
 from mindft.metrics import JobMetrics
@@ -56,10 +57,12 @@ class Controller:
     The socket is bound in the constructor, so :attr:`endpoint` is known at once
     (``controller_port=0`` picks a free port). :attr:`metrics` (``metrics``, or a new
     :class:`~mindft.metrics.JobMetrics`) counts the transitions it carries out and reads its status.
+    :attr:`events` (``events``; set it before :meth:`serve` runs, None: no log) is the job's event
+    log (:mod:`mindft.events`): every transition, fault, ladder decision, order and the end.
     """
 
     def __init__(self, config: MindftConfig, clock: Callable[[], float] = time.monotonic,
-                 metrics: Optional[JobMetrics] = None) -> None:
+                 metrics: Optional[JobMetrics] = None, events: Optional[EventLog] = None) -> None:
         self._clock = clock
         self._wake_lock = threading.Lock()  # first: _close() needs it if the bind below fails
         self._local_agent: Optional[Callable[[Message], None]] = None
@@ -85,6 +88,9 @@ class Controller:
         self.result: Optional[Finish] = None
         self.metrics = metrics if metrics is not None else JobMetrics()
         self.metrics.watch(self.latest_status)
+        self.events = events
+        self._logged_faults: set[tuple[int, str, int, bool]] = set()  # of the current recovery, in the event log
+        self._logged_rung: Optional[str] = None
         self.dropped_frames = 0
         self._stopped = False
         self._thread: Optional[threading.Thread] = None
@@ -244,6 +250,8 @@ class Controller:
             elif kind is Transition:
                 log.info("controller state %s → %s (%s)", effect.source.value, effect.target.value, effect.reason)
                 self.metrics.transition(self.job, effect)
+                if self.events is not None:
+                    self._log_transition(effect)
                 if effect.target is JobState.NORMAL and effect.source is JobState.RESUMING:
                     job = self.job
                     log.info("recovery phases: %s", {k: round(v, 4) for k, v in
@@ -252,6 +260,9 @@ class Controller:
                 order = effect.order()
                 log.log(logging.WARNING if kind is KillRank else logging.INFO, "rank=%d order %s: %s", effect.rank,
                         order.kind.value, effect.reason)
+                if self.events is not None:
+                    self.events.append(OrderSent(effect.rank, order.kind.value, effect.reason, order.pid,
+                                                 kind is KillRank and effect.restart))
                 if effect.agent is None:
                     log.warning("rank=%d: no node agent said it runs this rank; nobody carries out the %s order",
                                 effect.rank, order.kind.value)
@@ -261,8 +272,37 @@ class Controller:
                     self._out.to(effect.agent, encode(order))
             elif kind is Finish:
                 self.result = effect
+                if self.events is not None:
+                    self.events.append(JobFinished(int(effect.exit_code), effect.reason))
                 if effect.exit_code != ExitCode.OK:
                     log.error("job failed: %s", effect.reason)
+
+    def _log_transition(self, effect: Transition) -> None:
+        """The move, and what it tells of the recovery: faults not logged yet, a new rung of the ladder."""
+        events, job = self.events, self.job
+        assert events is not None
+        recovery = job.recovery
+        events.append(JobMoved(effect.source.value, effect.target.value, effect.reason, recovery.round,
+                               job.ranks.slowest))
+        if effect.source not in RECOVERY_STATES:  # a new recovery (or none): nothing of it is logged yet
+            self._logged_faults.clear()
+            self._logged_rung = None
+        if effect.target in RECOVERY_STATES:
+            faults = list(recovery.faults.items())
+            if recovery.scheduler is not None:
+                faults.append((-1, recovery.scheduler))
+            for rank, fault in faults:
+                key = (rank, fault.kind.value, fault.step, fault.collateral)
+                if key not in self._logged_faults:
+                    self._logged_faults.add(key)
+                    events.append(FaultSeen(rank, fault.kind.value, fault.step, fault.detail, fault.node,
+                                            fault.collateral))
+            rung = "restart_all" if recovery.restart_all else "in_place"
+            if rung != self._logged_rung:
+                self._logged_rung = rung
+                events.append(LadderDecision(rung, effect.reason))
+        elif effect.target is JobState.FAILED:
+            events.append(LadderDecision("dying_gasp", effect.reason))
 
     def _deliver_locally(self, message: Message) -> None:
         if self._local_agent is not None:
@@ -281,6 +321,8 @@ class Controller:
         if self._authenticator is not None:
             self._authenticator.stop()
         self._context.term()
+        if getattr(self, "events", None) is not None:
+            self.events.close()  # the verdict is in it already
         while True:  # nobody will answer these any more
             try:
                 item = self._inbox.get_nowait()

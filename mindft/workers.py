@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterable, Mapping, Optional, Sequence, Union
 
+from mindft.events import EventLog, ProcessExited, ProcessStarted
 from mindft.launch_plan import DEFAULT_GRACE_PERIOD, LaunchSpec, rank_environment, scheduler_environment
 from mindft.ports import port_listening
 from mindft.snapshot import size_text
@@ -119,12 +120,15 @@ class Worker:
 
 class WorkerProcesses:
     """The workers of one node, as msrun's external agent handles them: start a list, kill,
-    monitor. Each rank's output goes to its log file and, prefixed, to the console."""
+    monitor. Each rank's output goes to its log file and, prefixed, to the console; each start
+    and exit to ``events`` (the node's event log), if given."""
 
-    def __init__(self, spec: LaunchSpec, console: Console, warm: Optional[WarmStarter] = None) -> None:
+    def __init__(self, spec: LaunchSpec, console: Console, warm: Optional[WarmStarter] = None,
+                 events: Optional[EventLog] = None) -> None:
         self.spec = spec
         self.console = console
         self.warm = warm
+        self.events = events
         spec.log_dir.mkdir(parents=True, exist_ok=True)
         self.workers: dict[int, Worker] = {
             rank: Worker(rank, spec.log_dir / f"rank_{rank}.log") for rank in spec.local_ranks}
@@ -144,8 +148,12 @@ class WorkerProcesses:
         worker.pump = threading.Thread(target=self._pump, args=(worker.process, rank, log_file),
                                        name=f"mindft-pump-{rank}", daemon=True)
         worker.pump.start()
+        warm = isinstance(worker.process, WarmProcess)
         log.info("started rank %d (pid %d, restart %d, %s), log %s", rank, worker.process.pid, restarts,
-                 "warm" if isinstance(worker.process, WarmProcess) else "cold", worker.log_path)
+                 "warm" if warm else "cold", worker.log_path)
+        if self.events is not None:
+            self.events.append(ProcessStarted("worker", worker.process.pid, rank, restarts, warm,
+                                              _cold_reason(self.warm) if not warm else ""))
         return worker.process.pid
 
     def _pump(self, process: Process, rank: int, log_file: IO[bytes]) -> None:
@@ -191,6 +199,8 @@ class WorkerProcesses:
             worker = self.workers[rank]
             if code is not None and worker.process is not None:
                 exited[rank] = code
+                if self.events is not None:
+                    self.events.append(ProcessExited("worker", worker.process.pid, code, rank))
                 worker.process = None
         return exited
 
@@ -237,6 +247,14 @@ class WorkerProcesses:
         return {r: w.pid for r, w in self.workers.items() if w.pid is not None}
 
 
+def _cold_reason(warm: Optional[WarmStarter]) -> str:
+    """Why a process started cold although the node has a warm path ('' when it has none)."""
+    if warm is None:
+        return ""
+    return ("the warm path fell back to a cold start" if warm.available
+            else "the warm start process failed; every start is cold (see the launcher's log)")
+
+
 class Scheduler:
     """MindSpore's scheduler (``MS_ROLE=MS_SCHED``) on node 0, started before the workers as msrun does.
 
@@ -244,9 +262,11 @@ class Scheduler:
     logging is verbose and says nothing about training.
     """
 
-    def __init__(self, spec: LaunchSpec, warm: Optional[WarmStarter] = None) -> None:
+    def __init__(self, spec: LaunchSpec, warm: Optional[WarmStarter] = None,
+                 events: Optional[EventLog] = None) -> None:
         self.spec = spec
         self.warm = warm
+        self.events = events
         self.log_path = spec.log_dir / "scheduler.log"
         self.process: Optional[Process] = None
         self.exit_seen = False  # its exit was handled by the supervise loop
@@ -270,6 +290,10 @@ class Scheduler:
                                          log_file.fileno(), self.warm)
         log.info("started MindSpore's scheduler on %s (pid %d), log %s", self.address, self.process.pid,
                  self.log_path)
+        if self.events is not None:
+            warm = isinstance(self.process, WarmProcess)
+            self.events.append(ProcessStarted("scheduler", self.process.pid, warm=warm,
+                                              detail=_cold_reason(self.warm) if not warm else ""))
         # Workers started before it listens fail to register and retry only after a sleep.
         deadline = time.monotonic() + SCHEDULER_LISTEN_WAIT
         while not port_listening(self.spec.scheduler_port) and self.poll() is None and time.monotonic() < deadline:

@@ -397,7 +397,8 @@ def _json_error(result: Result, code: int) -> dict:
 
 def test_every_json_command_answers_a_bad_command_line_in_json(runner: CliRunner) -> None:
     commands = _json_commands()
-    assert set(commands) == {("config", "check"), ("status",), ("inject",), ("simulate-device-plugin",)}
+    assert set(commands) == {("config", "check"), ("status",), ("events",), ("inject",),
+                             ("simulate-device-plugin",)}
     for path in commands:
         error = _json_error(runner.invoke(main, [*path, "--bogus", "--json"]), EXIT_CONFIG_ERROR)
         assert error["input"] == "--bogus" and "No such option" in error["error"], (path, error)

@@ -448,7 +448,9 @@ def test_run_directory_is_named_and_holds_only_logs_afterwards(tmp_path: Path) -
     (run_dir,) = temp.iterdir()                             # it ran: its log is kept
     out = never.stdout + never.stderr
     assert f"run directory {run_dir}" in out and f"logs kept in {run_dir / 'logs'}" in out
-    assert sorted(p.name for p in run_dir.iterdir()) == ["logs"]   # no key, no stale job.json
+    # No key, no stale job.json; the logs and the event log (mindft events) stay.
+    assert sorted(p.name for p in run_dir.iterdir() if not p.name.startswith("events")) == ["logs"]
+    assert (run_dir / "events-node0.jsonl").is_file()
     assert "plain rank 0" in (run_dir / "logs" / "rank_0.log").read_text()
 
 
