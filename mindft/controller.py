@@ -26,6 +26,7 @@ from mindft.events import EventLog, FaultSeen, JobFinished, JobMoved, LadderDeci
 from mindft.exitcodes import ExitCode
 from mindft.flow.cadence import Budget
 from mindft.flow.inputs import SchedulerLost
+from mindft.flow.recovery import DYING_GASP
 from mindft.flow import (RECOVERY_STATES, Broadcast, DeviceInput, Effect, Finish, Job, JobState, KillRank,
                          Send, StartRank, Transition, phase_times)
 from mindft.protocol import AgentHello, Message
@@ -297,12 +298,12 @@ class Controller:
                     self._logged_faults.add(key)
                     events.append(FaultSeen(rank, fault.kind.value, fault.step, fault.detail, fault.node,
                                             fault.collateral))
-            rung = "restart_all" if recovery.restart_all else "in_place"
+            rung = recovery.rung
             if rung != self._logged_rung:
                 self._logged_rung = rung
                 events.append(LadderDecision(rung, effect.reason))
         elif effect.target is JobState.FAILED:
-            events.append(LadderDecision("dying_gasp", effect.reason))
+            events.append(LadderDecision(DYING_GASP, effect.reason))
 
     def _deliver_locally(self, message: Message) -> None:
         if self._local_agent is not None:

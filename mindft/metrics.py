@@ -28,14 +28,11 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from mindft.flow import RECOVERY_STATES, Job, JobState, RankState, Transition, phase_times
+from mindft.flow.recovery import DYING_GASP, IN_PLACE, RUNGS
 from mindft.protocol import FaultKind, StatusReply
 
 log = logging.getLogger(__name__)
 
-# The ladder's rungs as the metrics name them (mindft.flow.recovery): every rank rolls back in
-# place; every worker restarts from the node agents' memory; the job fails, every rank dumps.
-IN_PLACE, RESTART_ALL, DYING_GASP = "in_place", "restart_all", "dying_gasp"
-RUNGS = (IN_PLACE, RESTART_ALL, DYING_GASP)
 # A rank whose node was lost has a PROCESS_DIED fault on a lost node: a kind of its own here.
 NODE_LOST = "node_lost"
 FAULT_KINDS = tuple(kind.value for kind in FaultKind) + (NODE_LOST,)
@@ -167,7 +164,7 @@ class JobMetrics:
         """Remember the recovery's fault and rung as they stand now (every new fault moves the job:
         the last move before the recovery ends sees them all)."""
         self._kind = _first_fault(job) or self._kind or FaultKind.UNKNOWN.value
-        self._rung = RESTART_ALL if job.recovery.restart_all else IN_PLACE
+        self._rung = job.recovery.rung
         if job.state is not JobState.RESUMING:  # from RESUMING on, the ranks' progress starts at the rollback step
             self._newest = max(self._newest, max((r.progress for r in job.ranks), default=-1))
 

@@ -12,6 +12,7 @@ from typing import Iterable, Optional
 
 from mindft.events import (ClusterFormed, Event, FaultSeen, JobFinished, JobMoved, LadderDecision, OrderSent, ProcessExited,
                            ProcessStarted)
+from mindft.flow.recovery import DYING_GASP, IN_PLACE, RESTART_ALL
 
 RECOVERY_STATES = ("PAUSING", "REPAIRING", "ROLLBACK", "RESUMING")
 PHASE_NAMES = {"PAUSING": "pause", "REPAIRING": "repair", "ROLLBACK": "rollback", "RESUMING": "resume"}
@@ -22,9 +23,9 @@ _REACHED = {"REPAIRING": "every rank paused", "ROLLBACK": "every rank holds the 
 # A worker's exit at most this long before a recovery began is the fault it began for (the agent's
 # report reaches the controller in milliseconds; this leaves room for a loaded host).
 FAULT_LEAD = 5.0
-_RUNGS = {"in_place": "ladder: every rank rolls back in place",
-          "restart_all": "ladder: every worker restarts from the agents' memory",
-          "dying_gasp": "ladder: the job fails, every rank writes its dying gasp"}
+_RUNGS = {IN_PLACE: "ladder: every rank rolls back in place",
+          RESTART_ALL: "ladder: every worker restarts from the agents' memory",
+          DYING_GASP: "ladder: the job fails, every rank writes its dying gasp"}
 
 
 @dataclass
@@ -36,7 +37,7 @@ class Recovery:
     start: float
     end: Optional[float] = None
     outcome: str = "in progress"
-    rung: str = "in_place"
+    rung: str = IN_PLACE
     faults: list[FaultSeen] = field(default_factory=list)
     marks: list[tuple[float, str]] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=dict)

@@ -50,6 +50,10 @@ ACK_FOR = {_S.PAUSING: ActionKind.PAUSE, _S.ROLLBACK: ActionKind.ROLLBACK, _S.RE
 PHASE_TIMEOUTS = {_S.STARTING: "register", _S.PAUSING: "pause", _S.REPAIRING: "repair",
                   _S.ROLLBACK: "rollback", _S.RESUMING: "resume"}
 SCHEDULER = -1  # the "rank" :meth:`Fault.describe` is given for the scheduler's fault: a member without a rank
+# The ladder's rungs, as logs and metrics name them: every rank rolls back in place; every worker
+# restarts from the node agents' memory; the job fails and every rank dumps one step.
+IN_PLACE, RESTART_ALL, DYING_GASP = "in_place", "restart_all", "dying_gasp"
+RUNGS = (IN_PLACE, RESTART_ALL, DYING_GASP)
 
 
 @dataclass
@@ -99,6 +103,11 @@ class Recovery:
         self.scheduler = None
         self.started = now
         self.restart_all = False
+
+    @property
+    def rung(self) -> str:
+        """The rung this recovery is on while it runs (the job's failure is :data:`DYING_GASP`)."""
+        return RESTART_ALL if self.restart_all else IN_PLACE
 
     def new_round(self) -> None:
         self.round += 1
