@@ -191,7 +191,7 @@ class NodeAgent:
             self._start_mindio()
         elif spec.node_rank == 0:
             self.runner = ControllerHost(self.controller_config(), metrics_at=None if spec.metrics_port is None
-                                         else (spec.metrics_ip, spec.metrics_port))
+                                         else (spec.metrics_ip, spec.metrics_port), run_dir=spec.run_dir)
             if spec.controller_port == 0:
                 # The controller picked a free port; every rank and client must use it.
                 spec = self.spec = self.workers.spec = dataclasses.replace(spec, controller_port=self.runner.port)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from pathlib import Path
 from typing import Any, Optional
 
 import zmq
@@ -43,7 +44,7 @@ class ControllerHost:
     """
 
     def __init__(self, config: MindftConfig, controller_class: Optional[type] = None,
-                 metrics_at: Optional[tuple[str, int]] = None) -> None:
+                 metrics_at: Optional[tuple[str, int]] = None, run_dir: Optional[Path] = None) -> None:
         from mindft.controller import Controller  # imported late: only node 0 needs it
         from mindft.metrics import JobMetrics, MetricsServer
         from mindft.resetwatch import ResetWatcher
@@ -56,7 +57,7 @@ class ControllerHost:
         if metrics_at is not None:
             address, port = metrics_at
             try:
-                self.metrics_server = MetricsServer(metrics.registry, address, port)
+                self.metrics_server = MetricsServer(metrics.registry, address, port, run_dir)
             except OSError as error:  # taken since the launcher's check: exit 2, as for the controller's port
                 raise ConfigError(f"port {port} on {address}, the metrics port, cannot be bound ({error.strerror}); "
                                   f"choose another --metrics-port") from None
@@ -73,6 +74,8 @@ class ControllerHost:
         except BaseException:
             self.close_metrics()
             raise
+        if self.metrics_server is not None:
+            self.metrics_server.show(self.controller.latest_status)
         self.port = int(self.controller.endpoint.rsplit(":", 1)[1])
         self.result: Optional[Any] = None
         self.watcher = ResetWatcher(config.reset_file, config.timeouts.reset_poll_interval)

@@ -19,11 +19,15 @@ from __future__ import annotations
 
 import inspect
 import logging
+import socket
 import threading
 import weakref
-from typing import Callable, Iterable, Iterator, Optional
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Optional
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -190,16 +194,41 @@ def _first_fault(job: Job) -> Optional[str]:
     return recovery.scheduler.kind.value if recovery.scheduler is not None else None
 
 
-class MetricsServer:
-    """``registry`` over HTTP at ``http://ADDRESS:PORT/metrics`` (prometheus_client's server, in a
-    daemon thread) until :meth:`close`. Binds in the constructor: a taken port raises OSError."""
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        pass  # a scrape every few seconds is not news
 
-    def __init__(self, registry: CollectorRegistry, address: str, port: int) -> None:
-        self._server, self._thread = start_http_server(port, address, registry=registry)
+
+class MetricsServer:
+    """``registry`` over HTTP at ``http://ADDRESS:PORT/metrics``, with the live status page at
+    ``/`` (:mod:`mindft.status_page`, reading the job's event log in ``run_dir``), in a daemon
+    thread until :meth:`close`. Binds in the constructor: a taken port raises OSError; the page
+    shows the job once :meth:`show` names its status."""
+
+    def __init__(self, registry: CollectorRegistry, address: str, port: int, run_dir: Optional[Path] = None) -> None:
+        from mindft.status_page import make_app
+
+        self._status: Optional[Callable[[], Optional[Callable[[], StatusReply]]]] = None
+        server_class = type("Server", (ThreadingWSGIServer,),
+                            {"address_family": socket.AF_INET6 if ":" in address else socket.AF_INET})
+        self._server = make_server(address, port, make_app(registry, self._current_status, run_dir), server_class,
+                                   handler_class=_QuietHandler)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="mindft-metrics", daemon=True)
+        self._thread.start()
         self.address, self.port = address, port
         self._lock = threading.Lock()
         self._closed = False
         log.debug("metrics at %s", self.url)
+
+    def show(self, status: Callable[[], StatusReply]) -> None:
+        """The status page shows the job ``status`` returns (held weakly, as :class:`StatusCollector` does)."""
+        self._status = weakref.WeakMethod(status) if inspect.ismethod(status) else lambda: status
+
+    def _current_status(self) -> StatusReply:
+        status = self._status() if self._status is not None else None
+        if status is None:
+            raise RuntimeError("the controller has not started, or has gone")
+        return status()
 
     @property
     def url(self) -> str:

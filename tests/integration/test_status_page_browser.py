@@ -1,0 +1,75 @@
+"""The live status page as a person sees it: Debian's chromium, headless, driven by selenium
+through Debian's chromedriver, opened during a real 2-rank job while a hot reset waits for the
+chip and again after the recovery; a screenshot of each is kept beside the test's files."""
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from harness import free_port
+from mindft.plugin_sim import fault_state
+from mindft.resetfile import write_reset_file
+from test_launch import Job, launch  # noqa: F401  (the launch fixture: one mindft-launch, killed afterwards)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+
+
+@pytest.fixture
+def browser():
+    # .ci/run installs Debian's chromium and chromium-driver; a machine without them fails here, loudly.
+    assert shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER), \
+        "Debian's chromium and chromium-driver are needed: apt-get install chromium chromium-driver"
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--window-size=1200,900"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    yield driver
+    driver.quit()
+
+
+def _shows(driver, element: str, text: str, timeout: float = 30.0) -> str:
+    deadline = time.monotonic() + timeout
+    seen = ""
+    while time.monotonic() < deadline:
+        seen = driver.find_element("id", element).text
+        if text in seen:
+            return seen
+        time.sleep(0.2)
+    pytest.fail(f"the page's #{element} never showed {text!r}; it shows {seen!r}")
+
+
+def test_the_status_page_during_and_after_a_hot_reset(launch: Callable[..., Job], browser,  # noqa: F811
+                                                       tmp_path: Path) -> None:
+    port = free_port()
+    job = launch(nproc=2, steps=300, step_time=0.03, args=("--no-scheduler", "--metrics-addr", "127.0.0.1"),
+                 MINDFT_METRICS_PORT=str(port))
+    job.wait_until(lambda: job.committed() >= 5, "step 5")
+    browser.get(f"http://127.0.0.1:{port}/")
+    _shows(browser, "state", "NORMAL")
+    assert browser.find_element("id", "rank-1").text.split()[:2] == ["1", "running"]
+
+    write_reset_file(job.reset_file, fault_state([1], policy="reset"))  # the chip is reset until "recovered"
+    _shows(browser, "state", "REPAIRING")
+    waiting = _shows(browser, "recovery", "waiting for rank 1 (its chip is being reset)")
+    assert "s to its deadline" in waiting
+    browser.save_screenshot(str(tmp_path / "status-during-recovery.png"))
+
+    write_reset_file(job.reset_file, fault_state([1], "recovered", policy="reset"))
+    _shows(browser, "state", "NORMAL")
+    past = _shows(browser, "timelines", "recovery 1: device_reset on rank 1")
+    assert "every rank restored the rollback step" in past and "phases:" in past
+    assert "1 recovery" in browser.find_element("id", "job").text
+    browser.save_screenshot(str(tmp_path / "status-after-recovery.png"))
+    assert (tmp_path / "status-during-recovery.png").stat().st_size > 1000
+    assert job.wait() == 0, job.text()
+    job.assert_bit_identical()
