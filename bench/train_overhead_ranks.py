@@ -25,7 +25,9 @@ processor, the reports, the lockstep), apart from the snapshots; the modes then 
 each runs in every position equally often over 6 rounds (in ABBA order one of three modes
 would always run in the middle). ``control`` is a second unprotected job, exactly as ``plain``:
 its ratio to ``plain`` in the same round is what this machine's noise alone makes of a ratio,
-and mindft is also set against the mean of the round's two unprotected jobs. A job's step
+and mindft is also set against the mean of the round's two unprotected jobs. ``metrics`` is
+mindft with ``--metrics-port``, its ``/metrics`` and status page's ``status.json`` read every
+second while it trains (Prometheus scrapes every 15-60 s): set against mindft in the same round. A job's step
 time is the mean over its ranks of each rank's mean step time over ``--steps`` steps after
 ``--warmup`` steps (the budget has chosen its cadence by then: the rank reports the step its
 cadence settled at); the mindft window includes the wait for its last capture.
@@ -83,7 +85,8 @@ RESULTS = Path(__file__).parent / "results"
 IN_OUT = 1024
 RANK_VARIABLE = "BENCH_RANKS_OUT"
 TARGET = 1.03
-MODES = ("plain", "mindft", "coordination", "control")
+MODES = ("plain", "mindft", "coordination", "control", "metrics")
+SCRAPE_SECONDS = 1.0  # the metrics mode's scrapes of /metrics and /status.json (Prometheus: every 15-60 s)
 NO_SNAPSHOTS = 1_000_000  # the coordination mode's MINDFT_SNAPSHOT_EVERY: step 0 alone is snapshotted
 JOB_ATTEMPTS = 3  # a job that fails is run again (recorded in its "attempts")
 RESULTS_GRACE = 5.0  # seconds the launcher may linger once every rank wrote its results
@@ -382,6 +385,40 @@ class JobFailed(RuntimeError):
     """A job did not finish: the launcher's exit code and the end of its output."""
 
 
+def _ephemeral_port() -> int:
+    """A free port the kernel picks, in its ephemeral range, where mindft-launch picks none of its own."""
+    import socket
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class _Scraper:
+    """Reads http://127.0.0.1:PORT/metrics and /status.json every :data:`SCRAPE_SECONDS` while a
+    job runs, as Prometheus and an open status page would (far more often than Prometheus)."""
+
+    def __init__(self, port: int) -> None:
+        self.port, self.scrapes = port, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import urllib.request
+        while not self._stop.wait(SCRAPE_SECONDS):
+            try:
+                for path in ("metrics", "status.json"):
+                    with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/{path}", timeout=5) as answer:
+                        answer.read()
+                self.scrapes += 1
+            except OSError:
+                pass  # not serving yet, or done
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
 def _wait_job(launchers: List[subprocess.Popen], results: List[Path], timeout: float) -> Optional[int]:
     """The launchers' worst exit code; 0 once every rank wrote its results and a launcher lingers.
 
@@ -416,11 +453,16 @@ def run_job(mode: str, nproc: int, batch: int, dp: bool, args: argparse.Namespac
     for name in ("MS_ENABLE_TFT", "MINDFT_SNAPSHOT_EVERY", "MINDFT_OVERHEAD_BUDGET", "MINDFT_KEY_FILE",
                  "MINDFT_INSECURE", "MS_TFT_PORT", "MINDFT_REPLICA_BUDDY", "MINDFT_STATE_DIR"):
         env.pop(name, None)
-    if mode in ("mindft", "coordination"):
+    if mode in ("mindft", "coordination", "metrics"):
         env["MS_ENABLE_TFT"] = "{RSC:1}"
     if mode == "coordination":
         env["MINDFT_SNAPSHOT_EVERY"] = str(NO_SNAPSHOTS)
     command = [sys.executable, "-m", "mindft.launch", "--nproc", str(nproc), *([] if dp else ["--no-scheduler"])]
+    scraper = None
+    if mode == "metrics":
+        port = _ephemeral_port()
+        command += ["--metrics-port", str(port), "--metrics-addr", "127.0.0.1"]
+        scraper = _Scraper(port)
     if nnodes > 1:
         # Several nodes on loopback: one launcher (node agent) each, as on separate machines.
         command += ["--nnodes", str(nnodes), "--master-addr", "127.0.0.1",
@@ -443,6 +485,8 @@ def run_job(mode: str, nproc: int, batch: int, dp: bool, args: argparse.Namespac
             code = _wait_job(launchers, [out / f"rank{r}.json" for r in range(world)], args.timeout)
         finally:
             sampler.stop()
+            if scraper is not None:
+                scraper.stop()
     finally:
         for launcher in launchers:
             if launcher.poll() is None:
@@ -539,6 +583,9 @@ def summarize(jobs: List[Dict[str, Any]], batch: int, dp: bool) -> Dict[str, Any
     if "coordination" in modes:
         others["mindft_over_coordination"] = spread([by[(r, "mindft")]["step_ms"] / by[(r, "coordination")]["step_ms"]
                                                      for r in rounds])
+    if "metrics" in modes:
+        others["metrics_over_mindft"] = spread([by[(r, "metrics")]["step_ms"] / by[(r, "mindft")]["step_ms"]
+                                                for r in rounds])
     if "control" in modes:
         others["mindft_over_unprotected"] = spread([2 * by[(r, "mindft")]["step_ms"] / (
             by[(r, "plain")]["step_ms"] + by[(r, "control")]["step_ms"]) for r in rounds])
@@ -701,6 +748,9 @@ def main() -> None:
         if "coordination_ratio" in r:
             print(f"{'':>16} coordination alone / plain {fmt(r['coordination_ratio'], 3)}, "
                   f"mindft / coordination alone {fmt(r['mindft_over_coordination'], 3)}")
+        if "metrics_ratio" in r:
+            print(f"{'':>16} mindft with metrics scraped every {SCRAPE_SECONDS:g} s / mindft "
+                  f"{fmt(r['metrics_over_mindft'], 3)}")
         if "control_ratio" in r:
             print(f"{'':>16} control (a second plain job) / plain {fmt(r['control_ratio'], 3)}, "
                   f"mindft / the mean of plain and control {fmt(r['mindft_over_unprotected'], 3)}")

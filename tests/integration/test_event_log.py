@@ -72,3 +72,58 @@ def test_a_crash_is_logged_and_mindft_events_shows_its_recovery(tmp_path: Path, 
     assert code == 0, text
     raw = [json.loads(line) for line in text.splitlines()]
     assert len(raw) == len(events) and {"time", "at", "source", "kind", "v"} <= set(raw[0])
+
+
+def test_a_hot_reset_is_logged_field_by_field(tmp_path: Path, processes: Processes) -> None:
+    from mindft.events import OrderSent
+    from mindft.plugin_sim import fault_state
+    from mindft.resetfile import write_reset_file
+
+    run_dir, reset = tmp_path / "run", tmp_path / "reset.json"
+    env = environment(tmp_path, LAUNCH_DIR=str(tmp_path), LAUNCH_STEPS="60", LAUNCH_STEP_TIME="0.03",
+                      MINDFT_HEARTBEAT_INTERVAL="0.1", MINDFT_RESET_POLL_INTERVAL="0.05",
+                      MINDFT_RESET_FILE=str(reset), MINDFT_DUMP_DIR=str(tmp_path / "dump"),
+                      MINDFT_REGISTER_TIMEOUT="60", MINDFT_REPAIR_TIMEOUT="30", MS_ENABLE_TFT="{RSC:1}")
+    launcher = processes.start([sys.executable, "-m", "mindft.launch", "--nproc", "2", "--no-scheduler",
+                                "--run-dir", str(run_dir), str(RANK_SCRIPT)], env, tmp_path / "launcher.out")
+    output = tmp_path / "launcher.out"
+
+    def wait_for(text: str) -> None:
+        deadline = time.monotonic() + 60
+        while text not in output.read_text() and time.monotonic() < deadline:
+            assert launcher.poll() is None, output.read_text()[-4000:]
+            time.sleep(0.05)
+        assert text in output.read_text(), output.read_text()[-4000:]
+
+    wait_for("controller state STARTING → NORMAL")
+    time.sleep(0.3)  # some steps of 0.03 s
+    began = time.time()
+    write_reset_file(reset, fault_state([1], policy="reset"))
+    wait_for("rank 1 left its device for a hot reset;")
+    write_reset_file(reset, fault_state([1], "recovered", policy="reset"))
+    assert launcher.wait(90) == 0, output.read_text()[-4000:]
+
+    events = read(run_dir)
+    records = [e.record for e in events]
+    assert [e.at for e in events] == sorted(e.at for e in events) and events[0].at < began < events[-1].at
+    moves = [r for r in records if isinstance(r, JobMoved)]
+    assert [(m.from_state, m.to_state, m.round) for m in moves] == [
+        ("STARTING", "NORMAL", 0), ("NORMAL", "PAUSING", 1), ("PAUSING", "REPAIRING", 1),
+        ("REPAIRING", "ROLLBACK", 1), ("ROLLBACK", "RESUMING", 1), ("RESUMING", "NORMAL", 1), ("NORMAL", "DONE", 1)]
+    assert moves[1].reason.startswith("rank 1 DEVICE_RESET in step ") and moves[-1].step == 60
+    (fault,) = [r for r in records if isinstance(r, FaultSeen)]
+    assert (fault.rank, fault.fault, fault.node, fault.collateral) == (1, "device_reset", -1, False)
+    assert fault.step == moves[1].step + 1 and "device plugin: error" in fault.reason
+    assert [(r.rung, r.reason) for r in records if isinstance(r, LadderDecision)] == [("in_place", moves[1].reason)]
+    (order,) = [r for r in records if isinstance(r, OrderSent)]
+    assert (order.rank, order.order, order.restart) == (1, "start", False) and "device was reset" in order.reason
+    left = [r for r in records if isinstance(r, ProcessExited) and r.rank == 1]
+    assert left[0].code == 6 and left[0].role == "worker"  # LEFT_DEVICE, on the controller's order
+    starts = [(r.role, r.rank, r.restarts, r.warm) for r in records if isinstance(r, ProcessStarted)]
+    assert ("worker", 1, 1, True) in starts  # forked from the warm process, as the first time
+    (finish,) = [r for r in records if isinstance(r, JobFinished)]
+    assert finish.exit_code == 0 and finish.reason.endswith("1 recovery")
+    assert {e.source for e in events} == {"controller", "node 0"}
+    for line in (run_dir / CONTROLLER_FILE).read_text().splitlines():
+        fields = json.loads(line)
+        assert fields["v"] == 1 and fields["time"].endswith("Z") and isinstance(fields["at"], float)
