@@ -368,7 +368,7 @@ def plan_launch(params: Mapping[str, Any], environ: Mapping[str, str]) -> Launch
         _check_ports_free(master_ip, scheduler_port, controller_port if protected else 0, mindio, tft_port)
     metrics_port = params["metrics_port"]
     metrics_ip = (resolve_ip(params["metrics_addr"], "--metrics-addr") if params["metrics_addr"]
-                  else master_ip if node_rank == 0 else metrics_default_ip(master_ip))
+                  else metrics_default_ip(master_ip) if node_rank and metrics_port is not None else master_ip)
     if metrics_port is not None and protected and not mindio:
         taken = {port: what for port, what in ((scheduler_port, "MindSpore's scheduler port (--master-port)"),
                                               (controller_port, "the controller's port")) if port}
