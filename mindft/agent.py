@@ -22,7 +22,7 @@ from typing import Any, Mapping, Optional
 
 from mindft.channel import Client, ControllerUnreachable
 from mindft.ckpt import atomic_write
-from mindft.config import MINDX_TASK_VARIABLE, TFT_VARIABLE, MindftConfig, load_config
+from mindft.config import MINDX_TASK_VARIABLE, TFT_VARIABLE, ConfigError, MindftConfig, load_config
 from mindft.events import CONTROLLER_FILE, ClusterFormed, EventLog, ProcessExited, node_file
 from mindft.exitcodes import ExitCode
 from mindft.agent_links import ControllerHost, ControllerLink, recovery_progress
@@ -71,6 +71,14 @@ class NodeAgent:
                                  reports=spec.protected and not spec.mindio,
                                  runs_controller=spec.protected and not spec.mindio and spec.node_rank == 0)
         self.runner: Optional[ControllerHost] = None
+        # This node's own metrics (mindft.metrics.NodeCollector), served with the controller's on
+        # node 0 and by a server of its own (metrics_server) on the other nodes.
+        self.node_metrics: Optional[Any] = None
+        self.metrics_server: Optional[Any] = None
+        if spec.metrics_port is not None and spec.protected and not spec.mindio:
+            from mindft.metrics import NodeCollector
+
+            self.node_metrics = NodeCollector(spec.node_rank, self.policy, self.warm)
         self.link: Optional[ControllerLink] = None
         self.mindio_host: Optional[Any] = None
         self.replication: Optional[Any] = None  # mindft.replica.NodeReplication
@@ -191,7 +199,8 @@ class NodeAgent:
             self._start_mindio()
         elif spec.node_rank == 0:
             self.runner = ControllerHost(self.controller_config(), metrics_at=None if spec.metrics_port is None
-                                         else (spec.metrics_ip, spec.metrics_port), run_dir=spec.run_dir)
+                                         else (spec.metrics_ip, spec.metrics_port), run_dir=spec.run_dir,
+                                         node_metrics=self.node_metrics)
             if spec.controller_port == 0:
                 # The controller picked a free port; every rank and client must use it.
                 spec = self.spec = self.workers.spec = dataclasses.replace(spec, controller_port=self.runner.port)
@@ -199,11 +208,11 @@ class NodeAgent:
             self.runner.controller.events = EventLog(spec.run_dir / CONTROLLER_FILE, "controller")
             self.runner.controller.attach_agent(0, tuple(spec.local_ranks), self.inbox.put)
             self.runner.start()
-        if spec.metrics_port is not None and self.runner is None:
-            why = (f"this is node {spec.node_rank}" if spec.protected and not spec.mindio
-                   else "MindIO TFT coordinates this job" if spec.mindio else "fault tolerance is off")
-            log.warning("--metrics-port: no metrics are served: only mindft's controller, on node 0, serves them "
-                        "(%s)", why)
+        if self.node_metrics is not None and self.runner is None:
+            self.metrics_server = serve_node_metrics(spec, self.node_metrics)
+        elif spec.metrics_port is not None and self.runner is None:
+            why = "MindIO TFT coordinates this job" if spec.mindio else "fault tolerance is off"
+            log.warning("--metrics-port: no metrics are served: only mindft's node agents serve them (%s)", why)
         self.console.line("mindft-launch", self._banner())
         code: Optional[int] = None
         try:
@@ -211,6 +220,8 @@ class NodeAgent:
                 spec = self.spec = self.workers.spec = dataclasses.replace(spec, state_dir=agent_memory())
                 log.info("the ranks' snapshots live in %s (shared memory held for the job)", spec.state_dir)
                 self.replication = start_replication(spec, self.keys)
+                if self.node_metrics is not None:
+                    self.node_metrics.state_dir, self.node_metrics.replication = spec.state_dir, self.replication
                 if self.replication is not None:
                     spec = self.spec = self.workers.spec = dataclasses.replace(
                         spec, replica_endpoint=self.replication.endpoint)
@@ -239,8 +250,8 @@ class NodeAgent:
         else:
             host = f"[{spec.master_ip}]" if ":" in spec.master_ip else spec.master_ip
             cluster = f"MindSpore scheduler {host}:{spec.scheduler_port}"
-        metrics = (f"; metrics {self.runner.metrics_server.url}"
-                   if self.runner is not None and self.runner.metrics_server is not None else "")
+        server = self.runner.metrics_server if self.runner is not None else self.metrics_server
+        metrics = f"; metrics {server.url}" if server is not None else ""
         return (f"{spec.world_size} rank(s), {spec.nproc} on this node (node {spec.node_rank}/{spec.nnodes}); "
                 f"{controller}; {cluster}{metrics}; run directory {spec.run_dir}, logs in {spec.log_dir}")
 
@@ -374,6 +385,8 @@ class NodeAgent:
             self.runner.stop()
         if self.link is not None:
             self.link.close()
+        if self.metrics_server is not None:
+            self.metrics_server.close()
         if self.mindio_host is not None:
             self.mindio_host.stop()  # after the ranks (after a clean end the controller is gone already)
         for worker in self.workers.workers.values():
@@ -499,6 +512,26 @@ class NodeAgent:
                                       gate_port=spec.controller_port + 1, reset_file=config.reset_file,
                                       poll_interval=timeouts.reset_poll_interval, standin=standin)
         self.mindio_host.start()
+
+
+def serve_node_metrics(spec: LaunchSpec, collector: Any) -> Any:
+    """A node other than 0: its own metrics at ``--metrics-addr:--metrics-port``, ``/metrics`` only
+    (the status page is the controller's, on node 0). A taken port is a configuration error."""
+    from prometheus_client import CollectorRegistry
+
+    from mindft.metrics import MetricsServer
+
+    registry = CollectorRegistry()
+    registry.register(collector)
+    host = f"[{spec.master_ip}]" if ":" in spec.master_ip else spec.master_ip
+    elsewhere = (f"mindft node {spec.node_rank}: this node agent's metrics are at /metrics; the job's status page "
+                 f"is served by node 0's agent, with the controller: http://{host}:PORT/ (PORT: node 0's "
+                 f"--metrics-port)")
+    try:
+        return MetricsServer(registry, spec.metrics_ip, spec.metrics_port, elsewhere=elsewhere)
+    except OSError as error:  # taken since the launcher's check: exit 2, as on node 0
+        raise ConfigError(f"port {spec.metrics_port} on {spec.metrics_ip}, the metrics port, cannot be bound "
+                          f"({error.strerror}); choose another --metrics-port") from None
 
 
 def start_warm(spec: LaunchSpec) -> Optional[WarmStarter]:

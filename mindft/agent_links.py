@@ -44,13 +44,16 @@ class ControllerHost:
     """
 
     def __init__(self, config: MindftConfig, controller_class: Optional[type] = None,
-                 metrics_at: Optional[tuple[str, int]] = None, run_dir: Optional[Path] = None) -> None:
+                 metrics_at: Optional[tuple[str, int]] = None, run_dir: Optional[Path] = None,
+                 node_metrics: Optional[Any] = None) -> None:
         from mindft.controller import Controller  # imported late: only node 0 needs it
         from mindft.metrics import JobMetrics, MetricsServer
         from mindft.resetwatch import ResetWatcher
 
         self.config = config
         metrics = JobMetrics()
+        if node_metrics is not None:  # node 0's own (mindft.metrics.NodeCollector), on the same port
+            metrics.registry.register(node_metrics)
         # ``metrics_at`` (address, port): the controller's metrics served over HTTP, bound before the
         # controller so that a taken port leaves nothing to close.
         self.metrics_server: Optional[MetricsServer] = None

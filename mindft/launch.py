@@ -127,10 +127,10 @@ def _fail(message: str) -> None:
 @click.option("--progress-interval", type=click.FloatRange(0.1), default=DEFAULT_PROGRESS_INTERVAL,
               show_default=True, help="Seconds between progress lines while a recovery waits.")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None, envvar="MINDFT_METRICS_PORT",
-              help="Serve the controller's Prometheus metrics at http://ADDR:PORT/metrics and the live "
-                   "status page at http://ADDR:PORT/ on node 0 (docs/metrics.md). [default: off]")
+              help="Serve this node's Prometheus metrics at http://ADDR:PORT/metrics, on node 0 with the "
+                   "controller's and the live status page at http://ADDR:PORT/ (docs/metrics.md). [default: off]")
 @click.option("--metrics-addr", default=None, envvar="MINDFT_METRICS_ADDR",
-              help="Address the metrics are served on (0.0.0.0: every interface). [default: --master-addr]")
+              help="Address the metrics are served on (0.0.0.0: every interface). [default: --master-addr on node 0, elsewhere the address that reaches it]")
 @click.option("--no-prefix", is_flag=True, help="Do not prefix rank output with [rank N].")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging of mindft itself.")
 @click.version_option(package_name="mindft", message="mindft %(version)s")

@@ -83,7 +83,8 @@ class LaunchSpec:
     # This node agent's replica keeper (mindft.replica) when the agents replicate (several
     # nodes, MINDFT_AGENT_REPLICATION=1): the ranks announce it and push nothing themselves.
     replica_endpoint: Optional[str] = None
-    # Where node 0 serves the controller's Prometheus metrics (--metrics-port; None: nowhere).
+    # Where the node serves its Prometheus metrics (--metrics-port; None: nowhere): node 0 the
+    # controller's and its own, the other nodes their own.
     metrics_port: Optional[int] = None
     metrics_ip: str = "127.0.0.1"
 
@@ -304,6 +305,14 @@ def _check_ports_free(ip: str, scheduler_port: Optional[int], controller_port: i
             raise UsageError(f"port {port} on {ip}, {what}, is in use{problem}; {fix}")
 
 
+def metrics_default_ip(master_ip: str) -> str:
+    """Where a node other than 0 serves its metrics by default: the address it reaches node 0 from,
+    the one its replica keeper binds (it has no --master-addr of its own)."""
+    from mindft.replica.wire import node_ip  # imported here: numpy and zmq, for nodes other than 0 only
+
+    return node_ip(master_ip)
+
+
 def _check_metrics_port(ip: str, port: int, taken: dict[int, str]) -> None:
     """Refuse a metrics port that node 0's other servers use (``taken``: port → whose) or that is in use."""
     if port in taken:
@@ -358,11 +367,12 @@ def plan_launch(params: Mapping[str, Any], environ: Mapping[str, str]) -> Launch
     if node_rank == 0:
         _check_ports_free(master_ip, scheduler_port, controller_port if protected else 0, mindio, tft_port)
     metrics_port = params["metrics_port"]
-    metrics_ip = resolve_ip(params["metrics_addr"], "--metrics-addr") if params["metrics_addr"] else master_ip
-    if metrics_port is not None and node_rank == 0 and protected and not mindio:
+    metrics_ip = (resolve_ip(params["metrics_addr"], "--metrics-addr") if params["metrics_addr"]
+                  else metrics_default_ip(master_ip) if node_rank and metrics_port is not None else master_ip)
+    if metrics_port is not None and protected and not mindio:
         taken = {port: what for port, what in ((scheduler_port, "MindSpore's scheduler port (--master-port)"),
                                               (controller_port, "the controller's port")) if port}
-        _check_metrics_port(metrics_ip, metrics_port, taken)
+        _check_metrics_port(metrics_ip, metrics_port, taken if node_rank == 0 else {})
     insecure = (params["insecure"] or base.insecure) and protected  # MINDFT_INSECURE=1 is --insecure
     key_file = params["key_file"] if protected and not insecure else None
     if protected and nnodes > 1 and key_file is None and not insecure:

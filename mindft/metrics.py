@@ -12,8 +12,10 @@ private :class:`~prometheus_client.CollectorRegistry` per controller:
   computes (:meth:`Controller.latest_status`), so the scrape never reads the job's state while
   it changes.
 
-:class:`MetricsServer` serves the registry over HTTP (``mindft-launch --metrics-port``); every
-metric is listed in docs/metrics.md.
+:class:`NodeCollector` adds what only a node agent knows (its ranks' snapshots in its memory, its
+replication, its processes' restarts, its warm process), on node 0 to the controller's registry,
+on the other nodes to a registry of their own. :class:`MetricsServer` serves a registry over HTTP
+(``mindft-launch --metrics-port``); every metric is listed in docs/metrics.md.
 """
 from __future__ import annotations
 
@@ -28,12 +30,15 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import ThreadingWSGIServer
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client import make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from mindft.flow import RECOVERY_STATES, Job, JobState, RankState, Transition, phase_times
+from mindft.flow.agent import NodePolicy
 from mindft.flow.recovery import DYING_GASP, IN_PLACE, RUNGS
 from mindft.protocol import FaultKind, StatusReply
+from mindft.warm import proportional_set_size
 
 log = logging.getLogger(__name__)
 
@@ -194,25 +199,165 @@ def _first_fault(job: Job) -> Optional[str]:
     return recovery.scheduler.kind.value if recovery.scheduler is not None else None
 
 
+class NodeCollector(Collector):
+    """What one node agent holds and did, read on each scrape (``mindft_node_*``, labelled ``node``).
+
+    The agent's loop owns what is read here; the scrape, on the server's thread, only reads:
+    the policy's per-rank counts (ints, atomic to read), the sizes of the snapshot files in the
+    agent's shared memory (``state_dir``, set once the agent made it), and the replication's and
+    the warm process's counters (their own locks, or ints). ``state_dir`` and ``replication``
+    are attributes the agent sets when it has them (an assignment: atomic); absent parts give no
+    series.
+    """
+
+    def __init__(self, node: int, policy: NodePolicy, warm: Optional[Any] = None) -> None:
+        self.node = str(node)
+        self.policy = policy
+        self.warm = warm  # mindft.warm.WarmStarter (None: MINDFT_WARM_START=0)
+        self.state_dir: Optional[Path] = None  # the ranks' snapshots, on /dev/shm
+        self.replication: Optional[Any] = None  # mindft.replica.NodeReplication (None: one node, or off)
+
+    def describe(self) -> Iterable[Metric]:
+        return list(_node_families(self.node))
+
+    def collect(self) -> Iterable[Metric]:
+        return list(_node_families(self.node, self))
+
+
+def tree_bytes(path: Path) -> int:
+    """Bytes of the files under ``path``; a file replaced while it is read (a capture's slot) counts as gone."""
+    total = 0
+    for item in path.rglob("*"):
+        try:
+            if item.is_file():
+                total += item.stat().st_size
+        except OSError:
+            pass
+    return total
+
+
+def snapshot_sizes(state_dir: Path) -> dict[int, int]:
+    """{rank: bytes of its snapshot files} in a node agent's ``state_dir`` (``rank<R>/``)."""
+    sizes: dict[int, int] = {}
+    for rank_dir in state_dir.glob("rank*"):
+        suffix = rank_dir.name[len("rank"):]
+        if suffix.isdigit() and rank_dir.is_dir():
+            sizes[int(suffix)] = tree_bytes(rank_dir)
+    return sizes
+
+
+def _node_families(node: str, source: Optional[NodeCollector] = None) -> Iterator[Metric]:
+    """The node's metric families (without samples when ``source`` is None: their description)."""
+    def gauge(name: str, text: str, per_rank: bool = False) -> GaugeMetricFamily:
+        return GaugeMetricFamily(name, text, labels=["node", "rank"] if per_rank else ["node"])
+
+    def counter(name: str, text: str, per_rank: bool = False) -> CounterMetricFamily:
+        return CounterMetricFamily(name, text, labels=["node", "rank"] if per_rank else ["node"])
+
+    snapshot = gauge("mindft_node_snapshot_bytes", "Bytes of a local rank's snapshots (two slots) in the node "
+                     "agent's shared memory.", per_rank=True)
+    memory = gauge("mindft_node_shared_memory_bytes", "Bytes of shared memory the node agent holds: its ranks' "
+                   "snapshots and the replicas it keeps.")
+    restarts = counter("mindft_node_rank_restarts", "Processes of a local rank started after its first (every "
+                       "restart, a hot reset's included).", per_rank=True)
+    used = gauge("mindft_node_rank_restarts_used", "A local rank's exits a restart followed that count against "
+                 "--max-restarts (a hot reset's do not).", per_rank=True)
+    limit = gauge("mindft_node_max_restarts", "--max-restarts: the restarts each rank may use.")
+    pushes = counter("mindft_node_replica_pushes", "Pushes of a local rank's snapshot to the next node's keeper.")
+    sent = counter("mindft_node_replica_sent_bytes", "Bytes of snapshots handed to the network for the next "
+                   "node's keeper (arrays it already had are not sent).")
+    received = counter("mindft_node_replica_received_bytes", "Bytes of the previous node's replicas received "
+                       "(of the replicas completed).")
+    replicated = gauge("mindft_node_replicated_step", "The newest step of a local rank the next node's keeper "
+                       "confirmed holding; absent until one.", per_rank=True)
+    held = gauge("mindft_node_replica_held_step", "The step of the previous node's rank's replica this node's "
+                 "keeper holds.", per_rank=True)
+    held_bytes = gauge("mindft_node_replica_held_bytes", "Memory the replicas this node keeps take (arrays "
+                       "shared with its own snapshots not counted).")
+    cpu = counter("mindft_node_replication_cpu_seconds", "CPU seconds the node's replication threads (sender, "
+                  "keeper, their ZeroMQ I/O threads) used; absent where Linux does not say.")
+    warm = gauge("mindft_node_warm_start_available", "1 while workers are forked from the warm process, 0 once "
+                 "it failed and they start cold; absent with MINDFT_WARM_START=0.")
+    forks = counter("mindft_node_warm_forks", "Worker processes forked from the warm process.")
+    pss = gauge("mindft_node_warm_pss_bytes", "The warm process's proportional set size (its share of the "
+                "memory it maps); absent once it is gone.")
+    if source is not None:
+        policy = source.policy
+        for rank, worker in sorted(policy.workers.items()):
+            labels = [node, str(rank)]
+            restarts.add_metric(labels, worker.restarts)
+            used.add_metric(labels, worker.restarts_used)
+        limit.add_metric([node], policy.max_restarts)
+        state_dir = source.state_dir
+        if state_dir is not None:
+            sizes = snapshot_sizes(state_dir)
+            for rank, size in sorted(sizes.items()):
+                snapshot.add_metric([node, str(rank)], size)
+            memory.add_metric([node], tree_bytes(state_dir))
+        replication = source.replication
+        if replication is not None:
+            sender, keeper = replication.sender, replication.keeper
+            pushes.add_metric([node], sender.pushes)
+            sent.add_metric([node], sender.sent_bytes)
+            received.add_metric([node], keeper.received_bytes)
+            for rank, step in sorted(sender.replicated.items()):
+                if step >= 0:
+                    replicated.add_metric([node, str(rank)], step)
+            for rank, step in sorted(keeper.held.items()):
+                held.add_metric([node, str(rank)], step)
+            held_bytes.add_metric([node], keeper.nbytes)
+            seconds = replication.cpu.seconds()
+            if seconds is not None:
+                cpu.add_metric([node], seconds)
+        starter = source.warm
+        if starter is not None:
+            warm.add_metric([node], 1.0 if starter.available else 0.0)
+            forks.add_metric([node], starter.forked)
+            size = proportional_set_size(starter.pid) if starter.available else None
+            if size is not None:
+                pss.add_metric([node], size)
+    yield from (snapshot, memory, restarts, used, limit, pushes, sent, received, replicated, held, held_bytes, cpu,
+                warm, forks, pss)
+
+
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         pass  # a scrape every few seconds is not news
+
+
+def _metrics_only_app(registry: CollectorRegistry, elsewhere: str) -> Callable[..., Iterable[bytes]]:
+    """``/metrics`` the exposition of ``registry``; every other path the line ``elsewhere``."""
+    metrics = make_wsgi_app(registry)
+    note = (elsewhere.rstrip("\n") + "\n").encode()
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO", "/") == "/metrics":
+            return metrics(environ, start_response)
+        code = "200 OK" if environ.get("PATH_INFO", "/") in ("/", "/index.html") else "404 Not Found"
+        start_response(code, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(note)))])
+        return [note]
+    return app
 
 
 class MetricsServer:
     """``registry`` over HTTP at ``http://ADDRESS:PORT/metrics``, with the live status page at
     ``/`` (:mod:`mindft.status_page`, reading the job's event log in ``run_dir``), in a daemon
     thread until :meth:`close`. Binds in the constructor: a taken port raises OSError; the page
-    shows the job once :meth:`show` names its status."""
+    shows the job once :meth:`show` names its status.
 
-    def __init__(self, registry: CollectorRegistry, address: str, port: int, run_dir: Optional[Path] = None) -> None:
+    A node without the controller has no status to show: given ``elsewhere`` (one line that
+    says where the job's page is), it serves ``/metrics`` alone and answers that line on ``/``."""
+
+    def __init__(self, registry: CollectorRegistry, address: str, port: int, run_dir: Optional[Path] = None,
+                 elsewhere: Optional[str] = None) -> None:
         from mindft.status_page import make_app
 
         self._status: Optional[Callable[[], Optional[Callable[[], StatusReply]]]] = None
         server_class = type("Server", (ThreadingWSGIServer,),
                             {"address_family": socket.AF_INET6 if ":" in address else socket.AF_INET})
-        self._server = make_server(address, port, make_app(registry, self._current_status, run_dir), server_class,
-                                   handler_class=_QuietHandler)
+        app = (make_app(registry, self._current_status, run_dir) if elsewhere is None
+               else _metrics_only_app(registry, elsewhere))
+        self._server = make_server(address, port, app, server_class, handler_class=_QuietHandler)
         self._thread = threading.Thread(target=self._server.serve_forever, name="mindft-metrics", daemon=True)
         self._thread.start()
         self.address, self.port = address, port

@@ -116,6 +116,7 @@ class NodeReplication:
         buddy_node = (node_rank + 1) % nnodes
         self._buddy_ranks = set(range(buddy_node * nproc, (buddy_node + 1) * nproc))
         cpu = ThreadCpu()  # the node's replication, both ends: what the overhead budget counts
+        self.cpu = cpu  # read by the node's metrics
         self.keeper = Keeper(Path(state_dir) / "replicas", node_ip(master_ip), keys,
                              local=slot_files([Path(state_dir) / f"rank{rank}" for rank in local_ranks]), spill=spill,
                              cpu=cpu)

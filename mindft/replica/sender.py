@@ -120,6 +120,7 @@ class Sender:
         self._mail = threading.Condition()
         self.pushes = self.skipped = self.timeouts = 0
         self.shared_arrays = 0  # arrays a keeper already had (data-parallel weights): not sent
+        self.sent_bytes = 0  # of the parts handed to ZeroMQ (those of pushes that failed included)
         self.push_seconds: Optional[float] = None  # how long the newest confirmed push took
         self.replica_cost: Optional[float] = None  # seconds of CPU per confirmed push, smoothed (see _count_cost)
         self._thread = threading.Thread(target=self._run, name="mindft-replication", daemon=True)
@@ -277,6 +278,7 @@ class Sender:
             except zmq.Again:
                 push.waiting = part
                 return
+            self.sent_bytes += len(frame)
             if push.outgoing.zero_copy:
                 push.trackers = [t for t in push.trackers if not t.done]
                 push.trackers.append(frame.tracker)
