@@ -22,7 +22,7 @@ from typing import Any, Mapping, Optional
 
 from mindft.channel import Client, ControllerUnreachable
 from mindft.ckpt import atomic_write
-from mindft.config import MINDX_TASK_VARIABLE, TFT_VARIABLE, ConfigError, MindftConfig, load_config
+from mindft.config import MINDX_TASK_VARIABLE, TFT_VARIABLE, MindftConfig, load_config
 from mindft.events import CONTROLLER_FILE, ClusterFormed, EventLog, ProcessExited, node_file
 from mindft.exitcodes import ExitCode
 from mindft.agent_links import ControllerHost, ControllerLink, recovery_progress
@@ -527,11 +527,7 @@ def serve_node_metrics(spec: LaunchSpec, collector: Any) -> Any:
     elsewhere = (f"mindft node {spec.node_rank}: this node agent's metrics are at /metrics; the job's status page "
                  f"is served by node 0's agent, with the controller: http://{host}:PORT/ (PORT: node 0's "
                  f"--metrics-port)")
-    try:
-        return MetricsServer(registry, spec.metrics_ip, spec.metrics_port, elsewhere=elsewhere)
-    except OSError as error:  # taken since the launcher's check: exit 2, as on node 0
-        raise ConfigError(f"port {spec.metrics_port} on {spec.metrics_ip}, the metrics port, cannot be bound "
-                          f"({error.strerror}); choose another --metrics-port") from None
+    return MetricsServer(registry, spec.metrics_ip, spec.metrics_port, elsewhere=elsewhere)
 
 
 def start_warm(spec: LaunchSpec) -> Optional[WarmStarter]:

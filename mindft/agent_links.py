@@ -59,11 +59,7 @@ class ControllerHost:
         self.metrics_server: Optional[MetricsServer] = None
         if metrics_at is not None:
             address, port = metrics_at
-            try:
-                self.metrics_server = MetricsServer(metrics.registry, address, port, run_dir)
-            except OSError as error:  # taken since the launcher's check: exit 2, as for the controller's port
-                raise ConfigError(f"port {port} on {address}, the metrics port, cannot be bound ({error.strerror}); "
-                                  f"choose another --metrics-port") from None
+            self.metrics_server = MetricsServer(metrics.registry, address, port, run_dir)
         try:
             # Binds now: port 0 becomes a real port.
             self.controller = (controller_class or Controller)(config, metrics=metrics)

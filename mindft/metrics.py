@@ -34,6 +34,7 @@ from prometheus_client import make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from mindft.config import ConfigError
 from mindft.flow import RECOVERY_STATES, Job, JobState, RankState, Transition, phase_times
 from mindft.flow.agent import NodePolicy
 from mindft.flow.recovery import DYING_GASP, IN_PLACE, RUNGS
@@ -342,8 +343,9 @@ def _metrics_only_app(registry: CollectorRegistry, elsewhere: str) -> Callable[.
 class MetricsServer:
     """``registry`` over HTTP at ``http://ADDRESS:PORT/metrics``, with the live status page at
     ``/`` (:mod:`mindft.status_page`, reading the job's event log in ``run_dir``), in a daemon
-    thread until :meth:`close`. Binds in the constructor: a taken port raises OSError; the page
-    shows the job once :meth:`show` names its status.
+    thread until :meth:`close`. Binds in the constructor: a port that cannot be bound (taken since
+    the launcher's check) raises ConfigError (exit 2, as for the controller's port); the page shows
+    the job once :meth:`show` names its status.
 
     A node without the controller has no status to show: given ``elsewhere`` (one line that
     says where the job's page is), it serves ``/metrics`` alone and answers that line on ``/``."""
@@ -357,7 +359,11 @@ class MetricsServer:
                             {"address_family": socket.AF_INET6 if ":" in address else socket.AF_INET})
         app = (make_app(registry, self._current_status, run_dir) if elsewhere is None
                else _metrics_only_app(registry, elsewhere))
-        self._server = make_server(address, port, app, server_class, handler_class=_QuietHandler)
+        try:
+            self._server = make_server(address, port, app, server_class, handler_class=_QuietHandler)
+        except OSError as error:
+            raise ConfigError(f"port {port} on {address}, the metrics port, cannot be bound ({error.strerror}); "
+                              f"choose another --metrics-port") from None
         self._thread = threading.Thread(target=self._server.serve_forever, name="mindft-metrics", daemon=True)
         self._thread.start()
         self.address, self.port = address, port
