@@ -284,7 +284,8 @@ def test_a_rank_that_dies_in_the_same_step_again_ends_the_job_after_one_retry(tm
     out = output.read_text()
     assert code == ExitCode.FAILED, out[-4000:]
     assert out.count("restarting every worker from the node agents' memory") == 1, out[-4000:]
-    assert "rank 1 PROCESS_DIED in step 9 again after the job recovered from it" in out, out[-4000:]
+    # (the step after the last one reported: 8 when step 8's report died with the process)
+    assert re.search(r"rank 1 PROCESS_DIED in step [89] again after the job recovered from it", out), out[-4000:]
     steps = _dumped_steps(tmp_path / "run")
     assert len(steps) == 2 and len(set(steps)) == 1, steps
     assert processes.leftovers() == []
