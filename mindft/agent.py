@@ -23,7 +23,7 @@ from typing import Any, Mapping, Optional
 from mindft.channel import Client, ControllerUnreachable
 from mindft.ckpt import atomic_write
 from mindft.config import MINDX_TASK_VARIABLE, TFT_VARIABLE, MindftConfig, load_config
-from mindft.events import CONTROLLER_FILE, ClusterFormed, EventLog, ProcessExited, node_file
+from mindft.events import CONTROLLER_FILE, EventLog, ProcessExited, node_file
 from mindft.exitcodes import ExitCode
 from mindft.agent_links import ControllerHost, ControllerLink, recovery_progress
 from mindft.flow.agent import (AbortJob, AgentEffect, Ending, KillWorker, NodePolicy,
@@ -88,7 +88,6 @@ class NodeAgent:
         self._signals_seen = 0
         self._announced = ""  # the failure already told to people
         self._schedulers = 0  # MindSpore schedulers replaced by a new one
-        self._formed_pid: Optional[int] = None  # the scheduler whose formed cluster is in the event log
         self._phase_since = self._progress_last = 0.0  # when the job's current phase began; the last progress line
 
     # ---- carrying out the policy's effects ------------------------------------------------------
@@ -316,11 +315,9 @@ class NodeAgent:
         if scheduler is None or scheduler.exit_seen:
             return
         code = scheduler.poll()
-        if code is None and self._formed_pid != scheduler.pid and scheduler.cluster_formed():
-            # Read from its log only until it formed: when the cluster formed is a phase of a restart.
-            self._formed_pid = scheduler.pid
-            self.events.append(ClusterFormed(scheduler.pid or 0))
-        if code is not None:
+        if code is None:
+            scheduler.cluster_formed()  # when the cluster formed is a phase of a restart: the event log says it
+        else:
             scheduler.exit_seen = True
             self.events.append(ProcessExited("scheduler", scheduler.pid or 0, code))
             self._carry_out(self.policy.on_scheduler_exit(scheduler.pid, code, scheduler.last_error(),

@@ -530,9 +530,10 @@ def events_command(job: Path, follow: bool, as_json: bool) -> None:
         for event in found:
             click.echo(json.dumps(events.as_json(event)))
         return
-    for number, recovery in enumerate(recoveries(found), 1):
+    found_recoveries = recoveries(found)
+    for number, recovery in enumerate(found_recoveries, 1):
         click.echo("\n".join(render(recovery, number)))
-    if not recoveries(found):
+    if not found_recoveries:
         click.echo(f"no recovery ({len(found)} events, {events.iso_time(found[0].at)} to "
                    f"{events.iso_time(found[-1].at)})")
     finished = [e for e in found if isinstance(e.record, events.JobFinished)]
@@ -548,6 +549,7 @@ def _follow_events(run_dir: Path, as_json: bool) -> None:
 
     follower = events.Follower(run_dir)
     seen: list[Any] = []
+    found: list[Any] = []  # recoveries(seen), grouped again only when events came
     last_news = last_line = time.monotonic()
     while True:
         new = follower.poll()
@@ -565,17 +567,17 @@ def _follow_events(run_dir: Path, as_json: bool) -> None:
                 click.echo("\n".join(render(done[-1], len(done))))
         if new:
             last_news = last_line = now
+            found = recoveries(seen)
         if any(isinstance(e.record, events.JobFinished) for e in new):
             return
         if not (run_dir / "job.json").exists() and now - last_news > FOLLOW_IDLE_END:
             if not as_json:
                 click.echo("the job's launcher is gone (no job.json); stopping")
             return
-        current = recoveries(seen)[-1:] if seen else []
-        if not as_json and current and current[0].end is None and now - last_line >= FOLLOW_PROGRESS:
+        if not as_json and found and found[-1].end is None and now - last_line >= FOLLOW_PROGRESS:
             last_line = now
             state = next((e.record.to_state for e in reversed(seen) if isinstance(e.record, events.JobMoved)), "?")
-            click.echo(f"... recovery {len(recoveries(seen))}: {state}, {time.time() - current[0].start:.0f}s "
+            click.echo(f"... recovery {len(found)}: {state}, {time.time() - found[-1].start:.0f}s "
                        f"after the fault, no news for {now - last_news:.0f}s")
         time.sleep(FOLLOW_INTERVAL)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterable, Mapping, Optional, Sequence, Union
 
-from mindft.events import EventLog, ProcessExited, ProcessStarted
+from mindft.events import ClusterFormed, EventLog, ProcessExited, ProcessStarted
 from mindft.launch_plan import DEFAULT_GRACE_PERIOD, LaunchSpec, rank_environment, scheduler_environment
 from mindft.ports import port_listening
 from mindft.snapshot import size_text
@@ -270,6 +270,9 @@ class Scheduler:
         self.log_path = spec.log_dir / "scheduler.log"
         self.process: Optional[Process] = None
         self.exit_seen = False  # its exit was handled by the supervise loop
+        # What cluster_formed() read of this process's log: from where, the last bytes (a line
+        # split between two reads), and whether it found the cluster formed.
+        self._read_from, self._tail, self._formed = 0, b"", False
 
     @property
     def address(self) -> str:
@@ -286,6 +289,7 @@ class Scheduler:
         """Start the scheduler process (a new session: the launcher forwards signals itself)."""
         self.spec.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log_file:
+            self._read_from, self._tail, self._formed = os.fstat(log_file.fileno()).st_size, b"", False
             self.process = start_process((sys.executable, *SCHEDULER_COMMAND), scheduler_environment(self.spec),
                                          log_file.fileno(), self.warm)
         log.info("started MindSpore's scheduler on %s (pid %d), log %s", self.address, self.process.pid,
@@ -300,11 +304,23 @@ class Scheduler:
             time.sleep(0.01)
 
     def cluster_formed(self) -> bool:
-        """True once its log says every worker joined (MindSpore's own WARNING-level line)."""
+        """True once its log says every worker joined (MindSpore's own WARNING-level line); the
+        first time, the event log says so. Each call reads only what the process wrote since the last."""
+        if self._formed:
+            return True
         try:
-            return CLUSTER_FORMED_LINE in self.log_path.read_text(errors="replace")
+            with open(self.log_path, "rb") as log_file:
+                log_file.seek(self._read_from)
+                chunk = log_file.read()
         except OSError:
             return False
+        self._read_from += len(chunk)
+        text, line = self._tail + chunk, CLUSTER_FORMED_LINE.encode()
+        self._tail = text[-len(line):]
+        self._formed = line in text
+        if self._formed and self.events is not None:
+            self.events.append(ClusterFormed(self.pid or 0))
+        return self._formed
 
     def poll(self) -> Optional[int]:
         """Its exit code, or None while it runs (or before it was started)."""

@@ -231,3 +231,20 @@ def test_records_are_frozen_dataclasses_with_a_kind() -> None:
     for cls in events.RECORDS.values():
         assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen  # type: ignore[attr-defined]
         assert "KIND" not in {f.name for f in dataclasses.fields(cls)}
+
+
+def test_the_scheduler_logs_its_formed_cluster_once_reading_only_new_bytes(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from mindft.workers import CLUSTER_FORMED_LINE, Scheduler
+
+    log = EventLog(tmp_path / "events-node0.jsonl", "node 0")
+    scheduler = Scheduler(SimpleNamespace(log_dir=tmp_path), events=log)
+    head, rest = CLUSTER_FORMED_LINE[:9], CLUSTER_FORMED_LINE[9:]
+    scheduler.log_path.write_text("[WARNING] BuildCluster] Topology build timed out., retry(1/240).\n" + head)
+    assert not scheduler.cluster_formed()
+    with open(scheduler.log_path, "a") as appended:  # the line completed after the first read
+        appended.write(rest + ".\n")
+    assert scheduler.cluster_formed() and scheduler.cluster_formed()
+    log.close()
+    assert [e.kind for e in events.read(tmp_path)] == ["cluster_formed"]
