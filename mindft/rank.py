@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import select
-import sys
 import threading
 import time
 from pathlib import Path
@@ -29,6 +27,7 @@ from typing import Any, Callable, Dict, Mapping, NoReturn, Optional, Protocol, S
 
 import numpy as np
 
+from mindft.agent_watch import AgentWatch, exit_now
 from mindft.channel import ControllerUnreachable, request
 from mindft.config import ConfigError, MindftConfig, load_config
 from mindft.exitcodes import ExitCode
@@ -211,54 +210,6 @@ def replica_buddy(config: MindftConfig) -> Optional[int]:
     return (config.rank + 1) % config.world_size if config.replica_buddy is None else config.replica_buddy
 
 
-def _exit_now(code: int) -> NoReturn:
-    """Exit with ``code`` without the interpreter's teardown, the logs and output flushed."""
-    for handler in logging.getLogger().handlers:
-        handler.flush()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
-
-
-class AgentWatch:
-    """Waits in a daemon thread, without polling (a pidfd), for the node agent's exit, then calls
-    ``gone(pid, ending)``; ``ending`` is set once the rank ends on its own (Linux >= 5.3; elsewhere
-    the watch does nothing)."""
-
-    def __init__(self, pid: int, gone: Callable[[int, threading.Event], None]) -> None:
-        self.ending = threading.Event()
-        self.gone = False  # the agent exited
-        self._wake_read, self._wake_write = os.pipe()
-        try:
-            agent: Optional[int] = os.pidfd_open(pid)
-        except ProcessLookupError:
-            agent = None  # gone already
-        except (AttributeError, OSError):
-            return
-        threading.Thread(target=self._run, args=(pid, agent, gone), name="mindft-agent-watch", daemon=True).start()
-
-    def _run(self, pid: int, agent: Optional[int], gone: Callable[[int, threading.Event], None]) -> None:
-        if agent is not None:
-            readable, _, _ = select.select([agent, self._wake_read], [], [])
-            os.close(agent)
-            if self._wake_read in readable:
-                os.close(self._wake_read)
-                return
-        self.gone = True
-        gone(pid, self.ending)
-
-    def close(self) -> None:
-        self.ending.set()
-        try:
-            os.write(self._wake_write, b"x")
-            os.close(self._wake_write)
-        except OSError:
-            pass
-
-
 class RankEngine:
     """One rank's part in the recovery flow over a snapshot store (see the module docstring);
     the rank's RankHooks.
@@ -400,7 +351,7 @@ class RankEngine:
         step, store = processor.follower.orphan_step(), self.store
         held = store.steps if store is not None else ()
         path = self._dump_quietly(step if step in held else -1, "its node agent is gone; training is blocked")
-        _exit_now(ExitCode.DUMPED if path is not None else ExitCode.DUMP_FAILED)
+        exit_now(ExitCode.DUMPED if path is not None else ExitCode.DUMP_FAILED)
 
     # ---- step boundaries -----------------------------------------------------------------
 
@@ -516,7 +467,7 @@ class RankEngine:
         code = ExitCode.DUMPED if path is not None else ExitCode.DUMP_FAILED
         if watch is not None and watch.gone:
             # Nobody would stop a teardown that waits for MindSpore's cluster, which went with the agent.
-            _exit_now(code)
+            exit_now(code)
         raise SystemExit(code)
 
     # ---- what a front end adds to a snapshot -----------------------------------------------
