@@ -254,9 +254,11 @@ class Controller:
                 if self.events is not None:
                     self._log_transition(effect)
                 if effect.target is JobState.NORMAL and effect.source is JobState.RESUMING:
-                    job = self.job
-                    log.info("recovery phases: %s", {k: round(v, 4) for k, v in
-                                                     phase_times(job.history, job.recovery.started).items()})
+                    rec = self.job.recovery
+                    leave = rec.leave_seconds()
+                    phases = {"detect": rec.detect_seconds(), **phase_times(self.job.history, rec.started),
+                              **({"leave": leave} if leave is not None else {})}
+                    log.info("recovery phases: %s", {k: round(v, 4) for k, v in phases.items()})
             elif kind is KillRank or kind is StartRank:
                 order = effect.order()
                 log.log(logging.WARNING if kind is KillRank else logging.INFO, "rank=%d order %s: %s", effect.rank,

@@ -49,6 +49,9 @@ FAULT_KINDS = tuple(kind.value for kind in FaultKind) + (NODE_LOST,)
 # The recovery states as phases of the histogram (the time in each, summed over a recovery's rounds).
 PHASES = {JobState.PAUSING: "pause", JobState.REPAIRING: "repair", JobState.ROLLBACK: "rollback",
           JobState.RESUMING: "resume"}
+# Phases that are no state of the job: from the fault to the recovery's start; from the order to
+# leave a chip to the last exit (see :class:`~mindft.flow.recovery.Recovery`).
+DETECT, LEAVE = "detect", "leave"
 # From a hot reset's tenth of a second to a node replaced in minutes.
 SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 STEPS_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
@@ -132,8 +135,10 @@ class JobMetrics:
                                   "the ladder that ended them (dying_gasp: the job failed).",
                                   ["kind", "rung"], registry=r)
         self.phase_seconds = Histogram("mindft_recovery_phase_seconds", "Seconds a completed recovery spent in "
-                                       "each phase (pause, repair, rollback, resume), summed over its rounds.",
-                                       ["phase"], buckets=SECONDS_BUCKETS, registry=r)
+                                       "each phase: detect (from the fault to the recovery's start), pause, repair "
+                                       "(summed over its rounds, as rollback and resume), leave (from the order to "
+                                       "leave a chip to the last exit; only when ranks were told to), rollback, "
+                                       "resume.", ["phase"], buckets=SECONDS_BUCKETS, registry=r)
         self.recovery_seconds = Histogram("mindft_recovery_seconds", "Seconds from a fault to every rank resumed, "
                                           "per completed recovery.", buckets=SECONDS_BUCKETS, registry=r)
         self.lost_steps = Histogram("mindft_recovery_lost_steps", "Steps a completed recovery made the job train "
@@ -144,7 +149,7 @@ class JobMetrics:
         for kind in FAULT_KINDS:  # every series exists from the start, so that rate() sees the first one
             for rung in RUNGS:
                 self.recoveries.labels(kind, rung)
-        for phase in PHASES.values():
+        for phase in (DETECT, *PHASES.values(), LEAVE):
             self.phase_seconds.labels(phase)
         self._kind: Optional[str] = None  # the current recovery's first fault (None: no recovery)
         self._rung = IN_PLACE
@@ -182,8 +187,12 @@ class JobMetrics:
         recovery = job.recovery
         self.recoveries.labels(self._kind or FaultKind.UNKNOWN.value, self._rung).inc()
         times = phase_times(job.history, recovery.started)
+        self.phase_seconds.labels(DETECT).observe(recovery.detect_seconds())
         for state, phase in PHASES.items():
             self.phase_seconds.labels(phase).observe(times.get(state.value, 0.0))
+        leave = recovery.leave_seconds()
+        if leave is not None:  # a 0 would say ranks left at once, not that none was told to
+            self.phase_seconds.labels(LEAVE).observe(leave)
         if job.recoveries:
             self.recovery_seconds.observe(job.recoveries[-1])
         if recovery.repair_step >= 0:

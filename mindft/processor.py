@@ -219,10 +219,13 @@ class Processor:
             log.error("rank=%d the new snapshot cadence changes step %d, already decided", self.rank, differs)
         log.info("rank=%d snapshot cadence %s", self.rank, schedule.segments[-1])
 
-    def report_fault(self, kind: FaultKind, detail: str = "", step: Optional[int] = None) -> None:
-        """Tell the controller this rank hit ``kind`` inside ``step`` (default: the next one)."""
+    def report_fault(self, kind: FaultKind, detail: str = "", step: Optional[int] = None,
+                     since: Optional[float] = None) -> None:
+        """Tell the controller this rank hit ``kind`` inside ``step`` (default: the next one) at
+        ``since`` (``time.monotonic()``; default: now)."""
+        age = 0.0 if since is None else max(0.0, round(time.monotonic() - since, 6))
         self.send(FaultReport(self.rank, self.follower.position + 1 if step is None else step,
-                               FaultKind(kind), detail))
+                               FaultKind(kind), detail, age))
 
     def close(self) -> None:
         """Flush pending frames (up to the linger time), stop the I/O thread, free the sockets."""

@@ -152,16 +152,16 @@ class RankLoop:
         step = self.processor.follower.orphan_step()
         self.hooks.dump_and_exit(step if step in self.hooks.settle() else -1, reason)
 
-    def fault(self, kind: FaultKind, detail: str, step: int) -> Optional[int]:
-        """A fault of ``kind`` inside ``step``: report it and follow the recovery. Returns what
-        :meth:`follow` returns; raises :class:`StepKeepsFailing` instead of replaying a step yet
-        again."""
+    def fault(self, kind: FaultKind, detail: str, step: int, since: Optional[float] = None) -> Optional[int]:
+        """A fault of ``kind`` inside ``step``, caught at ``since`` (``time.monotonic()``; default:
+        now): report it and follow the recovery. Returns what :meth:`follow` returns; raises
+        :class:`StepKeepsFailing` instead of replaying a step yet again."""
         follower = self.processor.follower
         if not follower.on_fault(step):
             raise StepKeepsFailing(step, follower.faults_in_a_row - 1)
         log.warning("rank=%d fault %s inside step %d: %s", self.rank, kind.name, step, detail)
         try:
-            self.processor.report_fault(kind, detail, step)
+            self.processor.report_fault(kind, detail, step, since)
         except ProcessorError as lost:
             self._give_up(f"lost the controller while reporting {kind.name}: {lost}")
         return self.follow()
@@ -391,6 +391,7 @@ class RankEngine:
         """
         if self.processor is None:
             raise error
+        caught = time.monotonic()  # the job's detect phase starts here, not once the report is written
         self._step_exit = None  # the time until training resumes is no step's
         if self._interrupt is not None:
             action, self._interrupt = self._interrupt, None
@@ -403,7 +404,7 @@ class RankEngine:
             log.error("rank=%d: the training script raised an exception in step %d, not a device fault; the "
                       "job ends with every rank's dying gasp", self.config.rank, step, exc_info=error)
         try:
-            resumed = self.loop.fault(kind, describe(error), step)
+            resumed = self.loop.fault(kind, describe(error), step, caught)
         except StepKeepsFailing as failing:
             log.error("rank=%d %s; giving up", self.config.rank, failing)
             self._dump_quietly(-1, f"step {step} keeps failing: {describe(error)}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import urllib.request
 from pathlib import Path
 from typing import Optional
@@ -14,13 +15,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from harness import free_port
 from mindft.config import ConfigError, MindftConfig, Timeouts
-from mindft.flow import Job, JobState, Transition
+from mindft.exitcodes import ExitCode
+from mindft.flow import DeviceFaulty, DeviceRecovered, Job, JobState, ProcessExited, Transition
 from mindft.launch import main
 from mindft.launch_plan import LaunchSpec, UsageError, plan_launch
 from mindft.metrics import FAULT_KINDS, JobMetrics, MetricsServer
-from mindft.protocol import (Ack, ActionKind, FaultKind, FaultReport, NodeLost, ProcessExit, Register,
-                             ReplicaReport,
-                             StepReport)
+from mindft.processor import Processor
+from mindft.protocol import (Ack, ActionKind, FaultKind, FaultReport, Heartbeat, NodeLost, ProcessExit,
+                             Register, ReplicaReport, StepReport)
 
 FAKE_RANK = Path(__file__).resolve().parent / "integration" / "fake_rank.py"
 T = Timeouts(heartbeat_interval=1.0, heartbeat_misses=3, register=10.0, pause=5.0, repair=20.0, rollback=5.0,
@@ -39,7 +41,10 @@ class Driver:
         self.metrics.watch(lambda: self.job.status(self.now))
 
     def send(self, rank: int, message, incarnation: int = 0) -> None:
-        for effect in self.job.handle(f"rank{rank}.inc{incarnation}".encode(), message, self.now):
+        self.feed(self.job.handle(f"rank{rank}.inc{incarnation}".encode(), message, self.now))
+
+    def feed(self, effects: list) -> None:
+        for effect in effects:
             if isinstance(effect, Transition):
                 self.metrics.transition(self.job, effect)
 
@@ -270,3 +275,81 @@ def test_a_controller_is_not_kept_alive_by_its_metrics() -> None:
     finally:
         gc.enable()
     assert "mindft_job_state" not in generate_latest(registry).decode()  # its status left with it
+
+
+def test_detect_is_the_age_a_rank_reports_with_its_fault() -> None:
+    d = Driver(world=2).start()
+    d.steps(1, 5)
+    assert d.value("mindft_recovery_phase_seconds_count", phase="detect") == 0.0  # exists before the first
+    d.send(1, FaultReport(1, 6, FaultKind.UCE, "injected", age=0.25))  # caught a quarter second before its report
+    for kind in (ActionKind.PAUSE, ActionKind.ROLLBACK, ActionKind.RESUME):
+        d.ack_all(kind, 5, (4, 5))
+    assert d.job.state is JobState.NORMAL
+    assert d.value("mindft_recovery_phase_seconds_count", phase="detect") == 1.0
+    assert d.value("mindft_recovery_phase_seconds_sum", phase="detect") == pytest.approx(0.25)
+    assert d.value("mindft_recovery_phase_seconds_bucket", phase="detect", le="0.25") == 1.0
+    assert d.value("mindft_recovery_phase_seconds_bucket", phase="detect", le="0.1") == 0.0
+    # No rank was told to leave its chip: no leave phase observed (a 0 would say it was instant).
+    assert d.value("mindft_recovery_phase_seconds_count", phase="leave") == 0.0
+
+
+def test_a_rank_reports_how_long_before_its_report_it_caught_the_fault(monkeypatch: pytest.MonkeyPatch) -> None:
+    processor = Processor(MindftConfig(rank=0, world_size=1, controller_port=free_port(), insecure=True))
+    sent: list = []
+    monkeypatch.setattr(processor, "send", sent.append)  # (nothing listens: the frame is looked at, not sent)
+    try:
+        processor.report_fault(FaultKind.UCE, "injected", 3, since=time.monotonic() - 0.5)
+        processor.report_fault(FaultKind.UCE, "injected", 3)
+    finally:
+        processor.close()
+    assert sent[0].age >= 0.5 and sent[1].age == 0.0
+
+
+def test_detect_of_a_dead_rank_runs_from_the_last_message_the_job_had_from_it() -> None:
+    d = Driver(world=2).start()
+    d.steps(1, 5)  # at 0 s
+    d.now = 0.75
+    d.send(0, ProcessExit(1, -9, 101, will_restart=True))  # its agent saw it die: some time after step 5
+    d.ack_all(ActionKind.PAUSE, 5, (4, 5))
+    d.send(1, Register(1, 1, 201, (4, 5)), incarnation=1)
+    for kind in (ActionKind.ROLLBACK, ActionKind.RESUME):
+        for rank, incarnation in ((0, 0), (1, 1)):
+            d.send(rank, Ack(rank, kind, 5, (4, 5), d.job.recovery.round), incarnation)
+    assert d.job.state is JobState.NORMAL
+    assert d.value("mindft_recovery_phase_seconds_sum", phase="detect") == pytest.approx(0.75)
+
+
+def test_detect_of_a_silent_rank_includes_the_silence_before_it_was_declared_hung() -> None:
+    d = Driver(world=2).start()
+    d.steps(1, 5)  # rank 1 is last heard of at 0 s
+    d.now = 2.0
+    d.send(0, Heartbeat(0, 0, 5))
+    d.now = 3.5  # past timeouts.dead_after (3 s) for rank 1 only
+    d.feed(d.job.tick(d.now))
+    assert d.job.state is JobState.PAUSING
+    assert d.job.recovery.detect_seconds() == pytest.approx(3.5)
+
+
+def test_leave_runs_from_the_order_to_leave_the_chip_to_the_last_exit() -> None:
+    d = Driver(world=2).start()
+    d.steps(1, 3)
+    d.feed(d.job.device(DeviceFaulty(1, "0x8C03A000", "reset"), d.now))
+    assert d.value("mindft_recovery_phase_seconds_sum", phase="detect") == 0.0  # (not yet: no recovery done)
+    d.now += 1.0
+    d.ack_all(ActionKind.PAUSE, 3, (2, 3))
+    assert d.job.state is JobState.REPAIRING  # rank 1 is told to leave its chip now
+    d.now += 0.5
+    d.feed(d.job.process_exit(ProcessExited(1, ExitCode.LEFT_DEVICE, 101), d.now))
+    d.now += 2.0  # the chip is reset, the rank starts again
+    d.feed(d.job.device(DeviceRecovered(1), d.now))
+    d.send(1, Register(1, 1, 201, (2, 3)), incarnation=1)
+    for rank, incarnation in ((0, 0), (1, 1)):
+        d.send(rank, Ack(rank, ActionKind.ROLLBACK, 3, (2, 3), d.job.recovery.round), incarnation)
+    for rank, incarnation in ((0, 0), (1, 1)):
+        d.send(rank, Ack(rank, ActionKind.RESUME, 3, (2, 3), d.job.recovery.round), incarnation)
+    assert d.job.state is JobState.NORMAL
+    assert d.value("mindft_recovery_phase_seconds_count", phase="leave") == 1.0
+    assert d.value("mindft_recovery_phase_seconds_sum", phase="leave") == pytest.approx(0.5)
+    assert d.value("mindft_recovery_phase_seconds_sum", phase="repair") == pytest.approx(2.5)
+    assert d.value("mindft_recovery_phase_seconds_sum", phase="detect") == 0.0  # the watcher's event: at once
+

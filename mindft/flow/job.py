@@ -100,7 +100,7 @@ class Job(Ladder):
         elif kind is FaultReport:
             record = self._sender(peer, message.rank, now, "fault report")
             if record is not None:
-                self._add_fault(record, message.kind, message.step, message.detail, now)
+                self._add_fault(record, message.kind, message.step, message.detail, now, at=now - message.age)
         elif kind is Register:
             self._on_register(peer, message, now)
         elif kind is Done:
@@ -198,13 +198,13 @@ class Job(Ladder):
                     if fault is not None and fault.left_at >= 0:
                         # Told to leave its device, it went silent: it left (a launcher may not have said so).
                         record.state, fault.exited = RankState.OFF_DEVICE, True
-                        self._start_if_ready(record.rank, fault)
+                        self._stopped(record.rank, fault, now)
                         continue
                     self._emit(KillRank(record.rank, record.pid, f"HANG: no message for {now - record.last_seen:.2f} s "
                                                                   f"(timeouts.dead_after={dead_after:g} s)",
                                         restart=not self.restart_all, agent=self.agents.get(record.rank)))
                     self._add_fault(record, FaultKind.HANG, record.progress + 1,
-                                    f"silent for {now - record.last_seen:.2f} s", now, dead=True)
+                                    f"silent for {now - record.last_seen:.2f} s", now, dead=True, at=record.last_seen)
         for rank, fault in list(self.recovery.faults.items()):
             if 0 <= fault.left_at and not fault.exited and now - fault.left_at > self.timeouts.leave:
                 record = self.ranks.get(rank)
@@ -328,7 +328,8 @@ class Job(Ladder):
             # The launcher restarted a rank before we noticed it died: a fault too,
             # already repaired by this registration.
             self._add_fault(record, FaultKind.PROCESS_DIED, old.progress + 1 if old else 0,
-                            f"re-registered as incarnation {message.incarnation}", now)
+                            f"re-registered as incarnation {message.incarnation}", now,
+                            at=old.last_seen if old else None)
         else:
             fault.process_pending, fault.replica = False, None  # from now on, what it registered
             self.recovery.lost.discard(rank)
@@ -504,12 +505,14 @@ class Job(Ladder):
             record.state, fault.exited = RankState.OFF_DEVICE, True
             log.info("rank=%d process exited %.2f s after it was told to stop (exit code %d)", event.rank,
                      now - fault.left_at, event.returncode)
-            self._start_if_ready(event.rank, fault)
+            self._stopped(event.rank, fault, now)
             return True, f"rank {event.rank} stopped as told"
         if fault is not None and fault.device_pending:
             fault.left_at = now  # it left the chip being reset: it starts again once the chip is back
+        # It died after the last message the job had from it (its agent polls; the exit's time is not said).
         self._add_fault(record, FaultKind.PROCESS_DIED, record.progress + 1,
-                        f"process {event.pid} exited with code {event.returncode}", now, dead=True, exited=True)
+                        f"process {event.pid} exited with code {event.returncode}", now, dead=True, exited=True,
+                        at=record.last_seen)
         return True, f"rank {event.rank} marked dead"
 
     def _on_wire_device_event(self, peer: Peer, message: DeviceEvent, now: float) -> None:

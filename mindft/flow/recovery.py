@@ -68,6 +68,7 @@ class Fault:
     left_at: float = -1.0          # when the rank was told to leave its device or killed (-1: neither)
     exited: bool = False           # its process is gone (after leaving, it is started when the device is back)
     kill_ordered: bool = False     # KillRank was emitted for its process
+    leaving: bool = False          # told to leave its chip (LEAVE_DEVICE): its exit ends the leave phase
     start_ordered: bool = False    # StartRank was emitted for the process that left
     collateral: bool = False       # no fault of its own: restarted with every worker
     node: int = -1                 # its node was lost (-1: not)
@@ -87,6 +88,9 @@ class Recovery:
 
     round: int = 0
     started: float = 0.0
+    fault_at: float = 0.0  # when its first fault happened, by the best time the job has (see :meth:`begin`)
+    leave_ordered: float = -1.0  # the first order to leave a chip (-1: none)
+    left: float = -1.0  # the last exit of a rank told to leave its chip (-1: none yet)
     faults: dict[int, Fault] = field(default_factory=dict)
     waiting: set[int] = field(default_factory=set)  # ranks whose acknowledgement the phase still needs
     repair_step: int = -1
@@ -96,13 +100,26 @@ class Recovery:
     scheduler: Optional[Fault] = None  # MindSpore's scheduler was lost in this recovery (SCHEDULER_LOST)
     seen: dict[tuple[int, FaultKind], int] = field(default_factory=dict)  # (rank, kind) → step, of its faults
 
-    def begin(self, now: float) -> None:
-        """A fault while the job trained: a recovery starts, with no fault yet."""
+    def begin(self, now: float, fault_at: Optional[float] = None) -> None:
+        """A fault while the job trained: a recovery starts, with no fault yet. ``fault_at``: when
+        the fault happened (None: ``now``), as its reporter said (a rank's report, its age) or as
+        the job last heard of the rank (a silent or dead process died after its last message)."""
         self.faults.clear()
         self.seen.clear()
         self.scheduler = None
         self.started = now
+        self.fault_at = now if fault_at is None else min(fault_at, now)
+        self.leave_ordered = self.left = -1.0
         self.restart_all = False
+
+    def detect_seconds(self) -> float:
+        """From its first fault to the recovery's start: how long the job took to learn of it."""
+        return self.started - self.fault_at
+
+    def leave_seconds(self) -> Optional[float]:
+        """From the first order to leave a chip to the last exit of a rank told to (None: no rank
+        was told to leave its chip, or none exited)."""
+        return self.left - self.leave_ordered if self.leave_ordered >= 0 and self.left >= 0 else None
 
     @property
     def rung(self) -> str:
@@ -148,7 +165,9 @@ class Ladder:
     # ---- the recovery -----------------------------------------------------------------------
 
     def _add_fault(self, record: RankRecord, kind: FaultKind, step: int, detail: str, now: float, *,
-                   dead: bool = False, device: bool = False, exited: bool = False) -> None:
+                   dead: bool = False, device: bool = False, exited: bool = False,
+                   at: Optional[float] = None) -> None:
+        """``at``: when the fault happened, if known before ``now`` (see :meth:`Recovery.begin`)."""
         state, rank = self.state, record.rank
         if state in TERMINAL_STATES:
             return
@@ -169,7 +188,7 @@ class Ladder:
             return
         rec = self.recovery
         if state is _S.NORMAL:
-            rec.begin(now)
+            rec.begin(now, at)
         log.warning("rank=%d fault %s in step %d in state %s: %s", rank, kind.name, step, state.value, detail)
         fault = rec.faults.get(rank)
         if fault is None or fault.collateral:
@@ -330,10 +349,18 @@ class Ladder:
         for rank, fault in sorted(self.recovery.faults.items()):
             record = self.ranks.get(rank)
             if fault.device_pending and fault.left_at < 0 and record is not None and record.alive:
-                fault.left_at, fault.process_pending = now, True
+                fault.left_at, fault.process_pending, fault.leaving = now, True, True
+                if self.recovery.leave_ordered < 0:
+                    self.recovery.leave_ordered = now
                 self._emit(Send(record.peer, Action(ActionKind.LEAVE_DEVICE, record.progress,
                                                     reason=f"device reset: {fault.detail}",
                                                     round=self.recovery.round)))
+
+    def _stopped(self, rank: int, fault: Fault, now: float) -> None:
+        """A rank told to leave its chip or killed has exited: start it if ready."""
+        if fault.leaving:
+            self.recovery.left = now
+        self._start_if_ready(rank, fault)
 
     def _start_if_ready(self, rank: int, fault: Fault) -> None:
         """Start a rank that left its device once the device is back (with every worker when
@@ -414,8 +441,9 @@ class Ladder:
         if self.state is _S.STARTING:
             return True, "the job has not started: nothing to recover"
         rec = self.recovery
-        if self.state is _S.NORMAL:
-            rec.begin(now)
+        if self.state is _S.NORMAL:  # the node died after the last message the job had from its ranks
+            rec.begin(now, min((r.last_seen for r in map(self.ranks.get, message.ranks) if r is not None),
+                               default=now))
         restart = self.state in (_S.ROLLBACK, _S.RESUMING)
         for rank, step in zip(message.ranks, message.steps):
             record = self.ranks.get(rank)

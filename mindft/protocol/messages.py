@@ -19,7 +19,8 @@ from typing import ClassVar, Optional, Union
 # 8: FaultKind.SCHEDULER_LOST (MindSpore's scheduler died: every worker restarts behind a new one).
 # 9: JobView.resetting (ranks whose chip is being reset: a crash of one waits for START like a hot reset's exit);
 # FaultKind.USER_ERROR (an exception from the training script: the job ends); JobView.exit_code.
-PROTOCOL_VERSION = 9
+# 10: FaultReport.age (how long before its report the fault happened).
+PROTOCOL_VERSION = 10
 # Large enough for an endpoint map of ~20k ranks; bigger frames are refused unread.
 MAX_FRAME = 4 * 1024 * 1024
 
@@ -190,13 +191,16 @@ class Cadence:
 
 @dataclass(frozen=True)
 class FaultReport:
-    """A rank hit a fault inside ``step`` and is waiting for instructions."""
+    """A rank hit a fault inside ``step`` and is waiting for instructions. ``age``: seconds from
+    the fault (the exception caught) to this report leaving the rank, on the rank's own clock
+    (the job's clock is another host's: a duration crosses it, a time would not)."""
 
     KIND: ClassVar[str] = "fault_report"
     rank: int
     step: int
     kind: FaultKind
     detail: str = ""
+    age: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -55,9 +55,13 @@ def test_scraped_metrics_follow_a_recovery(launch: Callable[..., Job]) -> None: 
     after = seen[-1]
     assert value(after, "mindft_recoveries_total", **recovered) == 1
     assert value(after, "mindft_recovery_seconds_count") == 1 and value(after, "mindft_recovery_seconds_sum") > 0
-    for phase in ("pause", "repair", "rollback", "resume"):
+    for phase in ("detect", "pause", "repair", "rollback", "resume"):
         assert value(before, "mindft_recovery_phase_seconds_count", phase=phase) == 0
         assert value(after, "mindft_recovery_phase_seconds_count", phase=phase) == 1, phase
+    # Its process died after the last step it reported: detected from then on, by its agent's report.
+    assert value(after, "mindft_recovery_phase_seconds_sum", phase="detect") > 0
+    # No rank was told to leave a chip (no hot reset here): the series exists, nothing observed.
+    assert value(after, "mindft_recovery_phase_seconds_count", phase="leave") == 0
     # The rank restarted for the recovery: its process had died, a new one registered and trains.
     assert value(after, "mindft_recovery_phase_seconds_sum", phase="repair") > 0
     assert value(after, "mindft_recovery_lost_steps_count") == 1
