@@ -83,6 +83,9 @@ def _status_families(status: Optional[StatusReply] = None) -> Iterator[Metric]:
     state = GaugeMetricFamily("mindft_job_state", "The job's state: 1 for the current one, 0 for the others.",
                               labels=["state"])
     step = GaugeMetricFamily("mindft_job_step", "The step every rank finished (the slowest rank's progress).")
+    step_seconds = GaugeMetricFamily("mindft_step_duration_seconds",
+                                     "Seconds per training step, the slowest rank's smoothed figure as the cadence "
+                                     "uses it (snapshots not counted); absent until a rank reported its costs.")
     ranks = GaugeMetricFamily("mindft_ranks", "Ranks in each state, as the controller sees them.", labels=["state"])
     every = GaugeMetricFamily("mindft_snapshot_every_steps",
                               "The snapshot cadence: every rank snapshots every N-th step (in force from its "
@@ -104,6 +107,8 @@ def _status_families(status: Optional[StatusReply] = None) -> Iterator[Metric]:
         for candidate in JobState:
             state.add_metric([candidate.value], 1.0 if candidate is status.state else 0.0)
         step.add_metric([], status.step)
+        if status.step_time >= 0:
+            step_seconds.add_metric([], status.step_time)
         counts = dict.fromkeys(RankState, 0)
         for row in status.ranks:
             counts[row.state] += 1
@@ -118,7 +123,7 @@ def _status_families(status: Optional[StatusReply] = None) -> Iterator[Metric]:
         if status.overhead_budget > 0:
             budget.add_metric([], status.overhead_budget)
         over.add_metric([], 1.0 if status.over_budget else 0.0)
-    yield from (state, step, ranks, every, overhead, budget, over, lag, lost)
+    yield from (state, step, step_seconds, ranks, every, overhead, budget, over, lag, lost)
 
 
 class JobMetrics:

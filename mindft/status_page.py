@@ -35,6 +35,7 @@ def status_document(status: StatusReply, past: Iterable[list[str]]) -> dict[str,
         "job": {"state": status.state.value, "step": status.step, "recoveries": status.recoveries,
                 "round": status.round, "restart_all": status.restart_all, "reason": status.reason,
                 "snapshot_every": status.snapshot_every, "snapshot_cost_seconds": status.snapshot_cost,
+                "step_seconds": status.step_time,
                 "overhead_budget": status.overhead_budget, "over_budget": status.over_budget},
         "recovery": ({"state": status.state.value, "waiting_for": status.waiting,
                       "deadline_in_seconds": status.deadline_in} if waiting else None),
@@ -120,7 +121,8 @@ function cell(row, value, cls) { const td = row.insertCell(); td.textContent = v
 function draw(doc) {
   const job = doc.job, state = document.getElementById("state");
   state.textContent = job.state; state.className = "state " + job.state;
-  text("job", `step ${job.step} · ${job.recoveries} recover${job.recoveries === 1 ? "y" : "ies"} · ` +
+  text("job", `step ${job.step}` + (job.step_seconds >= 0 ? ` (${job.step_seconds.toFixed(3)} s per step)` : "") +
+       ` · ${job.recoveries} recover${job.recoveries === 1 ? "y" : "ies"} · ` +
        `snapshot every ${job.snapshot_every} step(s)` + (job.over_budget ? " (over budget)" : "") +
        (job.reason ? ` · ${job.reason}` : ""));
   const recovery = document.getElementById("recovery");

@@ -21,7 +21,7 @@ from mindft.launch import main
 from mindft.launch_plan import LaunchSpec, UsageError, plan_launch
 from mindft.metrics import FAULT_KINDS, JobMetrics, MetricsServer
 from mindft.processor import Processor
-from mindft.protocol import (Ack, ActionKind, FaultKind, FaultReport, Heartbeat, NodeLost, ProcessExit,
+from mindft.protocol import (Ack, ActionKind, CostReport, FaultKind, FaultReport, Heartbeat, NodeLost, ProcessExit,
                              Register, ReplicaReport, StepReport)
 
 FAKE_RANK = Path(__file__).resolve().parent / "integration" / "fake_rank.py"
@@ -353,3 +353,14 @@ def test_leave_runs_from_the_order_to_leave_the_chip_to_the_last_exit() -> None:
     assert d.value("mindft_recovery_phase_seconds_sum", phase="repair") == pytest.approx(2.5)
     assert d.value("mindft_recovery_phase_seconds_sum", phase="detect") == 0.0  # the watcher's event: at once
 
+
+def test_step_time_is_the_slowest_ranks_smoothed_figure() -> None:
+    d = Driver(world=2).start()
+    d.steps(1, 3)
+    assert d.value("mindft_step_duration_seconds") is None  # no rank reported its costs yet
+    d.send(0, CostReport(0, 0.125, 0.01))
+    assert d.value("mindft_step_duration_seconds") == 0.125
+    d.send(1, CostReport(1, 0.5, 0.02))
+    d.send(0, CostReport(0, 0.25, 0.01))
+    assert d.value("mindft_step_duration_seconds") == 0.5  # a synchronous job goes at its slowest rank's pace
+    assert d.job.status(d.now).step_time == 0.5  # (what the status page shows)

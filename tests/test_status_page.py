@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from mindft.config import Timeouts
 from mindft.flow import DeviceFaulty, Job
-from mindft.protocol import Ack, ActionKind, Register, StepReport
+from mindft.protocol import Ack, ActionKind, CostReport, Register, StepReport
 from mindft.status_page import PAGE, make_app, status_document
 
 T = Timeouts(heartbeat_interval=1.0, heartbeat_misses=3, register=10.0, pause=5.0, repair=20.0, rollback=5.0,
@@ -29,10 +29,17 @@ def _job_in_repair() -> Job:
     return job
 
 
+def test_the_document_shows_the_slowest_ranks_step_time() -> None:
+    job = _job_in_repair()
+    job.handle(b"r0", CostReport(0, 0.25, 0.01), 2.0)
+    assert status_document(job.status(2.0), [])["job"]["step_seconds"] == 0.25
+
+
 def test_the_document_shows_the_job_its_ranks_and_whom_the_recovery_waits_for() -> None:
     job = _job_in_repair()
     document = status_document(job.status(2.0), [["recovery 1: uce on rank 0; in place; recovered in 0.10s"]])
     assert document["job"]["state"] == "REPAIRING" and document["job"]["step"] == 2
+    assert document["job"]["step_seconds"] == -1.0  # no rank reported its costs: the page shows none
     assert document["recovery"]["waiting_for"] == "rank 1 (its chip is being reset)"
     assert document["recovery"]["deadline_in_seconds"] == T.repair - 1.0
     assert [(r["rank"], r["pid"]) for r in document["ranks"]] == [(0, 100), (1, 101)]

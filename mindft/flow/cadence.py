@@ -221,6 +221,10 @@ class Tuner:
         """The snapshots' slowdown at the chosen cadence by the slowest figures (-1: none reported)."""
         return overhead_of(*self.slowest_costs(), self.every) if self.costs else -1.0
 
+    def step_time(self) -> float:
+        """Seconds per step by the slowest rank's smoothed figure, the one the cadence uses (-1: none reported)."""
+        return self.slowest_costs()[0] if self.costs else -1.0
+
     def report(self, rank: int, step_time: float, capture_time: float) -> None:
         self.costs[rank] = (step_time, capture_time)
 

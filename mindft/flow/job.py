@@ -237,6 +237,7 @@ class Job(Ladder):
         return StatusReply(state=self.state, step=self.ranks.slowest, ranks=rows, reason=reason,
                            round=self.recovery.round, recoveries=len(self.recoveries), request_id=request_id,
                            restart_all=self.restart_all, snapshot_every=tuner.every, snapshot_cost=round(tuner.cost(), 6),
+                           step_time=round(tuner.step_time(), 6),
                            overhead_budget=tuner.budget.overhead if tuner.budget is not None else 0.0,
                            over_budget=tuner.over_budget, waiting=self.waiting_for(),
                            deadline_in=round(max(0.0, self.deadline - now), 3) if self.deadline < math.inf else -1.0)

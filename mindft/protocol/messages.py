@@ -19,7 +19,7 @@ from typing import ClassVar, Optional, Union
 # 8: FaultKind.SCHEDULER_LOST (MindSpore's scheduler died: every worker restarts behind a new one).
 # 9: JobView.resetting (ranks whose chip is being reset: a crash of one waits for START like a hot reset's exit);
 # FaultKind.USER_ERROR (an exception from the training script: the job ends); JobView.exit_code.
-# 10: FaultReport.age (how long before its report the fault happened).
+# 10: FaultReport.age (how long before its report the fault happened); StatusReply.step_time.
 PROTOCOL_VERSION = 10
 # Large enough for an endpoint map of ~20k ranks; bigger frames are refused unread.
 MAX_FRAME = 4 * 1024 * 1024
@@ -283,6 +283,7 @@ class StatusReply:
     restart_all: bool = False  # a lost process restarts every worker (the launchers wait for StartRank)
     snapshot_every: int = 1  # the snapshot cadence the job chose last (in force from its switch step)
     snapshot_cost: float = -1.0  # its slowdown by the slowest ranks' figures (0.01: 1%; -1: none reported yet)
+    step_time: float = -1.0  # seconds per step, the slowest rank's smoothed figure (-1: none reported yet)
     overhead_budget: float = 0.0  # MINDFT_OVERHEAD_BUDGET; 0 when MINDFT_SNAPSHOT_EVERY fixes the cadence
     over_budget: bool = False  # even every MINDFT_MAX_REPLAY_STEPS steps, snapshots cost more than the budget
     waiting: str = ""  # who the current phase waits for, and why ("": nobody)

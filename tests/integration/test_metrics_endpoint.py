@@ -33,7 +33,7 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 def test_scraped_metrics_follow_a_recovery(launch: Callable[..., Job]) -> None:  # noqa: F811
     port = free_port()
     job = launch(nproc=2, steps=200, step_time=0.04, args=("--no-scheduler", "--metrics-addr", "127.0.0.1"),
-                 MINDFT_METRICS_PORT=str(port), LAUNCH_CRASH="1:40")
+                 MINDFT_METRICS_PORT=str(port), LAUNCH_CRASH="1:40", LAUNCH_COST="0.04:0.001")
     seen: list[Samples] = []
 
     def scraped(condition: Callable[[Samples], bool]) -> Callable[[], bool]:
@@ -62,6 +62,8 @@ def test_scraped_metrics_follow_a_recovery(launch: Callable[..., Job]) -> None: 
     assert value(after, "mindft_recovery_phase_seconds_sum", phase="detect") > 0
     # No rank was told to leave a chip (no hot reset here): the series exists, nothing observed.
     assert value(after, "mindft_recovery_phase_seconds_count", phase="leave") == 0
+    # What the ranks said a step costs them (LAUNCH_COST, for the cadence): seconds per step.
+    assert value(after, "mindft_step_duration_seconds") == pytest.approx(0.04)
     # The rank restarted for the recovery: its process had died, a new one registered and trains.
     assert value(after, "mindft_recovery_phase_seconds_sum", phase="repair") > 0
     assert value(after, "mindft_recovery_lost_steps_count") == 1
