@@ -396,11 +396,14 @@ class Sender:
         self._push = None
         now = time.monotonic()
         self.push_seconds = now - push.started
+        warmed = self.replica_cost is None
         self._count_cost(self.push_seconds)
         with self._lock:
             first = track.replicated < 0
             track.replicated, track.confirmed = push.step, push.token
             track.protection.confirmed(push.capture)
+        if warmed and self.replica_cost is not None:
+            self._queue_report(force=True)  # the first warm figure: the job's cadence waits for it
         if first:
             log.info("rank=%d step %d is held by the keeper at %s (%.3f s after it was sent)",
                      track.rank, push.step, self.keeper, now - push.started)
