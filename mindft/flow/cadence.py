@@ -14,7 +14,8 @@ Young's interval sqrt(2 * capture_time / (failure_rate * step_time)).
 
 The figures it is given are warm (:class:`WarmMean`): a cost's first sample (the first snapshot
 into fresh memory, the first push with its connection's set-up) is left out, for a cadence chosen
-from it would hold until the next sample, N steps later, and its change N steps more after that.
+from it would hold until the next sample, N steps later, and a change starts up to three capture
+steps after that.
 """
 from __future__ import annotations
 
