@@ -507,9 +507,12 @@ class RankEngine:
     def _replica_cost(self) -> float:
         """The CPU this process's replication (sending this rank's replica, keeping the buddy's)
         takes per snapshot, for it runs beside training on the same cores; at least a push's
-        duration, for a step report waits for its replica: the cadence must leave it time."""
+        duration, for a step report waits for its replica: the cadence must leave it time. Nothing
+        until the sender has a warm figure: the first push, with its connection's set-up, is not
+        what the next ones cost (nor its duration, the newest push's until a second is confirmed)."""
         sender = None if self._replication is None else self._replication.sender
-        return 0.0 if sender is None else max(sender.replica_cost or 0.0, sender.push_seconds or 0.0)
+        cost = None if sender is None else sender.replica_cost
+        return 0.0 if cost is None else max(cost, sender.push_seconds or 0.0)
 
     def _start_replication(self) -> None:
         """Stream this rank's snapshots to its buddy's keeper; its step reports wait for them."""

@@ -11,6 +11,11 @@ segment that starts past any step a rank can already have decided about
 N = ceil(capture_time / (budget * step_time)), at most ``max_replay`` (the steps a recovery
 may replay), and, when a failure rate is known (MindSpore's ATO statistics), at most
 Young's interval sqrt(2 * capture_time / (failure_rate * step_time)).
+
+The figures it is given are warm (:class:`WarmMean`): a cost's first sample (the first snapshot
+into fresh memory, the first push with its connection's set-up) is left out, for a cadence chosen
+from it would hold until the next sample, N steps later, and a change starts up to three capture
+steps after that.
 """
 from __future__ import annotations
 
@@ -62,6 +67,33 @@ def smoothed(previous: Optional[float], sample: float, weight: float) -> float:
     """An exponentially weighted mean of measured costs: ``sample`` alone at first, then each
     new sample counts with ``weight`` (one slow step must not swing the cadence)."""
     return sample if previous is None else previous + weight * (sample - previous)
+
+
+# The samples of a cost that are cold and left out of its figure (:class:`WarmMean`). One is
+# enough: a replica's first push measured 0.050 s of CPU with its CurveZMQ handshake and the
+# keeper's first write, the next ones 0.004 s (issue 35).
+COLD_SAMPLES = 1
+
+
+class WarmMean:
+    """A measured cost, smoothed (:func:`smoothed`, with ``weight``), that leaves out its first
+    ``cold`` samples: :attr:`value` is None until a warm one came, then their mean alone."""
+
+    def __init__(self, weight: float, cold: int = COLD_SAMPLES) -> None:
+        self.weight = weight
+        self.cold = cold  # samples still to leave out
+        self.value: Optional[float] = None
+
+    def cold_again(self) -> None:
+        """The set-up is paid again (a new connection): leave out the next samples as the first ones.
+        The figure so far stays until a warm sample follows it."""
+        self.cold = max(self.cold, COLD_SAMPLES)
+
+    def add(self, sample: float) -> None:
+        if self.cold > 0:
+            self.cold -= 1
+            return
+        self.value = smoothed(self.value, sample, self.weight)
 
 
 def worth_changing(current: int, proposed: int) -> bool:
@@ -258,10 +290,22 @@ class Tuner:
             return None
         start = self.schedule.switch_point(slowest)
         self.schedule = self.schedule.then(start, every)
-        log.info("snapshot cadence %d -> every %d steps from step %d (step %.4f s, snapshot %.4f s%s, slowest "
-                 "ranks; budget %g, at most %d steps replayed)", current, every, start, step_time, capture_time,
+        log.info("snapshot cadence %d -> every %d steps from step %d: %s (step %.4f s, snapshot %.4f s%s, slowest "
+                 "ranks; budget %g, at most %d steps replayed)", current, every, start,
+                 self._reason(current, every, step_time, capture_time), step_time, capture_time,
                  self._replication_part(), self.budget.overhead, self.budget.max_replay)
         return self.schedule.wire()
+
+    def _reason(self, current: int, every: int, step_time: float, capture_time: float) -> str:
+        """Why the cadence changes, for the log."""
+        budget = self.budget
+        cost, allowed = 100 * overhead_of(step_time, capture_time, current), 100 * budget.overhead
+        if every > current:
+            return f"snapshots every {current} step(s) cost {cost:.1f}% of the step, more than the {allowed:g}% allowed"
+        if every < choose_every(step_time, capture_time, Budget(budget.overhead, budget.max_replay)):
+            return f"Young's interval for {budget.failure_rate:g} faults per step (ATO)"
+        return (f"snapshots every {current} step(s) cost {cost:.1f}% of the step, every {every} fits the "
+                f"{allowed:g}% allowed ({100 * overhead_of(step_time, capture_time, every):.1f}%)")
 
     def _judge_budget(self) -> None:
         """Say once (until it is met again) that the replay bound, not the budget, sets the cadence."""

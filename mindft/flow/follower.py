@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NoReturn, Optional, Protocol, Sequence, Tuple, Union
 
-from mindft.flow.cadence import Schedule, smoothed
+from mindft.flow.cadence import Schedule, WarmMean
 from mindft.protocol import Ack, Action, ActionKind, FaultKind, StepReport
 
 
@@ -98,10 +98,11 @@ Outcome = Union[Resumed, Armed, Finished]
 
 # A step that faults this many times in a row is not a transient device fault: stop replaying it.
 MAX_FAULTS_PER_STEP = 3
-# The measured costs the job chooses the cadence from: smoothed with this weight per sample,
-# reported when one moves by more than COST_CHANGE (relative), or when a snapshot's share of a
-# step (capture / step, what the cadence follows) rises by more than COST_RISE: the cadence may
-# then be over the budget. At most every COST_REPORT_INTERVAL s.
+# The measured costs the job chooses the cadence from: smoothed with this weight per sample, the
+# first (cold) sample of each left out (WarmMean), reported when one moves by more than
+# COST_CHANGE (relative), or when a snapshot's share of a step (capture / step, what the cadence
+# follows) rises by more than COST_RISE: the cadence may then be over the budget. At most every
+# COST_REPORT_INTERVAL s.
 COST_SMOOTHING = 0.3
 COST_CHANGE = 0.2
 COST_RISE = 0.05
@@ -296,27 +297,40 @@ class Follower:
 
 
 class CostMeter:
-    """What a training step and a snapshot cost this rank, smoothed, and when to report them."""
+    """What a training step and a snapshot cost this rank, smoothed, and when to report them.
+    The first sample of each is cold (a first snapshot into fresh memory, a first push with its
+    connection's set-up) and left out: nothing is reported before a warm one of each."""
 
     def __init__(self) -> None:
-        self.step_time: Optional[float] = None
-        self.capture_time: Optional[float] = None
+        self.steps = WarmMean(COST_SMOOTHING)
+        self.captures = WarmMean(COST_SMOOTHING)
         self._sent: Optional[Tuple[float, float]] = None
         self._sent_at = -1e9
 
+    @property
+    def step_time(self) -> Optional[float]:
+        """Seconds a training step takes, smoothed (None: no warm sample yet)."""
+        return self.steps.value
+
+    @property
+    def capture_time(self) -> Optional[float]:
+        """Seconds a snapshot takes, smoothed (None: no warm sample yet)."""
+        return self.captures.value
+
     def step(self, seconds: float) -> None:
         """A training step took ``seconds`` (not counting a wait for a capture)."""
-        self.step_time = smoothed(self.step_time, max(seconds, 0.0), COST_SMOOTHING)
+        self.steps.add(max(seconds, 0.0))
 
     def capture(self, seconds: float) -> None:
         """A snapshot (its copy and its replication's CPU) took ``seconds``."""
-        self.capture_time = smoothed(self.capture_time, max(seconds, 0.0), COST_SMOOTHING)
+        self.captures.add(max(seconds, 0.0))
 
     def due(self, now: float) -> Optional[Tuple[float, float]]:
         """The figures (step, capture seconds) to report at ``now``, if any (then they count as sent)."""
-        if self.step_time is None or self.capture_time is None:
+        step_time, capture_time = self.step_time, self.capture_time
+        if step_time is None or capture_time is None:
             return None
-        figures = (self.step_time, self.capture_time)
+        figures = (step_time, capture_time)
         if self._sent is not None:
             if now - self._sent_at < COST_REPORT_INTERVAL:
                 return None

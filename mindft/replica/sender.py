@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import zmq
 
-from mindft.flow.cadence import smoothed
+from mindft.flow.cadence import WarmMean
 from mindft.flow.replicas import ACK_MIN_RATE, LOST_AFTER, LOST_AFTER_CAPTURES, Protection, Verdict
 from mindft.keys import CurveKeys, secure_client
 from mindft.protocol import ReplicaReport
@@ -122,12 +122,18 @@ class Sender:
         self.shared_arrays = 0  # arrays a keeper already had (data-parallel weights): not sent
         self.sent_bytes = 0  # of the parts handed to ZeroMQ (those of pushes that failed included)
         self.push_seconds: Optional[float] = None  # how long the newest confirmed push took
-        self.replica_cost: Optional[float] = None  # seconds of CPU per confirmed push, smoothed (see _count_cost)
+        self._replica_cost = WarmMean(PUSH_SMOOTHING)  # seconds of CPU per confirmed push (see _count_cost)
         self._thread = threading.Thread(target=self._run, name="mindft-replication", daemon=True)
         self._reporter = threading.Thread(target=self._report_loop, name="mindft-replica-report", daemon=True)
         self._thread.start()
         if report is not None:
             self._reporter.start()
+
+    @property
+    def replica_cost(self) -> Optional[float]:
+        """Seconds of CPU a confirmed push takes, smoothed; None until a warm one (the first push,
+        with its connection's set-up, is left out: :class:`~mindft.flow.cadence.WarmMean`)."""
+        return self._replica_cost.value
 
     @property
     def replicated(self) -> Dict[int, int]:
@@ -323,6 +329,7 @@ class Sender:
             secure_client(socket, self._keys)
             socket.connect(self.keeper)
             self._socket = socket
+            self._replica_cost.cold_again()  # its first push pays the handshake (and any failed one's CPU)
         return self._socket
 
     def _reset(self, why: str, warn: bool = True) -> None:
@@ -389,11 +396,14 @@ class Sender:
         self._push = None
         now = time.monotonic()
         self.push_seconds = now - push.started
+        warmed = self.replica_cost is None
         self._count_cost(self.push_seconds)
         with self._lock:
             first = track.replicated < 0
             track.replicated, track.confirmed = push.step, push.token
             track.protection.confirmed(push.capture)
+        if warmed and self.replica_cost is not None:
+            self._queue_report(force=True)  # the first warm figure: the job's cadence waits for it
         if first:
             log.info("rank=%d step %d is held by the keeper at %s (%.3f s after it was sent)",
                      track.rank, push.step, self.keeper, now - push.started)
@@ -408,7 +418,7 @@ class Sender:
         reading = None if self._cpu is None else self._cpu.seconds()
         used = None if reading is None or self._cpu_mark is None else reading - self._cpu_mark
         self._cpu_mark = reading
-        self.replica_cost = smoothed(self.replica_cost, push_seconds if used is None else used, PUSH_SMOOTHING)
+        self._replica_cost.add(push_seconds if used is None else used)
 
     def _judge(self, now: float) -> None:
         """Log and report each change of a rank's protection (the verdict is :meth:`Protection.judge`'s)."""

@@ -1,9 +1,14 @@
 """The snapshot schedule and the budget's choice of cadence (pure)."""
 from __future__ import annotations
 
+import logging
+from typing import Callable
+
 import pytest
 
-from mindft.flow.cadence import Budget, Schedule, ScheduleError, choose_every, smoothed, worth_changing
+from mindft.flow.cadence import (Budget, Schedule, ScheduleError, Tuner, WarmMean, choose_every, smoothed,
+                                 worth_changing)
+from mindft.flow.follower import CostMeter
 from mindft.flow.job import held_after
 
 
@@ -79,3 +84,114 @@ def test_a_smoothed_cost_starts_at_the_first_sample_and_follows_with_its_weight(
     for sample in (1.0, 1.0, 10.0, 1.0):  # one slow step moves the figure by its weight only
         cost = smoothed(cost, sample, 0.5)
     assert cost == pytest.approx(3.25)
+
+
+def test_a_warm_mean_leaves_out_the_first_sample_and_a_new_connections_first() -> None:
+    mean = WarmMean(0.5)
+    mean.add(0.050)  # the first push, with its connection's set-up
+    assert mean.value is None
+    mean.add(0.004)
+    assert mean.value == 0.004  # the warm samples alone, not seeded from the cold one
+    mean.add(0.002)
+    assert mean.value == pytest.approx(0.003)
+    mean.cold_again()  # reconnected: its first push pays the handshake again
+    mean.add(0.050)
+    assert mean.value == pytest.approx(0.003)  # the figure so far stays
+    mean.add(0.003)
+    assert mean.value == pytest.approx(0.003)
+
+
+# The issue's job (two hosts, node agents stream the replicas): a step takes 0.068 s, a rank's
+# snapshot copy 0.0017 s, the node's replication 0.0038 s of CPU per snapshot once warm; its
+# first push took 0.050 s with the connection's set-up: snapshot 0.0517 s, then 0.0055 s.
+STEP, COPY, FIRST_PUSH, PUSH = 0.068, 0.0017, 0.050, 0.0038
+BUDGET = Budget(overhead=0.01, max_replay=100)
+PUSH_SMOOTHING, REPORT_INTERVAL = 0.5, 1.0  # the node's sender's (mindft.replica.sender; a shell, not imported here)
+
+
+class Run:
+    """One rank and its node agent's replication reporting to the job's Tuner on a fake clock,
+    as the shells do: the rank's CostMeter (CostReport at most every second, when worth it), the
+    node's push CPU as the sender keeps it (ReplicaReport at most every second, at once when its
+    figure is first warm), the job retuning on each report and, while a change is pending, on the
+    slowest rank's progress."""
+
+    def __init__(self, push_cpu: Callable[[int], float]) -> None:
+        self.tuner = Tuner(1, BUDGET)  # the job starts by snapshotting every step
+        self.meter = CostMeter()
+        self.pushes = WarmMean(PUSH_SMOOTHING)
+        self.push_cpu = push_cpu  # the CPU of the node's n-th push
+        self.now, self.step, self.captures = 0.0, 0, 0
+        self.node_reported_at = -REPORT_INTERVAL
+        self.capture()  # step 0
+
+    def capture(self) -> None:
+        self.meter.capture(COPY)
+        warmed = self.pushes.value is None
+        self.pushes.add(self.push_cpu(self.captures))
+        self.captures += 1
+        warmed = warmed and self.pushes.value is not None
+        if warmed or self.now - self.node_reported_at >= REPORT_INTERVAL:
+            self.node_reported_at = self.now
+            if self.tuner.report_replication(1, self.pushes.value or 0.0):
+                self.tuner.retune(self.step)
+
+    def run(self, steps: int) -> None:
+        for _ in range(steps):
+            self.now += STEP
+            self.step += 1
+            self.meter.step(STEP)
+            if self.tuner.retune_due:
+                self.tuner.retune(self.step)
+            if self.tuner.schedule.is_capture(self.step):
+                self.capture()
+            figures = self.meter.due(self.now)
+            if figures is not None:
+                self.tuner.report(0, *figures)
+                self.tuner.retune(self.step)
+
+    def replayed(self, fault_step: int) -> int:
+        """The steps a fault in ``fault_step`` replays: from the newest capture before it."""
+        return fault_step - 1 - self.tuner.schedule.at_or_before(fault_step - 1)
+
+
+def test_a_cold_first_sample_does_not_set_the_cadence(caplog) -> None:
+    caplog.set_level(logging.INFO, "mindft.flow.cadence")
+    run = Run(lambda push: FIRST_PUSH if push == 0 else PUSH)
+    run.run(200)
+    warm = choose_every(STEP, COPY + PUSH, BUDGET)
+    assert warm == 9 and choose_every(STEP, COPY + FIRST_PUSH, BUDGET) == 77  # what the cold sample chose
+    segments = run.tuner.schedule.segments
+    assert max(every for _, every in segments) == warm  # never snapshots more rarely than warm figures say
+    start, every = segments[-1]
+    assert every == warm and run.tuner.schedule.is_capture(start)
+    assert sum(run.tuner.schedule.is_capture(s) for s in range(start)) <= 6  # converged within a few snapshots
+    assert run.replayed(55) <= warm  # the issue's fault at step 55 replayed 51 steps
+    changes = [r.getMessage() for r in caplog.records if "snapshot cadence" in r.getMessage()]
+    assert len(changes) == len(segments) - 1
+    assert f"-> every {warm} steps" in changes[-1] and "more than the 1% allowed" in changes[-1]
+    assert "of which 0.0038 s the busiest node's replication CPU" in changes[-1]
+
+
+def test_a_genuinely_slow_snapshot_still_raises_the_cadence(caplog) -> None:
+    caplog.set_level(logging.INFO, "mindft.flow.cadence")
+    slow = Run(lambda push: FIRST_PUSH)  # every push slow, not only the first
+    slow.run(300)
+    assert slow.tuner.every == 77
+    # Warm at first, then the replication slows down for good (a busier link): N follows up.
+    slower = Run(lambda push: PUSH if push < 40 else FIRST_PUSH)
+    slower.run(2000)
+    assert [every for _, every in slower.tuner.schedule.segments][-1] == 77
+    assert "more than the 1% allowed" in caplog.records[-1].getMessage()
+
+
+def test_a_cadence_that_snapshots_too_often_says_why_it_changes(caplog) -> None:
+    caplog.set_level(logging.INFO, "mindft.flow.cadence")
+    tuner = Tuner(20, BUDGET)
+    tuner.report(0, 0.10, 0.010)  # 0.5% every 20 steps: every 10 fits the 1% budget
+    assert tuner.retune(0) is not None and tuner.every == 10
+    assert "every 20 step(s) cost 0.5% of the step, every 10 fits the 1% allowed (1.0%)" in caplog.text
+    ato = Tuner(20, Budget(overhead=0.01, max_replay=100, failure_rate=0.01))
+    ato.report(0, 0.10, 0.010)  # Young's interval sqrt(2 * 0.01 / (0.01 * 0.1)) = 4.5
+    assert ato.retune(0) is not None and ato.every == 4
+    assert "Young's interval for 0.01 faults per step (ATO)" in caplog.text
