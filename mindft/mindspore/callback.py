@@ -36,6 +36,11 @@ class FaultTolerance(Callback):
         self.steps_per_epoch = 0
         self._driven = False  # True when train() owns the session's start and finish
 
+    @property
+    def driven(self) -> bool:
+        """True while :func:`train` drives this callback (and re-enters ``Model.train`` itself)."""
+        return self._driven
+
     def attach(self, train_network: Any, optimizer: Any = None, steps_per_epoch: int = 0) -> int:
         """Start protecting ``train_network`` (idempotent); returns the step training continues after."""
         if self.session is None:
@@ -72,6 +77,10 @@ class FaultTolerance(Callback):
     def on_train_begin(self, run_context: Any) -> None:
         """Register with the controller (first call only); a restarted rank restores its state here."""
         args = run_context.original_args()
+        if self._driven:
+            # Re-entered after a rollback: the callbacks' step count goes on from the restored step
+            # (MindFormers' checkpoints record it), not from 0 as a new Model.train call would.
+            args.cur_step_num = self.session.step
         if self.session is None:
             self.attach(args.train_network, getattr(args, "optimizer", None), int(args.batch_num))
             if self.session.step:
@@ -166,18 +175,16 @@ def _train_to(model: Model, epoch: int, first_epoch: int, dataset: Any, cbs: Lis
     """Run Model.train until ``total`` steps after epoch ``first_epoch``, re-entering it after every rollback."""
     while session.step < total:
         done, offset = divmod(session.step, per_epoch)
-        current = first_epoch + done
         try:
-            if offset:
-                # Finish the interrupted epoch from batch offset + 1, then go on normally.
-                model.train(current + 1, dataset.skip(offset), callbacks=cbs, dataset_sink_mode=False,
-                            initial_epoch=current)
-                if session.step < (done + 1) * per_epoch:
-                    break  # a callback asked Model.train to stop
-            else:
-                model.train(epoch, dataset, callbacks=cbs, dataset_sink_mode=False, initial_epoch=current)
-                break  # finished, or stopped on request: either way not to be re-entered
+            # One call from the batch after the rolled-back step to the end, as MindSpore's own
+            # _handle_tft re-enters: the interrupted epoch starts at batch offset + 1 (set_init_step
+            # applies to the first epoch of the call), so callbacks see one train begin and end.
+            dataset.set_init_step(offset)
+            model.train(epoch, dataset, callbacks=cbs, dataset_sink_mode=False, initial_epoch=first_epoch + done)
+            break  # finished, or stopped on request: either way not to be re-entered
         except RewindRequired as rewind:
             log.info("re-entering Model.train after step %d", rewind.step)
         except Exception as error:  # noqa: BLE001 - classified and reported, or re-raised
             session.fault(error)
+        finally:
+            dataset.set_init_step(0)
