@@ -20,7 +20,10 @@ the replicas identical, so every rank's file holds the same numbers.
 
 ``--loop`` trains the same model with a hand-written loop instead (gradients
 all-reduced by ``nn.DistributedGradReducer``, mindft's ``FaultTolerantLoop``);
-``--callback`` calls ``model.train`` itself with mindft's ``FaultTolerance`` callback.
+``--callback`` calls ``model.train`` itself with mindft's ``FaultTolerance`` callback;
+``--mindspore-tft`` with MindSpore's own ``TrainFaultTolerance`` instead, its optimizer wrapped by
+``TrainFaultTolerance.get_optimizer_wrapper``, as MindSpore's docs show (run it with
+``MS_ENABLE_TFT='{TTP:1}'``: mindft-launch serves that callback without MindIO).
 ``--fault-kind bug`` raises a ``ValueError`` in the same step of every incarnation, as a bug
 in the script would, and ``exit-always`` exits there in every incarnation.
 ``--fault-step/--fault-rank/--fault-kind`` inject one fault into the first incarnation
@@ -47,7 +50,7 @@ import mindspore.dataset as ds
 import numpy as np
 from mindspore import nn
 from mindspore.communication import get_group_size, get_rank, init
-from mindspore.train import Model
+from mindspore.train import Model, TrainFaultTolerance
 
 import mindft.mindspore
 from mindft.config import load_config
@@ -152,7 +155,8 @@ def build(args: argparse.Namespace) -> tuple[ds.Dataset, nn.Cell, nn.Optimizer]:
                                   num_shards=get_group_size(), shard_id=get_rank(), shuffle=False)
     dataset = dataset.batch(args.batch_size, drop_remainder=True)
     net = nn.SequentialCell(nn.Dense(FEATURES, HIDDEN), nn.ReLU(), nn.Dense(HIDDEN, CLASSES))
-    optimizer = nn.Adam(net.trainable_params(), learning_rate=1e-2)
+    adam = TrainFaultTolerance.get_optimizer_wrapper(nn.Adam) if args.mindspore_tft else nn.Adam
+    optimizer = adam(net.trainable_params(), learning_rate=1e-2)
     return dataset, net, optimizer
 
 
@@ -199,6 +203,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fault-step", type=int, default=-1)
     parser.add_argument("--fault-rank", type=int, default=0)
     parser.add_argument("--callback", action="store_true", help="model.train with mindft's FaultTolerance callback")
+    parser.add_argument("--mindspore-tft", action="store_true",
+                        help="model.train with MindSpore's own TrainFaultTolerance callback (MS_ENABLE_TFT='{TTP:1}')")
     parser.add_argument("--fault-kind", choices=("uce", "kill", "exit", "stop", "uce-after", "bug", "exit-always"),
                         default="uce")
     parser.add_argument("--timeline", action="store_true", help="print timeline lines for bench/recovery.py")
@@ -225,6 +231,10 @@ def main(argv: list[str] | None = None) -> None:
     elif args.callback:
         model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), optimizer)
         model.train(args.epochs, dataset, callbacks=[mindft.mindspore.FaultTolerance()], dataset_sink_mode=False)
+    elif args.mindspore_tft:
+        model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), optimizer)
+        dumps = str(args.out or Path("."))
+        model.train(args.epochs, dataset, callbacks=[TrainFaultTolerance(ckpt_save_path=dumps)], dataset_sink_mode=False)
     else:
         model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), optimizer)
         mindft.mindspore.train(model, args.epochs, dataset)  # mindft's line, instead of model.train(...)

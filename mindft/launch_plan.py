@@ -360,6 +360,8 @@ def plan_launch(params: Mapping[str, Any], environ: Mapping[str, str]) -> Launch
     if protected and not mindio and base.tft.needs_mindio and command[0] == sys.executable:
         # MindSpore's own TrainFaultTolerance (MindFormers' Trainer appends it) would need MindIO TFT.
         command = (sys.executable, "-m", "mindft.mindspore.mindspore_tft", *command[1:])
+        log.info("MS_ENABLE_TFT=%s: the ranks start through mindft.mindspore.mindspore_tft, which serves "
+                 "MindSpore's TrainFaultTolerance on mindft (no MindIO)", base.tft)
     if mindio and max_restarts:
         log.warning("MindIO TFT cannot restart a killed rank from memory without MindCluster's ARF: "
                     "restarts are off (was --max-restarts %d); a lost rank ends the job with dying-gasp "

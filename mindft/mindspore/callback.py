@@ -147,13 +147,15 @@ def train(model: Model, epoch: int, train_dataset: Any, callbacks: Optional[Iter
         ft = FaultTolerance(config, snapshot_every)
         cbs.insert(0, ft)
     per_epoch = train_dataset.get_dataset_size()
-    total = (epoch - initial_epoch) * per_epoch
+    # Batches the dataset already skips in its first epoch (set_init_step: MindFormers' resume does).
+    skipped = train_dataset.get_init_step() % per_epoch
+    total = (epoch - initial_epoch) * per_epoch - skipped
     ft._driven = True
     ft.attach(model.train_network, getattr(model, "_optimizer", None), per_epoch)
     session = ft.session
     try:
         while True:
-            _train_to(model, epoch, initial_epoch, train_dataset, cbs, session, per_epoch, total)
+            _train_to(model, epoch, initial_epoch, train_dataset, cbs, session, per_epoch, total, skipped)
             if session.finish() is None:  # None: every rank is done; else a late fault rolled back
                 break
     finally:
@@ -171,10 +173,11 @@ def sink_problem(sink_mode: bool, sink_size: int, device: str, pynative: bool) -
 
 
 def _train_to(model: Model, epoch: int, first_epoch: int, dataset: Any, cbs: List[Callback], session: Session,
-              per_epoch: int, total: int) -> None:
-    """Run Model.train until ``total`` steps after epoch ``first_epoch``, re-entering it after every rollback."""
+              per_epoch: int, total: int, skipped: int) -> None:
+    """Run Model.train until ``total`` steps after batch ``skipped`` of epoch ``first_epoch``,
+    re-entering it after every rollback."""
     while session.step < total:
-        done, offset = divmod(session.step, per_epoch)
+        done, offset = divmod(skipped + session.step, per_epoch)
         try:
             # One call from the batch after the rolled-back step to the end, as MindSpore's own
             # _handle_tft re-enters: the interrupted epoch starts at batch offset + 1 (set_init_step

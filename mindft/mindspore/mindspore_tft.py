@@ -34,6 +34,7 @@ from mindspore.train import Model, TrainFaultTolerance
 from mindspore.utils import _tft_handler
 
 from mindft.config import ConfigError, MindftConfig, load_config
+from mindft.exitcodes import ExitCode
 from mindft.mindspore.backend import MINDIO, backend_choice
 
 log = logging.getLogger(__name__)
@@ -150,7 +151,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     try:
         install()
     except ConfigError as error:
-        raise SystemExit(f"mindft: {error}") from None
+        print(f"mindft: {error}", file=sys.stderr)
+        raise SystemExit(ExitCode.USAGE) from None
     script = args[0]
     sys.argv = args
     sys.path[0] = os.path.dirname(os.path.abspath(script))

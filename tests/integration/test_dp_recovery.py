@@ -45,8 +45,8 @@ def launch(processes: Processes, tmp: Path, name: str, world: int, *script_args:
     argv = [sys.executable, "-m", "mindft.launch", "--worker_num", str(world), "--local_worker_num", str(world),
             "--master_port", str(port), "--run-dir", str(run_dir), "--cluster_time_out", "120",
             str(DP_SCRIPT), "--epochs", str(EPOCHS), "--out", str(run_dir / "out"), *script_args]
-    environ = environment(tmp, MS_ENABLE_TFT="{RSC:1}", MINDFT_DUMP_DIR=str(run_dir / "dump"),
-                          MINDFT_RESET_FILE=str(run_dir / "reset.json"), **FAST_FAULTS, **env)
+    environ = environment(tmp, **{"MS_ENABLE_TFT": "{RSC:1}", "MINDFT_DUMP_DIR": str(run_dir / "dump"),
+                                  "MINDFT_RESET_FILE": str(run_dir / "reset.json"), **FAST_FAULTS, **env})
     output = tmp / f"{name}.out"
     if wait:
         code, _ = processes.run(argv, environ, output)
@@ -122,6 +122,19 @@ def test_a_uce_before_the_all_reduce_restarts_every_worker_after_the_stall(api: 
         # place.
         assert "every live rank paused" in out and "rank=1 step 9 interrupted before its collectives" in out
     assert_ranks_identical(tmp_path / "run" / "out", references(api, 2), 2)
+
+
+def test_mindspores_own_callback_under_ttp_restarts_a_killed_rank_from_memory(tmp_path: Path, processes: Processes,
+                                                                              references) -> None:
+    # Model.train(callbacks=[TrainFaultTolerance(...)]), the optimizer wrapped for it, as MindSpore's
+    # docs show; on CPU MindSpore itself refuses it ("MindIO adapter only support on Ascend").
+    code, output = launch(processes, tmp_path, "run", 2, "--mindspore-tft", "--fault-step", "12", "--fault-rank",
+                          "1", "--fault-kind", "kill", MS_ENABLE_TFT="{TTP:1}")
+    out = output.read_text()
+    assert code == 0, out[-4000:]
+    assert "serves MindSpore's TrainFaultTolerance on mindft" in out and "restarting every worker" in out
+    assert_ranks_identical(tmp_path / "run" / "out", references("model", 2), 2)
+    assert processes.leftovers() == []
 
 
 def test_a_stopped_rank_is_a_hang_and_every_worker_restarts(tmp_path: Path, processes: Processes,

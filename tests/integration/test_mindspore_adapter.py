@@ -230,6 +230,42 @@ def test_train_with_model_train_keywords_is_protected_and_equals_model_train(con
     assert_identical(protected.state(), plain.state())
 
 
+def test_a_rollback_keeps_the_datasets_own_skip_and_the_callbacks_step_count(controller) -> None:
+    """A dataset that skips its first batches (MindFormers' resume: set_init_step) and a fault in
+    the middle: the same steps as Model.train, and the callbacks see one training whose step count
+    goes on from the restored step, as in a run without the fault."""
+    from mindspore.train import Callback
+
+    from mindft.mindspore import train
+    ctl, config = controller
+    protected, plain = Trainer(), Trainer()
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+    class Watch(Callback):
+        def __init__(self, fault_at: int = 0) -> None:
+            self.fault_at, self.ends = fault_at, []
+
+        def on_train_step_begin(self, run_context) -> None:
+            if run_context.original_args().cur_step_num == self.fault_at:
+                self.fault_at = 0
+                assert channel.request(config.controller_address, None,
+                                       InjectRequest(0, FaultKind.DEVICE_RESET, "test")).ok
+
+        def on_train_end(self, run_context) -> None:
+            self.ends.append(run_context.original_args().cur_step_num)
+
+    protected_data, plain_data = _batches(protected), _batches(plain)
+    protected_data.set_init_step(3)
+    plain_data.set_init_step(3)
+    watched, unwatched = Watch(fault_at=5), Watch()
+    steps = train(Model(protected.net, loss, protected.optimizer), 3, protected_data, [watched], config=config)
+    Model(plain.net, loss, plain.optimizer).train(3, plain_data, callbacks=[unwatched])
+    result = ctl.join(10)
+    assert result is not None and result.exit_code == ExitCode.OK and len(ctl.recovery_times) == 1, result
+    assert steps == 9 and watched.ends == unwatched.ends == [9]  # 3 epochs of 4 batches, less the 3 skipped
+    assert_identical(protected.state(), plain.state())
+
+
 @pytest.mark.parametrize("device, pynative, keywords, refused", [
     ("Ascend", False, dict(dataset_sink_mode=True), "a whole epoch per call"),
     ("Ascend", False, dict(dataset_sink_mode=True, sink_size=1), "1 steps per call"),

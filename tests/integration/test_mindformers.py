@@ -1,0 +1,121 @@
+"""MindFormers' Trainer under mindft-launch, configured the way its users configure it.
+
+examples/mindformers/train_llama.py trains a tiny random Llama from a yaml with MindFormers' own
+Trainer, model, AdamW and train-step cell, in data parallel on 2 ranks (MCCL all-reduce). Faults
+come from outside, as in production: ``mindft inject`` (a UCE raised at a rank's next step, a
+SIGKILL) and the device plugin's hot reset. Under ``MS_ENABLE_TFT='{TTP:1}'`` the script holds no
+mindft line: the Trainer appends MindSpore's own TrainFaultTolerance, which mindft-launch serves;
+under ``'{RSC:1}'`` mindft's callback comes from the yaml or from ``mindft.mindformers.train``.
+Every run must end with the final checkpoint of a run with mindft off, bit for bit: weights, AdamW
+moments and the step counts MindFormers records in it. Without MindFormers these tests skip
+locally and FAIL when CI is set (.ci/run installs it).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness import ROOT, Processes, environment, free_port_pair
+from test_dp_recovery import _wait_for
+
+pytestmark = [pytest.mark.mindspore, pytest.mark.timeout(600)]
+
+EXAMPLE = ROOT / "examples" / "mindformers"
+FAST_FAULTS = {"MINDFT_HEARTBEAT_INTERVAL": "0.1", "MINDFT_HEARTBEAT_MISSES": "20", "MINDFT_STALL_TIMEOUT": "2",
+               "MINDFT_RESET_POLL_INTERVAL": "0.1"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def require_mindformers() -> None:
+    if importlib.util.find_spec("mindformers") is not None:
+        return
+    message = "MindFormers is not installed (see docs/mindformers.md: Installing)"
+    if os.environ.get("CI"):
+        pytest.fail(f"{message}; in CI the MindFormers tests must run, not skip")
+    pytest.skip(message)
+
+
+def launch(processes: Processes, tmp: Path, name: str, tft: str, yaml: str = "tiny_llama.yaml",
+           api: str = "none"):
+    """mindft-launch --nproc 2 with the example; returns the launcher, its output file and run dir."""
+    run_dir = tmp / name
+    argv = [sys.executable, "-m", "mindft.launch", "--nproc", "2", "--master_port", str(free_port_pair()),
+            "--run-dir", str(run_dir), "--cluster_time_out", "120", str(EXAMPLE / "train_llama.py"),
+            "--config", str(EXAMPLE / yaml), "--output-dir", str(run_dir / "out"), "--mindft", api]
+    env = environment(tmp, MS_ENABLE_TFT=tft, MINDFT_DUMP_DIR=str(run_dir / "dump"), **FAST_FAULTS)
+    output = tmp / f"{name}.out"
+    return processes.start(argv, env, output), output, run_dir
+
+
+def final_checkpoints(run_dir: Path) -> dict[int, dict[str, np.ndarray]]:
+    """Each rank's one checkpoint (MindFormers writes it when training ends), as arrays."""
+    import mindspore as ms
+
+    found = {}
+    for rank in (0, 1):
+        files = sorted((run_dir / "out" / "checkpoint" / f"rank_{rank}").glob("*.ckpt"))
+        assert len(files) == 1, f"rank {rank}: one final checkpoint expected, found {[f.name for f in files]}"
+        found[rank] = {name: value.asnumpy() for name, value in ms.load_checkpoint(str(files[0])).items()}
+    return found
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, np.ndarray]]:
+    """The final checkpoints of the same training with mindft off."""
+    tmp = tmp_path_factory.mktemp("mindformers-reference")
+    processes = Processes()
+    try:
+        launcher, output, run_dir = launch(processes, tmp, "plain", tft="")
+        assert launcher.wait(300) == 0, output.read_text()[-4000:]
+    finally:
+        processes.kill_all()
+    return final_checkpoints(run_dir)
+
+
+def inject(job_file: Path, rank: int, fault: str, tmp: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "mindft.cli", "inject", "--job", str(job_file), "--rank",
+                             str(rank), "--fault", fault, "--recover-after", "1"],
+                            env=environment(tmp), capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("tft, yaml, api, faults", [
+    ("{TTP:1}", "tiny_llama.yaml", "none", ("uce", "kill")),
+    ("{TTP:1}", "tiny_llama.yaml", "none", ("hot-reset",)),
+    ("{RSC:1}", "tiny_llama_rsc.yaml", "callback", ("uce", "kill")),
+    ("{RSC:1}", "tiny_llama.yaml", "train", ("hot-reset", "kill")),
+], ids=["ttp-uce-kill", "ttp-hot-reset", "rsc-yaml-callback-uce-kill", "rsc-train-helper-hot-reset-kill"])
+def test_the_trainer_recovers_bit_identically(tft: str, yaml: str, api: str, faults: tuple[str, ...],
+                                              tmp_path: Path, processes: Processes, reference) -> None:
+    launcher, output, run_dir = launch(processes, tmp_path, "run", tft, yaml, api)
+    job_file = run_dir / "job.json"
+    for number, fault in enumerate(faults):
+        # The first fault once training runs (its first step compiles), each next one once the
+        # job recovered from the one before: a rank of each, in turn.
+        _wait_for(job_file, launcher, output,
+                  lambda s, n=number: s.state == "NORMAL" and s.recoveries == n and s.step >= 8,
+                  f"training before fault {number + 1}")
+        inject(job_file, 1 - number % 2, fault, tmp_path)
+    code = launcher.wait(300)
+    out = output.read_text()
+    assert code == 0, out[-4000:]
+    recoveries = len(faults)
+    assert f"{recoveries} recover{'y' if recoveries == 1 else 'ies'})" in out, out[-4000:]
+    if tft == "{TTP:1}":
+        # MindSpore's own callback ran on mindft, not on MindIO (which refuses CPU).
+        assert "serves MindSpore's TrainFaultTolerance on mindft" in out
+        assert "MindIO adapter only support on Ascend" not in out
+    got = final_checkpoints(run_dir)
+    for rank, want in reference.items():
+        assert sorted(got[rank]) == sorted(want)
+        assert any(name.startswith("adam_m.") for name in want)  # AdamW's moments are compared too
+        different = [name for name in want if got[rank][name].tobytes() != want[name].tobytes()]
+        assert not different, f"rank {rank}: {different} differ from the run with mindft off"
+    processes.remember_all()
+    assert processes.leftovers() == []
