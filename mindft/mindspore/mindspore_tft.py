@@ -15,6 +15,9 @@ classes before the script's first line, so that the unmodified script runs on mi
   :class:`~mindft.mindspore.callback.FaultTolerance` in its place, which re-enters ``Model.train``
   after a rollback as MindSpore's ``_handle_tft`` does after MindIO's repair.
 
+The last change also serves mindft's own callback handed to a ``Model.train`` the script does not
+call itself (MindFormers' Trainer under ``RSC:1``, :mod:`mindft.mindformers`): ``Model.train`` then
+re-enters itself after a rollback instead of raising :class:`~mindft.mindspore.RewindRequired`.
 ``_tft_handler.init`` (which MindFormers calls for ``ARF:1``) starts nothing either. Where the
 backend is MindIO's (:func:`mindft.mindspore.backend.backend_choice`: ``MINDFT_BACKEND=mindio``, or
 ``auto`` on Ascend with the wheel installed), each change hands over to MindSpore's own code.
@@ -51,7 +54,8 @@ def tested(version: str) -> bool:
 
 
 def install(config: Optional[MindftConfig] = None) -> None:
-    """Make MindSpore's ``TrainFaultTolerance`` run on mindft in this process (idempotent).
+    """Make MindSpore's ``TrainFaultTolerance`` run on mindft in this process, and ``Model.train``
+    re-enter itself for it and for mindft's own callback (idempotent).
 
     Raises :class:`~mindft.config.ConfigError` on a MindSpore release outside
     :data:`TESTED_MINDSPORE`: the changes rely on its internals.

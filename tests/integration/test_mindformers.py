@@ -48,7 +48,9 @@ def launch(processes: Processes, tmp: Path, name: str, tft: str, yaml: str = "ti
     argv = [sys.executable, "-m", "mindft.launch", "--nproc", "2", "--master_port", str(free_port_pair()),
             "--run-dir", str(run_dir), "--cluster_time_out", "120", str(EXAMPLE / "train_llama.py"),
             "--config", str(EXAMPLE / yaml), "--output-dir", str(run_dir / "out"), "--mindft", api]
-    env = environment(tmp, MS_ENABLE_TFT=tft, MINDFT_DUMP_DIR=str(run_dir / "dump"), **FAST_FAULTS)
+    # LOCAL_DEFAULT_PATH: where MindFormers logs before it reads the config (default ./output).
+    env = environment(tmp, MS_ENABLE_TFT=tft, MINDFT_DUMP_DIR=str(run_dir / "dump"),
+                      LOCAL_DEFAULT_PATH=str(run_dir / "out"), **FAST_FAULTS)
     output = tmp / f"{name}.out"
     return processes.start(argv, env, output), output, run_dir
 
@@ -119,3 +121,30 @@ def test_the_trainer_recovers_bit_identically(tft: str, yaml: str, api: str, fau
         assert not different, f"rank {rank}: {different} differ from the run with mindft off"
     processes.remember_all()
     assert processes.leftovers() == []
+
+
+def test_the_train_helper_builds_mindformers_context_from_the_trainers_config(tmp_path: Path) -> None:
+    """Without a context built first, the Trainer would build one from an empty config, in PyNative
+    mode, whatever the config says: mindft.mindformers.train builds it from the Trainer's config."""
+    script = tmp_path / "train.py"
+    script.write_text(f"""
+import sys
+import mindspore as ms
+sys.path.insert(0, {str(EXAMPLE)!r})
+from train_llama import token_dataset
+from mindformers import MindFormerConfig, Trainer
+import mindft.mindformers
+
+config = MindFormerConfig({str(EXAMPLE / "tiny_llama.yaml")!r})
+config.use_parallel = False
+config.parallel_config.data_parallel = 1
+config.runner_config.epochs = 1
+config.output_dir = {str(tmp_path / "out")!r}
+trainer = Trainer(args=config, task="text_generation", train_dataset=token_dataset(config))
+mindft.mindformers.train(trainer)
+print("trained in mode", ms.get_context("mode"))
+""")
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                            env=environment(tmp_path, LOCAL_DEFAULT_PATH=str(tmp_path / "out")))
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert "trained in mode 0" in result.stdout, result.stdout[-2000:]  # GRAPH_MODE, as the yaml asks
