@@ -29,6 +29,8 @@ pytestmark = [pytest.mark.mindspore, pytest.mark.timeout(600)]
 EXAMPLE = ROOT / "examples" / "mindformers"
 FAST_FAULTS = {"MINDFT_HEARTBEAT_INTERVAL": "0.1", "MINDFT_HEARTBEAT_MISSES": "20", "MINDFT_STALL_TIMEOUT": "2",
                "MINDFT_RESET_POLL_INTERVAL": "0.1"}
+# As docs/mindformers.md advises: workers fork from a process that imported MindFormers already.
+PRELOAD = {"MINDFT_PRELOAD": "mindspore,mindformers"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -50,7 +52,7 @@ def launch(processes: Processes, tmp: Path, name: str, tft: str, yaml: str = "ti
             "--config", str(EXAMPLE / yaml), "--output-dir", str(run_dir / "out"), "--mindft", api]
     # LOCAL_DEFAULT_PATH: where MindFormers logs before it reads the config (default ./output).
     env = environment(tmp, MS_ENABLE_TFT=tft, MINDFT_DUMP_DIR=str(run_dir / "dump"),
-                      LOCAL_DEFAULT_PATH=str(run_dir / "out"), **FAST_FAULTS)
+                      LOCAL_DEFAULT_PATH=str(run_dir / "out"), **FAST_FAULTS, **PRELOAD)
     output = tmp / f"{name}.out"
     return processes.start(argv, env, output), output, run_dir
 
