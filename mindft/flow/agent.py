@@ -196,6 +196,18 @@ class NodePolicy:
     def job_over(self) -> bool:
         return self.view is not None and self.view.state in _TERMINAL
 
+    @property
+    def orphaned(self) -> bool:
+        """The controller is gone: this node's ranks ended with their dying gasps (they gave up on
+        it) while it never said that the job ended. It runs on node 0: that node is gone or cut off."""
+        return (not self.runs_controller and not self.job_over
+                and any(w.returncode in _STOPPED_ON_PURPOSE for w in self.workers.values()))
+
+    @property
+    def writes_dying_gasp(self) -> bool:
+        """The job cannot continue: the agent writes what it holds (:mod:`mindft.flow.gasp`)."""
+        return self.protected and (self.orphaned or (self.view is not None and self.view.state is JobState.FAILED))
+
     def resetting(self, rank: int) -> bool:
         """``rank``'s chip is being reset: however its process ended, a new one would sit on the
         chip and stop the reset, so it waits for the controller's START."""

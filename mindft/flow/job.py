@@ -385,7 +385,9 @@ class Job(Ladder):
         reason = self.result.reason if self.result is not None else ""
         resetting = tuple(sorted(r for r, f in self.recovery.faults.items() if f.device_pending)) \
             if self.state in RECOVERY_STATES else ()
-        return JobView(self.state, self.restart_all, self.dump_step, reason, resetting, self.verdict)
+        unreached = tuple(r.rank for r in self.ranks if r.state in (RankState.LOST, RankState.DEAD)) \
+            if self.state is _S.FAILED else ()
+        return JobView(self.state, self.restart_all, self.dump_step, reason, resetting, self.verdict, unreached)
 
     def _tell_agents(self) -> None:
         peers = tuple(dict.fromkeys(self.agents.values()))

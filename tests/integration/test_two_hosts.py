@@ -9,6 +9,7 @@ dying gasps written and no process left in either namespace.
 """
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -23,6 +24,7 @@ from harness import (ROOT, Processes, TwoHosts, assert_ranks_identical, environm
                      two_hosts_or_skip)
 from mindft.channel import Client, ControllerUnreachable
 from mindft.exitcodes import ExitCode
+from mindft.flow.gasp import Origin, manifest_name, read_manifest
 from mindft.keys import load_keys
 from mindft.protocol import StatusReply
 
@@ -35,6 +37,7 @@ WAIT = 240.0  # for a job's phase on 2 busy cores
 # (dead_after), a rank gives up on a silent controller after 10 s, a lost rank may take 60 s
 # to come back (the restarted node imports MindSpore and joins a new cluster).
 JOB_ARGS = ("--epochs", "2", "--step-seconds", "0.3")
+STEPS = 32  # 2 epochs of 256 samples, batches of 8 per rank on 2 ranks
 TIMEOUTS = {"MINDFT_HEARTBEAT_INTERVAL": "0.2", "MINDFT_HEARTBEAT_MISSES": "10", "MINDFT_CONNECT_RETRIES": "5",
             "MINDFT_STALL_TIMEOUT": "2", "MINDFT_PAUSE_TIMEOUT": "20", "MINDFT_RESUME_TIMEOUT": "20",
             "MINDFT_REPAIR_TIMEOUT": "60", "MINDFT_SNAPSHOT_EVERY": "1"}
@@ -200,6 +203,38 @@ def test_a_partition_longer_than_every_timeout_ends_cleanly_with_dying_gasps(hos
     assert set(ended) == {"node0", "node1"}, f"still running after a partition of {PARTITION:g} s:\n{job.outputs()}"
     assert codes == {"node0": ExitCode.DUMPED, "node1": ExitCode.DUMPED}, job.outputs()
     for node in (0, 1):
-        assert list(job.dump_dir(node).glob(f"mindft-rank{node}-step*.ckpt")), job.outputs()
+        # Neither side can tell a partition from the other's loss: each writes both ranks' state
+        # (the other's from the replica it keeps), at one step of its own choosing.
+        step, _, entries = read_manifest(json.loads((job.dump_dir(node) / manifest_name(node)).read_text()))
+        assert step >= 0 and {rank: entry.origin is Origin.REPLICA for rank, entry in entries.items()} == \
+            {node: False, 1 - node: True}, (node, entries)
+        assert all((job.dump_dir(node) / entry.file).exists() for entry in entries.values())
     assert_nothing_left(hosts)
     print(f"partition: node 0 ended {ended['node0']:.1f} s, node 1 {ended['node1']:.1f} s after the link went down")
+
+
+def test_node_0_lost_for_good_leaves_every_ranks_state_at_one_step_and_a_resume_ends_bit_identical(
+        hosts: TwoHosts, processes: Processes, tmp_path: Path, references) -> None:
+    """Node 0 (the controller, MindSpore's scheduler, rank 0) is lost and never comes back: node 1
+    ends with a dying gasp of both ranks at one step, rank 0's from the replica node 1 kept, and
+    the manifest says so; resuming from it on one host ends bit-identical to the fault-free run."""
+    job = TwoHostJob(hosts, processes, tmp_path, "--loop")
+    job.start("node0", 0)
+    job.start("node1", 1)
+    job.until("training on both hosts", training)
+    lost_at = job.lose("node0", 0)
+    code = job.wait("node1")
+    took = time.monotonic() - lost_at
+    node1 = job.output("node1")
+    assert code == ExitCode.DUMPED, job.outputs()
+    step, world, entries = read_manifest(json.loads((job.dump_dir(1) / manifest_name(1)).read_text()))
+    assert world == 2 and step >= 8 and sorted(entries) == [0, 1], entries
+    assert (entries[0].origin, entries[0].node, entries[0].written_by) == (Origin.REPLICA, 0, 1)
+    assert entries[1].origin in (Origin.RANK, Origin.MEMORY) and (entries[1].node, entries[1].written_by) == (1, 1)
+    assert all(entry.step == step and (job.dump_dir(1) / entry.file).exists() for entry in entries.values())
+    assert f"rank 0's node is gone: wrote the replica this node kept, step {step}" in node1, node1[-4000:]
+    assert_nothing_left(hosts)
+    print(f"node 0 lost for good: node 1 ended with its dying gasp {took:.1f} s after the loss (step {step})")
+    resumed = launch_one_host(processes, tmp_path, "resumed", "--loop", "--resume", str(job.dump_dir(1)))
+    assert f"all 2 ranks finished at step {STEPS - step};" in (tmp_path / "resumed.out").read_text()  # the rest only
+    assert_ranks_identical(resumed, references("loop"), 2)
