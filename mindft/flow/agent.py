@@ -431,7 +431,10 @@ class NodePolicy:
                               reason=f"rank(s) {running} still running {DUMP_GRACE_PERIOD:g}s after the "
                                      f"controller finished")
             return None
-        if running or not all(w.final or (w.awaiting_start and self.starts_over) for w in self.workers.values()):
+        # A rank waiting for a START that will not come (none will once the job is over) is done
+        # here: the agent writes its dying gasp from memory.
+        no_start = self.starts_over or self.job_over
+        if running or not all(w.final or (w.awaiting_start and no_start) for w in self.workers.values()):
             self._all_exited_at = None
             return None
         if self.before_start and self.runs_controller:

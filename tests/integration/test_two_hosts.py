@@ -238,3 +238,19 @@ def test_node_0_lost_for_good_leaves_every_ranks_state_at_one_step_and_a_resume_
     resumed = launch_one_host(processes, tmp_path, "resumed", "--loop", "--resume", str(job.dump_dir(1)))
     assert f"all 2 ranks finished at step {STEPS - step};" in (tmp_path / "resumed.out").read_text()  # the rest only
     assert_ranks_identical(resumed, references("loop"), 2)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 35 item 1: a new controller on node 0 knows nothing of the job")
+def test_node_0_lost_and_back_3_s_later_ends_bit_identical(hosts: TwoHosts, processes: Processes, tmp_path: Path,
+                                                           references) -> None:
+    job = TwoHostJob(hosts, processes, tmp_path)
+    job.start("node0", 0)
+    job.start("node1", 1)
+    job.until("training on both hosts", training)
+    job.lose("node0", 0)
+    time.sleep(3.0)
+    job.start("node0-again", 0)
+    codes = {name: job.wait(name) for name in ("node0-again", "node1")}
+    assert codes == {"node0-again": 0, "node1": 0}, job.outputs()
+    assert_ranks_identical(tmp_path / "out", references("model"), 2)
+    assert_nothing_left(hosts)
