@@ -384,7 +384,8 @@ class JobView:
     resetting (the controller starts them once it is back, however their process ended).
     ``exit_code``: the job's exit code whatever the ranks' (-1: from their codes), for a
     deterministic failure. ``unreached``: once FAILED, the ranks the job could not tell to dump
-    (lost with their node, or gone without a process): the agents keeping their replicas write them."""
+    (lost with their node, gone without a process, or never registered with this controller): the
+    agents keeping their replicas write them."""
 
     KIND: ClassVar[str] = "job_view"
     state: JobState

@@ -444,3 +444,12 @@ def test_a_node_lost_while_every_worker_restarts_needs_no_new_round() -> None:
     for rank in range(2):
         d.send(rank, Register(rank, 1, 200 + rank, (2, 3) if rank == 0 else (3,)), incarnation=1)
     assert d.job.state is S.ROLLBACK and d.actions(ActionKind.ROLLBACK)[-1].step == 3
+
+
+def test_a_controller_started_again_names_the_ranks_that_never_registered_with_it_unreached() -> None:
+    # Node 0 came back with a new controller: rank 1 re-registers, its collective with the lost
+    # rank 0 fails, the job fails; rank 0's state is only in its replica, which its keeper writes.
+    d = Driver(2)
+    d.send(1, Register(1, 0, 101, ()))
+    d.send(1, FaultReport(1, 9, FaultKind.COMMUNICATION, "peer gone"))
+    assert d.job.state is S.FAILED and d.job._view().unreached == (0,)
