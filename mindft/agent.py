@@ -89,6 +89,7 @@ class NodeAgent:
         self._announced = ""  # the failure already told to people
         self._schedulers = 0  # MindSpore schedulers replaced by a new one
         self._phase_since = self._progress_last = 0.0  # when the job's current phase began; the last progress line
+        self._from_memory: list[int] = []  # ranks whose dying gasp this agent wrote from its memory
 
     # ---- carrying out the policy's effects ------------------------------------------------------
 
@@ -359,8 +360,11 @@ class NodeAgent:
             return
         for rank in self.policy.without_process():
             config = load_config(rank_environment(self.spec, rank, self.policy.workers[rank].restarts))
-            self.policy.dumped(rank, ok=dump_from_memory(self.spec.state_dir, config.dump_dir, rank, config.world_size,
-                                                         self._dump_step(), self._say))
+            ok = dump_from_memory(self.spec.state_dir, config.dump_dir, rank, config.world_size, self._dump_step(),
+                                  self._say)
+            self.policy.dumped(rank, ok=ok)
+            if ok:
+                self._from_memory.append(rank)
 
     def _dump_step(self) -> int:
         """The step the job told every rank to dump (-1: none, or each its newest)."""
@@ -384,7 +388,8 @@ class NodeAgent:
                          keeper_endpoint=replication.endpoint if replication else None,
                          kept=replication.keeper.held if replication else {}, keys=self.keys,
                          orphaned=self.policy.orphaned, unreached=view.unreached if view is not None else (),
-                         wanted=self._dump_step(), say=self._say, reason=self._failure())
+                         wanted=self._dump_step(), say=self._say, reason=self._failure(),
+                         from_memory=self._from_memory)
 
     def _failure(self) -> str:
         """Why the job ended, for the dying gasp's manifest."""

@@ -42,11 +42,13 @@ def dump_from_memory(state_dir: Path, dump_dir: Path, rank: int, world_size: int
 def write_dying_gasp(*, node: int, nproc: int, world_size: int, state_dir: Path, dump_dir: Path,
                      own_ranks: Iterable[int], keeper_endpoint: Optional[str], kept: Mapping[int, int],
                      keys: Any, orphaned: bool, unreached: Iterable[int], wanted: int, reason: str,
-                     say: Callable[[str], None]) -> Optional[Path]:
+                     say: Callable[[str], None], from_memory: Iterable[int] = ()) -> Optional[Path]:
     """Write what this node holds at one step (:func:`mindft.flow.gasp.plan`) and its manifest;
     returns the manifest's path (None: nothing held). ``kept``: rank → step of the replicas this
     node's keeper holds (at ``keeper_endpoint``); ``wanted``: the step the job told every rank to
-    dump (-1: none). Every failure is said and leaves that rank out of the manifest."""
+    dump (-1: none); ``from_memory``: the ranks this agent already wrote from its memory (they had no
+    process). Every failure is said and leaves that rank out of the manifest."""
+    from mindft.replica import fetch_replica
     from mindft.snapshot import SnapshotError, SnapshotStore
 
     own: dict[int, tuple[int, ...]] = {}
@@ -66,7 +68,7 @@ def write_dying_gasp(*, node: int, nproc: int, world_size: int, state_dir: Path,
         if step < 0:
             continue
         path = dump_dir / dump_name(rank, step)
-        origin = Origin.RANK
+        origin = Origin.MEMORY if rank in set(from_memory) else Origin.RANK
         if not (path.exists() and path.with_suffix(".json").exists()):
             origin = Origin.MEMORY
             try:
@@ -79,8 +81,6 @@ def write_dying_gasp(*, node: int, nproc: int, world_size: int, state_dir: Path,
     for rank, step in replicas.items():
         if plan.step >= 0 and step != plan.step:
             continue  # not reached: the plan's step is common to every source
-        from mindft.replica import fetch_replica
-
         try:
             snapshot = fetch_replica(keeper_endpoint or "", rank, keys, FETCH_TIMEOUT)
             with SnapshotStore() as store:
