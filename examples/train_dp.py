@@ -35,8 +35,8 @@ that bench/recovery.py reads.
 
 ``--resume DUMP_DIR...`` (with ``--loop``) starts from the dying gasps of a job that could not
 go on: the node agents' manifests in those directories name each rank's checkpoint at one
-step; each rank loads its own and trains the steps left (docs/usage.md, "Resuming from a
-dying gasp").
+step; each rank loads its own and trains the steps left (docs/usage.md, "When the job cannot
+continue").
 """
 from __future__ import annotations
 

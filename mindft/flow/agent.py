@@ -199,7 +199,7 @@ class NodePolicy:
     @property
     def orphaned(self) -> bool:
         """The controller is gone: this node's ranks ended with their dying gasps (they gave up on
-        it) while it never said that the job ended. It runs on node 0: that node is gone or cut off."""
+        it) while it never said that the job ended. The controller runs on node 0: that node is gone or cut off."""
         return (not self.runs_controller and not self.job_over
                 and any(w.returncode in _STOPPED_ON_PURPOSE for w in self.workers.values()))
 
