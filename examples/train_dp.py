@@ -35,6 +35,11 @@ rolls back in place). ``--step-seconds`` slows
 each step down, to leave time for faults injected from outside. ``--timeline`` prints
 ``timeline ...`` lines (wall-clock times of start, imports, ``init()``, restore, each step)
 that bench/recovery.py reads.
+
+``--resume DUMP_DIR...`` (with ``--loop``) starts from the dying gasps of a job that could not
+go on: the node agents' manifests in those directories name each rank's checkpoint at one
+step; each rank loads its own and trains the steps left (docs/usage.md, "When the job cannot
+continue").
 """
 from __future__ import annotations
 
@@ -173,8 +178,9 @@ def loop_step(net: nn.Cell, optimizer: nn.Optimizer):
 
 
 def train_loop(net: nn.Cell, optimizer: nn.Optimizer, dataset: ds.Dataset, epochs: int,
-               timeline: Timeline) -> None:
-    """The same training as a hand-written loop: MindSpore's DistributedGradReducer all-reduces."""
+               timeline: Timeline, first: int = 0) -> None:
+    """The same training as a hand-written loop: MindSpore's DistributedGradReducer all-reduces.
+    ``first``: the steps already trained (a resume): the loop goes on with the batch after them."""
     train_step = loop_step(net, optimizer)
     batches = list(dataset.create_tuple_iterator(num_epochs=1))
     per_epoch = len(batches)
@@ -182,9 +188,36 @@ def train_loop(net: nn.Cell, optimizer: nn.Optimizer, dataset: ds.Dataset, epoch
 
     with mindft.mindspore.FaultTolerantLoop(net, optimizer) as loop:  # mindft's line
         timeline("ready", loop.position)
-        for step, (x, y) in loop.batches(lambda step: batches[(step - 1) % per_epoch], epochs * per_epoch):
+        for step, (x, y) in loop.batches(lambda step: batches[(first + step - 1) % per_epoch],
+                                         epochs * per_epoch - first):
             loop.step(train_step, x, y)
             timeline("step", loop.position)  # after a rollback in place: the step rolled back to
+
+
+def resume(paths: list[Path], net: nn.Cell, optimizer: nn.Optimizer) -> int:
+    """Load this rank's dying gasp into the network and the optimizer; returns its step.
+
+    ``paths``: the dump directories (or manifests) the nodes' agents wrote their dying gasps to:
+    every ``mindft-dying-gasp-node<N>.json`` names each rank's ``.ckpt`` and where it came from;
+    the newest step every rank has one of is loaded."""
+    import dataclasses
+    import json
+
+    from mindft.flow.gasp import read_manifest, resume_point
+
+    manifests = []
+    for path in paths:
+        for found in [path] if path.is_file() else sorted(path.glob("mindft-dying-gasp-node*.json")):
+            step, world, entries = read_manifest(json.loads(found.read_text()))
+            manifests.append((step, world, {rank: dataclasses.replace(entry, file=str(found.parent / entry.file))
+                                            for rank, entry in entries.items()}))
+    step, files = resume_point(manifests, get_group_size())
+    checkpoint = ms.load_checkpoint(files[get_rank()].file)
+    for cell in (net, optimizer):
+        not_loaded, _ = ms.load_param_into_net(cell, checkpoint)
+        if not_loaded:
+            raise ValueError(f"{files[get_rank()].file} holds no {', '.join(not_loaded)}")
+    return step
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -199,6 +232,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=os.environ.get("TRAIN_DP_OUT") or None,
                         help="write final weights to OUT/rank<R>.npz [env: TRAIN_DP_OUT]")
     parser.add_argument("--loop", action="store_true", help="a hand-written loop instead of Model.train")
+    parser.add_argument("--resume", type=Path, nargs="+", metavar="DUMP_DIR",
+                        help="with --loop: start from the dying gasps mindft wrote to these directories")
     parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep this long in every step")
     parser.add_argument("--fault-step", type=int, default=-1)
     parser.add_argument("--fault-rank", type=int, default=0)
@@ -226,8 +261,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.fault_step >= 0 and args.fault_kind == "uce-after":
         optimizer.register_forward_hook(fault_after_update(args, optimizer, timeline))
 
+    if args.resume and not args.loop:
+        parser.error("--resume needs --loop: its steps are numbered, Model.train starts at an epoch")
     if args.loop:
-        train_loop(net, optimizer, dataset, args.epochs, timeline)
+        train_loop(net, optimizer, dataset, args.epochs, timeline, resume(args.resume, net, optimizer)
+                   if args.resume else 0)
     elif args.callback:
         model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), optimizer)
         model.train(args.epochs, dataset, callbacks=[mindft.mindspore.FaultTolerance()], dataset_sink_mode=False)

@@ -89,6 +89,7 @@ class NodeAgent:
         self._announced = ""  # the failure already told to people
         self._schedulers = 0  # MindSpore schedulers replaced by a new one
         self._phase_since = self._progress_last = 0.0  # when the job's current phase began; the last progress line
+        self._from_memory: list[int] = []  # ranks whose dying gasp this agent wrote from its memory
 
     # ---- carrying out the policy's effects ------------------------------------------------------
 
@@ -345,32 +346,60 @@ class NodeAgent:
             for rank, code in self.workers.exits().items():
                 self.policy.stopped(rank, code)
         self._dump_for_ranks_without_process()
+        if self.policy.writes_dying_gasp:
+            self._write_dying_gasp()
         return self.policy.exit_code(ending)
 
     def _dump_for_ranks_without_process(self) -> None:
         """The job failed while ranks had no process (off their devices for a hot reset that failed,
         or stopped so every worker restarts): their snapshots are in this agent's memory, so the
         agent writes their dying-gasp checkpoints."""
-        from mindft.snapshot import SnapshotError, SnapshotStore
+        from mindft.agent_gasp import dump_from_memory
 
         if self.spec.state_dir is None:
             return
-        result = self.runner.poll() if self.runner is not None else None
-        view = self.policy.view
-        step = result.dump_step if result is not None else view.dump_step if view is not None else -1
         for rank in self.policy.without_process():
             config = load_config(rank_environment(self.spec, rank, self.policy.workers[rank].restarts))
-            try:
-                with SnapshotStore(home=self.spec.state_dir / f"rank{rank}", resume=True) as store:
-                    path = store.dump(config.dump_dir, rank, config.world_size, step)
-            except SnapshotError as error:
-                self.policy.dumped(rank, ok=False)
-                self.console.line("mindft-launch", f"rank {rank} had no process; its dying-gasp checkpoint "
-                                                   f"could NOT be written from the agent's memory: {error}")
-                continue
-            self.policy.dumped(rank, ok=True)
-            self.console.line("mindft-launch", f"rank {rank} had no process; the agent wrote its dying-gasp "
-                                               f"checkpoint from memory: {path}")
+            ok = dump_from_memory(self.spec.state_dir, config.dump_dir, rank, config.world_size, self._dump_step(),
+                                  self._say)
+            self.policy.dumped(rank, ok=ok)
+            if ok:
+                self._from_memory.append(rank)
+
+    def _dump_step(self) -> int:
+        """The step the job told every rank to dump (-1: none, or each its newest)."""
+        result = self.runner.poll() if self.runner is not None else None
+        view = self.policy.view
+        return result.dump_step if result is not None else view.dump_step if view is not None else -1
+
+    def _say(self, text: str) -> None:
+        self.console.line("mindft-launch", text)
+
+    def _write_dying_gasp(self) -> None:
+        """Every rank's state this node holds, at one step: its own ranks' and the replicas it keeps
+        of ranks whose node is gone, with the manifest (before the keeper and the memory go)."""
+        from mindft.agent_gasp import write_dying_gasp
+
+        spec, view, replication = self.spec, self.policy.view, self.replication
+        if spec.state_dir is None or spec.mindio:
+            return
+        write_dying_gasp(node=spec.node_rank, nproc=spec.nproc, world_size=spec.world_size, state_dir=spec.state_dir,
+                         dump_dir=load_config(spec.env).dump_dir, own_ranks=spec.local_ranks,
+                         keeper_endpoint=replication.endpoint if replication else None,
+                         kept=replication.keeper.held if replication else {}, keys=self.keys,
+                         orphaned=self.policy.orphaned, unreached=view.unreached if view is not None else (),
+                         wanted=self._dump_step(), say=self._say, reason=self._failure(),
+                         from_memory=self._from_memory)
+
+    def _failure(self) -> str:
+        """Why the job ended, for the dying gasp's manifest."""
+        result = self.runner.poll() if self.runner is not None else None
+        view = self.policy.view
+        if result is not None and result.reason:
+            return result.reason
+        if view is not None and view.reason:
+            return view.reason
+        return "the controller is gone (node 0 lost or cut off)" if self.policy.orphaned else "the job failed"
 
     def _stop_everything(self, code: Optional[int]) -> None:
         running = self.workers.running()

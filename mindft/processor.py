@@ -249,6 +249,11 @@ class Processor:
         else:
             self._context.term()
 
+    @property
+    def broken(self) -> bool:
+        """The link to the controller is gone: it fell silent for good, or :meth:`fail` broke it."""
+        return self._error is not None
+
     def fail(self, reason: str) -> None:
         """Break the link from outside (any thread): every wait and send raises ProcessorError(reason)."""
         with self._cond:

@@ -464,10 +464,13 @@ class RankEngine:
         path = self._dump_quietly(step, reason)
         log.critical("rank=%d stops: %s; dying-gasp checkpoint: %s", self.config.rank, reason,
                      path or "NOT written")
+        orphaned = self.processor is not None and self.processor.broken
         self.close()
         code = ExitCode.DUMPED if path is not None else ExitCode.DUMP_FAILED
-        if watch is not None and watch.gone:
-            # Nobody would stop a teardown that waits for MindSpore's cluster, which went with the agent.
+        if orphaned or (watch is not None and watch.gone):
+            # Nobody would stop a teardown that waits for MindSpore's cluster, which went with the
+            # agent, or with the controller's node (MindSpore's scheduler runs there: its Finalize
+            # retries unregistering from it for ever).
             exit_now(code)
         raise SystemExit(code)
 

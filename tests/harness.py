@@ -227,6 +227,7 @@ class ControllerJob:
 
 
 J = TypeVar("J")
+T = TypeVar("T")
 
 
 def job_fixture(make: Callable[..., J]):
@@ -291,3 +292,113 @@ def assert_ranks_identical(out: Path, reference: Path, world_size: int) -> None:
         want = weights(reference, rank)
         assert any(name.startswith("moment1.") for name in want)  # optimizer state is compared too
         assert_identical(weights(out, rank), want, f"rank {rank} vs the fault-free run")
+
+
+class TwoHosts:
+    """Two network namespaces joined by a veth pair, as two hosts on one link: node 0 at
+    ``10.77.0.1``, node 1 at ``10.77.0.2`` (each with its own loopback). Names are unique to this
+    object; :meth:`close` kills every process left in them and removes them (the veth pair goes
+    with them). Needs root and iproute2's ``ip``: :func:`two_hosts_or_skip` says so in one line."""
+
+    ADDRESSES = ("10.77.0.1", "10.77.0.2")
+
+    def __init__(self) -> None:
+        tag = f"mft{os.getpid() % 100000}{os.urandom(2).hex()}"  # a veth name holds at most 15 characters
+        self.names = (f"{tag}n0", f"{tag}n1")
+        self.links = (f"{tag}v0", f"{tag}v1")
+        self.created: list[str] = []
+        try:
+            for name in self.names:
+                _ip("netns", "add", name)
+                self.created.append(name)
+            _ip("link", "add", self.links[0], "type", "veth", "peer", "name", self.links[1])
+            for name, link, address in zip(self.names, self.links, self.ADDRESSES):
+                _ip("link", "set", link, "netns", name)
+                _ip("-n", name, "addr", "add", f"{address}/24", "dev", link)
+                _ip("-n", name, "link", "set", link, "up")
+                _ip("-n", name, "link", "set", "lo", "up")
+        except BaseException:
+            self.close()
+            raise
+
+    def command(self, node: int, argv: Sequence[str]) -> list[str]:
+        """``argv`` run on host ``node`` (``ip netns exec`` execs it: the process is ``argv``'s own)."""
+        return ["ip", "netns", "exec", self.names[node], *argv]
+
+    def pids(self, node: int) -> list[int]:
+        """Every process in host ``node``'s namespace."""
+        out = subprocess.run(["ip", "netns", "pids", self.names[node]], capture_output=True, text=True, timeout=10)
+        return [int(pid) for pid in out.stdout.split()]
+
+    def kill(self, node: int) -> list[int]:
+        """SIGKILL every process on host ``node`` at once, as a pod dies; returns their pids once all are gone."""
+        victims: list[int] = []
+        deadline = time.monotonic() + 10
+        while (pids := self.pids(node)) and time.monotonic() < deadline:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            victims.extend(p for p in pids if p not in victims)
+            time.sleep(0.05)
+        return victims
+
+    def call(self, node: int, function: Callable[[], T]) -> T:
+        """``function()`` on a thread of this process that joined host ``node``'s network (setns
+        is per thread: the sockets it opens, ZeroMQ's I/O thread included, live there)."""
+        import ctypes
+        import threading
+
+        result: list = []
+
+        def run() -> None:
+            libc = ctypes.CDLL(None, use_errno=True)
+            descriptor = os.open(f"/var/run/netns/{self.names[node]}", os.O_RDONLY)
+            try:
+                if libc.setns(descriptor, 0x40000000) != 0:  # CLONE_NEWNET
+                    raise OSError(ctypes.get_errno(), f"setns into {self.names[node]}")
+            finally:
+                os.close(descriptor)
+            try:
+                result.append((True, function()))
+            except BaseException as error:  # re-raised on the caller's thread
+                result.append((False, error))
+
+        thread = threading.Thread(target=run, name=f"netns-{node}")
+        thread.start()
+        thread.join()
+        ok, value = result[0]
+        if not ok:
+            raise value
+        return value
+
+    def link(self, node: int, up: bool) -> None:
+        """Bring host ``node``'s end of the link up or down (down: a partition; nothing crosses)."""
+        _ip("-n", self.names[node], "link", "set", self.links[node], "up" if up else "down")
+
+    def close(self) -> None:
+        for node, name in enumerate(self.created):
+            self.kill(node)
+            _ip("netns", "delete", name)
+        self.created = []
+
+
+def _ip(*args: str) -> None:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if done.returncode:
+        raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
+
+
+def two_hosts_or_skip() -> None:
+    """Skip, in one line, where network namespaces cannot be made (not root, no ``ip``); in CI
+    (the CI variable set) fail instead: there the two-host tests must run."""
+    import shutil
+
+    missing = ("not root" if os.geteuid() != 0 else "") or ("" if shutil.which("ip") else "no `ip` (iproute2)")
+    if not missing:
+        return
+    message = f"two hosts need network namespaces: {missing}"
+    if os.environ.get("CI"):
+        pytest.fail(f"{message}; in CI the two-host tests must run, not skip")
+    pytest.skip(message)

@@ -196,6 +196,18 @@ class NodePolicy:
     def job_over(self) -> bool:
         return self.view is not None and self.view.state in _TERMINAL
 
+    @property
+    def orphaned(self) -> bool:
+        """The controller is gone: this node's ranks ended with their dying gasps (they gave up on
+        it) while it never said that the job ended. The controller runs on node 0: that node is gone or cut off."""
+        return (not self.runs_controller and not self.job_over
+                and any(w.returncode in _STOPPED_ON_PURPOSE for w in self.workers.values()))
+
+    @property
+    def writes_dying_gasp(self) -> bool:
+        """The job cannot continue: the agent writes what it holds (:mod:`mindft.flow.gasp`)."""
+        return self.protected and (self.orphaned or (self.view is not None and self.view.state is JobState.FAILED))
+
     def resetting(self, rank: int) -> bool:
         """``rank``'s chip is being reset: however its process ended, a new one would sit on the
         chip and stop the reset, so it waits for the controller's START."""
@@ -419,7 +431,10 @@ class NodePolicy:
                               reason=f"rank(s) {running} still running {DUMP_GRACE_PERIOD:g}s after the "
                                      f"controller finished")
             return None
-        if running or not all(w.final or (w.awaiting_start and self.starts_over) for w in self.workers.values()):
+        # A rank waiting for a START that will not come (none will once the job is over) is done
+        # here: the agent writes its dying gasp from memory.
+        no_start = self.starts_over or self.job_over
+        if running or not all(w.final or (w.awaiting_start and no_start) for w in self.workers.values()):
             self._all_exited_at = None
             return None
         if self.before_start and self.runs_controller:

@@ -385,7 +385,15 @@ class Job(Ladder):
         reason = self.result.reason if self.result is not None else ""
         resetting = tuple(sorted(r for r, f in self.recovery.faults.items() if f.device_pending)) \
             if self.state in RECOVERY_STATES else ()
-        return JobView(self.state, self.restart_all, self.dump_step, reason, resetting, self.verdict)
+        unreached = tuple(r for r in range(self.ranks.world_size) if self._unreached(r)) \
+            if self.state is _S.FAILED else ()
+        return JobView(self.state, self.restart_all, self.dump_step, reason, resetting, self.verdict, unreached)
+
+    def _unreached(self, rank: int) -> bool:
+        """The job cannot tell ``rank`` to dump: it never registered (with this controller: one
+        started again knows only the ranks that re-registered), or it is lost or dead."""
+        record = self.ranks.get(rank)
+        return record is None or record.state in (RankState.LOST, RankState.DEAD)
 
     def _tell_agents(self) -> None:
         peers = tuple(dict.fromkeys(self.agents.values()))

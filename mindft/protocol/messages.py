@@ -383,7 +383,9 @@ class JobView:
     the job FAILED (-1: each its newest). ``resetting``: ranks whose chip the device plugin is
     resetting (the controller starts them once it is back, however their process ended).
     ``exit_code``: the job's exit code whatever the ranks' (-1: from their codes), for a
-    deterministic failure."""
+    deterministic failure. ``unreached``: once FAILED, the ranks the job could not tell to dump
+    (lost with their node, gone without a process, or never registered with this controller): the
+    agents keeping their replicas write them."""
 
     KIND: ClassVar[str] = "job_view"
     state: JobState
@@ -392,6 +394,7 @@ class JobView:
     reason: str = ""
     resetting: tuple[int, ...] = ()
     exit_code: int = -1
+    unreached: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -308,6 +308,22 @@ def test_ranks_without_a_process_when_the_job_failed_are_dumped_by_the_agent() -
     assert node.exit_code(node.ending(0.0, None)) == ExitCode.DUMP_FAILED
 
 
+def test_a_node_without_the_controller_ends_once_the_job_failed_while_its_ranks_await_a_start() -> None:
+    # Stopped so that every worker restarts, then the job failed: no START will come; the node
+    # must end (and its agent dump them from memory) rather than wait for ever.
+    node = policy(JobView(S.PAUSING, restart_all=True))
+    for rank in (0, 1):
+        node.on_order(RankOrder(rank, OrderKind.KILL, "every worker restarts", 100 + rank))
+        node.on_exit(rank, -9)
+    assert node.ending(0.0, None) is None  # they wait for their START
+    node.on_view(JobView(S.FAILED, restart_all=True, dump_step=4))
+    ending = node.ending(1.0, None)
+    assert ending is not None and node.without_process() == [0, 1]
+    for rank in (0, 1):
+        node.dumped(rank, ok=True)
+    assert node.exit_code(ending) == ExitCode.DUMPED
+
+
 def test_every_rank_exiting_before_it_registered_fails_at_once_on_node_0() -> None:
     node = policy(JobView(S.STARTING), runs_controller=True)
     for rank in (0, 1):

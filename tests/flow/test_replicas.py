@@ -13,8 +13,8 @@ from mindft.exitcodes import ExitCode
 from mindft.flow import JobState, KillRank, ProcessExited, StartRank
 from mindft.flow.replicas import (ACK_MIN_RATE, KeptSteps, Protection, ReplicaWatch, ReportHold, Verdict,
                                   no_common_step, rank_list, replicas_share_a_step)
-from mindft.protocol import (Ack, ActionKind, FaultKind, FaultReport, NodeLost, Register, ReplicaReport, Reply,
-                             StepReport)
+from mindft.protocol import (Ack, ActionKind, FaultKind, FaultReport, JobView, NodeLost, Register, ReplicaReport,
+                             Reply, StepReport)
 from test_job import T, Driver
 
 S = JobState
@@ -304,6 +304,8 @@ def test_a_lost_node_whose_replica_the_others_no_longer_hold_fails_at_once() -> 
             "every rank can restore, so the job ends with dying-gasp checkpoints") in reason
     dump = d.actions(ActionKind.DUMP_AND_EXIT)[-1]
     assert dump.step == 7 and "every rank dumps step 7" in reason  # the newest step the survivors share
+    # The agents hear which ranks the job could not tell to dump: rank 1's replica is written by its keeper.
+    assert d.job._view() == JobView(S.FAILED, False, 7, d.job.result.reason, (), -1, unreached=(1,))
 
 
 def test_a_lost_node_without_any_replica_fails_before_anything_is_paused() -> None:
@@ -442,3 +444,12 @@ def test_a_node_lost_while_every_worker_restarts_needs_no_new_round() -> None:
     for rank in range(2):
         d.send(rank, Register(rank, 1, 200 + rank, (2, 3) if rank == 0 else (3,)), incarnation=1)
     assert d.job.state is S.ROLLBACK and d.actions(ActionKind.ROLLBACK)[-1].step == 3
+
+
+def test_a_controller_started_again_names_the_ranks_that_never_registered_with_it_unreached() -> None:
+    # Node 0 came back with a new controller: rank 1 re-registers, its collective with the lost
+    # rank 0 fails, the job fails; rank 0's state is only in its replica, which its keeper writes.
+    d = Driver(2)
+    d.send(1, Register(1, 0, 101, ()))
+    d.send(1, FaultReport(1, 9, FaultKind.COMMUNICATION, "peer gone"))
+    assert d.job.state is S.FAILED and d.job._view().unreached == (0,)
