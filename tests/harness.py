@@ -8,6 +8,7 @@ left); the fault-free reference runs of the examples and the bit-for-bit compari
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import signal
 import socket
@@ -34,6 +35,16 @@ LAUNCH_VARIABLES = ("MINDFT_NPROC", "MINDFT_NNODES", "MINDFT_NODE_RANK", "VC_TAS
                     "MINDFT_MASTER_PORT", "MINDFT_SCHEDULER", "MINDFT_KEY_FILE", "MINDFT_INSECURE", "MS_TFT_PORT")
 # What configures mindft, MindSpore's cluster or MindX: a child gets only what its test gives it.
 _FOREIGN = ("MS_", "MINDFT_", "MINDIO_", "MINDX_", "RANK_")
+
+
+def require(module: str, what: str) -> None:
+    """Skip the test when ``module`` cannot be imported (``what`` says what is missing and how to
+    install it); fail instead when ``CI`` is set: there every test must run."""
+    if importlib.util.find_spec(module) is not None:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"{what}; in CI this test must run, not skip")
+    pytest.skip(what)
 
 
 def free_port() -> int:

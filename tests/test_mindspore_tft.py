@@ -2,8 +2,6 @@
 gate, and what the served callback does in a process of its own (the changes are process-wide)."""
 from __future__ import annotations
 
-import importlib.util
-import os
 import subprocess
 import sys
 import textwrap
@@ -11,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import ROOT, environment
+from harness import ROOT, environment, require
 from mindft.exitcodes import ExitCode
 from mindft.launch import main
 from mindft.launch_plan import LaunchSpec, plan_launch
@@ -90,9 +88,7 @@ def test_the_served_callback_starts_nothing_of_mindios_and_leaves_the_optimizer_
 
 @pytest.mark.mindspore
 def test_on_mindios_backend_mindspores_own_optimizer_wrapper_is_used(tmp_path: Path) -> None:
-    if importlib.util.find_spec("mindio_ttp") is None:
-        message = "the mindio_ttp wheel is not installed (pip install ../shared/wheels/mindio_ttp-*.whl)"
-        pytest.fail(f"{message}; in CI this test must run") if os.environ.get("CI") else pytest.skip(message)
+    require("mindio_ttp", "the mindio_ttp wheel is not installed (pip install ../shared/wheels/mindio_ttp-*.whl)")
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent("""
         import mindspore as ms

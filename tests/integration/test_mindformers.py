@@ -12,8 +12,6 @@ locally and FAIL when CI is set (.ci/run installs it).
 """
 from __future__ import annotations
 
-import importlib.util
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness import ROOT, Processes, environment, free_port_pair
+from harness import ROOT, Processes, environment, free_port_pair, require
 from test_dp_recovery import _wait_for
 
 pytestmark = [pytest.mark.mindspore, pytest.mark.timeout(600)]
@@ -35,12 +33,7 @@ PRELOAD = {"MINDFT_PRELOAD": "mindspore,mindformers"}
 
 @pytest.fixture(scope="module", autouse=True)
 def require_mindformers() -> None:
-    if importlib.util.find_spec("mindformers") is not None:
-        return
-    message = "MindFormers is not installed (see docs/mindformers.md: Installing)"
-    if os.environ.get("CI"):
-        pytest.fail(f"{message}; in CI the MindFormers tests must run, not skip")
-    pytest.skip(message)
+    require("mindformers", "MindFormers is not installed (docs/mindformers.md: Installing)")
 
 
 def launch(processes: Processes, tmp: Path, name: str, tft: str, yaml: str = "tiny_llama.yaml",

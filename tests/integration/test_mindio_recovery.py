@@ -5,7 +5,6 @@ The MindIO wheel is required: without it these tests skip locally and FAIL when 
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -23,7 +22,7 @@ from mindft.exitcodes import ExitCode
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import mindio_rank  # noqa: E402  (the helper script doubles as the job's definition)
-from harness import free_port, job_fixture  # noqa: E402
+from harness import free_port, job_fixture, require  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -32,12 +31,7 @@ JOB_TIMEOUT = 120.0  # start (mindspore import) + a recovery or a dump; generous
 
 
 def require_mindio() -> None:
-    if importlib.util.find_spec("mindio_ttp") is not None:
-        return
-    message = "the mindio_ttp wheel is not installed (pip install ../shared/wheels/mindio_ttp-*.whl)"
-    if os.environ.get("CI"):
-        pytest.fail(f"{message}; in CI the MindIO tests must run, not skip")
-    pytest.skip(message)
+    require("mindio_ttp", "the mindio_ttp wheel is not installed (pip install ../shared/wheels/mindio_ttp-*.whl)")
 
 
 class Job:

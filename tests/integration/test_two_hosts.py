@@ -96,6 +96,12 @@ class TwoHostJob:
         self.launchers[name] = self.processes.start(self.hosts.command(node, argv), env, self.tmp / f"{name}.out")
         self.started_at[name] = time.monotonic()
 
+    def start_training(self) -> None:
+        """Both hosts' launchers, until the job trains on both."""
+        self.start("node0", 0)
+        self.start("node1", 1)
+        self.until("training on both hosts", training)
+
     def dump_dir(self, node: int) -> Path:
         return self.tmp / f"dump-node{node}"
 
@@ -165,9 +171,7 @@ def training(status: StatusReply) -> bool:
 def test_node_1_lost_and_back_3_s_later_ends_bit_identical(hosts: TwoHosts, processes: Processes, tmp_path: Path,
                                                            references) -> None:
     job = TwoHostJob(hosts, processes, tmp_path)
-    job.start("node0", 0)
-    job.start("node1", 1)
-    job.until("training on both hosts", training)
+    job.start_training()
     lost_at = job.lose("node1", 1)
     time.sleep(3.0)
     job.start("node1-again", 1)
@@ -186,9 +190,7 @@ def test_node_1_lost_and_back_3_s_later_ends_bit_identical(hosts: TwoHosts, proc
 def test_a_partition_longer_than_every_timeout_ends_cleanly_with_dying_gasps(hosts: TwoHosts, processes: Processes,
                                                                               tmp_path: Path) -> None:
     job = TwoHostJob(hosts, processes, tmp_path)
-    job.start("node0", 0)
-    job.start("node1", 1)
-    job.until("training on both hosts", training)
+    job.start_training()
     cut_at = time.monotonic()
     hosts.link(0, up=False)
     ended: dict[str, float] = {}
@@ -219,9 +221,7 @@ def test_node_0_lost_for_good_leaves_every_ranks_state_at_one_step_and_a_resume_
     ends with a dying gasp of both ranks at one step, rank 0's from the replica node 1 kept, and
     the manifest says so; resuming from it on one host ends bit-identical to the fault-free run."""
     job = TwoHostJob(hosts, processes, tmp_path, "--loop")
-    job.start("node0", 0)
-    job.start("node1", 1)
-    job.until("training on both hosts", training)
+    job.start_training()
     lost_at = job.lose("node0", 0)
     code = job.wait("node1")
     took = time.monotonic() - lost_at
@@ -244,9 +244,7 @@ def test_node_0_lost_for_good_leaves_every_ranks_state_at_one_step_and_a_resume_
 def test_node_0_lost_and_back_3_s_later_ends_bit_identical(hosts: TwoHosts, processes: Processes, tmp_path: Path,
                                                            references) -> None:
     job = TwoHostJob(hosts, processes, tmp_path)
-    job.start("node0", 0)
-    job.start("node1", 1)
-    job.until("training on both hosts", training)
+    job.start_training()
     job.lose("node0", 0)
     time.sleep(3.0)
     job.start("node0-again", 0)
