@@ -263,11 +263,13 @@ def snapshot_sizes(state_dir: Path) -> dict[int, int]:
 
 def _node_families(node: str, source: Optional[NodeCollector] = None) -> Iterator[Metric]:
     """The node's metric families (without samples when ``source`` is None: their description)."""
-    def gauge(name: str, text: str, per_rank: bool = False) -> GaugeMetricFamily:
-        return GaugeMetricFamily(name, text, labels=["node", "rank"] if per_rank else ["node"])
+    def family(kind: type) -> Callable[..., Metric]:
+        """A maker of ``kind`` families labelled by node, and by rank too where ``per_rank``."""
+        def make(name: str, text: str, per_rank: bool = False) -> Metric:
+            return kind(name, text, labels=["node", "rank"] if per_rank else ["node"])
+        return make
 
-    def counter(name: str, text: str, per_rank: bool = False) -> CounterMetricFamily:
-        return CounterMetricFamily(name, text, labels=["node", "rank"] if per_rank else ["node"])
+    gauge, counter = family(GaugeMetricFamily), family(CounterMetricFamily)
 
     snapshot = gauge("mindft_node_snapshot_bytes", "Bytes of a local rank's snapshots (two slots) in the node "
                      "agent's shared memory.", per_rank=True)
