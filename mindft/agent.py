@@ -25,7 +25,7 @@ from mindft.ckpt import atomic_write
 from mindft.config import MINDX_TASK_VARIABLE, TFT_VARIABLE, MindftConfig, load_config
 from mindft.events import CONTROLLER_FILE, EventLog, ProcessExited, node_file
 from mindft.exitcodes import ExitCode
-from mindft.agent_links import ControllerHost, ControllerLink, recovery_progress
+from mindft.agent_links import HELLO_INTERVAL, ControllerHost, ControllerLink, recovery_progress
 from mindft.flow.agent import (AbortJob, AgentEffect, Ending, KillWorker, NodePolicy,
                                Say, StartWorker)
 from mindft.flow.inputs import SchedulerLost
@@ -33,7 +33,9 @@ from mindft.flow.states import RECOVERY_STATES
 from mindft.keys import load_keys
 from mindft.launch_plan import LaunchSpec, mindio_gate_address, rank_environment
 from mindft.ports import port_listening
-from mindft.protocol import JobState, JobView, Message, NodeLost, OrderKind, ProcessExit, RankOrder, Reply
+from mindft.protocol import (AgentHello, JobState, JobView, Message, NodeLost, OrderKind, ProcessExit, RankOrder,
+                             Reply)
+from mindft.snapshot import newest_step
 from mindft.warm import WarmStarter
 from mindft.workers import Console, Scheduler, WorkerProcesses, agent_memory, agent_memory_report
 
@@ -90,6 +92,7 @@ class NodeAgent:
         self._schedulers = 0  # MindSpore schedulers replaced by a new one
         self._phase_since = self._progress_last = 0.0  # when the job's current phase began; the last progress line
         self._from_memory: list[int] = []  # ranks whose dying gasp this agent wrote from its memory
+        self._hello_at = -HELLO_INTERVAL  # when this agent last told the controller what it runs and holds
 
     # ---- carrying out the policy's effects ------------------------------------------------------
 
@@ -100,6 +103,8 @@ class NodeAgent:
             elif isinstance(effect, StartWorker):
                 if effect.renew_cluster:
                     self._renew_cluster()
+                if effect.restore_from:
+                    self._restore_replica(effect.rank, effect.restore_from)
                 self.console.line("mindft-launch", effect.reason)
                 self.policy.started(effect.rank, self.workers.start(effect.rank, effect.restarts))
                 self.write_job_file()
@@ -268,6 +273,7 @@ class NodeAgent:
             # The controller's verdict before its messages: every view it sent before finishing
             # is in the inbox by then, so the ending below sees the job as the controller left it.
             controller = self._controller_code()
+            self._say_hello(now)
             self._take_inputs(now)
             for rank, code in self.workers.exits().items():
                 self._carry_out(self.policy.on_exit(rank, code))
@@ -277,6 +283,26 @@ class NodeAgent:
             if ending is not None:
                 return self._end(ending)
             time.sleep(MONITOR_INTERVAL)
+
+    def _say_hello(self, now: float) -> None:
+        """Every HELLO_INTERVAL: tell the controller what this agent runs and holds (from that, a
+        controller started again rebuilds the job: :mod:`mindft.flow.rejoin`)."""
+        if now - self._hello_at < HELLO_INTERVAL or (self.runner is None and self.link is None):
+            return
+        self._hello_at = now
+        spec, workers = self.spec, self.policy.workers
+        ranks = tuple(spec.local_ranks)
+        kept = self.replication.keeper.held if self.replication is not None else {}
+        hello = AgentHello(spec.node_rank, ranks, pids=tuple(workers[r].pid or 0 for r in ranks),
+                           incarnations=tuple(workers[r].restarts for r in ranks),
+                           newest=tuple(newest_step(spec.state_dir / f"rank{r}") if spec.state_dir else -1
+                                        for r in ranks),
+                           keeper=self.replication.endpoint if self.replication is not None else "",
+                           kept=tuple(kept), kept_steps=tuple(kept.values()))
+        if self.runner is not None:
+            self.runner.controller.from_local_agent(hello)
+        else:
+            self.link.send(hello)
 
     def _take_inputs(self, now: float) -> None:
         if self.link is not None:
@@ -485,9 +511,6 @@ class NodeAgent:
     def _restore_replicas(self, rows: Mapping[int, Any]) -> dict[int, int]:
         """Fetch each local rank's replica from the next node's keeper into this node's memory;
         rank → the step restored (-1: none)."""
-        from mindft.replica import fetch_replica
-        from mindft.snapshot import SnapshotError, SnapshotStore
-
         spec = self.spec
         steps = {rank: -1 for rank in spec.local_ranks}
         if self.replication is None or spec.state_dir is None:
@@ -500,19 +523,25 @@ class NodeAgent:
         if not keeper:
             self.console.line("mindft-launch", f"no replica to restore: the controller knows no keeper on node {buddy}")
             return steps
-        for rank in spec.local_ranks:
-            try:
-                snapshot = fetch_replica(keeper, rank, self.keys, REPLICA_FETCH_TIMEOUT)
-                with SnapshotStore(home=spec.state_dir / f"rank{rank}") as store:
-                    store.adopt(snapshot)
-            except SnapshotError as error:
-                self.console.line("mindft-launch", f"rank {rank}: no replica restored from the keeper at {keeper}: "
-                                                   f"{error}")
-                continue
-            steps[rank] = snapshot.step
-            self.console.line("mindft-launch", f"restored rank {rank}'s replica of step {snapshot.step} from the "
-                                               f"keeper at {keeper} into this node's memory")
-        return steps
+        return {rank: self._restore_replica(rank, keeper) for rank in spec.local_ranks}
+
+    def _restore_replica(self, rank: int, keeper: str) -> int:
+        """Fetch ``rank``'s replica from the keeper at ``keeper`` into this node's memory; the step
+        restored (-1: none, said why; the rank then starts from what its memory holds)."""
+        from mindft.replica import fetch_replica
+        from mindft.snapshot import SnapshotError, SnapshotStore
+
+        try:
+            snapshot = fetch_replica(keeper, rank, self.keys, REPLICA_FETCH_TIMEOUT)
+            with SnapshotStore(home=self.spec.state_dir / f"rank{rank}") as store:
+                store.adopt(snapshot)
+        except SnapshotError as error:
+            self.console.line("mindft-launch", f"rank {rank}: no replica restored from the keeper at {keeper}: "
+                                               f"{error}")
+            return -1
+        self.console.line("mindft-launch", f"restored rank {rank}'s replica of step {snapshot.step} from the "
+                                           f"keeper at {keeper} into this node's memory")
+        return snapshot.step
 
     def _start_mindio(self) -> None:
         """Node 0 runs MindIO's controller and the step gate, unless MindCluster runs the controller."""

@@ -18,7 +18,7 @@ from mindft.flow.agent import WatcherSupervision
 from mindft.flow.effects import Finish
 from mindft.flow.recovery import PHASE_TIMEOUTS
 from mindft.launch_plan import LaunchSpec
-from mindft.protocol import AgentHello, JobState, Message, ProtocolError, StatusReply, decode, encode
+from mindft.protocol import JobState, Message, ProtocolError, StatusReply, decode, encode
 
 log = logging.getLogger(__name__)
 
@@ -136,17 +136,15 @@ class ControllerHost:
 
 
 class ControllerLink:
-    """A node agent's own connection to the controller (nodes other than 0): it says hello every
-    :data:`HELLO_INTERVAL`, receives its ranks' orders and the job's view, and sends exit reports."""
+    """A node agent's own connection to the controller (nodes other than 0): it carries the agent's
+    hellos (every :data:`HELLO_INTERVAL`) and exit reports, and brings its ranks' orders and the job's view."""
 
     def __init__(self, spec: LaunchSpec, keys: Any) -> None:
-        self._hello = AgentHello(spec.node_rank, tuple(spec.local_ranks))
         self._context = zmq.Context()
         identity = f"agent/{spec.node_rank}/{os.getpid()}".encode()
         self._socket = channel.dealer(self._context, keys, spec.controller_address, identity)
-        self._hello_at = -HELLO_INTERVAL
         self._address = spec.controller_address
-        self._first_hello: Optional[float] = None
+        self._since: Optional[float] = None
         self._heard = False
         # As long as a rank waits for the controller's first answer before it gives up.
         timeouts = load_config(spec.env).timeouts
@@ -159,11 +157,8 @@ class ControllerLink:
             log.debug("could not send %s to the controller: %s", type(message).__name__, error)
 
     def receive(self, now: float) -> list[Message]:
-        if now - self._hello_at >= HELLO_INTERVAL:
-            self._hello_at = now
-            self.send(self._hello)
-        if self._first_hello is None:
-            self._first_hello = now
+        if self._since is None:
+            self._since = now
         messages = []
         while self._socket.poll(0):
             self._heard = True
@@ -171,7 +166,7 @@ class ControllerLink:
                 messages.append(decode(self._socket.recv()))
             except ProtocolError as error:
                 log.warning("dropped a frame from the controller: %s", error)
-        if not self._heard and now - self._first_hello >= self._silence_limit:
+        if not self._heard and now - self._since >= self._silence_limit:
             self._heard = True  # said once
             log.error("no mindft controller answers this node agent at %s (waited %g s): %s", self._address,
                       self._silence_limit, channel.UNREACHABLE_CAUSES)

@@ -185,14 +185,15 @@ def receive_all(sock: zmq.Socket, who: str) -> Iterator[Message]:
 
 def run_link(context: zmq.Context, keys: Optional[CurveKeys], config: MindftConfig, identity: bytes,
              pipe_in: zmq.Socket, heartbeat: Callable[[], bytes], reported_at: Callable[[], float],
-             receive: Callable[[zmq.Socket], None]) -> Optional[str]:
+             receive: Callable[[zmq.Socket], None], register_again: Callable[[], bytes]) -> Optional[str]:
     """A rank's DEALER on its I/O thread, until told to stop (None) or it gives up (the reason).
 
     Frames tagged PIPE_* arrive on ``pipe_in`` and go out; ``receive(sock)`` reads what the
     controller sends. Once registered, :class:`~mindft.flow.liveness.Liveness` decides when a
     ``heartbeat()`` frame is due (``reported_at()``: the newest step report sent on the training
     thread's own socket) and what a silent controller means: reconnect (same identity) and
-    re-register, or give up.
+    re-register with ``register_again()`` (the registration as it stands now: a controller started
+    again learns how far the rank got), or give up.
     """
     timeouts, monotonic, rank, address = config.timeouts, time.monotonic, config.rank, config.controller_address
     # A rank started by hand (not by mindft-launch) has nobody to wait for: one silent period.
@@ -202,11 +203,11 @@ def run_link(context: zmq.Context, keys: Optional[CurveKeys], config: MindftConf
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
     poller.register(pipe_in, zmq.POLLIN)
-    register_frame: Optional[bytes] = None  # re-sent after every reconnect
+    registered = False  # the registration went out: from now on the controller's silence counts
     try:
         while True:
             # Not part of a job yet: nothing to heartbeat or time out.
-            timeout = live.interval if register_frame is None else live.timeout(monotonic(), reported_at())
+            timeout = live.timeout(monotonic(), reported_at()) if registered else live.interval
             ready = dict(poller.poll(timeout * 1000.0))
             if pipe_in in ready:
                 while True:
@@ -218,7 +219,7 @@ def run_link(context: zmq.Context, keys: Optional[CurveKeys], config: MindftConf
                     if tag == PIPE_STOP:
                         return None
                     if tag == PIPE_REGISTER:
-                        register_frame = frame
+                        registered = True
                         live.registering(monotonic())
                     try:
                         sock.send(frame, zmq.NOBLOCK)
@@ -228,7 +229,7 @@ def run_link(context: zmq.Context, keys: Optional[CurveKeys], config: MindftConf
             if sock in ready:
                 live.received(monotonic())
                 receive(sock)
-            if register_frame is None:
+            if not registered:
                 continue
             check = live.check(monotonic(), reported_at())
             if check.beat:
@@ -251,7 +252,7 @@ def run_link(context: zmq.Context, keys: Optional[CurveKeys], config: MindftConf
                 sock.close(0)
                 sock = dealer(context, keys, address, identity)
                 poller.register(sock, zmq.POLLIN)
-                sock.send(register_frame, zmq.NOBLOCK)
+                sock.send(register_again(), zmq.NOBLOCK)
     finally:
         sock.close(DEALER_LINGER_MS)
 

@@ -9,6 +9,7 @@ shell is :class:`mindft.rank.RankLoop`.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import os
 import threading
@@ -68,6 +69,7 @@ class Processor:
         self._cond = threading.Condition()
         self._actions: collections.deque[Action] = collections.deque()
         self._ack: Optional[RegisterAck] = None
+        self._registration: Optional[Register] = None
         self._endpoints: dict[int, str] = {}
         self._error: Optional[str] = None
         self._closed = False
@@ -93,8 +95,9 @@ class Processor:
         Raises :class:`ProcessorError` if the controller does not answer within
         ``timeouts.register``, stays unreachable, or ends the job meanwhile.
         """
-        self.send(Register(self.rank, self.incarnation, os.getpid(), tuple(sorted(held_steps)),
-                            self.replica_endpoint, collectives), _REGISTER)
+        self._registration = Register(self.rank, self.incarnation, os.getpid(), tuple(sorted(held_steps)),
+                                      self.replica_endpoint, collectives)
+        self.send(self._registration, _REGISTER)
         deadline = time.monotonic() + self._timeouts.register + self._timeouts.dead_after
         with self._cond:
             while self._ack is None:
@@ -281,7 +284,7 @@ class Processor:
         try:
             error = channel.run_link(self._context, self._keys, self._config, self.identity, self._pipe_in,
                                      lambda: encode_heartbeat(self.rank, self.incarnation, self.follower.position),
-                                     lambda: self._reported_at, self._receive_all)
+                                     lambda: self._reported_at, self._receive_all, self._register_again)
         except Exception as failure:  # the training thread must learn about it, not hang
             log.exception("rank=%d processor I/O thread failed", self.rank)
             error = f"rank {self.rank}: processor I/O thread failed: {failure}"
@@ -291,6 +294,10 @@ class Processor:
             with self._cond:
                 self._error = error
                 self._cond.notify_all()
+
+    def _register_again(self) -> bytes:
+        """The registration after a reconnect: as first sent, with how far the rank got since."""
+        return encode(dataclasses.replace(self._registration, progress=self.follower.position))
 
     def _receive_all(self, sock: zmq.Socket) -> None:
         for message in channel.receive_all(sock, f"rank={self.rank}"):

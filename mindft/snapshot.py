@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from mindft.ckpt import atomic_write, write_ckpt
-from mindft.slots import CHECKSUM, HASHERS, Slot, fill
+from mindft.slots import CHECKSUM, HASHERS, Slot, fill, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,13 @@ class SlotView:
 
 
 _SIZE_UNITS = {"GiB": 2**30, "MiB": 2**20, "KiB": 2**10}
+
+
+def newest_step(home: Path) -> int:
+    """The step of the newest complete snapshot a :class:`SnapshotStore` at ``home`` holds, read
+    from its slots' manifests without mapping them (-1: none)."""
+    manifests = (read_manifest(Path(home) / f"slot{i}.json") for i in range(2))
+    return max((manifest.step for manifest in manifests if manifest is not None), default=-1)
 
 
 def size_text(nbytes: int) -> str:

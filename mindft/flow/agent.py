@@ -78,12 +78,14 @@ def job_exit_code(controller_code: Optional[int], final_codes: Iterable[Optional
 @dataclass(frozen=True)
 class StartWorker:
     """Start ``rank``'s process (incarnation ``restarts``). ``renew_cluster``: first start a new
-    MindSpore scheduler, as processes that restart together cannot join the old cluster."""
+    MindSpore scheduler, as processes that restart together cannot join the old cluster.
+    ``restore_from``: first put the rank's replica from the keeper there into the agent's memory."""
 
     rank: int
     restarts: int
     reason: str
     renew_cluster: bool = False
+    restore_from: str = ""
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,7 @@ class Worker:
     returncode: Optional[int] = None
     stop_ordered: bool = False      # killed on the controller's order, to wait for its START
     start_ordered: Optional[str] = None  # a START that came while its process was still leaving: the reason
+    restore_from: str = ""          # the keeper the START said to restore its replica from first
 
     @property
     def final(self) -> bool:
@@ -317,6 +320,7 @@ class NodePolicy:
                     KillWorker(order.rank, worker.pid, order.reason)]
         if self.interrupted:
             return []
+        worker.restore_from = order.restore_from or worker.restore_from
         if worker.pid is not None:
             if order.pid and order.pid == worker.pid:
                 # The process the controller saw leave has not exited here yet (the rank said
@@ -342,8 +346,10 @@ class NodePolicy:
         renew = not self.running() and (self.scheduler_lost or (self.restart_all and not self.cluster_intact))
         if renew:
             self.cluster_intact, self.scheduler_lost = True, False
+        restore_from, worker.restore_from = worker.restore_from, ""
         return [StartWorker(worker.rank, worker.restarts, f"controller: {reason}: starting rank {worker.rank} "
-                                                          f"(restart {worker.restarts})", renew_cluster=renew)]
+                                                          f"(restart {worker.restarts})", renew_cluster=renew,
+                            restore_from=restore_from)]
 
     def on_scheduler_exit(self, pid: int, code: int, why: str, log_path: str, formed: bool) -> list[AgentEffect]:
         """MindSpore's scheduler (``pid``) exited with ``code``; ``why`` is the last error line of

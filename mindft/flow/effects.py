@@ -55,16 +55,18 @@ class KillRank:
 class StartRank:
     """Order the node agent that runs ``rank`` to start its process again (its device is back
     after a hot reset, or every worker restarts). ``agent`` as in :class:`KillRank`. ``pid``: the
-    process that left (0: not known), which the agent may not have seen exit yet."""
+    process that left (0: not known), which the agent may not have seen exit yet.
+    ``restore_from``: the keeper whose replica of the rank the agent restores first ("": none)."""
 
     rank: int
     reason: str
     agent: Optional[Peer] = None
     pid: int = 0
+    restore_from: str = ""
 
     def order(self) -> RankOrder:
         """The order as it travels to the agent."""
-        return RankOrder(self.rank, OrderKind.START, self.reason, pid=self.pid)
+        return RankOrder(self.rank, OrderKind.START, self.reason, pid=self.pid, restore_from=self.restore_from)
 
 
 @dataclass(frozen=True)

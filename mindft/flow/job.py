@@ -26,6 +26,7 @@ from mindft.flow.inputs import (DeviceFailed, DeviceFaulty, DeviceInput, DeviceR
                                 RollbackAll, SchedulerLost, StopJob, from_wire)
 from mindft.flow.ranks import RankRecord, RankState, RankTable
 from mindft.flow.recovery import ACK_FOR, Ladder, Recovery
+from mindft.flow.rejoin import Survivors
 from mindft.flow.replicas import KeptSteps, ReplicaWatch, rank_list
 from mindft.flow.states import RECOVERY_STATES, TERMINAL_STATES, Event, JobState, next_state
 from mindft.protocol import (Ack, Action, ActionKind, AgentHello, Cadence, CostReport, DeviceEvent, Done,
@@ -85,6 +86,7 @@ class Job(Ladder):
         self.tuner = Tuner(snapshot_every, budget)  # the snapshot cadence every rank follows, and its costs
         self.replicas = ReplicaWatch()  # every rank's replica, from the node agents; LOST PROTECTION
         self.agents: dict[int, Peer] = {}  # rank → the link of the node agent that runs its process
+        self.survivors = Survivors(world_size)  # what ranks and agents say while STARTING: is the job under way?
 
     # ---- inputs -----------------------------------------------------------------------------
 
@@ -124,7 +126,7 @@ class Job(Ladder):
             ok, detail = self._node_lost(message, now)
             self._emit(Send(peer, Reply(ok, detail, message.request_id)))
         elif kind is AgentHello:
-            self._on_agent(peer, message)
+            self._on_agent(peer, message, now)
         else:
             log.warning("dropped %s from peer %r: not addressed to the controller", kind.__name__, peer[:32])
         return self._flush()
@@ -307,12 +309,15 @@ class Job(Ladder):
         record = RankRecord(rank=rank, peer=peer, incarnation=message.incarnation, pid=message.pid,
                             replica_endpoint=message.replica_endpoint, held=tuple(message.held_steps),
                             last_seen=now, restarts=restarts,
-                            progress=max(message.held_steps, default=0))
+                            progress=max(message.progress, max(message.held_steps, default=0)))
         self.ranks.add(record)
         log.info("rank=%d registered incarnation=%d pid=%d held=%s state=%s", rank, message.incarnation,
                  message.pid, list(message.held_steps), self.state.value)
         if self.state is _S.STARTING:
-            if self.ranks.complete:
+            self.survivors.registered(rank, message.progress)
+            if self.survivors.under_way:
+                self._rejoin_when_heard(now)
+            elif self.ranks.complete:
                 self._start_training(now)
             return
         if self.state is _S.FAILED:
@@ -332,7 +337,7 @@ class Job(Ladder):
                             f"re-registered as incarnation {message.incarnation}", now,
                             at=old.last_seen if old else None)
         else:
-            fault.process_pending, fault.replica = False, None  # from now on, what it registered
+            fault.process_pending, fault.replica, fault.restore_from = False, None, ""  # from now on, what it registered
             self.recovery.lost.discard(rank)
             fault.left_at, fault.exited, fault.kill_ordered, fault.start_ordered = -1.0, False, False, False
             if fault.kind is FaultKind.HANG:
@@ -358,10 +363,11 @@ class Job(Ladder):
             return OrderKind.KILL
         return OrderKind.START if fault.start_ordered and fault.process_pending else None
 
-    def _on_agent(self, peer: Peer, message: AgentHello) -> None:
+    def _on_agent(self, peer: Peer, message: AgentHello, now: float) -> None:
         """A node agent (re)connected: its ranks' orders go to it from now on; it gets the job's
         view and, again, any order still pending for its ranks (one may have been lost with its
-        previous connection)."""
+        previous connection). While STARTING, what it says it runs and holds may show that the
+        job was under way before this controller (:mod:`mindft.flow.rejoin`)."""
         world = self.ranks.world_size
         ranks = [r for r in message.ranks if 0 <= r < world]
         if len(ranks) != len(message.ranks):
@@ -379,7 +385,17 @@ class Job(Ladder):
                                     restart=False, agent=peer))
             elif order is OrderKind.START:
                 self._emit(StartRank(rank, "still to be started for the recovery", peer,
-                                     record.pid if record is not None else 0))
+                                     record.pid if record is not None else 0, fault.restore_from))
+        if self.state is _S.STARTING:
+            self.survivors.hello(message)
+            if self.survivors.under_way:
+                self._rejoin_when_heard(now)
+
+    def _rejoin_when_heard(self, now: float) -> None:
+        """The job was under way: rebuild it once every rank's node agent said what it holds
+        (until then, or timeouts.register, the job waits)."""
+        if not self.survivors.unheard():
+            self._rejoin(now)
 
     def _view(self) -> JobView:
         reason = self.result.reason if self.result is not None else ""

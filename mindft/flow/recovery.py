@@ -23,6 +23,9 @@ and every other rank holds too; when none is, the job takes the dying-gasp rung 
 why, rather than a recovery that would lose their state. The node agents report how far each
 rank's replica got (:class:`~mindft.protocol.ReplicaReport`): a replica older than both steps
 every rank keeps is LOST PROTECTION, logged once (and once when restored) and shown by status.
+
+Node 0 lost takes the controller with it: the new one finds the job under way
+(:mod:`mindft.flow.rejoin`) and restarts every worker, node 0's ranks from their replicas.
 """
 from __future__ import annotations
 
@@ -38,7 +41,8 @@ from mindft.flow.agent import describe_exit
 from mindft.flow.effects import Broadcast, Finish, KillRank, Peer, Send, StartRank
 from mindft.flow.inputs import SchedulerLost
 from mindft.flow.ranks import RankRecord, RankState, RankTable
-from mindft.flow.replicas import ReplicaWatch, no_common_step, replicas_share_a_step
+from mindft.flow.rejoin import Survivors
+from mindft.flow.replicas import ReplicaWatch, no_common_step, rank_list, replicas_share_a_step
 from mindft.flow.states import RECOVERY_STATES, TERMINAL_STATES, Event, JobState
 from mindft.protocol import Action, ActionKind, FaultKind, NodeLost, Progress
 
@@ -75,6 +79,7 @@ class Fault:
     # Until its new process registers after its node was lost: the steps it can roll back to
     # (its replica's, restored on the new node; empty: none). None: its node was not lost.
     replica: Optional[tuple[int, ...]] = None
+    restore_from: str = ""  # the keeper its new process's agent restores its replica from first ("": none)
 
     def describe(self, rank: int) -> str:
         what = f"NODE LOST (node {self.node})" if self.node >= 0 else self.kind.name
@@ -161,6 +166,7 @@ class Ladder:
     agents: dict[int, Peer]
     tuner: Tuner
     replicas: ReplicaWatch
+    survivors: Survivors
 
     # ---- the recovery -----------------------------------------------------------------------
 
@@ -246,11 +252,11 @@ class Ladder:
         faults = self.recovery.faults
         return {r.rank for r in self.ranks if r.alive and not (r.rank in faults and faults[r.rank].left_at >= 0)}
 
-    def _restart_every_worker(self, why: str, now: float) -> None:
+    def _restart_every_worker(self, why: str, now: float, event: Event = Event.FAULT) -> None:
         """The second rung: kill every process (their snapshots stay in the node agents' memory),
         start them all again once every one exited and every device is back, roll back."""
         rec = self.recovery
-        self._move(Event.FAULT, f"{why}; restarting every worker from the node agents' memory", now)
+        self._move(event, f"{why}; restarting every worker from the node agents' memory", now)
         rec.new_round()
         rec.restart_all = True
         rec.waiting = set()
@@ -272,6 +278,44 @@ class Ladder:
                 record.state, fault.exited, fault.kill_ordered = RankState.DEAD, False, True
         self.deadline = now + self.timeouts.repair
         self._advance(now)
+
+    def _rejoin(self, now: float) -> None:
+        """This controller was started again while the job was under way (:mod:`mindft.flow.rejoin`),
+        and every rank's agent has said what it runs and holds: every worker restarts from its
+        agent's memory (MindSpore's scheduler went with node 0, so no worker can go on in its
+        cluster), the lost node's ranks from their replicas, which bound the rollback step as for
+        :meth:`_node_lost`. A rank that never registered with this controller is known by what its
+        agent said: a process to kill (pid 0 in the order: the job cannot address it), or none."""
+        rec, survivors = self.recovery, self.survivors
+        rec.begin(now)
+        lost = survivors.lost()
+        for rank, said in survivors.agents.items():
+            if self.ranks.get(rank) is None:
+                self.ranks.add(RankRecord(rank=rank, peer=b"", incarnation=said.incarnation, pid=said.pid,
+                                          replica_endpoint="", held=(), last_seen=now, state=RankState.DEAD,
+                                          progress=max(said.newest, 0)))
+        step = max(r.progress for r in self.ranks) + 1  # the step the job was in, as far as anyone says
+        for rank, said in sorted(survivors.agents.items()):
+            record = self.ranks.get(rank)
+            fault = rec.faults[rank] = Fault(FaultKind.UNKNOWN, step, "", collateral=True)
+            if not record.alive:
+                # A process the job never heard from is stopped like one started for a recovery.
+                fault.start_ordered = fault.process_pending = said.pid > 0
+                fault.exited = said.pid == 0
+            if rank in lost:
+                replica = lost[rank]
+                fault.kind, fault.collateral, fault.node = FaultKind.PROCESS_DIED, False, said.node
+                fault.replica = (replica.step,) if replica is not None else ()
+                fault.restore_from = replica.keeper if replica is not None else ""
+                fault.detail = (f"node {said.node} lost with the controller; "
+                                + (f"its replica of step {replica.step} is on node {replica.node}" if replica
+                                   else "no node keeps a replica of it"))
+                log.warning("rank=%d NODE LOST: %s", rank, fault.detail)
+                rec.lost.add(rank)
+        nodes = ", ".join(map(str, sorted({survivors.agents[r].node for r in lost})))
+        why = "the controller started again while the job was under way" + (
+            f" (node {nodes} lost with {rank_list(sorted(lost))})" if lost else "")
+        self._restart_every_worker(why, now, Event.REJOIN)
 
     def _scheduler_lost(self, event: SchedulerLost, now: float) -> None:
         """MindSpore's scheduler died while the ranks trained: every worker restarts behind a new
@@ -369,7 +413,8 @@ class Ladder:
             self._start_every_worker_if_ready()
         elif fault.left_at >= 0 and fault.exited and not fault.device_pending and not fault.start_ordered:
             fault.start_ordered = True
-            self._emit(StartRank(rank, "its device was reset and is back", self.agents.get(rank), self._pid(rank)))
+            self._emit(StartRank(rank, "its device was reset and is back", self.agents.get(rank), self._pid(rank),
+                                 fault.restore_from))
 
     def _start_every_worker_if_ready(self) -> None:
         """Start every stopped worker together once every one exited and every device is back."""
@@ -379,8 +424,10 @@ class Ladder:
         for number, waiting in sorted(stopped.items()):
             if not waiting.start_ordered:
                 waiting.start_ordered = True
-                self._emit(StartRank(number, "every worker restarts from the node agents' memory",
-                                     self.agents.get(number), self._pid(number)))
+                self._emit(StartRank(number, "every worker restarts from the node agents' memory"
+                                     + (f" (this one from its replica at {waiting.restore_from})"
+                                        if waiting.restore_from else ""),
+                                     self.agents.get(number), self._pid(number), waiting.restore_from))
 
     def _pid(self, rank: int) -> int:
         record = self.ranks.get(rank)
@@ -527,6 +574,9 @@ class Ladder:
         """Who the current phase waits for, and why ("": nobody, or no phase waits)."""
         state, rec = self.state, self.recovery
         if state is _S.STARTING:
+            unheard = self.survivors.unheard()
+            if self.survivors.under_way and unheard:
+                return f"the node agents of rank(s) {unheard} (the job was under way: this controller started again)"
             missing = self.ranks.missing()
             return f"rank(s) {missing} (not registered)" if missing else ""
         if state is _S.REPAIRING:

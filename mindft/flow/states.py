@@ -22,6 +22,7 @@ class Event(str, enum.Enum):
     ALL_DONE = "all_done"
     TIMEOUT = "timeout"              # a phase's deadline passed
     UNRECOVERABLE = "unrecoverable"  # a device failed, no common step, a stop was asked
+    REJOIN = "rejoin"                # a controller started again found the job under way (flow/rejoin.py)
 
 
 _S, _E = JobState, Event
@@ -30,6 +31,7 @@ TERMINAL_STATES = frozenset({_S.FAILED, _S.DONE})
 
 TRANSITIONS: dict[tuple[JobState, Event], JobState] = {
     (_S.STARTING, _E.ALL_REGISTERED): _S.NORMAL,
+    (_S.STARTING, _E.REJOIN): _S.PAUSING,
     (_S.NORMAL, _E.FAULT): _S.PAUSING,
     (_S.NORMAL, _E.ALL_DONE): _S.DONE,
     (_S.PAUSING, _E.ALL_PAUSED): _S.REPAIRING,

@@ -20,7 +20,10 @@ from typing import ClassVar, Optional, Union
 # 9: JobView.resetting (ranks whose chip is being reset: a crash of one waits for START like a hot reset's exit);
 # FaultKind.USER_ERROR (an exception from the training script: the job ends); JobView.exit_code.
 # 10: FaultReport.age (how long before its report the fault happened); StatusReply.step_time.
-PROTOCOL_VERSION = 10
+# 11: a controller started again rebuilds the job from what survives: Register.progress (a rank that
+# reconnects says how far it got), AgentHello says what the agent runs and holds (pids,
+# incarnations, newest, keeper, kept, kept_steps), RankOrder.restore_from (start from a replica).
+PROTOCOL_VERSION = 11
 # Large enough for an endpoint map of ~20k ranks; bigger frames are refused unread.
 MAX_FRAME = 4 * 1024 * 1024
 
@@ -119,6 +122,9 @@ class Register:
     # The rank's training uses a communicator a restarted process cannot rejoin (MindSpore's,
     # initialised by mindspore.communication.init()): a lost process restarts every worker.
     collectives: bool = False
+    # The last step this process finished: 0 for a new process; a process that reconnects says
+    # how far it got, so a controller started again (node 0 lost) knows the job is under way.
+    progress: int = 0
 
 
 @dataclass(frozen=True)
@@ -369,11 +375,24 @@ class AgentHello:
 
     Sent when the agent starts and every few seconds on the same connection; the controller
     answers each with a :class:`JobView` and the orders still pending for those ranks, and
-    from then on sends the orders for those ranks (:class:`RankOrder`) to this connection."""
+    from then on sends the orders for those ranks (:class:`RankOrder`) to this connection.
+
+    It also says what the agent runs and holds, so that a controller started again (node 0
+    lost) can rebuild the job: per rank of ``ranks``, the pid of its process (0: none), that
+    process's incarnation and the newest step of its snapshots in the agent's memory (-1: none);
+    and the replicas its keeper (at ``keeper``) holds of other nodes' ranks: ``kept`` and
+    ``kept_steps``, pairwise. No ``pids``: the agent says nothing of its ranks yet (it has not
+    started them)."""
 
     KIND: ClassVar[str] = "agent_hello"
     node: int
     ranks: tuple[int, ...]
+    pids: tuple[int, ...] = ()
+    incarnations: tuple[int, ...] = ()
+    newest: tuple[int, ...] = ()
+    keeper: str = ""
+    kept: tuple[int, ...] = ()
+    kept_steps: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -402,7 +421,8 @@ class RankOrder:
     """The controller orders the agent that runs ``rank`` to kill (``pid`` only: a newer process
     is left alone) or start its process (``pid``: the one that left, perhaps not yet seen
     exiting by the agent). ``restart`` (KILL): start it again at once (a hang) rather than wait
-    for a START."""
+    for a START. ``restore_from`` (START): the keeper endpoint whose replica of the rank the agent
+    puts into its memory first (its node was lost with the controller; "": its memory has it)."""
 
     KIND: ClassVar[str] = "rank_order"
     rank: int
@@ -410,6 +430,7 @@ class RankOrder:
     reason: str = ""
     pid: int = 0
     restart: bool = False
+    restore_from: str = ""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,85 @@
+"""A controller started again (node 0 lost with it, its pod back) finds the job under way.
+
+The new controller starts knowing nothing. What survived says where the job is: a rank that
+reconnects registers with the step it got to (:attr:`~mindft.protocol.Register.progress`), and
+every node agent's hello says which processes it runs, what its memory holds of its ranks and
+which replicas its keeper holds of other nodes' ranks (:class:`~mindft.protocol.AgentHello`).
+:class:`Survivors` gathers this while the job is STARTING; once it shows the job under way and
+every rank's agent has spoken, the job restarts every worker from the agents' memory, the ranks
+whose agent holds nothing (those of the lost node) from their replica on the next node, and
+rolls back (:meth:`mindft.flow.job.Job._rejoin`). A fresh job shows nothing of the kind and
+starts as always.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from mindft.protocol import AgentHello
+
+
+@dataclass(frozen=True)
+class AgentSaid:
+    """What a rank's node agent said of it: its process (pid 0: none) and that process's
+    incarnation, and the newest step of its snapshots in the agent's memory (-1: none)."""
+
+    node: int
+    pid: int
+    incarnation: int
+    newest: int
+
+
+@dataclass(frozen=True)
+class Replica:
+    """A replica a keeper holds of another node's rank."""
+
+    keeper: str
+    step: int
+    node: int  # the keeper's
+
+
+class Survivors:
+    """What the ranks and node agents report of a job the controller may have lost (see the module docstring)."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self.agents: dict[int, AgentSaid] = {}
+        self.replicas: dict[int, Replica] = {}
+        self.progress: dict[int, int] = {}  # rank → the step it said it got to when it registered
+
+    def hello(self, message: AgentHello) -> None:
+        """A node agent's hello; one without ``pids`` says nothing yet (its ranks are not started)."""
+        if not message.pids:
+            return
+        for index, rank in enumerate(message.ranks):
+            if 0 <= rank < self.world_size:
+                self.agents[rank] = AgentSaid(message.node, _at(message.pids, index, 0),
+                                              _at(message.incarnations, index, 0), _at(message.newest, index, -1))
+        if message.keeper:
+            for rank, step in zip(message.kept, message.kept_steps):
+                held = self.replicas.get(rank)
+                if 0 <= rank < self.world_size and (held is None or step > held.step):
+                    self.replicas[rank] = Replica(message.keeper, step, message.node)
+
+    def registered(self, rank: int, progress: int) -> None:
+        self.progress[rank] = progress
+
+    @property
+    def under_way(self) -> bool:
+        """The job trained before this controller: a rank got somewhere, or an agent holds state."""
+        return (any(p > 0 for p in self.progress.values()) or bool(self.replicas)
+                or any(said.newest >= 0 for said in self.agents.values()))
+
+    def unheard(self) -> list[int]:
+        """Ranks whose node agent has not said hello yet."""
+        return [r for r in range(self.world_size) if r not in self.agents]
+
+    def lost(self) -> dict[int, Optional[Replica]]:
+        """The ranks whose state is gone from their node (its agent holds none and their process
+        got nowhere: a new node), each with the replica it can start from (None: none kept)."""
+        return {rank: self.replicas.get(rank) for rank, said in sorted(self.agents.items())
+                if said.newest < 0 and self.progress.get(rank, 0) <= 0}
+
+
+def _at(values: tuple[int, ...], index: int, default: int) -> int:
+    return values[index] if index < len(values) else default
