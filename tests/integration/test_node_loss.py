@@ -179,3 +179,34 @@ def test_a_lost_node_without_a_replica_ends_with_dying_gasps_at_once(nodes: Node
             and "dying-gasp checkpoints instead of a recovery that would lose the lost ranks' state" in node0)
     assert "timed out" not in node0  # decided when the loss was reported, not at timeouts.repair
     assert list((tmp_path / "dumps").glob("rank0-step*.npy"))
+
+
+def test_node_0_lost_with_the_controller_and_back_ends_bit_identical(nodes: Nodes, tmp_path: Path) -> None:
+    """Node 0 runs the controller: its launcher, rank 0 and its agent's memory are lost, and a new
+    launcher for node 0 starts 1 s later. The new controller learns from rank 1 (which reconnects,
+    saying how far it got) and node 1's agent (what it runs, holds and keeps) that the job was
+    under way, restarts every worker, rank 0 from the replica node 1 kept, and the job ends as if
+    nothing had happened."""
+    nodes.env["MINDFT_HEARTBEAT_MISSES"] = "30"  # rank 0 is stopped below: it must not be found hung first
+    nodes.env["MINDFT_CONNECT_RETRIES"] = "10"   # rank 1 waits 10 × 3 s for a controller started again
+    nodes.start("node0", 0)
+    nodes.start("node1", 1)
+    nodes.until("both ranks training, rank 0 replicated",
+                lambda s: s.state == "NORMAL" and s.step >= 5 and rows(s)[0].replicated >= 3)
+    os.kill(rows(nodes.client.status())[0].pid, signal.SIGSTOP)
+    held = nodes.until("rank 0's newest snapshot replicated",
+                       lambda s: rows(s)[0].replicated >= rows(s)[0].step and rows(s)[0].replicated)
+    nodes.lose("node0")
+    time.sleep(1.0)
+    nodes.start("node0-new", 0)
+    codes = {name: nodes.wait(name) for name in ("node0-new", "node1")}
+    new, node1 = nodes.output("node0-new"), nodes.output("node1")
+    assert codes == {"node0-new": 0, "node1": 0}, new[-4000:] + node1[-4000:]
+    assert "the controller started again while the job was under way (node 0 lost with rank 0)" in new
+    restored = int(re.search(r"restored rank 0's replica of step (\d+) from the keeper at tcp://", new)[1])
+    assert restored >= held
+    assert f"every rank holds step {restored}" in new
+    assert f"[rank 0] rank 0 ROLLBACK step {restored}" in new
+    for rank in (0, 1):
+        final = np.load(tmp_path / f"final-{rank}.npy")
+        assert final.tobytes() == fake_rank.reference(rank, STEPS).tobytes(), f"rank {rank} differs"
