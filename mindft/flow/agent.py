@@ -183,6 +183,7 @@ class NodePolicy:
     workers: dict[int, Worker] = field(default_factory=dict)
     failure: Optional[AbortJob] = None
     starts_over: bool = False       # no START will come any more (see :meth:`no_more_starts`)
+    under_way: bool = False         # the job has trained (a view past STARTING came)
     _controller_done_at: Optional[float] = None
     _all_exited_at: Optional[float] = None
 
@@ -218,11 +219,14 @@ class NodePolicy:
 
     @property
     def before_start(self) -> bool:
-        return self.view is not None and self.view.state is JobState.STARTING
+        """The job has not started: no rank trained yet (a controller started again while the job
+        was under way says STARTING too, but then :attr:`under_way` is set)."""
+        return self.view is not None and self.view.state is JobState.STARTING and not self.under_way
 
     def on_view(self, view: JobView) -> None:
         """The controller's view of the job (on every transition, and on each hello)."""
         self.view = view
+        self.under_way = self.under_way or view.state is not JobState.STARTING
 
     # ---- processes ----------------------------------------------------------------------------
 
@@ -294,8 +298,9 @@ class NodePolicy:
             out.append(Say(f"not restarting rank {rank}: it used all {self.max_restarts} restarts"))
             # Fail the job now instead of after timeouts.repair: the healthy ranks dump.
             return out + self._report(rank, code, pid, will_restart=False)
-        if self.restart_all:
-            # Its peers cannot go on without it: the controller restarts every worker together.
+        if self.restart_all or (self.view is not None and self.view.state is JobState.STARTING):
+            # Its peers cannot go on without it, or a controller started again rebuilds the job:
+            # the controller restarts every worker together.
             worker.phase = WorkerPhase.AWAITING_START
             return out + self._report(rank, code, pid, will_restart=True) + self._start_ordered_early(worker)
         worker.restarts += 1

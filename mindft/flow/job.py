@@ -502,6 +502,13 @@ class Job(Ladder):
     def _process_exit(self, event: ProcessExited, now: float, will_restart: bool) -> tuple[bool, str]:
         record = self.ranks.get(event.rank)
         what = f"rank {event.rank} (pid {event.pid}) exited with code {event.returncode}"
+        if self.state is _S.STARTING and self.survivors.under_way and will_restart:
+            # The job is being rebuilt (a controller started again): its agent waits for a START.
+            self.survivors.exited(event.rank)
+            if record is not None and record.alive:
+                record.state = RankState.DEAD
+            self._rejoin_when_heard(now)
+            return True, f"rank {event.rank} starts with every worker once the job is rebuilt"
         if self.state is _S.STARTING and (record is None or not will_restart):
             self._fail(f"{what} before every rank registered", now, Event.FAULT)
             return True, "job failed: a rank exited before every rank registered"

@@ -182,6 +182,9 @@ class Ladder:
         elif record.alive:
             record.state = RankState.FAULTY
         if state is _S.STARTING:
+            if self.survivors.under_way:  # every worker restarts once the job is rebuilt: nothing more to do
+                log.info("rank=%d %s while the job is rebuilt (%s)", rank, kind.name, detail)
+                return
             self._fail(f"rank {rank} {kind.name} before every rank registered: {detail}", now, Event.FAULT)
             return
         if not retried(kind):

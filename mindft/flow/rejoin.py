@@ -64,6 +64,12 @@ class Survivors:
     def registered(self, rank: int, progress: int) -> None:
         self.progress[rank] = progress
 
+    def exited(self, rank: int) -> None:
+        """Its agent reported its process gone: there is nothing of it to kill."""
+        said = self.agents.get(rank)
+        if said is not None:
+            self.agents[rank] = AgentSaid(said.node, 0, said.incarnation, said.newest)
+
     @property
     def under_way(self) -> bool:
         """The job trained before this controller: a rank got somewhere, or an agent holds state."""

@@ -375,3 +375,15 @@ def test_a_rank_stopped_after_the_job_failed_waits_for_its_dying_gasp_from_memor
     assert "(the job is over)" in said[0].text
     assert decisions(node.on_exit(1, -9)) == [] and node.without_process() == [1]
     assert node.workers[1].restarts_used == 0
+
+
+def test_a_crash_while_a_controller_started_again_rebuilds_the_job_waits_for_its_start() -> None:
+    """The job trained (a view past STARTING came); node 0 came back with a new controller, which
+    says STARTING while it rebuilds the job: a crash then is no bad script, and no restart here."""
+    node = policy(JobView(S.NORMAL))
+    node.on_view(JobView(S.STARTING))
+    assert node.under_way and not node.before_start
+    assert decisions(node.on_exit(1, -9)) == [ProcessExit(1, -9, 101, True)]
+    assert node.workers[1].awaiting_start
+    fresh = policy(JobView(S.STARTING))
+    assert fresh.before_start and not fresh.under_way

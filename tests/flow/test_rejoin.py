@@ -5,8 +5,8 @@ from __future__ import annotations
 from mindft.exitcodes import ExitCode
 from mindft.flow import Broadcast, Job, JobState, KillRank, ProcessExited, RankState, Send, StartRank
 from mindft.flow.rejoin import AgentSaid, Survivors
-from mindft.protocol import (Ack, Action, ActionKind, AgentHello, Done, JobView, Register,
-                             StepReport)
+from mindft.protocol import (Ack, Action, ActionKind, AgentHello, Done, FaultKind, FaultReport, JobView, ProcessExit,
+                             Register, StepReport)
 
 from test_job import T
 
@@ -172,3 +172,18 @@ def test_survivors_read_what_agents_and_ranks_say() -> None:
     assert set(survivors.lost()) == {0, 1}  # rank 2's agent holds step 9
     survivors.registered(1, 3)  # rank 1 reconnected: it got to step 3, its process holds its state
     assert set(survivors.lost()) == {0}
+
+
+def test_what_happens_while_the_job_waits_to_be_rebuilt_does_not_end_it() -> None:
+    """Rank 1 reconnected, node 0's agent has not said hello: rank 1's collective fails and its
+    process exits; both are part of the restart to come, not a failure of a job that never started."""
+    c = NewController()
+    c.rank1_reconnects()
+    c.node1_says()
+    c.send(b"rank1.inc2", FaultReport(1, 9, FaultKind.COMMUNICATION, "peer gone"))
+    c.send(NODE1, ProcessExit(1, -6, 201, will_restart=True))
+    assert c.job.state is S.STARTING and c.job.ranks.get(1).state is RankState.DEAD
+    c.node0_back()
+    assert {k.rank: k.pid for k in c.of(KillRank)} == {0: 0}  # rank 1 has no process left to kill
+    c.exits(0, 500)
+    assert {s.rank: s.restore_from for s in c.of(StartRank)} == {0: KEEPER1, 1: ""}
