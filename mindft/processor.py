@@ -297,7 +297,9 @@ class Processor:
 
     def _register_again(self) -> bytes:
         """The registration after a reconnect: as first sent, with how far the rank got since."""
-        return encode(dataclasses.replace(self._registration, progress=self.follower.position))
+        with self._cond:
+            progress = self.follower.position if self._ack is not None else -1
+        return encode(dataclasses.replace(self._registration, progress=progress))
 
     def _receive_all(self, sock: zmq.Socket) -> None:
         for message in channel.receive_all(sock, f"rank={self.rank}"):

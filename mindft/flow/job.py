@@ -471,7 +471,8 @@ class Job(Ladder):
             if record.state is not RankState.FAULTY:
                 record.state = RankState.PAUSED
         elif message.action is ActionKind.ROLLBACK:
-            record.state = RankState.RESTORED
+            # Restoring dropped its snapshots past the step: a dump from now on is of what is left.
+            record.state, record.held = RankState.RESTORED, tuple(message.held_steps)
         else:
             record.state = RankState.RESUMED
         waiting = rec.waiting

@@ -200,11 +200,19 @@ class Ladder:
             rec.begin(now, at)
         log.warning("rank=%d fault %s in step %d in state %s: %s", rank, kind.name, step, state.value, detail)
         fault = rec.faults.get(rank)
-        if fault is None or fault.collateral:
+        if fault is None:
             rec.faults[rank] = fault = Fault(kind, step, detail, device_pending=device, process_pending=dead,
                                              exited=exited)
             rec.seen[(rank, kind)] = step
             restart = True  # a new fault always (re)starts the recovery with the union of faults
+        elif fault.collateral:
+            # Stopped only so that every worker restarts, it now has a fault of its own; what that
+            # restart still waits for of it (its exit, its new process, its replica) stays.
+            fault.kind, fault.step, fault.detail, fault.collateral = kind, step, detail, False
+            fault.device_pending, fault.process_pending = fault.device_pending or device, fault.process_pending or dead
+            fault.exited = fault.exited or exited
+            rec.seen[(rank, kind)] = step
+            restart = True
         else:
             fault.exited = fault.exited or exited
             # Already part of this recovery: record what else it needs; start a new round only
@@ -612,7 +620,8 @@ class Ladder:
         gasp from memory (the same snapshot the rank would write)."""
         if self.state in TERMINAL_STATES:
             return
-        step = self.dump_step = self._common_step(exact=False)
+        # Before every rank registered, what each said it holds is all there is to go by.
+        step = self.dump_step = self._common_step(exact=self.state is _S.STARTING)
         faults = self._fault_summary() if self.recovery.faults or self.recovery.scheduler else ""
         reason = (f"{reason}; every rank dumps " + (f"step {step}" if step >= 0 else "its newest snapshot")
                   + (f"; faults: {faults}" if faults else ""))

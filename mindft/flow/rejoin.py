@@ -45,7 +45,7 @@ class Survivors:
         self.world_size = world_size
         self.agents: dict[int, AgentSaid] = {}
         self.replicas: dict[int, Replica] = {}
-        self.progress: dict[int, int] = {}  # rank → the step it said it got to when it registered
+        self.progress: dict[int, int] = {}  # rank → the step it said it got to when it registered (-1: a new process)
 
     def hello(self, message: AgentHello) -> None:
         """A node agent's hello; one without ``pids`` says nothing yet (its ranks are not started)."""
@@ -72,8 +72,10 @@ class Survivors:
 
     @property
     def under_way(self) -> bool:
-        """The job trained before this controller: a rank got somewhere, or an agent holds state."""
-        return (any(p > 0 for p in self.progress.values()) or bool(self.replicas)
+        """The job started before this controller: a rank that reconnects was past the start
+        barrier, or an agent's memory or keeper holds a snapshot (a rank takes its first, of step 0,
+        once past the barrier)."""
+        return (any(p >= 0 for p in self.progress.values()) or bool(self.replicas)
                 or any(said.newest >= 0 for said in self.agents.values()))
 
     def unheard(self) -> list[int]:
@@ -84,7 +86,7 @@ class Survivors:
         """The ranks whose state is gone from their node (its agent holds none and their process
         got nowhere: a new node), each with the replica it can start from (None: none kept)."""
         return {rank: self.replicas.get(rank) for rank, said in sorted(self.agents.items())
-                if said.newest < 0 and self.progress.get(rank, 0) <= 0}
+                if said.newest < 0 and self.progress.get(rank, -1) < 0}
 
 
 def _at(values: tuple[int, ...], index: int, default: int) -> int:

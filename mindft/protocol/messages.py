@@ -122,9 +122,10 @@ class Register:
     # The rank's training uses a communicator a restarted process cannot rejoin (MindSpore's,
     # initialised by mindspore.communication.init()): a lost process restarts every worker.
     collectives: bool = False
-    # The last step this process finished: 0 for a new process; a process that reconnects says
-    # how far it got, so a controller started again (node 0 lost) knows the job is under way.
-    progress: int = 0
+    # The last step this process finished once past the start barrier (-1: not past it, as any new
+    # process): a process that reconnects says how far it got, so a controller started again
+    # (node 0 lost) knows the job was under way.
+    progress: int = -1
 
 
 @dataclass(frozen=True)

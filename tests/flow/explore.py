@@ -13,8 +13,9 @@ KINDS = (FaultKind.UCE, FaultKind.COMMUNICATION, FaultKind.UNKNOWN)
 def random_job(seed: int) -> SimJob:
     """One schedule: world size, steps, cadence (fixed, or chosen by the job within a budget:
     then longer, so it changes), up to three faults, and for some even world sizes two nodes
-    whose agents replicate (fast, slow or lossy) and one of which may be lost, and for some jobs
-with collectives the loss of MindSpore's scheduler, all from ``seed``."""
+    whose agents replicate (fast, slow or lossy) and one of which may be lost (node 0 with the
+    controller), also in the middle of a recovery, and for some jobs with collectives the loss of
+    MindSpore's scheduler, all from ``seed``."""
     pick = random.Random(seed)
     world, steps = pick.randint(2, 4), pick.randint(3, 9)
     budget = Budget(max_replay=pick.choice((2, 3, 4, 6))) if pick.random() < 0.4 else None
@@ -42,6 +43,8 @@ with collectives the loss of MindSpore's scheduler, all from ``seed``."""
         for _ in range(pick.choice((0, 1, 1, 2))):
             job.fault_in_phase(pick.choice(PHASES), pick.randrange(world), pick.choice(("device", "device", "kill")),
                                seconds=pick.uniform(0.1, 3.0))
+        if job.nodes > 1 and pick.random() < 0.3:  # a node lost in the middle of a recovery (node 0: the controller)
+            job.fault_in_phase(pick.choice(PHASES), pick.randrange(world), "node", seconds=pick.uniform(0.5, 6.0))
     return job
 
 

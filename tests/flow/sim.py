@@ -39,6 +39,14 @@ reports ``NodeLost`` and starts them (or waits for the job's start order when ev
 restarts). A job that FAILED after a node loss must have had no step every rank (survivors,
 and the lost ranks from their replicas) could restore; a rank restores only what it holds, so
 a rollback to a step a replica does not hold is a violation.
+
+Node 0 runs the controller (and MindSpore's scheduler, and the reset-file watcher): losing it
+loses them too. Until it is replaced nothing reaches the job; then a new :class:`Job` starts
+knowing nothing, node 0's new agent starts its ranks afresh, the other agents say hello with what
+they run and hold, their live ranks reconnect and register again with how far they got, and the
+new watcher's first read reports the chips still being reset. A StartWorker with ``restore_from``
+first puts the rank's replica from the next node's keeper into its agent's memory.
+:meth:`fault_in_phase` with ``kind="node"`` loses the rank's node when an episode reaches a phase.
 """
 from __future__ import annotations
 
@@ -323,6 +331,10 @@ class SimJob:
         self.truth: Optional[frozenset[int]] = None  # the steps every rank could restore when the job failed
         self.agents: dict[int, NodePolicy] = {}  # per node, from run() on (spread() may change the nodes)
         self.phase_hits: dict[str, int] = dict.fromkeys(PHASES, 0)  # faults injected in each phase
+        self.controller_lost = False  # node 0 is gone with the controller, not replaced yet
+        self.controllers = 1  # started so far
+        self.watch_pending = False  # a new controller's reset-file watcher has not read the file yet
+        self.unrestored: set[int] = set()  # node 0's ranks on a new node, before their replica is restored
         # (rank, first, last) of every fault and kill inside a step: the steps the job may say it
         # was in (a killed process's step is the one after its last report that arrived).
         self.injected: list[tuple[int, int, int]] = []
@@ -368,9 +380,11 @@ class SimJob:
         """When an episode first reaches ``phase`` (one of :data:`PHASES`; "leaving": a rank was
         told to leave its device or killed and its process still runs; "restarting": a process
         was ordered started and has not registered), rank ``rank``'s chip faults and is reset
-        for ``seconds`` ("device", if its process runs) or its process is killed ("kill")."""
-        if phase not in PHASES or kind not in ("device", "kill"):
-            raise ValueError(f"phase must be one of {PHASES} and kind 'device' or 'kill', got {phase!r}, {kind!r}")
+        for ``seconds`` ("device", if its process runs), its process is killed ("kill"), or its node is
+        lost and replaced ``seconds`` later ("node")."""
+        if phase not in PHASES or kind not in ("device", "kill", "node"):
+            raise ValueError(f"phase must be one of {PHASES} and kind 'device', 'kill' or 'node', got {phase!r}, "
+                             f"{kind!r}")
         self.phase_faults.append((phase, rank, kind, seconds))
         return self
 
@@ -389,17 +403,20 @@ class SimJob:
         return phases
 
     def _phase_faults(self) -> None:
-        if not self.phase_faults or self.job.result is not None:
+        if not self.phase_faults or self.job.result is not None or self.controller_lost:
             return
         phases = self._phases()
         for planned in [p for p in self.phase_faults if p[0] in phases]:
             self.phase_faults.remove(planned)
             phase, number, kind, seconds = planned
             rank = self.ranks[number]
-            if not rank.alive or self.node_of(number) in self.lost_nodes:
+            if (not rank.alive and kind != "node") or self.node_of(number) in self.lost_nodes:
                 continue
             self.phase_hits[phase] += 1
-            if kind == "kill":
+            if kind == "node":
+                if self.nodes > 1:
+                    self.lose_node(self.node_of(number), seconds)
+            elif kind == "kill":
                 record = self.job.ranks.get(number)
                 self.injected.append((number, record.progress + 1 if record else 0, rank.position + 1))
                 rank.mode = "dead"
@@ -503,27 +520,72 @@ class SimJob:
             self.resetting.pop(number, None)
         for number in self.node_ranks((node - 1) % self.nodes):
             self.keeper.pop(number, None)  # the replicas this node's keeper held
+        if node == 0 and self.finished_at is None:
+            # The controller and MindSpore's scheduler go with it: no communicator completes again.
+            self.controller_lost = True
+            self.dead_communicators.add(self.communicator)
+            self.timers = [t for t in self.timers if t[1] != "scheduler"]
         self.timers.append((self.now + replace_after, "replace", node))
 
     def _replace_node(self, node: int) -> None:
         """A new node's agent restores its ranks' replicas from the next node, reports the loss, starts them."""
         self.lost_nodes.discard(node)
+        if self.controller_lost and node == 0:
+            self._restart_controller()
+            return
         if self.job.result is not None:
             return
-        buddy = (node + 1) % self.nodes
         ranks = self.node_ranks(node)
+        if self.controller_lost or not NodePolicy.replaces_lost_node(self.job.state, range(self.world_size), ranks):
+            # Its new agent finds no job under way (no controller, or one starting): it starts its ranks afresh.
+            for number in ranks:
+                self.ranks[number] = SimRank(self, number, 0, {})
+            self._start_agent(node)
+            return
+        buddy = (node + 1) % self.nodes
         steps = []
         for number in ranks:
             held = None if buddy in self.lost_nodes else self.keeper.get(number)
             self.ranks[number].snapshots = {} if held is None else {held[1]: held[2]}
             steps.append(-1 if held is None else held[1])
-        if not NodePolicy.replaces_lost_node(self.job.state, range(self.world_size), ranks):
-            return
         report = NodeLost(node, ranks, tuple(steps), self.node_ranks((node - 1) % self.nodes), "simulated")
         self._apply_agent(self.job.handle(agent_peer(node), report, self.now))
         # Every worker restarts together: a start order given while the node was gone comes again
         # in answer to the new agent's hello.
         self._start_agent(node, replacing=True)
+
+    def _restart_controller(self) -> None:
+        """Node 0 is back: a new controller that knows nothing, a new scheduler, node 0's ranks
+        started afresh with nothing in memory; the others' agents and live ranks find it."""
+        self.controller_lost = False
+        self.controllers += 1
+        self.job = Job(self.world_size, self.timeouts, self.now, self.snapshot_every, budget=self.budget)
+        self.up.clear()  # sent to the lost controller
+        self.last_round, self.recovery_started, self.watch_pending = 0, None, True
+        self.scheduler_down, self.schedulers = False, self.schedulers + 1
+        for number in self.node_ranks(0):
+            self.ranks[number] = SimRank(self, number, 0, {})
+            self.unrestored.add(number)
+        self._start_agent(0)
+        for node in range(1, self.nodes):
+            if node not in self.lost_nodes:
+                self.timers.append((self.now + self.random.uniform(0.0, 2.0), "hello", node))
+        for rank in self.ranks.values():
+            if rank.alive and self.node_of(rank.rank) != 0:
+                self.timers.append((self.now + self.random.uniform(0.0, 1.0), "reconnect", rank))
+
+    def hello(self, node: int) -> AgentHello:
+        """What node ``node``'s agent says it runs and holds (its memory: its ranks' snapshots; a
+        first process holds the initial state, step 0, only once past the start barrier)."""
+        ranks, workers = self.node_ranks(node), self.agents[node].workers
+        kept = {r: self.keeper[r][1] for r in self.node_ranks((node - 1) % self.nodes) if r in self.keeper}
+
+        def newest(rank: SimRank) -> int:
+            fresh = rank.incarnation == 0 and rank.mode in ("start", "barrier")
+            return -1 if fresh else max(rank.snapshots, default=-1)
+        return AgentHello(node, ranks, tuple(workers[r].pid or 0 for r in ranks),
+                          tuple(workers[r].restarts for r in ranks), tuple(newest(self.ranks[r]) for r in ranks),
+                          f"keeper{node}", tuple(kept), tuple(kept.values()))
 
     def _start_agent(self, node: int, replacing: bool = False) -> None:
         """A node agent starts: it starts its ranks (or, replacing a lost node, rejoins them as its
@@ -540,7 +602,8 @@ class SimJob:
         else:
             for number in ranks:
                 policy.started(number, pid_of(number, 0))
-        self._apply(self.job.handle(agent_peer(node), AgentHello(node, ranks), self.now))
+        if not self.controller_lost:  # else it says hello to the next controller
+            self._apply(self.job.handle(agent_peer(node), self.hello(node), self.now))
 
     def exited(self, rank: SimRank, code: int) -> None:
         """A rank's process ended; its agent notices a moment later."""
@@ -558,11 +621,16 @@ class SimJob:
         """What a node agent's policy decided, done as the agent's shell does it."""
         for effect in effects:
             if isinstance(effect, ProcessExit):  # on the agent's link, as the shell sends it
-                self._apply_agent(self.job.handle(agent_peer(node), effect, self.now))
+                if not self.controller_lost:  # else lost with the link: the agent's next hello says it
+                    self._apply_agent(self.job.handle(agent_peer(node), effect, self.now))
             elif isinstance(effect, SchedulerLost):  # in the controller's process, as node 0's shell reports it
                 self._apply(self.job.scheduler_lost(effect, self.now))
             elif isinstance(effect, StartWorker):
+                if effect.restore_from:
+                    self._restore(effect.rank, effect.restore_from)
                 if node == 0 and effect.renew_cluster:
+                    # A new scheduler: the cluster the old one was forming is given up with it.
+                    self.dead_communicators.add(self.communicator)
                     self.scheduler_down, self.schedulers = False, self.schedulers + 1
                 elif node == 0 and self.scheduler_down:
                     raise Violation(f"node 0 started rank {effect.rank} with MindSpore's scheduler dead")
@@ -575,6 +643,15 @@ class SimJob:
             elif isinstance(effect, AbortJob) and self.job.result is None:
                 raise Violation(f"node {node}'s agent failed the job while it ran: {effect.reason}")
 
+    def _restore(self, number: int, keeper: str) -> None:
+        """The agent puts the rank's replica from the next node's keeper into its memory."""
+        buddy = (self.node_of(number) + 1) % self.nodes
+        if keeper != f"keeper{buddy}":
+            raise Violation(f"rank {number} told to restore its replica from {keeper}, not from node {buddy}'s keeper")
+        held = None if buddy in self.lost_nodes else self.keeper.get(number)
+        self.ranks[number].snapshots = {} if held is None else {held[1]: held[2]}
+        self.unrestored.discard(number)
+
     def _apply_agent(self, effects: list) -> None:
         """Effects of an agent's request: its reply goes to the agent, the rest to the job."""
         self._apply([e for e in effects if not (isinstance(e, Send) and e.peer.startswith(b"agent")
@@ -585,7 +662,7 @@ class SimJob:
         node's ranks from their replicas on the next node."""
         common: Optional[set[int]] = None
         for number, rank in self.ranks.items():
-            if self.node_of(number) in self.lost_nodes:
+            if self.node_of(number) in self.lost_nodes or number in self.unrestored:
                 held = self.keeper.get(number) if (self.node_of(number) + 1) % self.nodes not in self.lost_nodes \
                     else None
                 steps = set() if held is None else {held[1]}
@@ -670,6 +747,9 @@ class SimJob:
         if round_ < self.last_round:
             raise Violation(f"round went back from {self.last_round} to {round_}")
         self.last_round = round_
+        if effect.source is JobState.STARTING and self.watch_pending:
+            self.watch_pending = False
+            self.timers.append((self.now, "watch", None))  # its first read, before any process can start
         if effect.target is JobState.PAUSING and self.recovery_started is None:
             self.recovery_started = self.now
         if effect.target in (JobState.NORMAL, JobState.FAILED) and self.recovery_started is not None:
@@ -701,8 +781,21 @@ class SimJob:
                 self._replace_node(payload)
             elif kind == "scheduler":
                 self._carry_out(0, self.agents[0].on_scheduler_exit(payload, -9, "", "scheduler.log", formed=True))
-            elif kind == "device":
+            elif kind == "device" and not self.controller_lost:  # else read by the next watcher
                 self._apply(self.job.device(payload, self.now))
+            elif kind == "hello" and not self.controller_lost and payload not in self.lost_nodes:
+                self._apply(self.job.handle(agent_peer(payload), self.hello(payload), self.now))
+            elif kind == "reconnect" and not self.controller_lost and self.ranks[payload.rank] is payload \
+                    and payload.alive:
+                started = payload.mode not in ("start", "barrier")
+                self.to_job(payload, Register(payload.rank, payload.incarnation,
+                                              pid_of(payload.rank, payload.incarnation), tuple(payload.snapshots),
+                                              collectives=self.collectives, progress=payload.position if started else -1))
+            elif kind == "watch" and self.job.result is None:
+                # The new watcher's first read reports every chip still being reset.
+                resetting = set(self.resetting) | {p.rank for _, k, p in self.timers if k == "device"}
+                for number in sorted(resetting):
+                    self._apply(self.job.device(DeviceFaulty(number, "8C03A000", "reset"), self.now))
 
     def _device_faults(self) -> None:
         for rank in self.ranks.values():
@@ -710,7 +803,8 @@ class SimJob:
             seconds = self.device_resets.pop(key, None)
             if seconds is None or rank.mode not in ("train", "window") or rank.rank in self.resetting:
                 continue
-            self._apply(self.job.device(DeviceFaulty(rank.rank, "8C03A000", "reset"), self.now))
+            if not self.controller_lost:  # else the next controller's watcher reads it
+                self._apply(self.job.device(DeviceFaulty(rank.rank, "8C03A000", "reset"), self.now))
             outcome = DeviceFailed(rank.rank, "reset failed") if key in self.device_failures \
                 else DeviceRecovered(rank.rank)
             self.resetting[rank.rank] = (self.now, seconds, outcome)
@@ -748,7 +842,8 @@ class SimJob:
             choice = choices[int(pick() * len(choices))]
             if choice == "up":
                 peer, message = self.up.popleft()
-                self._apply(self.job.handle(peer, message, self.now))
+                if not self.controller_lost:  # else lost with the controller
+                    self._apply(self.job.handle(peer, message, self.now))
             elif choice == "replica":
                 self._send_replica()
             else:
@@ -763,9 +858,9 @@ class SimJob:
         return self
 
     def _advance_clock(self) -> None:
-        job = self.job
         step = 0.001 + self.random.random() * 0.05
-        targets = [self.now + step, job.next_wakeup(), *(t[0] for t in self.timers)]
+        wakeup = math.inf if self.controller_lost else self.job.next_wakeup()
+        targets = [self.now + step, wakeup, *(t[0] for t in self.timers)]
         self.now = max(self.now, min(targets))
         interval = self.timeouts.heartbeat_interval
         for rank in self.ranks.values():  # a rank's I/O thread heartbeats when nothing else flowed
@@ -776,8 +871,11 @@ class SimJob:
         self._timers_due()
         if self.unsent and not self.replica_speed:
             self._send_replica()
-        self._report_replicas()
         self._device_plugin()
+        if self.controller_lost:
+            return
+        job = self.job  # a timer may have started a new controller
+        self._report_replicas()
         self._apply(job.tick(self.now))
         self._phase_faults()
         if self.finished_at is None and math.isinf(job.next_wakeup()):

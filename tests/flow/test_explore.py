@@ -285,6 +285,45 @@ def test_a_lost_node_recovers_from_its_replicas_or_ends_with_dying_gasps(collect
     assert ends["done"] >= 10 and ends["failed"] >= 5, ends  # both ends are explored
 
 
+# ---- node 0 lost with the controller: a new one rebuilds the job from what survived ----
+
+# A job with collectives has no "leaving" phase: its ranks are killed, none leaves its chip on its own.
+@pytest.mark.parametrize("phase, collectives", [(phase, collectives) for collectives in (False, True)
+                                                for phase in ("normal", *PHASES)
+                                                if not (collectives and phase == "leaving")])
+def test_node_0_lost_with_the_controller_in_any_phase_ends_exact(phase: str, collectives: bool) -> None:
+    """One rank per node, as on the two-host runs: node 0 (the controller, its agent's memory, rank 0)
+    is lost while the job trains or when an episode (rank 1 killed, faulted or its chip reset)
+    reaches ``phase``, and comes back 0.5–6 s later: the new controller restarts every worker, rank 0
+    from its replica, and the job ends DONE with every model exact (the simulator checks it)."""
+    ends = {"done": 0, "failed": 0}
+    for seed in range(40):
+        job = SimJob(2, 10, seed=seed, collectives=collectives).spread(2, replica_speed=3)
+        back = 0.5 + seed % 12 * 0.5
+        if phase == "normal":
+            job.lose_node_at(0, 3 + seed % 6, replace_after=back)
+        else:
+            (job.kill_at(1, 4), job.fail_at(1, 4), job.device_reset_at(1, 4, seconds=1.0))[seed % 3]
+            job.fault_in_phase(phase, 0, "node", seconds=back)
+        finished(job)
+        if phase == "normal" or job.phase_hits[phase]:
+            assert job.controllers == 2, (seed, job.transitions)
+            ends["done" if job.outcome.exit_code == ExitCode.OK else "failed"] += 1
+    # One rank per node: the replica of rank 0 is always of a step rank 1 still holds, so every
+    # run recovers (none gives up), and the phase was reached in most.
+    assert ends["failed"] == 0 and ends["done"] >= 30, ends
+
+
+def test_the_explorer_catches_a_controller_that_starts_afresh_a_job_under_way(monkeypatch) -> None:
+    # A new controller that does not look at what survived starts node 0's new process beside the
+    # old one of node 1, which waits in the old cluster's collective: the job never ends.
+    from mindft.flow.rejoin import Survivors
+
+    monkeypatch.setattr(Survivors, "under_way", property(lambda self: False))
+    with pytest.raises(AssertionError, match="did not end"):
+        finished(SimJob(2, 10, seed=1, collectives=True).spread(2, replica_speed=3).lose_node_at(0, 5))
+
+
 def test_replicas_that_never_arrive_end_with_dying_gasps_at_once() -> None:
     for seed in range(10):
         job = finished(SimJob(4, 10, seed=seed).spread(2, replica_drop=1.0).lose_node_at(1, 6))

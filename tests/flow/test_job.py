@@ -123,7 +123,7 @@ def test_every_phase_times_out_into_failed_naming_who_and_the_dump_step(phase: s
     for kind in (ActionKind.PAUSE, ActionKind.ROLLBACK, ActionKind.RESUME):
         if d.job.state is state:
             break
-        d.ack_all(kind, 3, held=(2, 3) if kind is ActionKind.PAUSE else ())
+        d.ack_all(kind, 3, held=() if kind is ActionKind.RESUME else (2, 3))
     assert d.job.state is state
     d.send(0, Ack(0, {"pause": ActionKind.PAUSE, "rollback": ActionKind.ROLLBACK,
                       "resume": ActionKind.RESUME}[phase], 3, (2, 3), d.job.recovery.round))
