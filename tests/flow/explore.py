@@ -51,7 +51,8 @@ def random_job(seed: int) -> SimJob:
 def explore(seeds: range) -> dict[str, int]:
     """Run every seed and check its end; returns how the jobs ended. Raises on a violation,
     naming the seed so it can be replayed with ``random_job(seed).run()``."""
-    ends = {"done": 0, "failed": 0, "nodes lost": 0, "schedulers lost": 0, **dict.fromkeys(PHASES, 0)}
+    ends = {"done": 0, "failed": 0, "nodes lost": 0, "controllers lost": 0, "schedulers lost": 0,
+            **dict.fromkeys(PHASES, 0)}
     for seed in seeds:
         job = random_job(seed)
         try:
@@ -61,6 +62,7 @@ def explore(seeds: range) -> dict[str, int]:
             raise AssertionError(f"seed {seed}: {error}") from error
         ends["done" if job.outcome.exit_code == 0 else "failed"] += 1
         ends["nodes lost"] += job.node_lost
+        ends["controllers lost"] += job.controllers > 1
         ends["schedulers lost"] += job.schedulers_lost > 0
         for phase, hits in job.phase_hits.items():
             ends[phase] += hits

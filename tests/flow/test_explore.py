@@ -129,6 +129,7 @@ def test_seeded_schedules(seeds: range) -> None:
     assert ends["done"] > len(seeds) * 0.8  # most schedules are recoverable ones
     assert ends["failed"] > 0               # and the failing ones are explored too
     assert ends["nodes lost"] > len(seeds) * 0.05  # and lost nodes, recovered or not
+    assert ends["controllers lost"] > len(seeds) * 0.02  # node 0 with the controller among them
     assert ends["schedulers lost"] > len(seeds) * 0.05  # and MindSpore's scheduler lost mid-training
     assert all(ends[phase] > len(seeds) * 0.01 for phase in PHASES), ends  # and faults in every phase of an episode
 
