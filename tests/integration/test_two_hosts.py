@@ -10,8 +10,10 @@ dying gasps written and no process left in either namespace.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -42,6 +44,7 @@ TIMEOUTS = {"MINDFT_HEARTBEAT_INTERVAL": "0.2", "MINDFT_HEARTBEAT_MISSES": "10",
             "MINDFT_STALL_TIMEOUT": "2", "MINDFT_PAUSE_TIMEOUT": "20", "MINDFT_RESUME_TIMEOUT": "20",
             "MINDFT_REPAIR_TIMEOUT": "60", "MINDFT_SNAPSHOT_EVERY": "1"}
 PARTITION = 75.0  # s: longer than every timeout above (repair's 60 s included)
+LONG_JOB = ("--epochs", "4", "--step-seconds", "0.15")  # 64 steps: a fault at step 55
 
 
 def launch_one_host(processes: Processes, tmp: Path, name: str, *script_args: str) -> Path:
@@ -49,7 +52,7 @@ def launch_one_host(processes: Processes, tmp: Path, name: str, *script_args: st
     run_dir = tmp / name
     argv = [sys.executable, "-m", "mindft.launch", "--nproc", "2", "--master_port", str(free_port_pair()),
             "--run-dir", str(run_dir), "--cluster_time_out", "120", str(DP_SCRIPT), *JOB_ARGS,
-            "--out", str(run_dir / "out"), *script_args]
+            *script_args, "--out", str(run_dir / "out")]
     env = environment(tmp, MS_ENABLE_TFT="{RSC:1}", MINDFT_DUMP_DIR=str(run_dir / "dump"), **TIMEOUTS)
     code, output = processes.run(argv, env, tmp / f"{name}.out")
     assert code == 0, output[-4000:]
@@ -58,15 +61,16 @@ def launch_one_host(processes: Processes, tmp: Path, name: str, *script_args: st
 
 @pytest.fixture(scope="module")
 def references(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """Fault-free final weights per API (``model``, ``loop``), computed once."""
+    """Fault-free final weights per API (``model``, ``loop``; ``long``: ``model`` for LONG_JOB), computed once."""
     cache: dict[str, Path] = {}
     tmp = tmp_path_factory.mktemp("two-hosts-reference")
+    arguments = {"model": (), "loop": ("--loop",), "long": LONG_JOB}
 
     def reference(api: str) -> Path:
         if api not in cache:
             tracker = Processes()
             try:
-                cache[api] = launch_one_host(tracker, tmp, api, *(["--loop"] if api == "loop" else []))
+                cache[api] = launch_one_host(tracker, tmp, api, *arguments[api])
             finally:
                 tracker.kill_all()
         return cache[api]
@@ -76,13 +80,16 @@ def references(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path
 class TwoHostJob:
     """The job's launchers, one per host, each on an output file of its own."""
 
-    def __init__(self, hosts: TwoHosts, processes: Processes, tmp: Path, *script_args: str) -> None:
+    def __init__(self, hosts: TwoHosts, processes: Processes, tmp: Path, *script_args: str,
+                 fixed_cadence: bool = True) -> None:
         self.hosts, self.processes, self.tmp = hosts, processes, tmp
         self.key_file = tmp / "keys.json"
         subprocess.run([sys.executable, "-m", "mindft.cli", "keygen", str(self.key_file)], check=True,
                        env=environment(), capture_output=True, timeout=60)
         self.keys = load_keys(self.key_file)
-        self.script_args = (*JOB_ARGS, "--out", str(tmp / "out"), *script_args)
+        self.script_args = (*JOB_ARGS, *script_args, "--out", str(tmp / "out"))
+        # Without a fixed cadence the job chooses it from the ranks' costs within its overhead budget.
+        self.timeouts = {k: v for k, v in TIMEOUTS.items() if fixed_cadence or k != "MINDFT_SNAPSHOT_EVERY"}
         self.launchers: dict[str, subprocess.Popen] = {}
         self.started_at: dict[str, float] = {}
 
@@ -92,7 +99,7 @@ class TwoHostJob:
                 "--run-dir", str(self.tmp / f"run-{name}"), "--cluster_time_out", "120",
                 str(DP_SCRIPT), *self.script_args]
         env = environment(self.tmp, MS_ENABLE_TFT="{RSC:1}", MINDFT_DUMP_DIR=str(self.dump_dir(node)),
-                          MINDFT_RESET_FILE=str(self.tmp / f"reset-{name}.json"), **TIMEOUTS)
+                          MINDFT_RESET_FILE=str(self.tmp / f"reset-{name}.json"), **self.timeouts)
         self.launchers[name] = self.processes.start(self.hosts.command(node, argv), env, self.tmp / f"{name}.out")
         self.started_at[name] = time.monotonic()
 
@@ -264,3 +271,27 @@ def test_node_0_lost_and_back_3_s_later_ends_bit_identical(hosts: TwoHosts, proc
     recovery = re.search(r"recovery 1 done in ([\d.]+) s", again)[1]
     print(f"node 0 lost and back 3 s later: both nodes exited 0 {took:.1f} s after the loss; the recovery took "
           f"{recovery} s from the new controller's decision (rollback to step {restored[1]})")
+
+
+def test_a_rank_killed_at_step_55_replays_no_more_than_the_cadence_its_budget_chose(
+        hosts: TwoHosts, processes: Processes, tmp_path: Path, references) -> None:
+    """The job chooses its snapshot cadence within its overhead budget (1%) from warm samples only
+    (the first, with the replica's connection set-up, would have set a cadence ten times too
+    long): rank 1 killed at step 55 makes the job replay at most that cadence's steps."""
+    job = TwoHostJob(hosts, processes, tmp_path, *LONG_JOB, fixed_cadence=False)
+    job.start_training()
+    before = job.until("step 55", lambda status: status.step >= 55)
+    victim = next(row for row in before.ranks if row.rank == 1)
+    os.kill(victim.pid, signal.SIGKILL)
+    codes = {name: job.wait(name) for name in ("node0", "node1")}
+    assert codes == {"node0": 0, "node1": 0}, job.outputs()
+    node0 = job.output("node0")
+    rollback = int(re.search(r"every rank holds step (\d+)", node0)[1])
+    fault_step = victim.step + 1  # the step it was killed in, or one before: its last report may be lost with it
+    replayed = fault_step - rollback
+    cadences = re.findall(r"snapshot cadence (\d+) -> every (\d+) steps from step (\d+)", node0)
+    assert cadences, node0[-4000:]
+    assert replayed <= before.snapshot_every, (fault_step, rollback, before.snapshot_every, cadences)
+    assert_ranks_identical(tmp_path / "out", references("long"), 2)
+    print(f"rank 1 killed in step {fault_step}: rolled back to step {rollback}, {replayed} step(s) replayed; "
+          f"the cadence then: every {before.snapshot_every} steps; its changes (from, to, at step): {cadences}")
