@@ -151,9 +151,10 @@ class NodeAgent:
                                            f"for the workers that start again; the previous one's log: {kept}")
 
     def _on_message(self, message: Message, now: float) -> None:
-        if isinstance(message, JobView):  # sent on every transition of the job
+        if isinstance(message, JobView):  # sent on every transition of the job, and in answer to each hello
+            if self.policy.view is None or message.state is not self.policy.view.state:
+                self._phase_since = self._progress_last = now
             self.policy.on_view(message)
-            self._phase_since = self._progress_last = now
         elif isinstance(message, RankOrder):
             self._carry_out(self.policy.on_order(message))
         elif isinstance(message, Reply) and not message.ok:

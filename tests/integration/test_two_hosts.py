@@ -4,8 +4,9 @@ examples/train_dp.py data-parallel, one rank per node, MCCL all-reducing across 
 job's key made by ``mindft keygen`` and shared by both nodes. A node is lost as a pod dies
 (every process in its namespace SIGKILLed, its agent's shared memory gone) and started again 3 s
 later as Volcano restarts a pod (node 0 with the controller and MindSpore's scheduler, too), or
-never; a partition takes the link down for longer than every timeout. Each ends bit-identical to a one-host run of the same job, or cleanly:
-dying gasps written and no process left in either namespace.
+never; a rank is killed at step 55 with the cadence the job chose; a partition takes the link
+down for longer than every timeout. Each ends bit-identical to a one-host run of the same job, or
+cleanly: dying gasps written and no process left in either namespace.
 """
 from __future__ import annotations
 
@@ -35,16 +36,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.mindspore, pytest.mark.timeout(900)]
 DP_SCRIPT = ROOT / "examples" / "train_dp.py"
 PORT = 29600  # each namespace has ports of its own: nothing else listens there
 WAIT = 240.0  # for a job's phase on 2 busy cores
-# A step of 0.3 s leaves time to act mid-training (32 steps); faults are found within 2 s
-# (dead_after), a rank gives up on a silent controller after 10 s, a lost rank may take 60 s
-# to come back (the restarted node imports MindSpore and joins a new cluster).
-JOB_ARGS = ("--epochs", "2", "--step-seconds", "0.3")
-STEPS = 32  # 2 epochs of 256 samples, batches of 8 per rank on 2 ranks
+# 64 steps of 0.15 s leave time to act mid-training (and a fault at step 55); faults are found
+# within 2 s (dead_after), a rank gives up on a silent controller after 10 s, a lost rank may take
+# 60 s to come back (the restarted node imports MindSpore and joins a new cluster).
+JOB_ARGS = ("--epochs", "4", "--step-seconds", "0.15")
+STEPS = 64  # 4 epochs of 256 samples, batches of 8 per rank on 2 ranks
 TIMEOUTS = {"MINDFT_HEARTBEAT_INTERVAL": "0.2", "MINDFT_HEARTBEAT_MISSES": "10", "MINDFT_CONNECT_RETRIES": "5",
             "MINDFT_STALL_TIMEOUT": "2", "MINDFT_PAUSE_TIMEOUT": "20", "MINDFT_RESUME_TIMEOUT": "20",
             "MINDFT_REPAIR_TIMEOUT": "60", "MINDFT_SNAPSHOT_EVERY": "1"}
-PARTITION = 75.0  # s: longer than every timeout above (repair's 60 s included)
-LONG_JOB = ("--epochs", "4", "--step-seconds", "0.15")  # 64 steps: a fault at step 55
+PARTITION_REPAIR_TIMEOUT = "30"  # s, for the partition: timeouts.repair of 60 s would only make it longer
+PARTITION = 45.0  # s: longer than every timeout (that repair timeout included) and MCCL's own (~30 s)
 
 
 def launch_one_host(processes: Processes, tmp: Path, name: str, *script_args: str) -> Path:
@@ -61,16 +62,15 @@ def launch_one_host(processes: Processes, tmp: Path, name: str, *script_args: st
 
 @pytest.fixture(scope="module")
 def references(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """Fault-free final weights per API (``model``, ``loop``; ``long``: ``model`` for LONG_JOB), computed once."""
+    """Fault-free final weights per API (``model``, ``loop``), computed once."""
     cache: dict[str, Path] = {}
     tmp = tmp_path_factory.mktemp("two-hosts-reference")
-    arguments = {"model": (), "loop": ("--loop",), "long": LONG_JOB}
 
     def reference(api: str) -> Path:
         if api not in cache:
             tracker = Processes()
             try:
-                cache[api] = launch_one_host(tracker, tmp, api, *arguments[api])
+                cache[api] = launch_one_host(tracker, tmp, api, *(["--loop"] if api == "loop" else []))
             finally:
                 tracker.kill_all()
         return cache[api]
@@ -81,15 +81,15 @@ class TwoHostJob:
     """The job's launchers, one per host, each on an output file of its own."""
 
     def __init__(self, hosts: TwoHosts, processes: Processes, tmp: Path, *script_args: str,
-                 fixed_cadence: bool = True) -> None:
+                 **changes: Optional[str]) -> None:
         self.hosts, self.processes, self.tmp = hosts, processes, tmp
         self.key_file = tmp / "keys.json"
         subprocess.run([sys.executable, "-m", "mindft.cli", "keygen", str(self.key_file)], check=True,
                        env=environment(), capture_output=True, timeout=60)
         self.keys = load_keys(self.key_file)
         self.script_args = (*JOB_ARGS, *script_args, "--out", str(tmp / "out"))
-        # Without a fixed cadence the job chooses it from the ranks' costs within its overhead budget.
-        self.timeouts = {k: v for k, v in TIMEOUTS.items() if fixed_cadence or k != "MINDFT_SNAPSHOT_EVERY"}
+        # TIMEOUTS with ``changes`` (None: unset).
+        self.timeouts = {k: v for k, v in {**TIMEOUTS, **changes}.items() if v is not None}
         self.launchers: dict[str, subprocess.Popen] = {}
         self.started_at: dict[str, float] = {}
 
@@ -196,7 +196,7 @@ def test_node_1_lost_and_back_3_s_later_ends_bit_identical(hosts: TwoHosts, proc
 
 def test_a_partition_longer_than_every_timeout_ends_cleanly_with_dying_gasps(hosts: TwoHosts, processes: Processes,
                                                                               tmp_path: Path) -> None:
-    job = TwoHostJob(hosts, processes, tmp_path)
+    job = TwoHostJob(hosts, processes, tmp_path, MINDFT_REPAIR_TIMEOUT=PARTITION_REPAIR_TIMEOUT)
     job.start_training()
     cut_at = time.monotonic()
     hosts.link(0, up=False)
@@ -278,7 +278,8 @@ def test_a_rank_killed_at_step_55_replays_no_more_than_the_cadence_its_budget_ch
     """The job chooses its snapshot cadence within its overhead budget (1%) from warm samples only
     (the first, with the replica's connection set-up, would have set a cadence ten times too
     long): rank 1 killed at step 55 makes the job replay at most that cadence's steps."""
-    job = TwoHostJob(hosts, processes, tmp_path, *LONG_JOB, fixed_cadence=False)
+    # No MINDFT_SNAPSHOT_EVERY: the job chooses the cadence.
+    job = TwoHostJob(hosts, processes, tmp_path, MINDFT_SNAPSHOT_EVERY=None)
     job.start_training()
     before = job.until("step 55", lambda status: status.step >= 55)
     victim = next(row for row in before.ranks if row.rank == 1)
@@ -292,6 +293,6 @@ def test_a_rank_killed_at_step_55_replays_no_more_than_the_cadence_its_budget_ch
     cadences = re.findall(r"snapshot cadence (\d+) -> every (\d+) steps from step (\d+)", node0)
     assert cadences, node0[-4000:]
     assert replayed <= before.snapshot_every, (fault_step, rollback, before.snapshot_every, cadences)
-    assert_ranks_identical(tmp_path / "out", references("long"), 2)
+    assert_ranks_identical(tmp_path / "out", references("model"), 2)
     print(f"rank 1 killed in step {fault_step}: rolled back to step {rollback}, {replayed} step(s) replayed; "
           f"the cadence then: every {before.snapshot_every} steps; its changes (from, to, at step): {cadences}")
