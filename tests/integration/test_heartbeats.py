@@ -92,8 +92,13 @@ def test_a_processor_heartbeats_only_when_nothing_else_flows_and_reconnects_when
         deadline = time.monotonic() + 20.0
         while not any(isinstance(message, Register) for _, message in got) and time.monotonic() < deadline:
             got += fake.pump(0.5, answer_heartbeats=False)
-        assert any(isinstance(message, Register) for _, message in got), "no reconnect after dead_after"
+        again = [message for _, message in got if isinstance(message, Register)]
+        assert again, "no reconnect after dead_after"
         assert beats(got) >= 2
+        # Registered again with how far it got: a controller started again learns the job was under way.
+        first = next(message for _, message in fake.seen if isinstance(message, Register))
+        assert first.progress == -1 and again[0].progress == processor.follower.position > 20
+        assert again[0] == Register(0, 0, first.pid, progress=again[0].progress)
     finally:
         processor.close()
         fake.close()
