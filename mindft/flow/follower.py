@@ -111,6 +111,21 @@ COST_REPORT_INTERVAL = 1.0
 _RUNNING_STATES = ("STARTING", "NORMAL")
 
 
+@dataclass
+class StepFaults:
+    """How many times in a row the same step failed: past MAX_FAULTS_PER_STEP it is no transient
+    device fault, and the rank stops replaying it (mindft's ranks and MindIO's alike)."""
+
+    step: int = -1
+    count: int = 0
+
+    def add(self, step: int) -> bool:
+        """A fault inside ``step``: True while it may be replayed."""
+        self.count = self.count + 1 if step == self.step else 1
+        self.step = step
+        return self.count <= MAX_FAULTS_PER_STEP
+
+
 def joins_recovery(restarted: bool, adopted: bool, job_state: str) -> bool:
     """Whether a rank that just registered follows a recovery (waits for ROLLBACK) instead of
     training from its start: a restarted rank does when it holds state of its own (``adopted``:
@@ -161,7 +176,7 @@ class Follower:
         self.round = 0
         self.recovering = False
         self.reported: Tuple[int, int] = (-1, -1)  # (round, step) of the newest step report sent
-        self._faults_at: Tuple[int, int] = (-1, 0)  # (step, faults in a row there)
+        self._faults = StepFaults()
 
     @property
     def snapshot_every(self) -> int:
@@ -216,17 +231,13 @@ class Follower:
         return StepReport(self.rank, step, self.round)
 
     def on_fault(self, step: int) -> bool:
-        """A fault inside ``step``: True to report it and replay, False to give up (the same step
-        failed more than MAX_FAULTS_PER_STEP times in a row: not a transient device fault)."""
-        last, count = self._faults_at
-        count = count + 1 if last == step else 1
-        self._faults_at = (step, count)
-        return count <= MAX_FAULTS_PER_STEP
+        """A fault inside ``step``: True to report it and replay, False to give up (:class:`StepFaults`)."""
+        return self._faults.add(step)
 
     @property
     def faults_in_a_row(self) -> int:
         """How many times in a row the step of the newest fault failed."""
-        return self._faults_at[1]
+        return self._faults.count
 
     def on_progress(self, step: int) -> None:
         if step > self.slowest:

@@ -40,7 +40,7 @@ from mindft.exitcodes import ExitCode
 from mindft.faults import classify, describe
 from mindft.flow.recovery import retried
 from mindft.keys import job_keys
-from mindft.flow.follower import MAX_FAULTS_PER_STEP
+from mindft.flow.follower import StepFaults
 from mindft.mindio import (STEP_GATE_VARIABLE, LeaveDevice, MindioError, MindioExit, MindioRank, RankCallbacks,
                            RecoveryRequested, StepGateClient)
 from mindft.mindspore._session import TrainingState, rng_meta, set_rng
@@ -90,7 +90,7 @@ class MindioSession:
         self.mindio: Optional[MindioRank] = None
         self.last_recovery: Dict[str, float] = {}
         self._gate: Optional[StepGateClient] = None
-        self._faults_at: Dict[int, int] = {}
+        self._faults = StepFaults()
         self._dumped: Optional[Path] = None
         self._restored = False
         if not self.enabled:
@@ -256,12 +256,11 @@ class MindioSession:
             self._recover(self.mindio.recover)
             return self.step
         step = self.step + 1
-        count = self._faults_at.get(step, 0) + 1
-        self._faults_at = {step: count}
+        again = self._faults.add(step)
         kind = classify(error)
-        if count > MAX_FAULTS_PER_STEP or not retried(kind):
+        if not again or not retried(kind):
             log.error("rank=%d step %d %s; giving up", self.config.rank, step,
-                      f"failed {count - 1} times in a row" if retried(kind) else
+                      f"failed {self._faults.count - 1} times in a row" if retried(kind) else
                       "raised an exception from the training script, not a device fault")
             self._dump_quietly(f"step {step}: {describe(error)}")
             self.close()
