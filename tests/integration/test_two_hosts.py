@@ -103,11 +103,11 @@ class TwoHostJob:
         self.launchers[name] = self.processes.start(self.hosts.command(node, argv), env, self.tmp / f"{name}.out")
         self.started_at[name] = time.monotonic()
 
-    def start_training(self) -> None:
-        """Both hosts' launchers, until the job trains on both."""
+    def start_training(self) -> StatusReply:
+        """Both hosts' launchers, until the job trains on both; the job's status then."""
         self.start("node0", 0)
         self.start("node1", 1)
-        self.until("training on both hosts", training)
+        return self.until("training on both hosts", training)
 
     def dump_dir(self, node: int) -> Path:
         return self.tmp / f"dump-node{node}"
@@ -228,14 +228,15 @@ def test_node_0_lost_for_good_leaves_every_ranks_state_at_one_step_and_a_resume_
     ends with a dying gasp of both ranks at one step, rank 0's from the replica node 1 kept, and
     the manifest says so; resuming from it on one host ends bit-identical to the fault-free run."""
     job = TwoHostJob(hosts, processes, tmp_path, "--loop")
-    job.start_training()
+    before = job.start_training()
     lost_at = job.lose("node0", 0)
     code = job.wait("node1")
     took = time.monotonic() - lost_at
     node1 = job.output("node1")
     assert code == ExitCode.DUMPED, job.outputs()
     step, world, entries = read_manifest(json.loads((job.dump_dir(1) / manifest_name(1)).read_text()))
-    assert world == 2 and step >= 8 and sorted(entries) == [0, 1], entries
+    # Rank 0's replica may lag the step every rank finished by one snapshot (every step here).
+    assert world == 2 and step >= before.step - 1 and sorted(entries) == [0, 1], (before.step, entries)
     assert (entries[0].origin, entries[0].node, entries[0].written_by) == (Origin.REPLICA, 0, 1)
     assert entries[1].origin in (Origin.RANK, Origin.MEMORY) and (entries[1].node, entries[1].written_by) == (1, 1)
     assert all(entry.step == step and (job.dump_dir(1) / entry.file).exists() for entry in entries.values())
