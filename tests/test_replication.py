@@ -460,6 +460,19 @@ def test_a_keeper_that_cannot_write_to_disk_keeps_the_replica_in_memory(
     (spill / "rank7.bin").rmdir()
 
 
+def test_a_keeper_removes_the_directories_it_made_for_its_spill_and_no_other(tmp_path: Path, keys) -> None:
+    """MINDFT_DUMP_DIR need not exist: the keeper makes it for its spill and, when nothing else
+    went there, removes it at close (a job leaves no empty mindft_dump/ behind); a directory
+    that was there before stays."""
+    made, there = tmp_path / "made" / "dump", tmp_path / "there"
+    there.mkdir()
+    for dump in (made, there):
+        keeper = Keeper(None, "127.0.0.1", keys, spill=replica_spill(dump, "node1"))
+        assert (dump / "replica-spill" / "node1").is_dir()
+        keeper.close()
+    assert not (tmp_path / "made").exists() and there.is_dir() and not any(there.iterdir())
+
+
 def test_a_keeper_says_when_its_spill_directory_is_memory(keys, parts, caplog: pytest.LogCaptureFixture) -> None:
     from mindft.replica import in_memory_filesystem
 

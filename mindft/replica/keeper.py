@@ -129,7 +129,9 @@ class Keeper:
                         "still takes memory; set MINDFT_DUMP_DIR to a directory on disk", self._spill)
         for stale in self._spill.glob("rank*.bin") if self._spill is not None else ():
             stale.unlink(missing_ok=True)  # left by a keeper of this node that was killed: nobody's now
+        self._made: list[Path] = []  # the directories the spill needed, deepest first: removed at close if empty
         if self._spill is not None:
+            self._made = [d for d in (self._spill, *self._spill.parents) if not d.exists()]
             try:
                 self._spill.mkdir(parents=True, exist_ok=True)
             except OSError as error:
@@ -192,13 +194,15 @@ class Keeper:
                     del self._held[owner]
         for spill in spills:
             spill.thread.join()
-        if self._spill is not None:  # its directories, left only if something else is in them
-            ours = [self._spill] + ([self._spill.parent] if self._spill.parent.name == SPILL_DIRECTORY else [])
-            for directory in ours:
+        if self._spill is not None:
+            # Its own directory, the spill directory other keepers of this dump directory may share,
+            # and those it made for them: each left only if something else is in it.
+            shared = [self._spill.parent] if self._spill.parent.name == SPILL_DIRECTORY else []
+            for directory in dict.fromkeys([self._spill, *shared, *self._made]):
                 try:
                     directory.rmdir()
                 except OSError:
-                    break
+                    pass
 
     def _serve(self) -> None:
         if self._cpu is not None:
