@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -333,6 +334,11 @@ def test_the_node_agent_killed_leaves_same_step_dying_gasps_and_no_process(warm:
     deadline = time.monotonic() + 60
     while processes.leftovers() and time.monotonic() < deadline:
         time.sleep(0.2)
+    # The agent's shared memory outlives it here (a pod's /dev/shm goes with the pod): once the
+    # ranks are gone, nothing needs it.
+    memory = re.search(r"the ranks' snapshots live in (\S+) \(shared memory", output.read_text())
+    assert memory, output.read_text()[-3000:]
+    shutil.rmtree(memory[1], ignore_errors=True)
     assert processes.leftovers() == []
     # (their output went to the agent's pipes: the dying gasps are what they leave)
     steps = _dumped_steps(tmp_path / "run")
