@@ -219,9 +219,14 @@ class NodePolicy:
 
     @property
     def before_start(self) -> bool:
-        """The job has not started: no rank trained yet (a controller started again while the job
-        was under way says STARTING too, but then :attr:`under_way` is set)."""
+        """The job has not started: no rank trained yet."""
         return self.view is not None and self.view.state is JobState.STARTING and not self.under_way
+
+    @property
+    def rebuilding(self) -> bool:
+        """A controller started again while the job was under way: it says STARTING until it has
+        rebuilt the job (:mod:`mindft.flow.rejoin`)."""
+        return self.view is not None and self.view.state is JobState.STARTING and self.under_way
 
     def on_view(self, view: JobView) -> None:
         """The controller's view of the job (on every transition, and on each hello)."""
@@ -298,7 +303,7 @@ class NodePolicy:
             out.append(Say(f"not restarting rank {rank}: it used all {self.max_restarts} restarts"))
             # Fail the job now instead of after timeouts.repair: the healthy ranks dump.
             return out + self._report(rank, code, pid, will_restart=False)
-        if self.restart_all or (self.view is not None and self.view.state is JobState.STARTING):
+        if self.restart_all or self.rebuilding:
             # Its peers cannot go on without it, or a controller started again rebuilds the job:
             # the controller restarts every worker together.
             worker.phase = WorkerPhase.AWAITING_START

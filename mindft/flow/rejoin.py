@@ -12,7 +12,7 @@ starts as always.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from mindft.protocol import AgentHello
@@ -68,7 +68,7 @@ class Survivors:
         """Its agent reported its process gone: there is nothing of it to kill."""
         said = self.agents.get(rank)
         if said is not None:
-            self.agents[rank] = AgentSaid(said.node, 0, said.incarnation, said.newest)
+            self.agents[rank] = replace(said, pid=0)
 
     @property
     def under_way(self) -> bool:

@@ -382,8 +382,8 @@ def test_a_crash_while_a_controller_started_again_rebuilds_the_job_waits_for_its
     says STARTING while it rebuilds the job: a crash then is no bad script, and no restart here."""
     node = policy(JobView(S.NORMAL))
     node.on_view(JobView(S.STARTING))
-    assert node.under_way and not node.before_start
+    assert node.under_way and node.rebuilding and not node.before_start
     assert decisions(node.on_exit(1, -9)) == [ProcessExit(1, -9, 101, True)]
     assert node.workers[1].awaiting_start
     fresh = policy(JobView(S.STARTING))
-    assert fresh.before_start and not fresh.under_way
+    assert fresh.before_start and not fresh.under_way and not fresh.rebuilding
