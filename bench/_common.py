@@ -23,6 +23,6 @@ def free_port_pair() -> int:
     mindft-launch picks them: below the kernel's ephemeral range."""
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))  # the tree under test, when it is not installed
-    from mindft.launch_plan import free_port_pair as pick
+    from mindft.agent.plan import free_port_pair as pick
 
     return pick("127.0.0.1")

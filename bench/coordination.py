@@ -44,16 +44,16 @@ from typing import Any, Callable, Optional
 
 import zmq
 
-from mindft import channel
+from mindft.net import channel
 from mindft.config import MindftConfig, Timeouts
 from mindft.controller import Controller
 from mindft.exitcodes import ExitCode
 from mindft.flow import DeviceFaulty, DeviceRecovered, JobState, phase_times
-from mindft.keys import CurveKeys, generate_keys, job_keys, secure_client
-from mindft.processor import Processor
+from mindft.net.keys import CurveKeys, generate_keys, job_keys, secure_client
+from mindft.rank.processor import Processor
 from mindft.protocol import (Ack, Action, ActionKind, Done, FaultKind, Register, RegisterAck, decode, encode,
                              encode_heartbeat)
-from mindft.rank import RankLoop
+from mindft.rank.engine import RankLoop
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "coordination.json"

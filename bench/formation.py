@@ -78,7 +78,7 @@ print(f"first_step_s={time.time() - built:.6f}")
 def run_job(variant: str, args: argparse.Namespace, run_dir: Path) -> dict:
     """One launch of the job with a kill of rank 1 in --fault-step: cold start and recovery times."""
     port = free_port_pair()
-    argv = [sys.executable, "-m", "mindft.launch", "--worker_num", str(WORLD), "--local_worker_num", str(WORLD),
+    argv = [sys.executable, "-m", "mindft.cli.launch", "--worker_num", str(WORLD), "--local_worker_num", str(WORLD),
             "--master_port", str(port), "--run-dir", str(run_dir), "--cluster_time_out", "120",
             str(SCRIPT), "--loop", "--epochs", str(args.epochs), "--step-seconds", str(args.step_seconds),
             "--fault-step", str(args.fault_step), "--fault-rank", "1", "--fault-kind", "kill", "--timeline",

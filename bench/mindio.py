@@ -9,7 +9,7 @@ Part 1, both backends (``MINDFT_BACKEND=mindft`` and ``mindio``) on examples/tra
   (also for the example run without mindft, two plain processes; on a shared 2-core machine this
   difference is noisy to several ms).
 
-Part 2, the wheel alone on tests/integration/mindio_rank.py's numpy job: the ``begin_update`` +
+Part 2, the wheel alone on tests/mindio_rank.py's numpy job: the ``begin_update`` +
 ``end_update`` pair in µs, and UCE recovery in seconds for 2 and 4 ranks.
 
     python bench/mindio.py            # 3 recoveries per backend/size, 200 extra steps
@@ -117,7 +117,7 @@ def _example_env(**extra: str) -> Dict[str, str]:
 def launch_example(backend: str, steps: int, fault: bool, workdir: Path) -> Dict[str, float]:
     """One ``mindft-launch --nproc 2`` run; wall seconds and, with a fault, fault → resumed seconds."""
     env = _example_env(MINDFT_BACKEND=backend, MS_ENABLE_TFT="{UCE:1}")
-    command = [sys.executable, "-m", "mindft.launch", "--nproc", "2", "--run-dir", str(workdir / "run"),
+    command = [sys.executable, "-m", "mindft.cli.launch", "--nproc", "2", "--run-dir", str(workdir / "run"),
                str(EXAMPLE), "--steps", str(steps)]
     if fault:
         command += ["--fault-step", "6", "--fault-rank", "1"]

@@ -113,7 +113,7 @@ def analyse(events: list[dict], fault_step: int, resumed_after: int, restarted: 
 
 def run_mindft(kind: str, args: argparse.Namespace, run_dir: Path) -> dict:
     port = free_port_pair()
-    argv = [sys.executable, "-m", "mindft.launch", "--worker_num", str(WORLD), "--local_worker_num", str(WORLD),
+    argv = [sys.executable, "-m", "mindft.cli.launch", "--worker_num", str(WORLD), "--local_worker_num", str(WORLD),
             "--master_port", str(port), "--run-dir", str(run_dir), "--cluster_time_out", "120",
             str(SCRIPT), "--loop", *job_args(args), "--fault-kind", "uce-after" if kind == "a" else "exit",
             "--out", str(run_dir / "out")]

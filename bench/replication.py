@@ -166,7 +166,7 @@ def run_launch(mode: str, args: argparse.Namespace, keys: Path, out: Path, work:
         logs.append(out / f"node{node}.out")
         with open(logs[-1], "wb") as handle:
             processes.append(subprocess.Popen(
-                [sys.executable, "-m", "mindft.launch", "--nproc", "1", "--nnodes", "2", "--node-rank", str(node),
+                [sys.executable, "-m", "mindft.cli.launch", "--nproc", "1", "--nnodes", "2", "--node-rank", str(node),
                  "--master-port", str(port), "--no-scheduler", "--key-file", str(keys), "--run-dir",
                  str(out / f"run{node}"), __file__], env=env, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT,
                 start_new_session=True))
@@ -243,7 +243,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="mindft-bench-replication-") as tmp:
         work = Path(tmp)
         keys = work / "keys.json"
-        subprocess.run([sys.executable, "-c", "from mindft.cli import main; main()", "keygen", str(keys)], check=True,
+        subprocess.run([sys.executable, "-c", "from mindft.cli.main import main; main()", "keygen", str(keys)], check=True,
                        cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True)
         old = None
         if "hand_sync" in modes:

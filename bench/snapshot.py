@@ -1,4 +1,4 @@
-"""Benchmark mindft.snapshot against plain numpy copies of the same bytes.
+"""Benchmark mindft.snapshot.store against plain numpy copies of the same bytes.
 
 For 25M and 100M float32 parameters with Adam state (parameters + two moments =
 3x the parameter bytes), measured side by side in one run:
@@ -26,10 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mindft import snapshot
-from mindft.keys import generate_keys
+from mindft.snapshot import store as snapshot
+from mindft.net.keys import generate_keys
 from mindft.replica import Keeper, RankReplication, fetch_replica, push_replica
-from mindft.snapshot import SnapshotStore
+from mindft.snapshot.store import SnapshotStore
 
 try:
     import xxhash

@@ -8,7 +8,7 @@ side by side in one run:
 * ``none``: the loop without mindft (the reference for the slowdown);
 * ``mindft``: this tree: a real Controller (a thread of a driver process) on 127.0.0.1 and
   one Processor per rank, joined and finished through the rank engine's loop
-  (``mindft.rank.RankLoop``); per step the calls of its ``end_step``, timed one by one:
+  (``mindft.rank.engine.RankLoop``); per step the calls of its ``end_step``, timed one by one:
   ``wait_window`` (before the snapshot), ``finished`` (fire and forget) and ``poll_action``;
 * ``old``: mindft at ``--old`` (default commit 6a49249, exported with ``git archive`` and run
   with PYTHONPATH pointing at it): ``step_begin`` and the synchronous ``step_end`` commit.
@@ -97,15 +97,15 @@ def rank_main(variant: str, steps: int, reps: int) -> None:
     processor = loop = None
     if variant == "mindft":
         from mindft.config import load_config
-        from mindft.processor import Processor
-        from mindft.rank import RankLoop
+        from mindft.rank.processor import Processor
+        from mindft.rank.engine import RankLoop
         config = load_config()
         processor = Processor(config, f"bench://{config.rank}")
         loop = RankLoop(processor, QuietHooks())
         loop.register((0,))
     elif variant == "old":
         from mindft.config import load_config
-        from mindft.processor import Processor
+        from mindft.rank.processor import Processor
         config = load_config()
         processor = Processor(config, f"bench://{config.rank}")
         processor.register(held_steps=(0,))
@@ -198,7 +198,7 @@ def driver_main(variant: str, n: int, steps: int, reps: int, secure: bool, snaps
         if variant != "none":
             from mindft.config import MindftConfig, Timeouts
             from mindft.controller import Controller
-            from mindft.keys import generate_keys
+            from mindft.net.keys import generate_keys
             key_file = None
             if secure:
                 key_file = Path(tmp) / "bench.key"
@@ -292,9 +292,9 @@ def breakdown(reps: int, steps: int) -> dict[str, tuple[float, float]]:
     what the training thread pays, and what it would pay with the alternatives named in the output.
     """
     import zmq
-    from mindft import channel
+    from mindft.net import channel
     from mindft.config import MindftConfig
-    from mindft.processor import Processor
+    from mindft.rank.processor import Processor
     from mindft.protocol import StepReport, encode
     compute = Compute(reps)
     context = zmq.Context()

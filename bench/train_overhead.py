@@ -54,7 +54,7 @@ import numpy as np  # noqa: E402
 from mindspore import nn  # noqa: E402
 
 from mindft.config import MindftConfig, TFTOptions, Timeouts  # noqa: E402
-from mindft.faults import DeviceFault  # noqa: E402
+from mindft.rank.faults import DeviceFault  # noqa: E402
 from mindft.flow.cadence import Schedule  # noqa: E402
 from mindft.mindspore import FaultTolerantLoop  # noqa: E402
 

@@ -77,8 +77,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from _common import free_port_pair  # bench/ is the script's directory
-from mindft.snapshot import size_from_text
-from mindft.threadcpu import stat_cpu_seconds
+from mindft.units import size_from_text
+from mindft.observe.threadcpu import stat_cpu_seconds
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results"
@@ -119,7 +119,7 @@ def _status(pid: str = "self") -> Dict[str, int]:
 def _budget_estimate(session: Any) -> Tuple[float, bool]:
     """The controller's estimate of what snapshots cost at the cadence it chose, and whether that
     is over the budget (``mindft status`` shows the same)."""
-    from mindft.channel import request
+    from mindft.net.channel import request
     from mindft.protocol import StatusRequest
 
     status = request(session.config.controller_address, session._keys, StatusRequest(), 10.0)
@@ -309,7 +309,7 @@ def _process(pid: int) -> Optional[tuple]:
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
         return None
-    if b"mindft.launch" in command:
+    if b"mindft.cli.launch" in command:
         kind = "launcher"
     elif b"MS_ROLE=MS_SCHED" in environ:
         kind = "scheduler"
@@ -457,7 +457,7 @@ def run_job(mode: str, nproc: int, batch: int, dp: bool, args: argparse.Namespac
         env["MS_ENABLE_TFT"] = "{RSC:1}"
     if mode == "coordination":
         env["MINDFT_SNAPSHOT_EVERY"] = str(NO_SNAPSHOTS)
-    command = [sys.executable, "-m", "mindft.launch", "--nproc", str(nproc), *([] if dp else ["--no-scheduler"])]
+    command = [sys.executable, "-m", "mindft.cli.launch", "--nproc", str(nproc), *([] if dp else ["--no-scheduler"])]
     scraper = None
     if mode == "metrics":
         port = _ephemeral_port()
@@ -689,7 +689,7 @@ def main() -> None:
         output.write_text(json.dumps(result, indent=1))
     with tempfile.TemporaryDirectory(prefix="mindft-bench-ranks-") as tmp:
         if args.nnodes > 1:  # one job key for every node, as a user distributes it
-            subprocess.run([sys.executable, "-c", "from mindft.cli import main; main()", "keygen",
+            subprocess.run([sys.executable, "-c", "from mindft.cli.main import main; main()", "keygen",
                             str(Path(tmp) / "keys.json")], check=True, cwd=REPO, capture_output=True,
                            env=dict(os.environ, PYTHONPATH=str(REPO)))
         for round_ in range(args.rounds):

@@ -35,10 +35,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # runnable from a checkout even before `pip install -e .`
 
-from mindft.keys import load_keys  # noqa: E402
-from mindft.channel import Client, ControllerUnreachable  # noqa: E402
-from mindft.events import read as read_events  # noqa: E402
-from mindft.timeline import Recovery, recoveries, render  # noqa: E402
+from mindft.net.keys import load_keys  # noqa: E402
+from mindft.net.channel import Client, ControllerUnreachable  # noqa: E402
+from mindft.observe.events import read as read_events  # noqa: E402
+from mindft.observe.timeline import Recovery, recoveries, render  # noqa: E402
 
 TRAIN = ROOT / "examples" / "train_dp.py"
 RUN_TIMEOUT = 600.0
@@ -69,7 +69,7 @@ def say(text: str) -> None:
 def launcher_command(nproc: int, run_dir: Path, out: Path, epochs: int, step_seconds: float,
                      extra: list[str]) -> list[str]:
     launcher = shutil.which("mindft-launch")
-    head = [launcher] if launcher else [sys.executable, "-m", "mindft.launch"]
+    head = [launcher] if launcher else [sys.executable, "-m", "mindft.cli.launch"]
     return [*head, "--nproc", str(nproc), "--run-dir", str(run_dir), str(TRAIN),
             "--epochs", str(epochs), "--step-seconds", str(step_seconds), "--out", str(out), *extra]
 
@@ -155,7 +155,7 @@ def wait_for(client: Client, run: Run, predicate, what: str, timeout: float = 30
 def hot_reset(job_file: Path, rank: int, seconds: float, events: dict[str, float]) -> None:
     """Play the device plugin (``mindft simulate-device-plugin --job``): ``unrecovered``; the
     reset once the chip's process exited (isolated if it stays 60 s); ``recovered``."""
-    command = [sys.executable, "-m", "mindft.cli", "simulate-device-plugin", "--job", str(job_file),
+    command = [sys.executable, "-m", "mindft.cli.main", "simulate-device-plugin", "--job", str(job_file),
                "--rank", str(rank), "--hold", str(seconds), "--json"]
     plugin = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert plugin.stdout is not None
@@ -172,7 +172,7 @@ def hot_reset(job_file: Path, rank: int, seconds: float, events: dict[str, float
 def timeline(run_dir: Path, since: float, plugin: dict[str, float]) -> tuple[list[tuple[float, str]],
                                                                           Optional[Recovery]]:
     """(seconds after ``since``, what happened) in the first recovery of ``run_dir``'s event log
-    (mindft.events: what ``mindft events`` reads), with the device plugin's moves; and that recovery."""
+    (mindft.observe.events: what ``mindft events`` reads), with the device plugin's moves; and that recovery."""
     marks = [(at - since, f"device plugin: {name}") for name, at in plugin.items()]
     found = recoveries(read_events(run_dir))
     if found:

@@ -59,7 +59,7 @@ from mindspore.train import Model, TrainFaultTolerance
 
 import mindft.mindspore
 from mindft.config import load_config
-from mindft.faults import DeviceFault
+from mindft.rank.faults import DeviceFault
 
 FEATURES, HIDDEN, CLASSES = 16, 32, 4
 

@@ -21,7 +21,7 @@ import numpy as np
 from mindspore import nn
 
 from mindft.config import load_config
-from mindft.faults import DeviceFault
+from mindft.rank.faults import DeviceFault
 from mindft.mindspore import FaultTolerantLoop
 
 FEATURES, HIDDEN, CLASSES = 16, 32, 4

@@ -19,7 +19,7 @@ from mindspore.train import Model
 
 import mindft.mindspore
 from mindft.config import load_config
-from mindft.faults import DeviceFault
+from mindft.rank.faults import DeviceFault
 
 sys.path.insert(0, str(Path(__file__).parent))
 # Same data, network, options and output as the custom-loop example.

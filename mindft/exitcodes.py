@@ -3,7 +3,7 @@
 Each code's meaning is written here once: :func:`describe` gives its first words (what the
 launcher prints beside a rank's exit), :func:`explain` the whole sentence. ``mindft-launch
 --help``, ``mindft --help`` (:func:`help_block`) and the README's "Exit codes" table say
-exactly these words (tests/test_docs.py compares them).
+exactly these words (tests/unit/test_docs.py compares them).
 """
 from __future__ import annotations
 
@@ -74,3 +74,11 @@ def help_block(codes: Iterable[ExitCode] = tuple(ExitCode), title: str = "Exit c
         lines += textwrap.wrap(explain(code), width, initial_indent=f"  {code.value:<5}",
                                subsequent_indent=" " * 7)
     return "\n".join(lines)
+
+
+def describe_exit(code: int) -> str:
+    """A rank's exit status for people, in the words of :func:`describe`."""
+    if code < 0:
+        return describe(code)
+    meaning = describe(code)
+    return f"exit {code}" if meaning == f"exit code {code}" else f"exit {code} ({meaning})"

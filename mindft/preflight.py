@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from mindft.config import MINDX_TASK_VARIABLE, ConfigError, MindftConfig, TFTOptions
-from mindft.keys import load_keys
+from mindft.net.keys import load_keys
 
 log = logging.getLogger(__name__)
 

@@ -41,10 +41,14 @@ def _mindft_threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name.startswith("mindft")}
 
 
+_INTEGRATION = Path(__file__).resolve().parent / "integration"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # MindSpore takes seconds to import (more on busy cores): its tests are never in the fast tier.
+    # The tier is the folder: tests/integration/ is the slow tier. MindSpore takes seconds to import
+    # (more on busy cores): its tests are never in the fast tier either.
     for item in items:
-        if item.get_closest_marker("mindspore") and not item.get_closest_marker("slow"):
+        if _INTEGRATION in Path(item.path).parents or item.get_closest_marker("mindspore"):
             item.add_marker(pytest.mark.slow)
 
 

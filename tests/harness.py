@@ -22,13 +22,18 @@ import numpy as np
 import psutil
 import pytest
 
-from mindft import channel, launch_plan
+from mindft.net import channel
+
+from mindft.agent import plan as launch_plan
 from mindft.config import MindftConfig, Timeouts
 from mindft.controller import Controller
-from mindft.keys import generate_keys, load_keys
+from mindft.net.keys import generate_keys, load_keys
 from mindft.protocol import Message, StatusReply, StatusRequest
 
-ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+FAKE_RANK = TESTS / "fake_rank.py"  # a scriptable rank: the rank engine and a fake training loop
+MINDIO_RANK = TESTS / "mindio_rank.py"  # a numpy job on MindIO's own rank API
 EXAMPLES = ROOT / "examples"
 RUN_TIMEOUT = 300.0  # one 2-rank MindSpore job; ~15-25 s on 2 busy cores
 LAUNCH_VARIABLES = ("MINDFT_NPROC", "MINDFT_NNODES", "MINDFT_NODE_RANK", "VC_TASK_INDEX", "MINDFT_MASTER_ADDR",

@@ -1,6 +1,6 @@
 """Reset files built the way the Go writers build them, and the two ways they reach a container.
 
-Independent of ``mindft.resetfile`` on purpose: the tests must not check the reader
+Independent of ``mindft.device.resetfile`` on purpose: the tests must not check the reader
 against its own writer. What is mirrored here, from Ascend/mind-cluster:
 
 * ``encoding/json`` of ``TaskResetInfo`` (ascend-device-plugin ``pkg/common/proto.go``,

@@ -10,12 +10,12 @@ from mindft.flow.inputs import (DeviceFailed, DeviceFaulty, DeviceInput, DeviceR
                                 RollbackAll, StopJob)
 from mindft.flow.follower import (ArmFault, Armed, Command, DumpAndExit, Finished, Follower, Ignore, Leave,
                                   LeaveDevice, Outcome, RankHooks, Restore, Resume, Resumed, Settle)
-from mindft.flow.job import REPORT_SUFFIX, Job, held_after, phase_times
+from mindft.flow.job import Job, held_after, phase_times
 from mindft.flow.ranks import RankRecord, RankState, RankTable
 from mindft.flow.states import (RECOVERY_STATES, TERMINAL_STATES, TRANSITIONS, Event, IllegalTransition, JobState,
                                 next_state)
 
-__all__ = ["REPORT_SUFFIX", "Armed", "Finished", "Outcome", "RankHooks", "Resumed", "ArmFault", "Broadcast", "Command", "DeviceFailed", "DeviceFaulty", "DeviceInput", "DeviceRecovered",
+__all__ = ["Armed", "Finished", "Outcome", "RankHooks", "Resumed", "ArmFault", "Broadcast", "Command", "DeviceFailed", "DeviceFaulty", "DeviceInput", "DeviceRecovered",
            "DumpAndExit", "Effect", "Event", "Finish", "Follower", "HoldRepairs", "RollbackAll", "StartRank", "Ignore", "IllegalTransition", "Job", "JobState",
            "KillRank", "Leave", "Peer", "ProcessExited", "RECOVERY_STATES", "RankRecord", "RankState", "RankTable",
            "LeaveDevice", "Restore", "Resume", "Send", "Settle", "StopJob", "TERMINAL_STATES", "TRANSITIONS", "Transition",

@@ -2,7 +2,7 @@
 MindSpore's scheduler and the reset-file watcher, when the node's part of the job is over, and
 which exit code the node ends with.
 
-The node agent (:mod:`mindft.agent`) owns processes; this module owns its decisions. It never
+The node agent (:mod:`mindft.agent.shell`) owns processes; this module owns its decisions. It never
 starts or kills anything: :class:`NodePolicy` takes what happened (an exit, an order, the job's
 view, the time) and returns what to do as values (:class:`StartWorker`, :class:`KillWorker`,
 :class:`~mindft.protocol.ProcessExit` and :class:`~mindft.flow.inputs.SchedulerLost` for the
@@ -28,7 +28,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence, Union
 
-from mindft.exitcodes import ExitCode, describe
+from mindft.exitcodes import ExitCode, describe_exit
 from mindft.flow.inputs import SchedulerLost
 from mindft.protocol import JobState, JobView, OrderKind, ProcessExit, RankOrder
 
@@ -41,13 +41,6 @@ CONTROLLER_FINISH_TIMEOUT = 15.0  # after the last rank exited, for the controll
 WATCHER_RESTART_DELAY = 1.0       # before a dead reset-file watcher is started again
 WATCHER_MAX_RESTARTS = 10         # then the job fails: device faults would go unseen
 
-
-def describe_exit(code: int) -> str:
-    """A rank's exit status for people, in the words of :func:`mindft.exitcodes.describe`."""
-    if code < 0:
-        return describe(code)
-    meaning = describe(code)
-    return f"exit {code}" if meaning == f"exit code {code}" else f"exit {code} ({meaning})"
 
 
 def job_exit_code(controller_code: Optional[int], final_codes: Iterable[Optional[int]]) -> int:

@@ -1,7 +1,7 @@
 """The rank side of the flow as a plain object: an action in, a command out.
 
 :meth:`Follower.obey` carries a command out through the rank's :class:`RankHooks` and says
-whether training may go on. The rank engine (``mindft.rank.RankEngine.follow``) feeds it
+whether training may go on. The rank engine (``mindft.rank.engine.RankEngine.follow``) feeds it
 actions from the processor's socket; the simulated jobs of the tests feed it from queues. The
 rank engine (for the MindSpore session, the fake test rank, the benchmarks) is the RankHooks.
 

@@ -1,7 +1,7 @@
 """What the job is told besides rank messages: device events, process exits and the loss of
 MindSpore's scheduler, one vocabulary.
 
-The reset-file watcher (:mod:`mindft.resetwatch`) emits these values directly, the CLI's wire
+The reset-file watcher (:mod:`mindft.device.watch`) emits these values directly, the CLI's wire
 event (:class:`mindft.protocol.DeviceEvent`) is decoded into them by :func:`from_wire`, the
 MindIO stand-in and :class:`mindft.flow.job.Job` consume them. Each says what happened and
 what the training side must do about it; fields that only describe the event for the logs

@@ -18,8 +18,7 @@ import math
 from typing import Optional
 
 from mindft.config import Timeouts
-from mindft.exitcodes import ExitCode
-from mindft.flow.agent import describe_exit
+from mindft.exitcodes import ExitCode, describe_exit
 from mindft.flow.cadence import Budget, Tuner
 from mindft.flow.effects import Broadcast, Effect, Finish, KillRank, Peer, Send, StartRank, Transition
 from mindft.flow.inputs import (DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, HoldRepairs, ProcessExited,
@@ -29,7 +28,7 @@ from mindft.flow.recovery import ACK_FOR, Ladder, Recovery
 from mindft.flow.rejoin import Survivors
 from mindft.flow.replicas import KeptSteps, ReplicaWatch, rank_list
 from mindft.flow.states import RECOVERY_STATES, TERMINAL_STATES, Event, JobState, next_state
-from mindft.protocol import (Ack, Action, ActionKind, AgentHello, Cadence, CostReport, DeviceEvent, Done,
+from mindft.protocol import (REPORT_SUFFIX, Ack, Action, ActionKind, AgentHello, Cadence, CostReport, DeviceEvent, Done,
                              FaultKind, FaultReport, Heartbeat, InjectRequest, JobView, Message, NodeLost, OrderKind,
                              Progress, ProcessExit, RankStatus, Register, RegisterAck, ReplicaReport, Reply,
                              StatusReply, StatusRequest, StepReport)
@@ -37,9 +36,6 @@ from mindft.protocol import (Ack, Action, ActionKind, AgentHello, Cadence, CostR
 log = logging.getLogger(__name__)
 
 _S = JobState
-# A rank reports its steps from the training thread over a socket of its own, named after its
-# control socket with this suffix, so the per-step report never wakes the rank's I/O thread.
-REPORT_SUFFIX = b"/steps"
 _ACK_WHAT = {kind: f"{kind.name} ack" for kind in ActionKind}  # formatted once: an ack arrives per rank per phase
 
 

@@ -5,7 +5,7 @@ interval in which the rank sent nothing (step reports count) or heard nothing; t
 answers each. A controller silent for ``dead_after`` is unreachable: the rank reconnects (same
 identity) and re-registers, and gives up after ``retries`` silent periods in a row, or after
 ``first_contact_retries`` when it never heard the controller at all. Times are seconds on one
-monotonic clock, passed in by the shell (:mod:`mindft.processor`).
+monotonic clock, passed in by the shell (:mod:`mindft.rank.processor`).
 """
 from __future__ import annotations
 

@@ -35,9 +35,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from mindft.config import Timeouts
-from mindft.exitcodes import ExitCode
+from mindft.exitcodes import ExitCode, describe_exit
 from mindft.flow.cadence import Tuner
-from mindft.flow.agent import describe_exit
 from mindft.flow.effects import Broadcast, Finish, KillRank, Peer, Send, StartRank
 from mindft.flow.inputs import SchedulerLost
 from mindft.flow.ranks import RankRecord, RankState, RankTable

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Optional, Sequence
 
 import zmq
 
-from mindft.keys import CurveKeys, bind_server, secure_client, start_authenticator
+from mindft.net.keys import CurveKeys, bind_server, secure_client, start_authenticator
 from mindft.mindio.rank import LeaveDevice, MindioRank
 from mindft.mindio.wheel import MindioError
 

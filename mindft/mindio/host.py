@@ -5,12 +5,12 @@ import logging
 from typing import Any, Mapping, Optional
 
 from mindft.flow.agent import WatcherSupervision
-from mindft.keys import CurveKeys
+from mindft.net.keys import CurveKeys
 from mindft.mindio.controller import MindioController
 from mindft.mindio.gate import StepGate
 from mindft.mindio.standin import MindxStandIn
 from mindft.mindio.wheel import MindioError
-from mindft.resetwatch import ResetWatcher
+from mindft.device.watch import ResetWatcher
 
 log = logging.getLogger(__name__)
 

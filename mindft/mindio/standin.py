@@ -82,7 +82,7 @@ class MindxStandIn:
 
     # -- inputs ----------------------------------------------------------------------------------
     def on_device_event(self, event: Any) -> None:
-        """One event of :class:`mindft.resetwatch.ResetWatcher`, a flow input (the watcher's thread)."""
+        """One event of :class:`mindft.device.watch.ResetWatcher`, a flow input (the watcher's thread)."""
         self._feed(mindx.Device(event, time.monotonic()))
 
     def _on_fault_ranks(self, errors: Mapping[int, int], codes: Any = None) -> None:

@@ -10,7 +10,7 @@ Both do nothing but count steps unless ``MS_ENABLE_TFT`` enables an option.
 """
 from __future__ import annotations
 
-from mindft.faults import DeviceFault
+from mindft.rank.faults import DeviceFault
 from mindft.mindspore._session import EXIT_DUMPED, RewindRequired
 from mindft.mindspore.callback import FaultTolerance, train
 from mindft.mindspore.loop import FaultTolerantLoop

@@ -4,7 +4,7 @@
 (``start``, ``begin_step``, ``end_step``, ``fault``, ``finish``, ``close``; ``step``, ``meta``,
 ``enabled``, ``config``, ``store``), so :class:`~mindft.mindspore.FaultTolerantLoop` and
 :func:`mindft.mindspore.train` run unchanged on it. Inside, MindIO's processor
-(:class:`mindft.mindio.MindioRank`) replaces mindft's :class:`~mindft.processor.Processor`:
+(:class:`mindft.mindio.MindioRank`) replaces mindft's :class:`~mindft.rank.processor.Processor`:
 
 * every step: the step gate (``MINDFT_STEP_GATE``, served by node 0's mindft-launch: no rank
   starts step k + 1 before every rank finished k, as an all-reduce would), then
@@ -37,15 +37,15 @@ from mindspore import nn, ops
 
 from mindft.config import ConfigError, MindftConfig, load_config
 from mindft.exitcodes import ExitCode
-from mindft.faults import classify, describe
+from mindft.rank.faults import classify, describe
 from mindft.flow.recovery import retried
-from mindft.keys import job_keys
+from mindft.net.keys import job_keys
 from mindft.flow.follower import StepFaults
 from mindft.mindio import (STEP_GATE_VARIABLE, LeaveDevice, MindioError, MindioExit, MindioRank, RankCallbacks,
                            RecoveryRequested, StepGateClient)
 from mindft.mindspore._session import TrainingState, rng_meta, set_rng
 from mindft.protocol import FaultKind
-from mindft.snapshot import SnapshotError, SnapshotStore
+from mindft.snapshot.store import SnapshotError, SnapshotStore
 
 log = logging.getLogger(__name__)
 

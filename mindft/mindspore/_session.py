@@ -1,6 +1,6 @@
 """The MindSpore front of the rank engine, shared by the ``Model.train`` callback and the custom-loop guard.
 
-A :class:`Session` is a :class:`mindft.rank.RankEngine` (the rank's store, processor,
+A :class:`Session` is a :class:`mindft.rank.engine.RankEngine` (the rank's store, processor,
 replication, dump and driver loop) whose state is the network's and the optimizer's Parameters
 (:class:`TrainingState`), plus what only MindSpore has: the optimizer pre-hook that lets a
 capture overlap the next step, the gate before the collectives, and the global generator's
@@ -18,8 +18,8 @@ from mindspore import nn, ops
 
 from mindft.config import MindftConfig
 from mindft.exitcodes import ExitCode
-from mindft.rank import RankEngine
-from mindft.snapshot import SnapshotError, SnapshotStore
+from mindft.rank.engine import RankEngine
+from mindft.snapshot.store import SnapshotError, SnapshotStore
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class Session(RankEngine):
     forward and backward passes of step ``s + 1``; otherwise each capture completes at
     the end of its step. If the hook turns out not to run (the optimizer is called
     inside ``ms.jit``), the session notices after one step and stops overlapping.
-    ``snapshot_every`` is the engine's (:class:`mindft.rank.RankEngine`).
+    ``snapshot_every`` is the engine's (:class:`mindft.rank.engine.RankEngine`).
     """
 
     def __init__(self, state: TrainingState, optimizer: Optional[nn.Cell],

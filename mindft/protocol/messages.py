@@ -25,6 +25,9 @@ from typing import ClassVar, Optional, Union
 # incarnations, newest, keeper, kept, kept_steps), RankOrder.restore_from (start from a replica).
 PROTOCOL_VERSION = 11
 # Large enough for an endpoint map of ~20k ranks; bigger frames are refused unread.
+# A rank reports its steps from the training thread over a socket of its own, named after its
+# control socket with this suffix, so the per-step report never wakes the rank's I/O thread.
+REPORT_SUFFIX = b"/steps"
 MAX_FRAME = 4 * 1024 * 1024
 
 
@@ -102,7 +105,7 @@ class ActionKind(_WireEnum):
 
 
 class DeviceStatus(_WireEnum):
-    """Device events the launcher can forward over the wire (see ``mindft.resetwatch``)."""
+    """Device events the launcher can forward over the wire (see ``mindft.device.watch``)."""
 
     FAULTY = "faulty"
     RECOVERED = "recovered"
@@ -299,7 +302,7 @@ class StatusReply:
 
 @dataclass(frozen=True)
 class DeviceEvent:
-    """A device event forwarded by the launcher (same meaning as ``mindft.resetwatch`` events)."""
+    """A device event forwarded by the launcher (same meaning as ``mindft.device.watch`` events)."""
 
     KIND: ClassVar[str] = "device_event"
     rank: int

@@ -24,13 +24,13 @@ from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tupl
 import numpy as np
 import zmq
 
-from mindft.keys import CurveKeys, bind_server, start_authenticator
+from mindft.net.keys import CurveKeys, bind_server, start_authenticator
 from mindft.replica.sources import LocalSnapshot, read_shared
 from mindft.replica.spill import SPILL_DIRECTORY, Spill, in_memory_filesystem
 from mindft.replica.wire import PIPE_HWM, ReplicaHeader, check_frames, decode_json
-from mindft.slots import Slot, nbytes
-from mindft.snapshot import SnapshotError
-from mindft.threadcpu import ThreadCpu
+from mindft.snapshot.slots import Slot, nbytes
+from mindft.snapshot.store import SnapshotError
+from mindft.observe.threadcpu import ThreadCpu
 
 log = logging.getLogger(__name__)
 

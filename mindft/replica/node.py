@@ -7,7 +7,7 @@
   replicas in its own shared memory.
 - **ranks with no agent replicating them** (started by hand or by msrun, or
   ``MINDFT_AGENT_REPLICATION=0``, :class:`RankReplication`): the rank streams its
-  :class:`~mindft.snapshot.SnapshotStore` slot itself, zero-copy, to the keeper in its buddy
+  :class:`~mindft.snapshot.store.SnapshotStore` slot itself, zero-copy, to the keeper in its buddy
   rank's process. The capture never waits for it: a capture that claims the slot while it is
   being sent makes the push fail its check before it is sealed, and the next one goes.
 """
@@ -19,14 +19,15 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Tuple
 
 from mindft.flow.replicas import ReportHold
-from mindft.keys import CurveKeys
+from mindft.net.keys import CurveKeys
 from mindft.protocol import ReplicaReport
 from mindft.replica.keeper import Keeper
 from mindft.replica.sender import ACK_TIMEOUT, FIND_INTERVAL, REPORT_INTERVAL, Sender
 from mindft.replica.sources import StoreSource, slot_files
-from mindft.replica.wire import node_ip
-from mindft.snapshot import SnapshotStore, size_text
-from mindft.threadcpu import ThreadCpu
+from mindft.net.address import node_ip
+from mindft.snapshot.store import SnapshotStore
+from mindft.units import size_text
+from mindft.observe.threadcpu import ThreadCpu
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ class NodeReplication:
     def __init__(self, state_dir: Path, local_ranks: Sequence[int], nproc: int, nnodes: int, node_rank: int,
                  master_ip: str, controller_address: str, keys: Optional[CurveKeys],
                  spill: Optional[Path] = None) -> None:
-        from mindft.channel import request  # the control channel; imported here to keep this module light
+        from mindft.net.channel import request  # the control channel; imported here to keep this module light
         from mindft.protocol import StatusReply, StatusRequest
 
         self._request, self._status_request, self._status_type = request, StatusRequest, StatusReply

@@ -22,11 +22,11 @@ import zmq
 
 from mindft.flow.cadence import WarmMean
 from mindft.flow.replicas import ACK_MIN_RATE, LOST_AFTER, LOST_AFTER_CAPTURES, Protection, Verdict
-from mindft.keys import CurveKeys, secure_client
+from mindft.net.keys import CurveKeys, secure_client
 from mindft.protocol import ReplicaReport
 from mindft.replica.sources import FileSource, Outgoing, Source, StoreSource
 from mindft.replica.wire import PIPE_HWM
-from mindft.threadcpu import ThreadCpu
+from mindft.observe.threadcpu import ThreadCpu
 
 log = logging.getLogger(__name__)
 

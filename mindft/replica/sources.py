@@ -3,7 +3,7 @@
 A sender's source notices a rank's new snapshots and opens one as an :class:`Outgoing` (its
 header and its bytes part by part): :class:`FileSource` reads a rank's slot files in its node
 agent's shared memory (chunk by chunk, not mapped: a slot resized under the agent gives a short
-read, never SIGBUS), :class:`StoreSource` a rank's own :class:`~mindft.snapshot.SnapshotStore`,
+read, never SIGBUS), :class:`StoreSource` a rank's own :class:`~mindft.snapshot.store.SnapshotStore`,
 zero-copy. A keeper lists the complete snapshots on its side (:func:`slot_files`,
 :func:`store_slots`) as :class:`LocalSnapshot`: data-parallel ranks hold the same weights after
 every step, so a replica points into them for the arrays that match (:func:`read_shared`).
@@ -19,8 +19,8 @@ from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Opti
 import numpy as np
 
 from mindft.replica.wire import CHUNK, ReplicaHeader
-from mindft.slots import manifest_identity, nbytes, read_manifest
-from mindft.snapshot import SnapshotStore
+from mindft.snapshot.slots import manifest_identity, nbytes, read_manifest
+from mindft.snapshot.store import SnapshotStore
 
 log = logging.getLogger(__name__)
 

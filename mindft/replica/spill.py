@@ -17,8 +17,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from mindft.snapshot import SnapshotError
-from mindft.threadcpu import ThreadCpu
+from mindft.snapshot.store import SnapshotError
+from mindft.observe.threadcpu import ThreadCpu
 
 log = logging.getLogger(__name__)
 

@@ -13,33 +13,21 @@ from __future__ import annotations
 
 import json
 import logging
-import socket as pysocket
 from dataclasses import dataclass, field
 from typing import Any, List, Mapping, Optional, Tuple
 
 import numpy as np
 import zmq
 
-from mindft.keys import CurveKeys, secure_client
-from mindft.slots import CHECKSUM, HASHERS, fill, flat_bytes, nbytes
-from mindft.snapshot import Snapshot, SnapshotError
+from mindft.net.keys import CurveKeys, secure_client
+from mindft.snapshot.slots import CHECKSUM, HASHERS, fill, flat_bytes, nbytes
+from mindft.snapshot.store import Snapshot, SnapshotError
 
 log = logging.getLogger(__name__)
 
 REPLICA_VERSION = 2  # 2: a streamed push waits for the keeper's answer to begin
 CHUNK = 1024 * 1024        # bytes per part message (4 MiB parts took ~35 MB more per sender and keeper, no faster)
 PIPE_HWM = 4               # messages queued per direction: a few chunks, never a whole state
-
-
-def node_ip(toward: str) -> str:
-    """The local address this node uses to reach ``toward`` (no packet is sent)."""
-    family = pysocket.AF_INET6 if ":" in toward else pysocket.AF_INET
-    try:
-        with pysocket.socket(family, pysocket.SOCK_DGRAM) as probe:
-            probe.connect((toward, 9))
-            return probe.getsockname()[0]
-    except OSError:
-        return toward
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ def launch(processes: Processes, tmp: Path, name: str, tft: str, yaml: str = "ti
            api: str = "none"):
     """mindft-launch --nproc 2 with the example; returns the launcher, its output file and run dir."""
     run_dir = tmp / name
-    argv = [sys.executable, "-m", "mindft.launch", "--nproc", "2", "--master_port", str(free_port_pair()),
+    argv = [sys.executable, "-m", "mindft.cli.launch", "--nproc", "2", "--master_port", str(free_port_pair()),
             "--run-dir", str(run_dir), "--cluster_time_out", "120", str(EXAMPLE / "train_llama.py"),
             "--config", str(EXAMPLE / yaml), "--output-dir", str(run_dir / "out"), "--mindft", api]
     # LOCAL_DEFAULT_PATH: where MindFormers logs before it reads the config (default ./output).
@@ -76,7 +76,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, n
 
 
 def inject(job_file: Path, rank: int, fault: str, tmp: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "mindft.cli", "inject", "--job", str(job_file), "--rank",
+    result = subprocess.run([sys.executable, "-m", "mindft.cli.main", "inject", "--job", str(job_file), "--rank",
                              str(rank), "--fault", fault, "--recover-after", "1"],
                             env=environment(tmp), capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -1,0 +1,614 @@
+"""The node agent: runs one node of a job (its ranks' processes, MindSpore's scheduler and, on node
+0, the controller and the reset-file watcher) and carries out what :mod:`mindft.flow.agent`
+decides. ``mindft-launch`` (:mod:`mindft.cli.launch`) builds it from the command line.
+
+Orders travel one way: the job addresses each kill or start (:class:`~mindft.protocol.RankOrder`)
+and its view (:class:`~mindft.protocol.JobView`) to the agent that runs the rank, in-process on
+node 0 (:meth:`Controller.attach_agent`), over a link of its own (:class:`~mindft.agent.links.ControllerLink`)
+elsewhere. Everything the agent learns goes through one queue to the supervise loop, which
+feeds the policy and carries out its effects; nothing here decides.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import queue
+import shutil
+import signal
+import time
+from typing import Any, Mapping, Optional
+
+from mindft.net.channel import Client, ControllerUnreachable
+from mindft.snapshot.ckpt import atomic_write
+from mindft.config import MINDX_TASK_VARIABLE, TFT_VARIABLE, MindftConfig, load_config
+from mindft.observe.events import CONTROLLER_FILE, EventLog, ProcessExited, node_file
+from mindft.exitcodes import ExitCode, describe_exit
+from mindft.agent.links import HELLO_INTERVAL, ControllerHost, ControllerLink, recovery_progress
+from mindft.flow.agent import (AbortJob, AgentEffect, Ending, KillWorker, NodePolicy,
+                               Say, StartWorker)
+from mindft.flow.inputs import SchedulerLost
+from mindft.flow.states import RECOVERY_STATES
+from mindft.net.keys import load_keys
+from mindft.agent.plan import LaunchSpec, mindio_gate_address, rank_environment
+from mindft.net.address import port_listening
+from mindft.protocol import (AgentHello, JobState, JobView, Message, NodeLost, OrderKind, ProcessExit, RankOrder,
+                             Reply)
+from mindft.snapshot.store import newest_step
+from mindft.agent.warm import WarmStarter
+from mindft.agent.workers import Console, Scheduler, WorkerProcesses, agent_memory, agent_memory_report
+
+log = logging.getLogger(__name__)
+
+JOB_FILE = "job.json"
+MONITOR_INTERVAL = 0.1
+SCHEDULER_EXIT_GRACE = 30.0     # after this node's ranks finished, for the scheduler to finish on its own
+SCHEDULER_PORT_WAIT = 10.0      # for the scheduler's port to be free before a new scheduler binds it
+TAKE_OVER_TIMEOUT = 2.0         # an agent other than node 0's asks once whether the job already runs
+REPLICA_FETCH_TIMEOUT = 120.0   # for the agent that replaces a lost node to fetch one rank's replica
+
+
+def unprotected_notice(tft_value: str) -> str:
+    """The one line that says a job runs without fault tolerance and how to turn it on."""
+    why = (f"{TFT_VARIABLE}={tft_value!r} enables no option" if tft_value.strip()
+           else f"{TFT_VARIABLE} is not set")
+    return (f"fault tolerance is OFF ({why}): the ranks train unprotected, with no controller and no "
+            f"restarts; turn it on with e.g. {TFT_VARIABLE}='{{RSC:1}}'")
+
+
+class NodeAgent:
+    """Run one node of a job to completion and return its exit code."""
+
+    def __init__(self, spec: LaunchSpec, console: Optional[Console] = None) -> None:
+        self.spec = spec
+        self.console = console or Console(prefix=spec.prefix_output)
+        self.warm = start_warm(spec)
+        # This node's event log: its processes' starts and exits (the controller keeps the job's).
+        self.events = EventLog(spec.run_dir / node_file(spec.node_rank), f"node {spec.node_rank}")
+        self.workers = WorkerProcesses(spec, self.console, self.warm, self.events)
+        self.keys = None if spec.insecure or not spec.protected else load_keys(spec.key_file)
+        self.client = Client(spec.controller_address, self.keys)
+        self.policy = NodePolicy(tuple(spec.local_ranks), spec.max_restarts, protected=spec.protected,
+                                 reports=spec.protected and not spec.mindio,
+                                 runs_controller=spec.protected and not spec.mindio and spec.node_rank == 0)
+        self.runner: Optional[ControllerHost] = None
+        # This node's own metrics (mindft.observe.metrics.NodeCollector), served with the controller's on
+        # node 0 and by a server of its own (metrics_server) on the other nodes.
+        self.node_metrics: Optional[Any] = None
+        self.metrics_server: Optional[Any] = None
+        if spec.metrics_port is not None and spec.protected and not spec.mindio:
+            from mindft.observe.metrics import NodeCollector
+
+            self.node_metrics = NodeCollector(spec.node_rank, self.policy, self.warm)
+        self.link: Optional[ControllerLink] = None
+        self.mindio_host: Optional[Any] = None
+        self.replication: Optional[Any] = None  # mindft.replica.NodeReplication
+        self.scheduler: Optional[Scheduler] = Scheduler(spec, self.warm, self.events) if spec.runs_scheduler else None
+        self.inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()  # orders and views, from any thread
+        self._signal: Optional[int] = None
+        self._signals_seen = 0
+        self._announced = ""  # the failure already told to people
+        self._schedulers = 0  # MindSpore schedulers replaced by a new one
+        self._phase_since = self._progress_last = 0.0  # when the job's current phase began; the last progress line
+        self._from_memory: list[int] = []  # ranks whose dying gasp this agent wrote from its memory
+        self._hello_at: Optional[float] = None  # when this agent last told the controller what it runs and holds
+
+    # ---- carrying out the policy's effects ------------------------------------------------------
+
+    def _carry_out(self, effects: list[AgentEffect]) -> None:
+        for effect in effects:
+            if isinstance(effect, Say):
+                self.console.line("mindft-launch", effect.text)
+            elif isinstance(effect, StartWorker):
+                if effect.renew_cluster:
+                    self._renew_cluster()
+                if effect.restore_from:
+                    self._restore_replica(effect.rank, effect.restore_from)
+                self.console.line("mindft-launch", effect.reason)
+                self.policy.started(effect.rank, self.workers.start(effect.rank, effect.restarts))
+                self.write_job_file()
+            elif isinstance(effect, KillWorker):
+                self.workers.signal_workers([effect.rank], signal.SIGKILL)
+            elif isinstance(effect, (ProcessExit, SchedulerLost)):
+                self._report(effect)
+            elif isinstance(effect, AbortJob):
+                self._announced = effect.reason
+                self.console.line("mindft-launch", f"job failed: {effect.reason}")
+
+    def _report(self, message: ProcessExit | SchedulerLost) -> None:
+        if self.runner is not None:
+            self.runner.controller.from_local_agent(message)
+        elif self.link is not None and isinstance(message, ProcessExit):
+            self.link.send(message)
+        else:  # the scheduler runs on node 0 only, in the controller's process
+            log.error("nobody to tell of %s: no controller in this process", message)
+
+    def _renew_cluster(self) -> None:
+        """Before the first worker of a restart of every worker: a new MindSpore scheduler, as the
+        workers that come back cannot join the old cluster (MCCL on CPU), nor a dead scheduler's.
+        The old one's log is kept as ``scheduler.N.log`` (N: its number, from 0), so the new one's
+        log (what its exit is judged by) is its own."""
+        scheduler = self.scheduler
+        if scheduler is None:
+            return
+        scheduler.exit_seen = True  # stopping it is no failure
+        scheduler.stop(0.0, 0.0)
+        self._schedulers += 1
+        kept = scheduler.log_path.with_name(f"{scheduler.log_path.stem}.{self._schedulers - 1}.log")
+        try:
+            scheduler.log_path.replace(kept)
+        except OSError as error:
+            log.warning("cannot keep the old scheduler's log as %s: %s", kept, error)
+        # Its listening socket closed with it (MindSpore binds with SO_REUSEADDR, so the old
+        # connections' TIME_WAIT does not hold the port); wait for a process that still holds it.
+        deadline = time.monotonic() + SCHEDULER_PORT_WAIT
+        while port_listening(self.spec.scheduler_port) and time.monotonic() < deadline:
+            time.sleep(MONITOR_INTERVAL)
+        scheduler.exit_seen = False
+        scheduler.start()
+        self.console.line("mindft-launch", f"a new MindSpore scheduler (pid {scheduler.pid}) on {scheduler.address} "
+                                           f"for the workers that start again; the previous one's log: {kept}")
+
+    def _on_message(self, message: Message, now: float) -> None:
+        if isinstance(message, JobView):  # sent on every transition of the job, and in answer to each hello
+            if self.policy.view is None or message.state is not self.policy.view.state:
+                self._phase_since = self._progress_last = now
+            self.policy.on_view(message)
+        elif isinstance(message, RankOrder):
+            self._carry_out(self.policy.on_order(message))
+        elif isinstance(message, Reply) and not message.ok:
+            log.warning("controller: %s", message.detail)
+
+    # ---- running ----------------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._signals_seen += 1
+        if self._signal is None:
+            self._signal = signum
+        if self._signals_seen > 1:  # a second Ctrl-C: do not wait for the grace period
+            self.workers.signal_workers(self.workers.workers, signal.SIGKILL)
+
+    def controller_config(self) -> MindftConfig:
+        """The controller's configuration: the environment, with the launcher's address and keys."""
+        env = rank_environment(self.spec, self.spec.local_ranks[0], 0)
+        env.update({"MS_NODE_ID": "0", "RANK_ID": "0", "MS_TFT_PORT": str(self.spec.controller_port or 29600)})
+        # Port 0 (not a valid MS_TFT_PORT) lets the controller bind a free port itself.
+        return dataclasses.replace(load_config(env), controller_port=self.spec.controller_port)
+
+    def write_job_file(self) -> None:
+        """``run_dir/job.json``: what ``mindft status --job`` and the demo need to find the job."""
+        spec = self.spec
+        info = {"controller": spec.controller_address, "key_file": None if spec.insecure else str(spec.key_file),
+                "insecure": spec.insecure, "reset_file": spec.env.get("MINDFT_RESET_FILE", ""),
+                "world_size": spec.world_size, "node_rank": spec.node_rank,
+                "scheduler": self.scheduler.address if self.scheduler is not None else None,
+                "scheduler_pid": self.scheduler.pid if self.scheduler is not None else None,
+                "launcher_pid": os.getpid(), "log_dir": str(spec.log_dir),
+                "ranks": {str(r): pid for r, pid in self.workers.pids().items()}}
+        atomic_write(spec.run_dir / JOB_FILE, lambda handle: handle.write(json.dumps(info, indent=2).encode()))
+
+    def run(self) -> int:
+        """Start everything, supervise until the job ends, stop everything; the exit code."""
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return self._run()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _run(self) -> int:
+        spec = self.spec
+        if not spec.protected:
+            self.console.line("mindft-launch", unprotected_notice(spec.env.get(TFT_VARIABLE, "")))
+        elif spec.mindio:
+            self._start_mindio()
+        elif spec.node_rank == 0:
+            self.runner = ControllerHost(self.controller_config(), metrics_at=None if spec.metrics_port is None
+                                         else (spec.metrics_ip, spec.metrics_port), run_dir=spec.run_dir,
+                                         node_metrics=self.node_metrics)
+            if spec.controller_port == 0:
+                # The controller picked a free port; every rank and client must use it.
+                spec = self.spec = self.workers.spec = dataclasses.replace(spec, controller_port=self.runner.port)
+                self.client = Client(spec.controller_address, self.keys)
+            self.runner.controller.events = EventLog(spec.run_dir / CONTROLLER_FILE, "controller")
+            self.runner.controller.attach_agent(0, tuple(spec.local_ranks), self.inbox.put)
+            self.runner.start()
+        if self.node_metrics is not None and self.runner is None:
+            self.metrics_server = serve_node_metrics(spec, self.node_metrics)
+        elif spec.metrics_port is not None and self.runner is None:
+            why = "MindIO TFT coordinates this job" if spec.mindio else "fault tolerance is off"
+            log.warning("--metrics-port: no metrics are served: only mindft's node agents serve them (%s)", why)
+        self.console.line("mindft-launch", self._banner())
+        code: Optional[int] = None
+        try:
+            if spec.protected:
+                spec = self.spec = self.workers.spec = dataclasses.replace(spec, state_dir=agent_memory())
+                log.info("the ranks' snapshots live in %s (shared memory held for the job)", spec.state_dir)
+                self.replication = start_replication(spec, self.keys)
+                if self.node_metrics is not None:
+                    self.node_metrics.state_dir, self.node_metrics.replication = spec.state_dir, self.replication
+                if self.replication is not None:
+                    spec = self.spec = self.workers.spec = dataclasses.replace(
+                        spec, replica_endpoint=self.replication.endpoint)
+            if self.scheduler is not None:
+                self.scheduler.start()  # first, as msrun: workers connect to it from init()
+            if not self._take_over_lost_node():
+                for rank in spec.local_ranks:
+                    self.policy.started(rank, self.workers.start(rank, 0))
+            if spec.protected and not spec.mindio and self.runner is None:
+                self.link = ControllerLink(spec, self.keys)
+            self.write_job_file()
+            code = self._supervise()
+        finally:
+            self._stop_everything(code)
+        return code
+
+    def _banner(self) -> str:
+        spec = self.spec
+        controller = (f"controller {spec.controller_address}{' (INSECURE)' if spec.insecure else ''}"
+                      if spec.protected else "no controller")
+        if spec.mindio:
+            controller = (f"MindIO TFT controller {spec.master_ip}:{spec.controller_port} (its TCP is not "
+                          f"encrypted), step gate {mindio_gate_address(spec)}")
+        if spec.scheduler_port is None:
+            cluster = "no MindSpore scheduler"
+        else:
+            host = f"[{spec.master_ip}]" if ":" in spec.master_ip else spec.master_ip
+            cluster = f"MindSpore scheduler {host}:{spec.scheduler_port}"
+        server = self.runner.metrics_server if self.runner is not None else self.metrics_server
+        metrics = f"; metrics {server.url}" if server is not None else ""
+        return (f"{spec.world_size} rank(s), {spec.nproc} on this node (node {spec.node_rank}/{spec.nnodes}); "
+                f"{controller}; {cluster}{metrics}; run directory {spec.run_dir}, logs in {spec.log_dir}")
+
+    def _supervise(self) -> int:
+        while True:
+            now = time.monotonic()
+            if self._signal is not None:
+                name = signal.Signals(self._signal).name
+                self.console.line("mindft-launch", f"{name}: stopping every rank (grace period "
+                                                   f"{self.spec.grace_period:g}s, then SIGKILL)")
+                self.policy.interrupted = True
+                self.workers.kill_worker(self.workers.running(), self._signal, self.spec.grace_period)
+                return 128 + self._signal
+            # The controller's verdict before its messages: every view it sent before finishing
+            # is in the inbox by then, so the ending below sees the job as the controller left it.
+            controller = self._controller_code()
+            self._say_hello(now)
+            self._take_inputs(now)
+            for rank, code in self.workers.exits().items():
+                self._carry_out(self.policy.on_exit(rank, code))
+            self._check_scheduler()
+            self._check_controller_side(now)
+            ending = self.policy.ending(now, controller)
+            if ending is not None:
+                return self._end(ending)
+            time.sleep(MONITOR_INTERVAL)
+
+    def _say_hello(self, now: float) -> None:
+        """Tell the controller what this agent runs and holds (from that, a controller started again
+        rebuilds the job: :mod:`mindft.flow.rejoin`): on a link, every HELLO_INTERVAL (the answer
+        repeats any order lost with a connection); in the controller's process once, after starting
+        its ranks (nothing is lost in-process, and a new controller comes only with a new agent)."""
+        if self.runner is None and self.link is None:
+            return
+        if self._hello_at is not None and (self.runner is not None or now - self._hello_at < HELLO_INTERVAL):
+            return
+        self._hello_at = now
+        spec, workers = self.spec, self.policy.workers
+        ranks = tuple(spec.local_ranks)
+        kept = self.replication.keeper.held if self.replication is not None else {}
+        hello = AgentHello(spec.node_rank, ranks, pids=tuple(workers[r].pid or 0 for r in ranks),
+                           incarnations=tuple(workers[r].restarts for r in ranks),
+                           newest=tuple(newest_step(spec.state_dir / f"rank{r}") if spec.state_dir else -1
+                                        for r in ranks),
+                           keeper=self.replication.endpoint if self.replication is not None else "",
+                           kept=tuple(kept), kept_steps=tuple(kept.values()))
+        if self.runner is not None:
+            self.runner.controller.from_local_agent(hello)
+        else:
+            self.link.send(hello)
+
+    def _take_inputs(self, now: float) -> None:
+        if self.link is not None:
+            for message in self.link.receive(now):
+                self._on_message(message, now)
+        while True:
+            try:
+                message = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            self._on_message(message, now)
+
+    def _controller_code(self) -> Optional[int]:
+        result = self.runner.poll() if self.runner is not None else None
+        return None if result is None else result.exit_code
+
+    def _check_controller_side(self, now: float) -> None:
+        """Node 0: the watcher and the progress lines. MindIO: the host's watcher and stand-in."""
+        if self.runner is not None:
+            view = self.policy.view
+            self.runner.start_watcher_when_training(view.state if view is not None else None)
+            failure = self.runner.check_watcher(now)
+            if failure is not None:
+                self._carry_out(self.policy.abort(failure))
+            elif self.runner.poll() is None:
+                self._report_progress(now)
+        if self.mindio_host is not None:
+            failure = self.mindio_host.check(now)
+            if failure is not None:
+                self._carry_out(self.policy.abort(failure))
+            standin = self.mindio_host.standin
+            if standin is not None and standin.failed is not None:
+                self.policy.no_more_starts()  # ranks off their chip come back only on 'recovered'
+
+    def _check_scheduler(self) -> None:
+        scheduler = self.scheduler
+        if scheduler is None or scheduler.exit_seen:
+            return
+        code = scheduler.poll()
+        if code is None:
+            scheduler.cluster_formed()  # when the cluster formed is a phase of a restart: the event log says it
+        else:
+            scheduler.exit_seen = True
+            self.events.append(ProcessExited("scheduler", scheduler.pid or 0, code))
+            self._carry_out(self.policy.on_scheduler_exit(scheduler.pid, code, scheduler.last_error(),
+                                                             str(scheduler.log_path), scheduler.cluster_formed()))
+
+    def _report_progress(self, now: float) -> None:
+        """While a recovery waits, say so at a steady pace (the controller logs only transitions);
+        the controller's status is asked for only when a line is due."""
+        view = self.policy.view
+        if view is None or view.state not in RECOVERY_STATES:
+            return
+        if now - self._progress_last < self.spec.progress_interval:
+            return
+        self._progress_last = now
+        line = recovery_progress(self.runner.status(), now - self._phase_since)
+        if line is not None:
+            self.console.line("mindft-launch", line)
+
+    def _end(self, ending: Ending) -> int:
+        if ending.reason and ending.reason != self._announced:
+            self.console.line("mindft-launch", f"job failed: {ending.reason}" if self.policy.failure is not None
+                              else f"{ending.reason}; stopping")
+        if ending.stop_running:
+            self.workers.kill_worker(self.workers.running(), signal.SIGTERM, self.spec.grace_period)
+            for rank, code in self.workers.exits().items():
+                self.policy.stopped(rank, code)
+        self._dump_for_ranks_without_process()
+        if self.policy.writes_dying_gasp:
+            self._write_dying_gasp()
+        return self.policy.exit_code(ending)
+
+    def _dump_for_ranks_without_process(self) -> None:
+        """The job failed while ranks had no process (off their devices for a hot reset that failed,
+        or stopped so every worker restarts): their snapshots are in this agent's memory, so the
+        agent writes their dying-gasp checkpoints."""
+        from mindft.agent.gasp import dump_from_memory
+
+        if self.spec.state_dir is None:
+            return
+        for rank in self.policy.without_process():
+            config = load_config(rank_environment(self.spec, rank, self.policy.workers[rank].restarts))
+            ok = dump_from_memory(self.spec.state_dir, config.dump_dir, rank, config.world_size, self._dump_step(),
+                                  self._say)
+            self.policy.dumped(rank, ok=ok)
+            if ok:
+                self._from_memory.append(rank)
+
+    def _dump_step(self) -> int:
+        """The step the job told every rank to dump (-1: none, or each its newest)."""
+        result = self.runner.poll() if self.runner is not None else None
+        view = self.policy.view
+        return result.dump_step if result is not None else view.dump_step if view is not None else -1
+
+    def _say(self, text: str) -> None:
+        self.console.line("mindft-launch", text)
+
+    def _write_dying_gasp(self) -> None:
+        """Every rank's state this node holds, at one step: its own ranks' and the replicas it keeps
+        of ranks whose node is gone, with the manifest (before the keeper and the memory go)."""
+        from mindft.agent.gasp import write_dying_gasp
+
+        spec, view, replication = self.spec, self.policy.view, self.replication
+        if spec.state_dir is None or spec.mindio:
+            return
+        write_dying_gasp(node=spec.node_rank, nproc=spec.nproc, world_size=spec.world_size, state_dir=spec.state_dir,
+                         dump_dir=load_config(spec.env).dump_dir, own_ranks=spec.local_ranks,
+                         keeper_endpoint=replication.endpoint if replication else None,
+                         kept=replication.keeper.held if replication else {}, keys=self.keys,
+                         orphaned=self.policy.orphaned, unreached=view.unreached if view is not None else (),
+                         wanted=self._dump_step(), say=self._say, reason=self._failure(),
+                         from_memory=self._from_memory)
+
+    def _failure(self) -> str:
+        """Why the job ended, for the dying gasp's manifest."""
+        result = self.runner.poll() if self.runner is not None else None
+        view = self.policy.view
+        if result is not None and result.reason:
+            return result.reason
+        if view is not None and view.reason:
+            return view.reason
+        return "the controller is gone (node 0 lost or cut off)" if self.policy.orphaned else "the job failed"
+
+    def _stop_everything(self, code: Optional[int]) -> None:
+        running = self.workers.running()
+        if running:
+            self.workers.kill_worker(running, signal.SIGTERM, self.spec.grace_period)
+        if self.scheduler is not None:
+            self._stop_scheduler(clean_end=code == ExitCode.OK)
+        if self.runner is not None:
+            self.runner.stop()
+        if self.link is not None:
+            self.link.close()
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+        if self.mindio_host is not None:
+            self.mindio_host.stop()  # after the ranks (after a clean end the controller is gone already)
+        for worker in self.workers.workers.values():
+            if worker.pump is not None:
+                worker.pump.join(2.0)
+        if self.warm is not None:
+            self.console.line("mindft-launch", self.warm.summary())
+            self.warm.close()
+        if self.replication is not None:
+            self.replication.close()
+            self.console.line("mindft-launch", self.replication.summary())
+        if self.spec.state_dir is not None:
+            self.console.line("mindft-launch", agent_memory_report(self.spec.state_dir))
+            shutil.rmtree(self.spec.state_dir, ignore_errors=True)
+        self.events.close()
+
+    def _stop_scheduler(self, clean_end: bool) -> None:
+        """Stop the scheduler; after a clean end first let it see every worker unregister (ranks on
+        other nodes may still be unregistering, as under msrun, which waits for its scheduler). A
+        scheduler no worker ever joined (a script that never calls init()) is stopped at once."""
+
+        scheduler = self.scheduler
+        wait = SCHEDULER_EXIT_GRACE if clean_end and scheduler.cluster_formed() else 0.0
+        code = scheduler.stop(wait, self.spec.grace_period)
+        if wait and code != ExitCode.OK and not scheduler.exit_seen:
+            log.warning("MindSpore's scheduler (pid %d) %s after the job ended; see %s", scheduler.pid,
+                        describe_exit(code) if code is not None else "did not stop", scheduler.log_path)
+
+    # ---- a node that replaces a lost one ---------------------------------------------------------
+
+    def _take_over_lost_node(self) -> bool:
+        """On a node other than 0: when the job already runs with this node's ranks (this agent
+        replaces a lost node, or started again without its memory), restore their replicas from the
+        next node's keeper into this node's memory, tell the controller the node was lost
+        (:class:`~mindft.protocol.NodeLost`, with the steps restored: the only ones those ranks can
+        roll back to) and start them as the policy says. False (nothing done) for a starting job."""
+        spec = self.spec
+        if spec.node_rank == 0 or not spec.protected or spec.mindio:
+            return False
+        try:
+            status = Client(spec.controller_address, self.keys, timeout=TAKE_OVER_TIMEOUT).status()
+        except ControllerUnreachable:
+            return False  # node 0 is not up yet: the job is starting
+        rows = {row.rank: row for row in status.ranks}
+        local = list(spec.local_ranks)
+        if not NodePolicy.replaces_lost_node(status.state, rows, local):
+            return False
+        self.console.line("mindft-launch", f"the job already runs ({status.state}, every rank finished step "
+                                           f"{status.step}): this node replaces node {spec.node_rank}, lost with "
+                                           f"rank(s) {local} and their snapshots")
+        steps = self._restore_replicas(rows)
+        previous = (spec.node_rank - 1) % spec.nnodes
+        report = NodeLost(node=spec.node_rank, ranks=tuple(local), steps=tuple(steps[rank] for rank in local),
+                          replicas_of=tuple(range(previous * spec.nproc, (previous + 1) * spec.nproc)),
+                          reason=f"a new agent for node {spec.node_rank} started without its ranks' snapshots")
+        try:
+            answer = self.client.request(report)
+            self.console.line("mindft-launch", f"controller: {answer.detail}")
+            status = self.client.status()
+        except ControllerUnreachable as error:  # it answered, then ended the job and left
+            self.console.line("mindft-launch", f"the controller did not answer about node {spec.node_rank} "
+                                               f"({error})")
+            status = dataclasses.replace(status, state=JobState.FAILED, reason=str(error))
+        self.policy.on_view(JobView(status.state, status.restart_all, reason=status.reason))
+        incarnations = {rank: row.incarnation for rank, row in rows.items() if rank in local}
+        self._carry_out(self.policy.rejoin(incarnations))
+        return True
+
+    def _restore_replicas(self, rows: Mapping[int, Any]) -> dict[int, int]:
+        """Fetch each local rank's replica from the next node's keeper into this node's memory;
+        rank → the step restored (-1: none)."""
+        spec = self.spec
+        steps = {rank: -1 for rank in spec.local_ranks}
+        if self.replication is None or spec.state_dir is None:
+            self.console.line("mindft-launch", "no replica to restore: the node agents do not replicate "
+                                               "(MINDFT_AGENT_REPLICATION=0)")
+            return steps
+        buddy = (spec.node_rank + 1) % spec.nnodes
+        keeper = next((row.replica_endpoint for rank, row in sorted(rows.items())
+                       if rank // spec.nproc == buddy and row.replica_endpoint.startswith("tcp://")), "")
+        if not keeper:
+            self.console.line("mindft-launch", f"no replica to restore: the controller knows no keeper on node {buddy}")
+            return steps
+        return {rank: self._restore_replica(rank, keeper) for rank in spec.local_ranks}
+
+    def _restore_replica(self, rank: int, keeper: str) -> int:
+        """Fetch ``rank``'s replica from the keeper at ``keeper`` into this node's memory; the step
+        restored (-1: none, said why; the rank then starts from what its memory holds)."""
+        from mindft.replica import fetch_replica
+        from mindft.snapshot.store import SnapshotError, SnapshotStore
+
+        try:
+            snapshot = fetch_replica(keeper, rank, self.keys, REPLICA_FETCH_TIMEOUT)
+            with SnapshotStore(home=self.spec.state_dir / f"rank{rank}") as store:
+                store.adopt(snapshot)
+        except SnapshotError as error:
+            self.console.line("mindft-launch", f"rank {rank}: no replica restored from the keeper at {keeper}: "
+                                               f"{error}")
+            return -1
+        self.console.line("mindft-launch", f"restored rank {rank}'s replica of step {snapshot.step} from the "
+                                           f"keeper at {keeper} into this node's memory")
+        return snapshot.step
+
+    def _start_mindio(self) -> None:
+        """Node 0 runs MindIO's controller and the step gate, unless MindCluster runs the controller."""
+        from mindft.mindio import MindioHost, controller_runs_here
+
+        spec = self.spec
+        if not controller_runs_here(spec.node_rank, spec.env):
+            log.info("%s is set: MindCluster runs MindIO's controller; no step gate", MINDX_TASK_VARIABLE)
+            return
+        config = self.controller_config()
+        timeouts = config.timeouts
+
+        def alive(rank: int) -> bool:
+            return self.policy.workers.get(rank) is not None and self.policy.workers[rank].pid is not None
+
+        # Node 0 plays MindCluster's MindX for MindIO's controller: the reset file's hot resets go
+        # through MindIO's ARF; its kills and starts are orders like the controller's.
+        standin = dict(kill=lambda rank, why: self.inbox.put(RankOrder(rank, OrderKind.KILL, why)),
+                       start=lambda rank, why: self.inbox.put(RankOrder(rank, OrderKind.START, why)),
+                       alive=alive, leave_timeout=timeouts.leave, gather_timeout=timeouts.pause,
+                       repair_timeout=timeouts.repair)
+        self.mindio_host = MindioHost(spec.world_size, spec.master_ip, spec.controller_port, self.keys,
+                                      gate_port=spec.controller_port + 1, reset_file=config.reset_file,
+                                      poll_interval=timeouts.reset_poll_interval, standin=standin)
+        self.mindio_host.start()
+
+
+def serve_node_metrics(spec: LaunchSpec, collector: Any) -> Any:
+    """A node other than 0: its own metrics at ``--metrics-addr:--metrics-port``, ``/metrics`` only
+    (the status page is the controller's, on node 0). A taken port is a configuration error."""
+    from prometheus_client import CollectorRegistry
+
+    from mindft.observe.metrics import MetricsServer
+
+    registry = CollectorRegistry()
+    registry.register(collector)
+    host = f"[{spec.master_ip}]" if ":" in spec.master_ip else spec.master_ip
+    elsewhere = (f"mindft node {spec.node_rank}: this node agent's metrics are at /metrics; the job's status page "
+                 f"is served by node 0's agent, with the controller: http://{host}:PORT/ (PORT: node 0's "
+                 f"--metrics-port)")
+    return MetricsServer(registry, spec.metrics_ip, spec.metrics_port, elsewhere=elsewhere)
+
+
+def start_warm(spec: LaunchSpec) -> Optional[WarmStarter]:
+    """The node's warm process, importing what MINDFT_PRELOAD names while the agent gets ready;
+    None with MINDFT_WARM_START=0."""
+    config = load_config(spec.env)
+    if not config.warm_start:
+        return None
+    # The workers' interpreter settings (rank_environment's PYTHONUNBUFFERED): a fork keeps them.
+    return WarmStarter({**spec.env, "PYTHONUNBUFFERED": "1"}, spec.log_dir / "warm.log", config.preload)
+
+
+def start_replication(spec: LaunchSpec, keys: Any) -> Optional[Any]:
+    """This node agent's replica keeper and sender when the job needs them: several nodes,
+    mindft's own backend, MINDFT_AGENT_REPLICATION not 0; else None."""
+    if not spec.protected or spec.mindio or spec.nnodes < 2 or spec.state_dir is None:
+        return None
+    config = load_config(spec.env)
+    if not config.agent_replication:
+        return None
+    from mindft.replica import NodeReplication, replica_spill
+
+    return NodeReplication(spec.state_dir, spec.local_ranks, spec.nproc, spec.nnodes, spec.node_rank,
+                           spec.master_ip, spec.controller_address, keys,
+                           spill=replica_spill(config.dump_dir, f"node{spec.node_rank}"))

@@ -1,0 +1,200 @@
+"""``mindft-launch``: msrun's command line, run by mindft's node agent (:mod:`mindft.agent.shell`).
+
+It runs MindSpore's cluster as msrun does (the scheduler on node 0, the workers'
+``MS_ROLE``/``MS_SCHED_*`` environment, msrun's flag names as synonyms: what to run is
+planned by :mod:`mindft.agent.plan`) and plays the role msrun hands to MindCluster's
+external agent when ``MS_ENABLE_TFT`` asks for fault tolerance: kill a worker, start all,
+start a list, monitor, as the job's controller and the node's policy
+(:mod:`mindft.flow.agent`) decide.
+
+Ports: MindSpore's scheduler listens on ``--master-port`` (msrun's ``--master_port``);
+mindft's controller on ``MS_TFT_PORT`` when set (where MindSpore's own fault-tolerance
+controller listens under msrun), else on ``--master-port`` + 1.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+
+from mindft.agent.shell import JOB_FILE, NodeAgent
+from mindft.config import ConfigError
+from mindft.exitcodes import ExitCode, describe, help_block
+from mindft.net.keys import generate_keys
+from mindft.agent.plan import (DEFAULT_CLUSTER_TIME_OUT, DEFAULT_GRACE_PERIOD, DEFAULT_PROGRESS_INTERVAL, LaunchSpec,
+                                UsageError, plan_launch)
+
+log = logging.getLogger(__name__)
+
+
+def job_verdict(code: int) -> str:
+    """The launcher's last line: its exit code and what it means."""
+    if 128 < code < 128 + 65:
+        try:
+            return f"exit code {code}: interrupted by {signal.Signals(code - 128).name}"
+        except ValueError:
+            pass
+    meaning = describe(code)
+    return f"exit code {code}" if meaning == f"exit code {code}" else f"exit code {code}: {meaning}"
+
+
+def _setup_logging(verbose: bool) -> None:
+    class _Tagged(logging.Formatter):
+        def format(self, record: logging.LogRecord) -> str:
+            tag = record.name.rsplit(".", 1)[-1]
+            tag = "mindft-launch" if tag in ("launch", "launch_plan", "workers", "agent", "agent_links") else tag
+            level = "" if record.levelno == logging.INFO else f"{record.levelname}: "
+            return f"[{tag}] {level}{record.getMessage()}" + (
+                "\n" + self.formatException(record.exc_info) if record.exc_info else "")
+
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(_Tagged())
+    root = logging.getLogger("mindft")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    root.propagate = False
+
+
+_HELP = """Run SCRIPT [ARGS] as NPROC ranks with mindft fault tolerance.
+
+Runs MindSpore's cluster as msrun does: on node 0 the scheduler
+(MS_ROLE=MS_SCHED), then the workers with the environment msrun sets
+(MS_ROLE=MS_WORKER, MS_SCHED_HOST/PORT, MS_WORKER_NUM, MS_NODE_ID, RANK_ID,
+RANK_SIZE, DEVICE_ID; MS_ENABLE_RECOVERY=1 with fault tolerance on, so a
+restarted worker rejoins) plus MS_TFT_IP/MS_TFT_PORT and MINDFT_KEY_FILE.
+msrun's option names are accepted too: change the command name and keep
+the rest. Node 0 also runs mindft's controller and its watcher of the
+device plugin's reset file. Each rank's output is printed prefixed with
+[rank N]; a crashed rank is restarted up to --max-restarts times (an
+exception from the script is not retried); the launcher exits with the
+job's result.
+
+""" + help_block()
+
+
+def _fail(message: str) -> None:
+    click.echo(f"mindft-launch: {message}", err=True)
+    sys.exit(ExitCode.USAGE)
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False,
+                                 "help_option_names": ["-h", "--help"]}, help=_HELP)
+@click.option("--nproc", "--local_worker_num", "nproc", type=click.IntRange(1, 4096), default=None,
+              envvar="MINDFT_NPROC", help="Ranks to start on this node. [default: 1, or --worker_num / --nnodes]")
+@click.option("--nnodes", type=click.IntRange(1, 100000), default=None, envvar="MINDFT_NNODES",
+              help="Nodes in the job. [default: 1, or --worker_num / --local_worker_num]")
+@click.option("--worker_num", "--worker-num", "worker_num", type=click.IntRange(1), default=None,
+              help="msrun's name: ranks in the whole job (--nproc x --nnodes).")
+@click.option("--node-rank", "--node_rank", "node_rank", type=click.IntRange(-1), default=None,
+              envvar=["MINDFT_NODE_RANK", "VC_TASK_INDEX"],
+              help="This node's index; node 0 runs the controller and MindSpore's scheduler (-1, msrun's "
+                   "default, means 0 on one node). [default: 0; env: MINDFT_NODE_RANK, VC_TASK_INDEX]")
+@click.option("--master-addr", "--master_addr", "master_addr", default="127.0.0.1", show_default=True,
+              envvar="MINDFT_MASTER_ADDR",
+              help="Address of node 0 (IP or host name); the scheduler and the controller listen there.")
+@click.option("--master-port", "--master_port", "master_port", type=click.IntRange(0, 65535), default=None,
+              envvar="MINDFT_MASTER_PORT",
+              help="MindSpore's scheduler port (MS_SCHED_PORT, as msrun's). The controller listens on "
+                   "MS_TFT_PORT if set, else on this port + 1. Default: free ports on one node, 29600 on several.")
+@click.option("--scheduler/--no-scheduler", default=True, show_default=True, envvar="MINDFT_SCHEDULER",
+              help="Run MindSpore's cluster as msrun does (scheduler on node 0, MS_ROLE/MS_SCHED_* in the "
+                   "ranks); --no-scheduler for a script that never calls mindspore.communication.init().")
+@click.option("--cluster-time-out", "--cluster_time_out", "cluster_time_out", type=int,
+              default=DEFAULT_CLUSTER_TIME_OUT, show_default=True,
+              help="Seconds for MindSpore's cluster to form (MS_TOPO_TIMEOUT, as msrun's); negative: forever.")
+@click.option("--join", type=click.BOOL, default=None,
+              help="Accepted for msrun compatibility; mindft-launch always stays with the job.")
+@click.option("--max-restarts", type=click.IntRange(0, 1000), default=3, show_default=True,
+              help="Times each rank may be restarted (a restart of every worker counts; a hot reset's does not).")
+@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Private directory for the key file, logs and job.json. Default: a new temporary one.")
+@click.option("--log-dir", "--log_dir", "log_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Per-rank log files (rank_N.log) and scheduler.log. Default: RUN_DIR/logs.")
+@click.option("--key-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              envvar="MINDFT_KEY_FILE",
+              help="Use this job key (from 'mindft keygen'), shared by every node. Default: a new one.")
+@click.option("--insecure", is_flag=True, help="Run the control channel without CurveZMQ (debugging only).")
+@click.option("--grace-period", type=click.FloatRange(0), default=DEFAULT_GRACE_PERIOD, show_default=True,
+              help="Seconds between forwarding SIGINT/SIGTERM and SIGKILL.")
+@click.option("--progress-interval", type=click.FloatRange(0.1), default=DEFAULT_PROGRESS_INTERVAL,
+              show_default=True, help="Seconds between progress lines while a recovery waits.")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=None, envvar="MINDFT_METRICS_PORT",
+              help="Serve this node's Prometheus metrics at http://ADDR:PORT/metrics, on node 0 with the "
+                   "controller's and the live status page at http://ADDR:PORT/ (docs/metrics.md). [default: off]")
+@click.option("--metrics-addr", default=None, envvar="MINDFT_METRICS_ADDR",
+              help="Address the metrics are served on (0.0.0.0: every interface). [default: --master-addr on node 0, elsewhere the address that reaches it]")
+@click.option("--no-prefix", is_flag=True, help="Do not prefix rank output with [rank N].")
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging of mindft itself.")
+@click.version_option(package_name="mindft", message="mindft %(version)s")
+@click.argument("script")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+def main(**params: Any) -> None:
+    """``mindft-launch``: plan the launch from the command line, run the node agent, exit with the job's code."""
+    _setup_logging(params["verbose"])
+    try:
+        spec = plan_launch(params, os.environ)
+    except UsageError as error:
+        _fail(str(error))
+    except ConfigError as error:
+        _fail(f"configuration error: {error}")
+    if params["join"] is False:
+        log.warning("--join False: mindft-launch stays with the job anyway (it restarts ranks and "
+                    "decides the exit code)")
+    # Created only once everything is validated, so a refused launch leaves nothing behind.
+    run_dir = params["run_dir"]
+    made_run_dir = run_dir is None
+    if run_dir is None:
+        run_dir = Path(tempfile.mkdtemp(prefix="mindft-run-"))
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(run_dir, 0o700)
+    generated_key = spec.protected and not spec.insecure and spec.key_file is None
+    key_file = spec.key_file
+    if generated_key:
+        key_file = run_dir / "keys.json"
+        generate_keys(key_file)
+    spec = dataclasses.replace(spec, run_dir=run_dir, log_dir=params["log_dir"] or run_dir / "logs",
+                               key_file=key_file)
+    try:
+        code = NodeAgent(spec).run()
+    except ConfigError as error:
+        clean_run_dir(spec, made_run_dir, generated_key)
+        _fail(f"configuration error: {error}")
+    clean_run_dir(spec, made_run_dir, generated_key)
+    print(f"[mindft-launch] {job_verdict(code)}", flush=True)
+    sys.exit(code)
+
+
+def clean_run_dir(spec: LaunchSpec, made_run_dir: bool, generated_key: bool) -> None:
+    """After the job: keep the logs, drop what only a running job needs.
+
+    The generated key (a secret) and job.json (it names a controller that is gone) are
+    removed; a run directory this launcher created is removed whole when it holds no log.
+    """
+    removable = [spec.run_dir / JOB_FILE] + ([spec.run_dir / "keys.json"] if generated_key else [])
+    for path in removable:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as error:
+            log.warning("could not remove %s: %s", path, error)
+    logs = [p for p in spec.log_dir.glob("*") if p.is_file()] if spec.log_dir.is_dir() else []
+    if logs:
+        print(f"[mindft-launch] logs kept in {spec.log_dir}", flush=True)
+    elif made_run_dir:
+        shutil.rmtree(spec.run_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    # Run the copy in sys.modules so loggers and classes are mindft.cli.launch's, not __main__'s.
+    from mindft.cli.launch import main as _main
+    _main()

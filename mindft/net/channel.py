@@ -1,0 +1,313 @@
+"""The control channel's sockets: the controller's ROUTER, a rank's DEALER and its I/O loop, one-off requests.
+
+Every socket option of the control channel is set here and nowhere else (HWM, linger,
+frame limit, reconnect back-off, CurveZMQ).
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import time
+from typing import Callable, Iterator, Optional, Tuple, Union
+
+import zmq
+
+from mindft.config import MindftConfig
+from mindft.flow.liveness import Liveness, Verdict
+from mindft.net.keys import CurveKeys, secure_client, secure_server
+from mindft.protocol import (MAX_FRAME, DeviceEvent, InjectRequest, Message, NodeLost, ProcessExit, ProtocolError,
+                             ReplicaReport, Reply, StatusReply, StatusRequest, decode, encode)
+
+log = logging.getLogger(__name__)
+
+# ROUTER send queue per peer: a broadcast puts one frame in each peer's pipe, so a few
+# thousand is plenty; beyond it ZeroMQ drops (a rank that far behind is declared dead anyway).
+ROUTER_SEND_HWM = 10_000
+ROUTER_RECEIVE_HWM = 100_000
+# Pending TCP connections the controller's listening socket queues (the kernel caps it at
+# net.core.somaxconn). Every rank connects at once when a job starts; with ZeroMQ's default
+# of 100 the kernel drops the other SYNs and the ranks retry after 1, 3, 7 ... s (4000
+# ranks on loopback: 31 s to connect instead of 1.5 s).
+ROUTER_BACKLOG = 4096
+# Keep unsent DUMP_AND_EXIT / FINISH frames this long after the controller closes.
+ROUTER_LINGER_MS = 2_000
+# Control traffic is a few frames per step; a deep queue only hides a dead peer.
+DEALER_HWM = 1_000
+DEALER_LINGER_MS = 1_000
+REPORT_LINGER_MS = 200  # step reports still queued when a rank leaves: the last few are worth sending
+RECONNECT_IVL_MS = 100
+RECONNECT_IVL_MAX_MS = 1_000
+# How long a one-off request waits for its answer by default.
+REQUEST_TIMEOUT = 5.0
+
+# One-byte tags in front of each frame on a rank's inproc pipe to its I/O thread (run_link).
+PIPE_MESSAGE, PIPE_REGISTER, PIPE_STOP = b"M", b"R", b"S"
+
+Request = Union[StatusRequest, InjectRequest, ProcessExit, DeviceEvent, ReplicaReport, NodeLost]
+_request_ids = itertools.count(1)
+_pipe_ids = itertools.count()
+
+
+# The two likely causes of a controller's silence, and their fixes: CurveZMQ drops a client with
+# another key without a word, so a wrong key looks exactly like no controller.
+UNREACHABLE_CAUSES = ("either no controller runs there: start the job with mindft-launch, node 0 included, or "
+                      "unset MS_ENABLE_TFT to train without fault tolerance; or it holds a different key, and "
+                      "CurveZMQ gives no answer to a wrong key: give every node the same --key-file")
+
+
+class ControllerUnreachable(RuntimeError):
+    """The controller did not answer a request in time."""
+
+
+def normalize_address(address: str) -> str:
+    """``host:port`` or ``tcp://host:port`` → ``tcp://host:port``; ValueError names what is valid."""
+    text = address.strip()
+    bare = text[len("tcp://"):] if text.startswith("tcp://") else text
+    host, sep, port = bare.rpartition(":")
+    if not sep or not host or "://" in bare or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"controller address {address!r} is not HOST:PORT or tcp://HOST:PORT "
+                         f"(e.g. 127.0.0.1:29600)")
+    return f"tcp://{host}:{int(port)}"
+
+
+def router(context: zmq.Context, keys: Optional[CurveKeys], address: str) -> zmq.Socket:
+    """The controller's socket, bound to ``address`` (port ``*`` picks a free one)."""
+    sock = context.socket(zmq.ROUTER)
+    # A processor that reconnects with the same identity replaces its old connection.
+    # ROUTER_MANDATORY stays off: a frame for a vanished peer is dropped; silence, not a
+    # send error, decides that a peer is dead.
+    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+    sock.setsockopt(zmq.SNDHWM, ROUTER_SEND_HWM)
+    sock.setsockopt(zmq.RCVHWM, ROUTER_RECEIVE_HWM)
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME)  # libzmq drops a peer that sends more, unread
+    sock.setsockopt(zmq.LINGER, ROUTER_LINGER_MS)
+    sock.setsockopt(zmq.BACKLOG, ROUTER_BACKLOG)
+    secure_server(sock, keys)
+    try:
+        sock.bind(address)
+    except zmq.ZMQError:
+        sock.close(0)
+        raise
+    return sock
+
+
+class RouterSender:
+    """Sends on the controller's ROUTER without ever blocking: a frame for a peer that is gone, or
+    whose pipe is full, is dropped (silence, not a send error, decides that a peer is dead)."""
+
+    # Broadcast frames from this size on share one buffer (below it, a copy per peer costs no more
+    # than the shared message's reference counting: measured crossover ~2 kB).
+    SHARE_FROM = 2048
+
+    def __init__(self, sock: zmq.Socket) -> None:
+        # zmq.Socket.send only adds draft-API arguments (routing_id, group) to the backend's
+        # send: calling the backend's directly saves a Python call per frame, two frames per
+        # rank per broadcast (16 384 ranks: ~15 ms per broadcast).
+        self._send = super(zmq.Socket, sock).send
+
+    def to(self, peer: bytes, frame: bytes) -> None:
+        try:
+            self._send(peer, _MORE_NOBLOCK)
+            self._send(frame, _NOBLOCK)
+        except zmq.ZMQError as error:
+            log.debug("could not send to %r: %s", peer, error)
+
+    def to_all(self, peers: Tuple[bytes, ...], frame: Union[bytes, zmq.Frame]) -> None:
+        """The same bytes to every peer, encoded once. A large frame (the start barrier's
+        RegisterAck carries every rank's endpoint) goes out as one zmq.Frame whose buffer every
+        peer's message shares: sent as bytes, each peer gets its own copy (16 384 ranks: 2.9 GB
+        and ~1 s of copying for one RegisterAck; shared: 180 kB, 30 ms)."""
+        if len(frame) >= self.SHARE_FROM:
+            frame = zmq.Frame(frame)
+        send = self._send
+        for peer in peers:
+            try:
+                send(peer, _MORE_NOBLOCK)
+                send(frame, _NOBLOCK)
+            except zmq.ZMQError as error:
+                log.debug("could not send to %r: %s", peer, error)
+
+
+_NOBLOCK = int(zmq.NOBLOCK)
+_MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
+
+
+def dealer(context: zmq.Context, keys: Optional[CurveKeys], address: str, identity: bytes = b"") -> zmq.Socket:
+    """A rank's (or a client's) socket connected to the controller at ``address``."""
+    sock = context.socket(zmq.DEALER)
+    if identity:
+        sock.setsockopt(zmq.IDENTITY, identity)
+    sock.setsockopt(zmq.LINGER, DEALER_LINGER_MS)
+    sock.setsockopt(zmq.SNDHWM, DEALER_HWM)
+    sock.setsockopt(zmq.RCVHWM, DEALER_HWM)
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME)
+    sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
+    # IMMEDIATE stays off on purpose: frames queue until the TCP connection exists, so a
+    # rank started before its controller registers as soon as the controller binds.
+    secure_client(sock, keys)
+    sock.connect(address)
+    return sock
+
+
+def report_dealer(context: zmq.Context, keys: Optional[CurveKeys], address: str, identity: bytes) -> zmq.Socket:
+    """A rank's second DEALER, for the training thread's fire-and-forget step reports."""
+    sock = dealer(context, keys, address, identity)
+    sock.setsockopt(zmq.LINGER, REPORT_LINGER_MS)
+    return sock
+
+
+def pipe(context: zmq.Context, name: str) -> Tuple[zmq.Socket, zmq.Socket]:
+    """An inproc PAIR pipe (reading end, writing end) between two threads of this process."""
+    address = f"inproc://mindft-{name}-{os.getpid()}-{next(_pipe_ids)}"
+    ends = []
+    for connect in (False, True):
+        sock = context.socket(zmq.PAIR)
+        sock.setsockopt(zmq.LINGER, 0)
+        (sock.connect if connect else sock.bind)(address)
+        ends.append(sock)
+    return ends[0], ends[1]
+
+
+def receive_all(sock: zmq.Socket, who: str) -> Iterator[Message]:
+    """Every message waiting on ``sock``, decoded; a bad frame is logged and dropped."""
+    while True:
+        try:
+            frame = sock.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        try:
+            yield decode(frame)
+        except ProtocolError as error:
+            log.warning("%s dropped a frame from the controller: %s", who, error)
+
+
+def run_link(context: zmq.Context, keys: Optional[CurveKeys], config: MindftConfig, identity: bytes,
+             pipe_in: zmq.Socket, heartbeat: Callable[[], bytes], reported_at: Callable[[], float],
+             receive: Callable[[zmq.Socket], None], register_again: Callable[[], bytes]) -> Optional[str]:
+    """A rank's DEALER on its I/O thread, until told to stop (None) or it gives up (the reason).
+
+    Frames tagged PIPE_* arrive on ``pipe_in`` and go out; ``receive(sock)`` reads what the
+    controller sends. Once registered, :class:`~mindft.flow.liveness.Liveness` decides when a
+    ``heartbeat()`` frame is due (``reported_at()``: the newest step report sent on the training
+    thread's own socket) and what a silent controller means: reconnect (same identity) and
+    re-register with ``register_again()`` (the registration as it stands now: a controller started
+    again learns how far the rank got), or give up.
+    """
+    timeouts, monotonic, rank, address = config.timeouts, time.monotonic, config.rank, config.controller_address
+    # A rank started by hand (not by mindft-launch) has nobody to wait for: one silent period.
+    live = Liveness(timeouts.heartbeat_interval, timeouts.dead_after, timeouts.connect_retries,
+                    timeouts.connect_retries if config.launcher_pid else 1, monotonic())
+    sock = dealer(context, keys, address, identity)
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    poller.register(pipe_in, zmq.POLLIN)
+    registered = False  # the registration went out: from now on the controller's silence counts
+    try:
+        while True:
+            # Not part of a job yet: nothing to heartbeat or time out.
+            timeout = live.timeout(monotonic(), reported_at()) if registered else live.interval
+            ready = dict(poller.poll(timeout * 1000.0))
+            if pipe_in in ready:
+                while True:
+                    try:
+                        data = pipe_in.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    tag, frame = data[:1], data[1:]
+                    if tag == PIPE_STOP:
+                        return None
+                    if tag == PIPE_REGISTER:
+                        registered = True
+                        live.registering(monotonic())
+                    try:
+                        sock.send(frame, zmq.NOBLOCK)
+                        live.sent(monotonic())
+                    except zmq.Again:  # the silence check reconnects and re-registers
+                        log.warning("rank=%d send queue full; frame dropped", rank)
+            if sock in ready:
+                live.received(monotonic())
+                receive(sock)
+            if not registered:
+                continue
+            check = live.check(monotonic(), reported_at())
+            if check.beat:
+                try:
+                    sock.send(heartbeat(), zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+            if check.verdict is Verdict.NEVER_ANSWERED:
+                return (f"rank {rank}: no mindft controller answers at {address} (waited "
+                        f"{check.periods * live.dead_after:g} s): {UNREACHABLE_CAUSES}")
+            if check.verdict is Verdict.SILENT:
+                return (f"rank {rank}: controller at {address} silent for {live.retries} periods of "
+                        f"{live.dead_after:g} s (timeouts.connect_retries); is it running, and do both sides "
+                        f"use the same key?")
+            if check.verdict is Verdict.RECONNECT:
+                log.log(logging.WARNING if live.heard else logging.DEBUG,
+                        "rank=%d controller silent for %.2f s; reconnecting (attempt %d of %d)",
+                        rank, check.silent_for, check.periods + 1, live.retries)
+                poller.unregister(sock)
+                sock.close(0)
+                sock = dealer(context, keys, address, identity)
+                poller.register(sock, zmq.POLLIN)
+                sock.send(register_again(), zmq.NOBLOCK)
+    finally:
+        sock.close(DEALER_LINGER_MS)
+
+
+def request(address: str, keys: Optional[CurveKeys], message: Request, timeout: float = REQUEST_TIMEOUT,
+            context: Optional[zmq.Context] = None) -> Union[Reply, StatusReply]:
+    """Send one request and return the reply carrying its ``request_id``.
+
+    A fresh socket per request (the guide's Lazy Pirate), and replies are matched by id, so a
+    late answer to an earlier request is never taken for this one.
+    Raises :class:`ControllerUnreachable` when nothing matching arrives within ``timeout``.
+    """
+    request_id = (os.getpid() << 20) + next(_request_ids)
+    message = type(message)(**{**message.__dict__, "request_id": request_id})
+    own = context is None
+    context = zmq.Context() if own else context
+    sock = dealer(context, keys, normalize_address(address))
+    try:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.send(encode(message))
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not sock.poll(left * 1000.0):
+                raise ControllerUnreachable(f"no answer from the controller at {address} within {timeout:g} s: "
+                                            f"is the job running, and is this the job's key? (CurveZMQ gives "
+                                            f"no answer to a different key)")
+            try:
+                reply = decode(sock.recv())
+            except ProtocolError as error:
+                log.debug("ignoring a bad frame from the controller: %s", error)
+                continue
+            if isinstance(reply, (Reply, StatusReply)) and reply.request_id == request_id:
+                return reply
+    finally:
+        sock.close(0)
+        if own:
+            context.term()
+
+
+class Client:
+    """One-off requests to the controller at ``address`` (launcher, CLI, demo)."""
+
+    def __init__(self, address: str, keys: Optional[CurveKeys], timeout: float = REQUEST_TIMEOUT) -> None:
+        self.address = address  # checked when used: the launcher may not know its port yet
+        self.keys = keys
+        self.timeout = timeout
+
+    def request(self, message: Request) -> Union[Reply, StatusReply]:
+        """Send ``message``; the reply with its request id, or :class:`ControllerUnreachable`."""
+        return request(self.address, self.keys, message, self.timeout)
+
+    def status(self) -> StatusReply:
+        """The controller's current view of the job."""
+        reply = self.request(StatusRequest())
+        if not isinstance(reply, StatusReply):
+            raise ControllerUnreachable(f"unexpected answer to a status request: {type(reply).__name__}")
+        return reply

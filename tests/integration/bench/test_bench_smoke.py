@@ -1,0 +1,105 @@
+"""The benchmarks still run against this tree: bench/step_cost.py (2 real ranks with and without
+mindft) and bench/coordination.py (64 simulated ranks next to the bare-zmq floor), JSON fields;
+bench/train_overhead_ranks.py's order of the modes and its ratios.
+
+Timings are not asserted (speed is measured by the benchmark, not by tests); this only keeps
+the benchmark from rotting when the processor's API changes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow  # each runs a benchmark's processes
+
+REPO = Path(__file__).resolve().parents[3]
+ROW_FIELDS = {"variant", "ranks", "steps", "mindft_median_us", "mindft_p99_us", "mindft_mean_us", "call_median_us",
+              "open_window_median_us", "window_waits", "step_wall_us", "step_cpu_us", "controller_cpu_per_step_us"}
+
+
+def test_step_cost_quick_run_writes_both_variants(tmp_path: Path) -> None:
+    output = tmp_path / "step_cost.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    for name in ("MINDFT_INSECURE", "MINDFT_KEY_FILE", "MS_TFT_PORT", "MS_NODE_ID", "MS_WORKER_NUM"):
+        env.pop(name, None)
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "step_cost.py"), "--quick", "--ranks", "2",
+                           "--steps", "40", "--old", "none", "--output", str(output)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(output.read_text())
+    assert result["benchmark"] == "step_cost"
+    assert result["config"]["secure"] is True and result["config"]["ranks"] == [2]
+    rows = {row["variant"]: row for row in result["rows"]}
+    assert set(rows) == {"none", "mindft"}
+    for row in rows.values():
+        assert ROW_FIELDS <= row.keys()
+        assert row["ranks"] == 2 and row["steps"] == 40
+    assert set(rows["mindft"]["call_median_us"]) == {"wait_window", "finished", "poll_action"}
+    assert rows["none"]["call_median_us"] == {} and rows["none"]["mindft_median_us"] == 0.0
+    assert rows["mindft"]["mindft_median_us"] > 0.0  # the calls were really timed
+    assert {"median_met", "worst_median_us"} <= result["target"].keys()
+    assert "ranks" in done.stdout and "slowdown" in done.stdout
+
+
+def test_coordination_quick_run_simulated_ranks_next_to_the_floor(tmp_path: Path) -> None:
+    output = tmp_path / "coordination.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "coordination.py"), "--quick", "--real-sizes", "0",
+                           "--sim-sizes", "64", "--repeat", "2", "--output", str(output)],
+                          env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(output.read_text())
+    rows = result["rows"]
+    assert [(r["kind"], r["ranks"], r["repeat"]) for r in rows] == [("simulated", 64, 0), ("simulated", 64, 1)]
+    for row in rows:
+        assert row["rounds"] == 3 and row["median_s"] > 0 and row["floor_median_s"] > 0
+        # Every simulated rank acknowledged every phase of every round (the warm-up round's
+        # count as setup), and said it was done.
+        assert row["frames_to_controller"]["rounds"]["ack"] == 64 * 3 * 3
+        assert row["frames_to_controller"]["setup"]["ack"] == 64 * 3
+        assert row["frames_from_controller"]["setup"]["RegisterAck"] == 64
+        assert set(row["phase_median_s"]) == {"PAUSING", "REPAIRING", "ROLLBACK", "RESUMING"}
+    assert "bare zmq floor ms" in done.stdout
+
+
+def _ranks_bench():
+    """bench/train_overhead_ranks.py as a module (bench/ is not a package)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import train_overhead_ranks
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    return train_overhead_ranks
+
+
+def test_the_ranks_benchmark_runs_every_mode_in_every_position_equally_often() -> None:
+    orders = _ranks_bench().orders
+    assert orders(["plain", "mindft"]) == [["plain", "mindft"], ["mindft", "plain"], ["mindft", "plain"],
+                                           ["plain", "mindft"]]  # ABBA
+    rounds = orders(["plain", "mindft", "coordination"])
+    assert len(rounds) == 6 and all(sorted(order) == sorted(rounds[0]) for order in rounds)
+    for mode in rounds[0]:
+        assert sorted(order.index(mode) for order in rounds) == [0, 0, 1, 1, 2, 2]
+
+
+def test_the_ranks_benchmark_sets_each_mode_against_plain_of_the_same_round() -> None:
+    summarize = _ranks_bench().summarize
+    step_ms = {(0, "plain"): 100.0, (0, "mindft"): 103.0, (0, "control"): 98.0, (0, "coordination"): 101.0,
+               (1, "plain"): 200.0, (1, "mindft"): 202.0, (1, "control"): 210.0, (1, "coordination"): 200.0}
+    jobs = [{"round": r, "mode": mode, "batch": 64, "dp": True, "nproc": 2, "nnodes": 1, "state_bytes": 1 << 20,
+             "step_ms": ms, "cpu_ms": ms, "rank_hwm": [0, 0], "launcher_hwm": [0], "job_pss_peak": 0, "shm_peak": 0,
+             "load_before": [1.0], "load_after": [2.0], "every": 10, "expected_overhead": 0.01,
+             "parts_ms": {"wait_peers": 0.0}} for (r, mode), ms in step_ms.items()]
+    row = summarize(jobs, 64, True)
+    assert row["rounds"] == 2
+    assert row["ratio"] == pytest.approx([1.01, 1.02, 1.03])
+    assert row["control_ratio"] == pytest.approx([0.98, 1.015, 1.05])
+    assert row["mindft_over_unprotected"] == pytest.approx([2 * 202 / 410, (2 * 103 / 198 + 2 * 202 / 410) / 2,
+                                                             2 * 103 / 198])
+    assert row["coordination_ratio"] == pytest.approx([1.0, 1.005, 1.01])
+    assert row["mindft_over_coordination"] == pytest.approx([1.01, (103 / 101 + 1.01) / 2, 103 / 101])

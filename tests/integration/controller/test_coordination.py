@@ -1,0 +1,597 @@
+"""The pause → repair → rollback → resume flow between real processes on 127.0.0.1.
+
+The controller runs on a thread of the test process; every rank is a subprocess running
+tests/fake_rank.py (the rank engine and a fake training loop whose final
+state is only right if every rollback restored the right step).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator, Optional
+
+import pytest
+import zmq
+
+from mindft.net import channel
+from mindft.config import MindftConfig, Timeouts
+from mindft.controller import Controller
+from mindft.exitcodes import ExitCode
+from mindft.flow import DeviceFailed, DeviceFaulty, DeviceRecovered, JobState
+from mindft.net.keys import generate_keys, secure_client
+from mindft.rank.processor import Processor, ProcessorError
+from mindft.protocol import (ActionKind, FaultKind, InjectRequest, OrderKind, ProcessExit, RankOrder, Register,
+                             RegisterAck, StatusRequest, decode, encode)
+from mindft.rank.engine import RankLoop
+
+from harness import FAKE_RANK, ControllerJob, environment, free_port, job_fixture, start_controller
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+RANK_SCRIPT = FAKE_RANK
+EXIT_DUMPED = ExitCode.DUMPED
+EXIT_OK, EXIT_FAILED = ExitCode.OK, ExitCode.FAILED
+ControllerState = JobState
+
+
+def request(config: MindftConfig, message, timeout: float = 5.0):
+    return channel.request(config.controller_address, None, message, timeout)
+# Short but not twitchy on 2 busy cores: a rank is declared dead after 2 s of silence.
+FAST = Timeouts(heartbeat_interval=0.05, heartbeat_misses=40, register=30.0, pause=10.0,
+                repair=15.0, rollback=10.0, resume=10.0, connect_retries=5)
+
+
+def expected_state(steps: int) -> int:
+    return steps * (steps + 1) // 2
+
+
+class Job(ControllerJob):
+    """A controller thread plus fake_rank.py subprocesses; a rank that left its device starts again."""
+
+    def __init__(self, tmp: Path, world_size: int, timeouts: Timeouts = FAST, secure: bool = False,
+                 steps: int = 20, step_time: float = 0.02) -> None:
+        self.steps, self.step_time = steps, step_time
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.incarnations: dict[int, int] = {}
+        super().__init__(tmp, world_size, timeouts, secure, agent=self._on_order)
+
+    def spawn(self, rank: int, restart_count: int = 0, **extra: str) -> subprocess.Popen:
+        t = self.timeouts
+        env = self.rank_environment(rank, restart_count, MINDFT_REGISTER_TIMEOUT=str(t.register),
+                                    MINDFT_CONNECT_RETRIES=str(t.connect_retries),
+                                    COORD_DIR=str(self.tmp), COORD_STEPS=str(self.steps),
+                                    COORD_STEP_TIME=str(self.step_time), **extra)
+        proc = self.start([str(RANK_SCRIPT)], env, self.tmp / f"stderr-{rank}.txt")
+        self.procs[rank] = proc
+        self.incarnations[rank] = restart_count
+        return proc
+
+    def _on_order(self, message) -> None:
+        """The node agent's part after a hot reset: a new incarnation of a rank that left its device."""
+        if isinstance(message, RankOrder) and message.kind is OrderKind.START:
+            self.spawn(message.rank, restart_count=self.incarnations.get(message.rank, 0) + 1)
+
+    def spawn_all(self, **per_rank: dict[str, str]) -> None:
+        for rank in range(self.world_size):
+            self.spawn(rank, **per_rank.get(f"r{rank}", {}))
+
+    def rank_step(self, rank: int) -> int:
+        replica = self.tmp / f"replica-{rank}.json"
+        try:
+            return json.loads(replica.read_text())["step"]
+        except (FileNotFoundError, ValueError):
+            return -1
+
+    def events(self, rank: int) -> list[dict]:
+        path = self.tmp / f"events-{rank}.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def wait_ranks(self, timeout: float = 30.0) -> dict[int, int]:
+        codes = {}
+        for rank, proc in self.procs.items():
+            codes[rank] = proc.wait(timeout)
+        return codes
+
+
+make_job = job_fixture(Job)
+
+
+def assert_all_done(job: Job, steps: Optional[int] = None) -> None:
+    steps = job.steps if steps is None else steps
+    job.wait_ranks()  # the controller is DONE once FINISH is sent; a rank writes its last event after
+    for rank in range(job.world_size):
+        done = [e for e in job.events(rank) if e["event"] == "done"]
+        assert done, f"rank {rank} never finished: {job.events(rank)[-3:]}"
+        assert done[-1]["step"] == steps
+        assert done[-1]["state"] == expected_state(steps), f"rank {rank} replayed wrongly"
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_fault_report_runs_full_recovery(make_job, world_size: int) -> None:
+    job = make_job(world_size, steps=12)
+    job.spawn_all(r1={"COORD_FAULT_AT": "6:uce"})
+    result = job.result()
+    assert result.exit_code == EXIT_OK, result.reason
+    assert set(job.wait_ranks().values()) == {0}
+    assert_all_done(job)
+    assert len(job.controller.recovery_times) == 1
+    for rank in range(world_size):
+        kinds = [e["action"] for e in job.events(rank) if e["event"] == "action"]
+        assert kinds == ["pause", "rollback", "resume"], (rank, kinds)
+        restored = [e["step"] for e in job.events(rank) if e["event"] == "restored"]
+        assert restored == [5], (rank, restored)  # rank 1 failed inside step 6: 5 is held everywhere
+
+
+def test_killed_rank_is_detected_restarted_and_caught_up(make_job) -> None:
+    job = make_job(3, steps=40, step_time=0.03)
+    job.spawn_all()
+    job.wait_for(lambda: job.rank_step(1) >= 5, "rank 1 to reach step 5")
+    victim = job.procs[1]
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    job.wait_for(lambda: job.status().state == ControllerState.REPAIRING.value, "the job to pause")
+    status = job.status()
+    assert status.ranks[1].state == "dead"
+    assert "HANG" in status.reason  # silent: the controller cannot know it was killed
+    paused_at = {r: job.rank_step(r) for r in (0, 2)}
+    time.sleep(0.2)
+    assert {r: job.rank_step(r) for r in (0, 2)} == paused_at  # the others really stopped
+    job.spawn(1, restart_count=1)
+    result = job.result()
+    assert result.exit_code == EXIT_OK, result.reason
+    assert set(job.wait_ranks().values()) == {0}
+    assert_all_done(job)
+    assert job.controller.latest_status().ranks[1].restarts == 1
+    assert job.controller.latest_status().ranks[1].incarnation == 1
+    registered = [e for e in job.events(1) if e["event"] == "registered"]
+    assert [e["incarnation"] for e in registered] == [0, 1]
+    # The restarted rank's new replica endpoint reached its peers with ROLLBACK.
+    for rank in (0, 2):
+        restored = [e for e in job.events(rank) if e["event"] == "restored"]
+        assert restored and restored[-1]["endpoints"]["1"] == "fake://1/1"
+
+
+def test_launcher_exit_report_marks_rank_dead_at_once(make_job) -> None:
+    job = make_job(2, steps=40, step_time=0.03,
+                   timeouts=Timeouts(heartbeat_interval=0.05, heartbeat_misses=200, register=30.0,
+                                     pause=10.0, repair=15.0, rollback=10.0, resume=10.0))
+    job.spawn_all()
+    job.wait_for(lambda: job.rank_step(1) >= 3, "rank 1 to reach step 3")
+    victim = job.procs[1]
+    victim.kill()
+    victim.wait(10)
+    # dead_after is 10 s here, so only the launcher's report can make this quick.
+    reply = request(job.config, ProcessExit(1, -9, victim.pid))
+    assert reply.ok
+    status = job.status()
+    assert status.state in (ControllerState.PAUSING.value, ControllerState.REPAIRING.value)
+    assert "PROCESS_DIED" in status.reason
+    job.spawn(1, restart_count=1)
+    assert job.result().exit_code == EXIT_OK
+    assert_all_done(job)
+
+
+def test_stopped_rank_is_detected_as_hung(make_job) -> None:
+    job = make_job(2, steps=40, step_time=0.03)
+    job.spawn_all()
+    job.wait_for(lambda: job.rank_step(1) >= 3, "rank 1 to reach step 3")
+    hung = job.procs[1]
+    hung.send_signal(signal.SIGSTOP)
+    job.wait_for(lambda: job.status().state == ControllerState.REPAIRING.value, "the hang to be detected")
+    status = job.status()
+    assert status.ranks[1].state == "dead"
+    assert "rank 1 HANG" in status.reason
+    hung.kill()  # cleanup also SIGCONTs; a stopped process still dies on SIGKILL
+    hung.wait(10)
+    job.spawn(1, restart_count=1)
+    assert job.result().exit_code == EXIT_OK
+    assert_all_done(job)
+
+
+def test_garbage_and_wrong_key_peers_are_refused(make_job) -> None:
+    job = make_job(2, secure=True, steps=15)
+    # Raw bytes that are not even ZMTP.
+    for junk in (b"\x00" * 64, b"GET / HTTP/1.1\r\n\r\n", os.urandom(512)):
+        with socket.create_connection(("127.0.0.1", job.port), timeout=2) as raw:
+            raw.sendall(junk)
+    context = zmq.Context()
+    try:
+        intruders = []
+        wrong = generate_keys(job.tmp / "other.key")
+        for keys in (wrong, None):
+            sock = context.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            if keys is not None:
+                secure_client(sock, keys)
+            sock.connect(job.controller.endpoint)
+            sock.send(encode(StatusRequest()))
+            intruders.append(sock)
+        for sock in intruders:
+            assert sock.poll(1000) == 0, "a peer without the job key got an answer"
+    finally:
+        context.destroy(0)
+    job.spawn_all(r0={"COORD_FAULT_AT": "4:communication"})
+    result = job.result()
+    assert result.exit_code == EXIT_OK, result.reason
+    assert_all_done(job)
+
+
+def test_garbage_frames_from_a_connected_peer_are_dropped(make_job) -> None:
+    job = make_job(2, steps=10)
+    context = zmq.Context()
+    try:
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 5000)  # the frames must leave before close (connect is asynchronous)
+        sock.connect(job.controller.endpoint)
+        sock.send(b"\xff\xfe not json")
+        sock.send(b'{"v":99,"msg":"status_request"}')
+        sock.send(b'{"v":1,"msg":"launch_missiles"}')
+        sock.send(b'{"v":1,"msg":"heartbeat","rank":0,"incarnation":0,"step":"x"}')
+        sock.send_multipart([b"two", b"frames"])
+        sock.send(b"x" * (8 * 1024 * 1024))  # over MAX_FRAME: libzmq drops the connection
+        sock.close()  # lingers until the frames are out
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(job.controller.endpoint)
+        sock.send(encode(StatusRequest()))
+        assert sock.poll(5000), "controller stopped answering after garbage"
+    finally:
+        context.destroy(0)
+    deadline = time.monotonic() + 10  # the status came on another connection: the garbage may trail it
+    while job.controller.dropped_frames < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert job.controller.dropped_frames >= 5
+    job.spawn_all(r1={"COORD_FAULT_AT": "3:uce"})
+    assert job.result().exit_code == EXIT_OK
+    assert_all_done(job)
+
+
+@pytest.mark.parametrize("phase", ["pause", "rollback", "resume"])
+def test_phase_timeout_escalates_to_dump_and_exit(make_job, phase: str) -> None:
+    timeouts = Timeouts(heartbeat_interval=0.05, heartbeat_misses=40, register=30.0, pause=1.5,
+                        repair=10.0, rollback=1.5, resume=1.5)
+    job = make_job(2, steps=30, timeouts=timeouts)
+    job.spawn_all(r0={"COORD_FAULT_AT": "4:uce"}, r1={"COORD_IGNORE": phase})
+    result = job.result()
+    state = {"pause": "PAUSING", "rollback": "ROLLBACK", "resume": "RESUMING"}[phase]
+    assert result.exit_code == EXIT_FAILED
+    assert f"{state} timed out after 1.5 s (timeouts.{phase})" in result.reason
+    assert "waiting for rank 1" in result.reason  # who
+    assert "rank 0 UCE in step 4" in result.reason  # what failed, where
+    assert job.controller.state is ControllerState.FAILED
+    assert job.wait_ranks() == {0: EXIT_DUMPED, 1: EXIT_DUMPED}
+    for rank in (0, 1):
+        assert [e for e in job.events(rank) if e["event"] == "dump"]
+
+
+def test_repair_timeout_when_a_dead_rank_never_returns(make_job) -> None:
+    timeouts = Timeouts(heartbeat_interval=0.05, heartbeat_misses=30, register=30.0, pause=5.0,
+                        repair=1.0, rollback=5.0, resume=5.0)
+    job = make_job(2, steps=40, step_time=0.03, timeouts=timeouts)
+    job.spawn_all()
+    job.wait_for(lambda: job.rank_step(1) >= 3, "rank 1 to reach step 3")
+    job.procs[1].kill()
+    result = job.result()
+    assert result.exit_code == EXIT_FAILED
+    assert "REPAIRING timed out" in result.reason and "rank 1 (its process is gone; a new one has not registered)" in result.reason
+    assert job.procs[0].wait(30) == EXIT_DUMPED
+
+
+def test_second_fault_during_recovery_restarts_it(make_job) -> None:
+    job = make_job(3, steps=12)
+    job.spawn_all(r2={"COORD_FAULT_AT": "5:uce"}, r0={"COORD_ROLLBACK_FAULT": "1"})
+    result = job.result()
+    assert result.exit_code == EXIT_OK, result.reason
+    assert_all_done(job)
+    assert job.controller.latest_status().round == 2
+    assert len(job.controller.recovery_times) == 1  # one recovery, restarted once
+    rounds = {e["round"] for e in job.events(1) if e["event"] == "action" and e["action"] == "pause"}
+    assert rounds == {1, 2}
+
+
+def test_device_reset_waits_for_recovery_event(make_job) -> None:
+    """The plugin's contract: the rank on the chip leaves it, and comes back after 'recovered'."""
+    job = make_job(2, steps=40, step_time=0.03)
+    job.spawn_all()
+    job.wait_for(lambda: job.rank_step(1) >= 3, "rank 1 to reach step 3")
+    first = job.procs[1]
+    job.controller.on_device_event(DeviceFaulty(1, "0x80E01801", "reset"))
+    job.wait_for(lambda: job.status().state == ControllerState.REPAIRING.value, "the job to pause")
+    assert first.wait(10) == ExitCode.LEFT_DEVICE  # off the chip, so the plugin can reset it
+    assert job.procs[1] is first  # not started again while the device is being reset
+    time.sleep(0.3)
+    assert job.status().state == ControllerState.REPAIRING.value  # still waiting for the device
+    refused = request(job.config, InjectRequest(0, FaultKind.UCE, "mid-recovery"))
+    assert not refused.ok and "REPAIRING, not NORMAL" in refused.detail
+    job.controller.on_device_event(DeviceRecovered(1))
+    assert job.result().exit_code == EXIT_OK
+    assert job.incarnations[1] == 1
+    assert_all_done(job)
+
+
+def test_failed_device_dumps_and_exits(make_job) -> None:
+    job = make_job(2, steps=40, step_time=0.03)
+    job.spawn_all()
+    job.wait_for(lambda: job.rank_step(0) >= 3, "rank 0 to reach step 3")
+    job.controller.on_device_event(DeviceFaulty(0, "0x80E01801", "reset"))
+    job.wait_for(lambda: job.status().state == ControllerState.REPAIRING.value, "the job to pause")
+    job.controller.on_device_event(DeviceFailed(0, "hot reset failed"))
+    result = job.result()
+    assert result.exit_code == EXIT_FAILED
+    assert "rank 0" in result.reason and "hot reset failed" in result.reason
+    # Rank 0 had left its chip for the reset; the healthy rank writes its dying gasp.
+    assert job.wait_ranks() == {0: ExitCode.LEFT_DEVICE, 1: EXIT_DUMPED}
+
+
+def test_injected_fault_is_relayed_to_the_rank(make_job) -> None:
+    job = make_job(2, steps=40, step_time=0.03)
+    job.spawn_all()
+    job.wait_for(lambda: job.rank_step(0) >= 3, "rank 0 to reach step 3")
+    reply = request(job.config, InjectRequest(0, FaultKind.UCE, "from the test"))
+    assert reply.ok
+    assert job.result().exit_code == EXIT_OK
+    assert_all_done(job)
+    actions = [e["action"] for e in job.events(0) if e["event"] == "action"]
+    assert actions[:4] == ["inject_fault", "pause", "rollback", "resume"]
+
+
+def test_start_barrier_times_out_naming_missing_ranks(tmp_path: Path) -> None:
+    config = MindftConfig(world_size=3, controller_port=0, insecure=True,
+                          timeouts=Timeouts(heartbeat_interval=0.05, register=1.0))
+    controller, client = start_controller(config)
+    processor = Processor(dataclasses.replace(client, rank=0))
+    try:
+        with pytest.raises(ProcessorError, match="ended the job before registration completed"):
+            processor.register()
+        result = controller.join(10)
+        assert result is not None and result.exit_code == EXIT_FAILED
+        assert "rank(s) [1, 2] (not registered)" in result.reason
+        action = processor.wait_action(5)
+        assert action.kind is ActionKind.DUMP_AND_EXIT
+    finally:
+        processor.close()
+        controller.stop()
+
+
+def test_processor_gives_up_after_bounded_retries() -> None:
+    port = free_port()  # where nothing listens
+    timeouts = Timeouts(heartbeat_interval=0.05, heartbeat_misses=3, connect_retries=3, register=30.0)
+    # Started by mindft-launch: it keeps trying for connect_retries silent periods.
+    processor = Processor(MindftConfig(rank=0, world_size=1, controller_port=port, insecure=True,
+                                       timeouts=timeouts, launcher_pid=os.getpid()))
+    try:
+        started = time.monotonic()
+        with pytest.raises(ProcessorError, match="no mindft controller answers .* start the job with mindft-launch"):
+            processor.register()
+        assert 0.45 <= time.monotonic() - started < 10  # 3 periods of 0.15 s, long before timeouts.register
+    finally:
+        processor.close()
+    # Started by hand: one silent period is enough to say so.
+    processor = Processor(MindftConfig(rank=0, world_size=1, controller_port=port, insecure=True,
+                                       timeouts=timeouts))
+    try:
+        started = time.monotonic()
+        with pytest.raises(ProcessorError, match="waited 0.15 s"):
+            processor.register()
+    finally:
+        processor.close()
+
+
+def test_processor_waits_for_a_late_controller(tmp_path: Path) -> None:
+    port = free_port()
+    timeouts = Timeouts(heartbeat_interval=0.05, heartbeat_misses=20, connect_retries=10, register=10.0)
+    processor = Processor(MindftConfig(rank=0, world_size=1, controller_port=port, insecure=True,
+                                       timeouts=timeouts))
+    controller = None
+    try:
+        registered = {}
+        thread = threading.Thread(target=lambda: registered.update(ack=processor.register()))
+        thread.start()
+        time.sleep(0.5)  # a few reconnect attempts happen meanwhile
+        controller = Controller(MindftConfig(world_size=1, controller_port=port, insecure=True,
+                                             timeouts=timeouts))
+        controller.start()
+        thread.join(10)
+        assert registered["ack"].world_size == 1
+        processor.finished(1)
+        assert RankLoop(processor, hooks=None).finish(1) is None  # FINISH: nothing to obey
+        assert controller.join(5).exit_code == EXIT_OK
+    finally:
+        processor.close()
+        if controller is not None:
+            controller.stop()
+
+
+@contextlib.contextmanager
+def two_registered_ranks(**config: object) -> Iterator[tuple[Controller, MindftConfig, list[Processor]]]:
+    """A controller thread and two Processors of this process, registered; all closed after."""
+    timeouts = Timeouts(heartbeat_interval=0.05, heartbeat_misses=40, register=10.0, pause=10.0)
+    server = MindftConfig(world_size=2, controller_port=0, insecure=True, timeouts=timeouts, **config)
+    controller, client = start_controller(server)
+    processors = [Processor(dataclasses.replace(client, rank=r)) for r in range(2)]
+    try:
+        registering = [threading.Thread(target=p.register) for p in processors]
+        for thread in registering:
+            thread.start()
+        for thread in registering:
+            thread.join(10)
+        assert controller.state is ControllerState.NORMAL
+        yield controller, client, processors
+    finally:
+        for processor in processors:
+            processor.close()
+        controller.stop()
+
+
+def test_process_exit_of_a_stale_pid_is_ignored_and_of_the_current_one_pauses() -> None:
+    with two_registered_ranks() as (controller, client, processors):
+        reply = request(client, ProcessExit(1, -9, pid=os.getpid() + 100_000))
+        assert reply.ok and "not rank 1's current process" in reply.detail
+        assert request(client, StatusRequest()).state == ControllerState.NORMAL.value
+        reply = request(client, ProcessExit(1, -9, pid=os.getpid()))
+        assert reply.ok and "marked dead" in reply.detail
+        action = processors[0].wait_action(5)
+        assert action.kind is ActionKind.PAUSE and "PROCESS_DIED" in action.reason
+        status = request(client, StatusRequest())
+        assert status.ranks[1].state == "dead"
+
+
+class RecordingHooks:
+    """A rank's snapshots as a list of steps, and what the flow asked of it, in order."""
+
+    def __init__(self) -> None:
+        self.held: list[int] = []
+        self.calls: list[str] = []
+
+    def capture(self, step: int) -> None:
+        self.held = [*self.held, step][-2:]
+        self.calls.append(f"capture {step}")
+
+    def settle(self) -> list[int]:
+        self.calls.append("settle")
+        return self.held
+
+    def restore(self, step: int) -> list[int]:
+        self.calls.append(f"restore {step}")
+        return self.held
+
+    def resume(self, step: int) -> None:
+        self.calls.append(f"resume {step}")
+
+
+def test_a_pause_pending_at_a_capture_step_finds_that_step_captured() -> None:
+    """Rank 0 faults in step 4 while rank 1 is finishing step 3: rank 1 captures step 3 (its
+    window is open) before it follows the PAUSE, so the job rolls back to 3, not 2."""
+    hooks = [RecordingHooks(), RecordingHooks()]
+    resumed: dict[int, Optional[int]] = {}
+    with two_registered_ranks(snapshot_every=1) as (controller, _, processors):
+        loops = [RankLoop(processor, hook) for processor, hook in zip(processors, hooks)]
+
+        def train(rank: int, steps: int) -> None:
+            for step in range(1, steps + 1):
+                assert loops[rank].end_step(step, hooks[rank].capture) is None
+
+        def faulty_rank_0() -> None:
+            train(0, 3)
+            resumed[0] = loops[0].fault(FaultKind.UCE, "drill", 4)
+
+        rank_0 = threading.Thread(target=faulty_rank_0)
+        rank_0.start()
+        train(1, 2)
+        deadline = time.monotonic() + 10
+        while not processors[1]._actions:  # the PAUSE waits in rank 1's queue
+            assert time.monotonic() < deadline, f"no PAUSE reached rank 1; controller {controller.state}"
+            time.sleep(0.01)
+        resumed[1] = loops[1].end_step(3, hooks[1].capture)
+        rank_0.join(10)
+        assert resumed == {0: 3, 1: 3}
+        assert hooks[1].calls[-4:] == ["capture 3", "settle", "restore 3", "resume 3"]
+
+
+def test_status_command_counts_recoveries_not_rounds(make_job) -> None:
+    """Two rounds (a second fault during the first recovery) are one recovery; then a second one."""
+    from click.testing import CliRunner
+
+    from mindft.cli.main import main
+
+    job = make_job(3, steps=400, step_time=0.02)
+    job.spawn_all(r2={"COORD_FAULT_AT": "5:uce"}, r0={"COORD_ROLLBACK_FAULT": "1"})
+    job.wait_for(lambda: job.status().recoveries == 1 and job.status().state == "NORMAL", "the first recovery")
+    assert job.status().round == 2
+    reply = request(job.config, InjectRequest(1, FaultKind.UCE, "second"))
+    assert reply.ok
+    job.wait_for(lambda: job.status().recoveries == 2 and job.status().state == "NORMAL", "the second recovery")
+    result = CliRunner().invoke(main, ["status", "--address", f"127.0.0.1:{job.port}", "--insecure"])
+    assert result.exit_code == 0, result.output
+    assert "recoveries: 2" in result.output and "round" not in result.output
+
+
+def test_stand_alone_controller_help_and_ctrl_c() -> None:
+    help_ = subprocess.run([sys.executable, "-m", "mindft.controller", "--help"], capture_output=True, text=True,
+                           timeout=30)
+    assert help_.returncode == 0 and "usage: python -m mindft.controller" in help_.stdout
+    bad = subprocess.run([sys.executable, "-m", "mindft.controller", "--bogus"], capture_output=True, text=True,
+                         timeout=30)
+    assert bad.returncode == ExitCode.USAGE
+    port = free_port()
+    env = environment(MINDFT_INSECURE="1", MS_TFT_PORT=str(port), MS_WORKER_NUM="2")
+    proc = subprocess.Popen([sys.executable, "-m", "mindft.controller"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # wait until it answers
+            try:
+                channel.request(f"127.0.0.1:{port}", None, StatusRequest(), timeout=0.5)
+                break
+            except channel.ControllerUnreachable:
+                continue
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == ExitCode.INTERRUPTED
+    assert "Traceback" not in err and "interrupted" in err
+
+
+def test_the_job_chooses_one_cadence_for_every_rank(make_job) -> None:
+    # 20 ms steps and 1 ms snapshots: the 1% budget asks for every 5th step. Both ranks switch
+    # at the step the controller announces, capture the same steps, and roll back to one of them.
+    job = make_job(2, steps=40)
+    job.spawn_all(r0={"COORD_COST": "0.02:0.001"}, r1={"COORD_COST": "0.018:0.0008", "COORD_FAULT_AT": "33:uce"})
+    result = job.result()
+    assert result.exit_code == EXIT_OK, result.reason
+    assert_all_done(job)
+    segments = job.controller.job.tuner.schedule.segments
+    assert len(segments) == 2 and segments[1][1] == 5, segments
+    switch = segments[1][0]
+    # A rank ahead of the faulty one may capture a step past the fault (its window is open) and
+    # capture it again on the replay: the steps captured are the same, not their counts.
+    captured = [sorted({e["captured"] for e in job.events(rank) if e["event"] == "capture"}) for rank in range(2)]
+    assert captured[0] == captured[1], captured
+    after = [s for s in captured[0] if s >= switch]
+    assert after and all(s % 5 == switch % 5 for s in after) and after[-1] >= 35, after
+    assert all(s == 1 + i for i, s in enumerate(s for s in captured[0] if s < switch)), captured[0]
+    restored = [e["step"] for e in job.events(1) if e["event"] == "restored"]
+    assert len(restored) == 1 and restored[0] in after and restored[0] <= 32, restored
+
+
+def test_a_large_broadcast_reaches_every_rank_whole(tmp_path: Path) -> None:
+    # The start barrier's RegisterAck carries every rank's endpoint; from 2 kB on the
+    # controller sends one shared buffer to every peer instead of a copy each.
+    world = 3
+    config = MindftConfig(world_size=world, controller_port=0, insecure=True,
+                          timeouts=Timeouts(heartbeat_interval=0.5, register=20.0))
+    controller = Controller(config)
+    controller.start()
+    context = zmq.Context()
+    endpoints = {rank: f"tcp://10.0.0.{rank}:{29600 + rank}/" + "x" * 3000 for rank in range(world)}
+    try:
+        socks = []
+        for rank in range(world):
+            sock = context.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.IDENTITY, f"rank{rank}.inc0".encode())
+            sock.connect(controller.endpoint)
+            sock.send(encode(Register(rank, 0, 100 + rank, (0,), endpoints[rank])))
+            socks.append(sock)
+        frames = []
+        for sock in socks:
+            assert sock.poll(10_000), "no RegisterAck"
+            frames.append(sock.recv())
+        assert len(frames[0]) >= 9000 and frames.count(frames[0]) == world
+        ack = decode(frames[0])
+        assert isinstance(ack, RegisterAck) and ack.endpoints == endpoints
+    finally:
+        context.destroy(0)
+        controller.stop()
