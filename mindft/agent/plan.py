@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from mindft.config import MINDX_TASK_VARIABLE, ConfigError, load_config
+from mindft.flow.topology import Topology
 from mindft.net.keys import load_keys
 from mindft.mindio import STEP_GATE_VARIABLE
 from mindft.net.address import node_ip, port_in_use
@@ -94,9 +95,14 @@ class LaunchSpec:
         return self.nproc * self.nnodes
 
     @property
+    def topology(self) -> Topology:
+        """How the job's ranks are laid out over its nodes, and who keeps whose replica."""
+        return Topology(self.nproc, self.nnodes)
+
+    @property
     def local_ranks(self) -> range:
         """Global ranks started on this node."""
-        return range(self.node_rank * self.nproc, (self.node_rank + 1) * self.nproc)
+        return self.topology.ranks_of(self.node_rank)
 
     @property
     def controller_address(self) -> str:
@@ -168,8 +174,8 @@ def rank_environment(spec: LaunchSpec, rank: int, restart_count: int) -> dict[st
             env["MINDFT_REPLICA_BUDDY"] = "-1"  # the node agents replicate, off the step
         else:
             # The agent's memory outlives the process; a replica is for the loss of the node.
-            env.setdefault("MINDFT_REPLICA_BUDDY",
-                           str((rank + spec.nproc) % spec.world_size if spec.nnodes > 1 else -1))
+            buddy = spec.topology.buddy_rank(rank)
+            env.setdefault("MINDFT_REPLICA_BUDDY", str(-1 if buddy is None else buddy))
     if spec.mindio and not env.get(MINDX_TASK_VARIABLE, "").strip():
         env[STEP_GATE_VARIABLE] = mindio_gate_address(spec)
     if spec.insecure:

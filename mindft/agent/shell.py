@@ -7,6 +7,10 @@ and its view (:class:`~mindft.protocol.JobView`) to the agent that runs the rank
 node 0 (:meth:`Controller.attach_agent`), over a link of its own (:class:`~mindft.agent.links.ControllerLink`)
 elsewhere. Everything the agent learns goes through one queue to the supervise loop, which
 feeds the policy and carries out its effects; nothing here decides.
+
+What it runs beside its ranks is :mod:`mindft.agent.services`'; the node's memory, from its
+start to its dying gasps and its removal, :mod:`mindft.agent.memory`'s; the start of an agent
+that replaces a lost node, :mod:`mindft.agent.takeover`'s.
 """
 from __future__ import annotations
 
@@ -15,29 +19,30 @@ import json
 import logging
 import os
 import queue
-import shutil
 import signal
 import time
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
-from mindft.net.channel import Client, ControllerUnreachable
+from mindft.net.channel import Client
 from mindft.snapshot.ckpt import atomic_write
-from mindft.config import MINDX_TASK_VARIABLE, TFT_VARIABLE, MindftConfig, load_config
-from mindft.observe.events import CONTROLLER_FILE, EventLog, ProcessExited, node_file
+from mindft.config import TFT_VARIABLE
+from mindft.observe.events import EventLog, ProcessExited, node_file
 from mindft.exitcodes import ExitCode, describe_exit
 from mindft.agent.links import HELLO_INTERVAL, ControllerHost, ControllerLink, recovery_progress
+from mindft.agent.memory import (agent_memory, dump_ranks_without_process, release_memory, start_replication,
+                                 write_node_gasp)
+from mindft.agent.services import host_controller, serve_node_metrics, start_mindio, start_warm
+from mindft.agent.takeover import restore_replica, take_over_lost_node
 from mindft.flow.agent import (AbortJob, AgentEffect, Ending, KillWorker, NodePolicy,
                                Say, StartWorker)
 from mindft.flow.inputs import SchedulerLost
 from mindft.flow.states import RECOVERY_STATES
 from mindft.net.keys import load_keys
-from mindft.agent.plan import LaunchSpec, mindio_gate_address, rank_environment
+from mindft.agent.plan import LaunchSpec, mindio_gate_address
 from mindft.net.address import port_listening
-from mindft.protocol import (AgentHello, JobState, JobView, Message, NodeLost, OrderKind, ProcessExit, RankOrder,
-                             Reply)
+from mindft.protocol import AgentHello, JobView, Message, ProcessExit, RankOrder, Reply
 from mindft.snapshot.store import newest_step
-from mindft.agent.warm import WarmStarter
-from mindft.agent.workers import Console, Scheduler, WorkerProcesses, agent_memory, agent_memory_report
+from mindft.agent.workers import Console, Scheduler, WorkerProcesses
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +50,6 @@ JOB_FILE = "job.json"
 MONITOR_INTERVAL = 0.1
 SCHEDULER_EXIT_GRACE = 30.0     # after this node's ranks finished, for the scheduler to finish on its own
 SCHEDULER_PORT_WAIT = 10.0      # for the scheduler's port to be free before a new scheduler binds it
-TAKE_OVER_TIMEOUT = 2.0         # an agent other than node 0's asks once whether the job already runs
-REPLICA_FETCH_TIMEOUT = 120.0   # for the agent that replaces a lost node to fetch one rank's replica
 
 
 def unprotected_notice(tft_value: str) -> str:
@@ -104,7 +107,7 @@ class NodeAgent:
                 if effect.renew_cluster:
                     self._renew_cluster()
                 if effect.restore_from:
-                    self._restore_replica(effect.rank, effect.restore_from)
+                    restore_replica(self.spec, self.keys, effect.rank, effect.restore_from, self._say)
                 self.console.line("mindft-launch", effect.reason)
                 self.policy.started(effect.rank, self.workers.start(effect.rank, effect.restarts))
                 self.write_job_file()
@@ -169,13 +172,6 @@ class NodeAgent:
         if self._signals_seen > 1:  # a second Ctrl-C: do not wait for the grace period
             self.workers.signal_workers(self.workers.workers, signal.SIGKILL)
 
-    def controller_config(self) -> MindftConfig:
-        """The controller's configuration: the environment, with the launcher's address and keys."""
-        env = rank_environment(self.spec, self.spec.local_ranks[0], 0)
-        env.update({"MS_NODE_ID": "0", "RANK_ID": "0", "MS_TFT_PORT": str(self.spec.controller_port or 29600)})
-        # Port 0 (not a valid MS_TFT_PORT) lets the controller bind a free port itself.
-        return dataclasses.replace(load_config(env), controller_port=self.spec.controller_port)
-
     def write_job_file(self) -> None:
         """``run_dir/job.json``: what ``mindft status --job`` and the demo need to find the job."""
         spec = self.spec
@@ -202,18 +198,13 @@ class NodeAgent:
         if not spec.protected:
             self.console.line("mindft-launch", unprotected_notice(spec.env.get(TFT_VARIABLE, "")))
         elif spec.mindio:
-            self._start_mindio()
+            self.mindio_host = start_mindio(spec, self.keys, self.policy, self.inbox.put)
         elif spec.node_rank == 0:
-            self.runner = ControllerHost(self.controller_config(), metrics_at=None if spec.metrics_port is None
-                                         else (spec.metrics_ip, spec.metrics_port), run_dir=spec.run_dir,
-                                         node_metrics=self.node_metrics)
+            self.runner = host_controller(spec, self.node_metrics, self.inbox.put)
             if spec.controller_port == 0:
                 # The controller picked a free port; every rank and client must use it.
                 spec = self.spec = self.workers.spec = dataclasses.replace(spec, controller_port=self.runner.port)
                 self.client = Client(spec.controller_address, self.keys)
-            self.runner.controller.events = EventLog(spec.run_dir / CONTROLLER_FILE, "controller")
-            self.runner.controller.attach_agent(0, tuple(spec.local_ranks), self.inbox.put)
-            self.runner.start()
         if self.node_metrics is not None and self.runner is None:
             self.metrics_server = serve_node_metrics(spec, self.node_metrics)
         elif spec.metrics_port is not None and self.runner is None:
@@ -376,61 +367,17 @@ class NodeAgent:
             self.workers.kill_worker(self.workers.running(), signal.SIGTERM, self.spec.grace_period)
             for rank, code in self.workers.exits().items():
                 self.policy.stopped(rank, code)
-        self._dump_for_ranks_without_process()
-        if self.policy.writes_dying_gasp:
-            self._write_dying_gasp()
-        return self.policy.exit_code(ending)
-
-    def _dump_for_ranks_without_process(self) -> None:
-        """The job failed while ranks had no process (off their devices for a hot reset that failed,
-        or stopped so every worker restarts): their snapshots are in this agent's memory, so the
-        agent writes their dying-gasp checkpoints."""
-        from mindft.agent.gasp import dump_from_memory
-
-        if self.spec.state_dir is None:
-            return
-        for rank in self.policy.without_process():
-            config = load_config(rank_environment(self.spec, rank, self.policy.workers[rank].restarts))
-            ok = dump_from_memory(self.spec.state_dir, config.dump_dir, rank, config.world_size, self._dump_step(),
-                                  self._say)
-            self.policy.dumped(rank, ok=ok)
-            if ok:
-                self._from_memory.append(rank)
-
-    def _dump_step(self) -> int:
-        """The step the job told every rank to dump (-1: none, or each its newest)."""
         result = self.runner.poll() if self.runner is not None else None
-        view = self.policy.view
-        return result.dump_step if result is not None else view.dump_step if view is not None else -1
+        step = self.policy.dump_step(result.dump_step if result is not None else None)
+        self._from_memory += dump_ranks_without_process(self.spec, self.policy, step, self._say)
+        if self.policy.writes_dying_gasp:
+            write_node_gasp(self.spec, self.policy, self.replication, self.keys, step,
+                            self.policy.failure_reason(result.reason if result is not None else ""),
+                            self._from_memory, self._say)
+        return self.policy.exit_code(ending)
 
     def _say(self, text: str) -> None:
         self.console.line("mindft-launch", text)
-
-    def _write_dying_gasp(self) -> None:
-        """Every rank's state this node holds, at one step: its own ranks' and the replicas it keeps
-        of ranks whose node is gone, with the manifest (before the keeper and the memory go)."""
-        from mindft.agent.gasp import write_dying_gasp
-
-        spec, view, replication = self.spec, self.policy.view, self.replication
-        if spec.state_dir is None or spec.mindio:
-            return
-        write_dying_gasp(node=spec.node_rank, nproc=spec.nproc, world_size=spec.world_size, state_dir=spec.state_dir,
-                         dump_dir=load_config(spec.env).dump_dir, own_ranks=spec.local_ranks,
-                         keeper_endpoint=replication.endpoint if replication else None,
-                         kept=replication.keeper.held if replication else {}, keys=self.keys,
-                         orphaned=self.policy.orphaned, unreached=view.unreached if view is not None else (),
-                         wanted=self._dump_step(), say=self._say, reason=self._failure(),
-                         from_memory=self._from_memory)
-
-    def _failure(self) -> str:
-        """Why the job ended, for the dying gasp's manifest."""
-        result = self.runner.poll() if self.runner is not None else None
-        view = self.policy.view
-        if result is not None and result.reason:
-            return result.reason
-        if view is not None and view.reason:
-            return view.reason
-        return "the controller is gone (node 0 lost or cut off)" if self.policy.orphaned else "the job failed"
 
     def _stop_everything(self, code: Optional[int]) -> None:
         running = self.workers.running()
@@ -452,12 +399,7 @@ class NodeAgent:
         if self.warm is not None:
             self.console.line("mindft-launch", self.warm.summary())
             self.warm.close()
-        if self.replication is not None:
-            self.replication.close()
-            self.console.line("mindft-launch", self.replication.summary())
-        if self.spec.state_dir is not None:
-            self.console.line("mindft-launch", agent_memory_report(self.spec.state_dir))
-            shutil.rmtree(self.spec.state_dir, ignore_errors=True)
+        release_memory(self.spec, self.replication, self._say)
         self.events.close()
 
     def _stop_scheduler(self, clean_end: bool) -> None:
@@ -476,139 +418,14 @@ class NodeAgent:
 
     def _take_over_lost_node(self) -> bool:
         """On a node other than 0: when the job already runs with this node's ranks (this agent
-        replaces a lost node, or started again without its memory), restore their replicas from the
-        next node's keeper into this node's memory, tell the controller the node was lost
-        (:class:`~mindft.protocol.NodeLost`, with the steps restored: the only ones those ranks can
-        roll back to) and start them as the policy says. False (nothing done) for a starting job."""
-        spec = self.spec
-        if spec.node_rank == 0 or not spec.protected or spec.mindio:
+        replaces a lost node, or started again without its memory), restore their replicas, report
+        the lost node (:mod:`mindft.agent.takeover`) and start them as the policy says. False
+        (nothing done) for a starting job."""
+        if not self.policy.may_replace_lost_node:
             return False
-        try:
-            status = Client(spec.controller_address, self.keys, timeout=TAKE_OVER_TIMEOUT).status()
-        except ControllerUnreachable:
-            return False  # node 0 is not up yet: the job is starting
-        rows = {row.rank: row for row in status.ranks}
-        local = list(spec.local_ranks)
-        if not NodePolicy.replaces_lost_node(status.state, rows, local):
+        taken = take_over_lost_node(self.spec, self.keys, self.client, self.replication is not None, self._say)
+        if taken is None:
             return False
-        self.console.line("mindft-launch", f"the job already runs ({status.state}, every rank finished step "
-                                           f"{status.step}): this node replaces node {spec.node_rank}, lost with "
-                                           f"rank(s) {local} and their snapshots")
-        steps = self._restore_replicas(rows)
-        previous = (spec.node_rank - 1) % spec.nnodes
-        report = NodeLost(node=spec.node_rank, ranks=tuple(local), steps=tuple(steps[rank] for rank in local),
-                          replicas_of=tuple(range(previous * spec.nproc, (previous + 1) * spec.nproc)),
-                          reason=f"a new agent for node {spec.node_rank} started without its ranks' snapshots")
-        try:
-            answer = self.client.request(report)
-            self.console.line("mindft-launch", f"controller: {answer.detail}")
-            status = self.client.status()
-        except ControllerUnreachable as error:  # it answered, then ended the job and left
-            self.console.line("mindft-launch", f"the controller did not answer about node {spec.node_rank} "
-                                               f"({error})")
-            status = dataclasses.replace(status, state=JobState.FAILED, reason=str(error))
-        self.policy.on_view(JobView(status.state, status.restart_all, reason=status.reason))
-        incarnations = {rank: row.incarnation for rank, row in rows.items() if rank in local}
-        self._carry_out(self.policy.rejoin(incarnations))
+        self.policy.on_view(taken.view)
+        self._carry_out(self.policy.rejoin(taken.incarnations))
         return True
-
-    def _restore_replicas(self, rows: Mapping[int, Any]) -> dict[int, int]:
-        """Fetch each local rank's replica from the next node's keeper into this node's memory;
-        rank → the step restored (-1: none)."""
-        spec = self.spec
-        steps = {rank: -1 for rank in spec.local_ranks}
-        if self.replication is None or spec.state_dir is None:
-            self.console.line("mindft-launch", "no replica to restore: the node agents do not replicate "
-                                               "(MINDFT_AGENT_REPLICATION=0)")
-            return steps
-        buddy = (spec.node_rank + 1) % spec.nnodes
-        keeper = next((row.replica_endpoint for rank, row in sorted(rows.items())
-                       if rank // spec.nproc == buddy and row.replica_endpoint.startswith("tcp://")), "")
-        if not keeper:
-            self.console.line("mindft-launch", f"no replica to restore: the controller knows no keeper on node {buddy}")
-            return steps
-        return {rank: self._restore_replica(rank, keeper) for rank in spec.local_ranks}
-
-    def _restore_replica(self, rank: int, keeper: str) -> int:
-        """Fetch ``rank``'s replica from the keeper at ``keeper`` into this node's memory; the step
-        restored (-1: none, said why; the rank then starts from what its memory holds)."""
-        from mindft.replica import fetch_replica
-        from mindft.snapshot.store import SnapshotError, SnapshotStore
-
-        try:
-            snapshot = fetch_replica(keeper, rank, self.keys, REPLICA_FETCH_TIMEOUT)
-            with SnapshotStore(home=self.spec.state_dir / f"rank{rank}") as store:
-                store.adopt(snapshot)
-        except SnapshotError as error:
-            self.console.line("mindft-launch", f"rank {rank}: no replica restored from the keeper at {keeper}: "
-                                               f"{error}")
-            return -1
-        self.console.line("mindft-launch", f"restored rank {rank}'s replica of step {snapshot.step} from the "
-                                           f"keeper at {keeper} into this node's memory")
-        return snapshot.step
-
-    def _start_mindio(self) -> None:
-        """Node 0 runs MindIO's controller and the step gate, unless MindCluster runs the controller."""
-        from mindft.mindio import MindioHost, controller_runs_here
-
-        spec = self.spec
-        if not controller_runs_here(spec.node_rank, spec.env):
-            log.info("%s is set: MindCluster runs MindIO's controller; no step gate", MINDX_TASK_VARIABLE)
-            return
-        config = self.controller_config()
-        timeouts = config.timeouts
-
-        def alive(rank: int) -> bool:
-            return self.policy.workers.get(rank) is not None and self.policy.workers[rank].pid is not None
-
-        # Node 0 plays MindCluster's MindX for MindIO's controller: the reset file's hot resets go
-        # through MindIO's ARF; its kills and starts are orders like the controller's.
-        standin = dict(kill=lambda rank, why: self.inbox.put(RankOrder(rank, OrderKind.KILL, why)),
-                       start=lambda rank, why: self.inbox.put(RankOrder(rank, OrderKind.START, why)),
-                       alive=alive, leave_timeout=timeouts.leave, gather_timeout=timeouts.pause,
-                       repair_timeout=timeouts.repair)
-        self.mindio_host = MindioHost(spec.world_size, spec.master_ip, spec.controller_port, self.keys,
-                                      gate_port=spec.controller_port + 1, reset_file=config.reset_file,
-                                      poll_interval=timeouts.reset_poll_interval, standin=standin)
-        self.mindio_host.start()
-
-
-def serve_node_metrics(spec: LaunchSpec, collector: Any) -> Any:
-    """A node other than 0: its own metrics at ``--metrics-addr:--metrics-port``, ``/metrics`` only
-    (the status page is the controller's, on node 0). A taken port is a configuration error."""
-    from prometheus_client import CollectorRegistry
-
-    from mindft.observe.metrics import MetricsServer
-
-    registry = CollectorRegistry()
-    registry.register(collector)
-    host = f"[{spec.master_ip}]" if ":" in spec.master_ip else spec.master_ip
-    elsewhere = (f"mindft node {spec.node_rank}: this node agent's metrics are at /metrics; the job's status page "
-                 f"is served by node 0's agent, with the controller: http://{host}:PORT/ (PORT: node 0's "
-                 f"--metrics-port)")
-    return MetricsServer(registry, spec.metrics_ip, spec.metrics_port, elsewhere=elsewhere)
-
-
-def start_warm(spec: LaunchSpec) -> Optional[WarmStarter]:
-    """The node's warm process, importing what MINDFT_PRELOAD names while the agent gets ready;
-    None with MINDFT_WARM_START=0."""
-    config = load_config(spec.env)
-    if not config.warm_start:
-        return None
-    # The workers' interpreter settings (rank_environment's PYTHONUNBUFFERED): a fork keeps them.
-    return WarmStarter({**spec.env, "PYTHONUNBUFFERED": "1"}, spec.log_dir / "warm.log", config.preload)
-
-
-def start_replication(spec: LaunchSpec, keys: Any) -> Optional[Any]:
-    """This node agent's replica keeper and sender when the job needs them: several nodes,
-    mindft's own backend, MINDFT_AGENT_REPLICATION not 0; else None."""
-    if not spec.protected or spec.mindio or spec.nnodes < 2 or spec.state_dir is None:
-        return None
-    config = load_config(spec.env)
-    if not config.agent_replication:
-        return None
-    from mindft.replica import NodeReplication, replica_spill
-
-    return NodeReplication(spec.state_dir, spec.local_ranks, spec.nproc, spec.nnodes, spec.node_rank,
-                           spec.master_ip, spec.controller_address, keys,
-                           spill=replica_spill(config.dump_dir, f"node{spec.node_rank}"))

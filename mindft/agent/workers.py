@@ -1,6 +1,7 @@
 """The processes of one node: the workers (:class:`WorkerProcesses`: msrun's external agent's
-kill a worker, start a list, monitor), MindSpore's :class:`Scheduler` on node 0, the shared memory
-the ranks' snapshots live in, and the :class:`Console` every rank's output goes through.
+kill a worker, start a list, monitor), MindSpore's :class:`Scheduler` on node 0, and the
+:class:`Console` every rank's output goes through (the shared memory the ranks' snapshots live in
+is :mod:`mindft.agent.memory`'s).
 
 Mechanism only: when to start, kill or restart is the node agent's policy (:mod:`mindft.flow.agent`).
 """
@@ -11,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -21,7 +21,6 @@ from typing import IO, Iterable, Mapping, Optional, Sequence, Union
 from mindft.observe.events import ClusterFormed, EventLog, ProcessExited, ProcessStarted
 from mindft.agent.plan import DEFAULT_GRACE_PERIOD, LaunchSpec, rank_environment, scheduler_environment
 from mindft.net.address import port_listening
-from mindft.units import size_text
 from mindft.agent.warm import WarmProcess, WarmStarter
 
 log = logging.getLogger(__name__)
@@ -34,23 +33,6 @@ CLUSTER_FORMED_LINE = "Cluster is successfully initialized"  # in the scheduler'
 SCHEDULER_COMMAND = ("-c", "from mindft.agent.zygote import die_with_parent; die_with_parent(); "
                            "from mindspore.communication import init; init()")
 SCHEDULER_LISTEN_WAIT = 5.0  # for a started scheduler to listen, before the workers start
-
-
-def agent_memory() -> Path:
-    """A fresh directory for the ranks' snapshots: on /dev/shm (memory, not disk) where it exists."""
-    base = Path("/dev/shm")
-    return Path(tempfile.mkdtemp(prefix="mindft-state-", dir=base if base.is_dir() else None))
-
-
-def agent_memory_report(state_dir: Path) -> str:
-    """One line: the shared memory the ranks' snapshots took in the node agent (two slots each)."""
-    sizes = {}
-    for rank_dir in sorted(state_dir.glob("rank*")):
-        sizes[rank_dir.name] = sum(f.stat().st_size for f in rank_dir.rglob("*") if f.is_file())
-    if not sizes:
-        return f"the node agent held no snapshots ({state_dir})"
-    return (f"the node agent held {size_text(sum(sizes.values()))} of snapshots for {len(sizes)} rank(s) "
-            f"(largest {size_text(max(sizes.values()))}: two slots of the rank's state)")
 
 
 class Console:

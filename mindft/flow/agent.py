@@ -397,6 +397,12 @@ class NodePolicy:
 
     # ---- a node that replaces a lost one --------------------------------------------------------
 
+    @property
+    def may_replace_lost_node(self) -> bool:
+        """Only an agent that reports to mindft's controller on another node asks at its start
+        whether it replaces a lost node (node 0's runs the controller; MindIO's job has none)."""
+        return self.reports and not self.runs_controller
+
     @staticmethod
     def replaces_lost_node(state: JobState, known_ranks: Iterable[int], local_ranks: Iterable[int]) -> bool:
         """An agent that starts while the job already runs with its ranks replaces a lost node."""
@@ -492,6 +498,17 @@ class NodePolicy:
 
     def final_codes(self) -> list[Optional[int]]:
         return [w.returncode for w in self.workers.values()]
+
+    def dump_step(self, controller: Optional[int]) -> int:
+        """The step the job told every rank to dump (-1: none, or each its newest): ``controller``'s,
+        the finished controller's this agent runs (None: none), else the job's last view's."""
+        return controller if controller is not None else self.view.dump_step if self.view is not None else -1
+
+    def failure_reason(self, controller: str = "") -> str:
+        """Why the job ended, for the dying gasp's manifest (``controller``: the finished controller's)."""
+        if controller or (self.view is not None and self.view.reason):
+            return controller or self.view.reason
+        return "the controller is gone (node 0 lost or cut off)" if self.orphaned else "the job failed"
 
     # ---- helpers --------------------------------------------------------------------------------
 

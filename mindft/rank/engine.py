@@ -34,6 +34,7 @@ from mindft.exitcodes import ExitCode
 from mindft.rank.faults import DeviceFault, classify, describe
 from mindft.flow.follower import CostMeter, Finished, RankHooks, Resumed, joins_recovery
 from mindft.flow.recovery import retried
+from mindft.flow.topology import rank_buddy
 from mindft.net.keys import job_keys
 from mindft.rank.processor import Processor, ProcessorError
 from mindft.protocol import Action, FaultKind, RegisterAck, StatusRequest
@@ -203,11 +204,9 @@ class StateHooks(Protocol):
 
 def replica_buddy(config: MindftConfig) -> Optional[int]:
     """The rank that holds this rank's replica (MINDFT_REPLICA_BUDDY; default the next rank),
-    None when there is none: alone, or on one node where the node agent's memory holds the
-    state (a copy on the same node guards against nothing more, and costs every step)."""
-    if config.world_size == 1 or config.replica_buddy == -1:
-        return None
-    return (config.rank + 1) % config.world_size if config.replica_buddy is None else config.replica_buddy
+    None when there is none (:func:`~mindft.flow.topology.rank_buddy`): alone, or on one node
+    where the node agent's memory holds the state."""
+    return rank_buddy(config.rank, config.world_size, config.replica_buddy)
 
 
 class RankEngine:

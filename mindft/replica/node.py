@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Tuple
 
 from mindft.flow.replicas import ReportHold
+from mindft.flow.topology import Topology
 from mindft.net.keys import CurveKeys
 from mindft.protocol import ReplicaReport
 from mindft.replica.keeper import Keeper
@@ -114,8 +115,7 @@ class NodeReplication:
 
         self._request, self._status_request, self._status_type = request, StatusRequest, StatusReply
         self._address, self._keys = controller_address, keys
-        buddy_node = (node_rank + 1) % nnodes
-        self._buddy_ranks = set(range(buddy_node * nproc, (buddy_node + 1) * nproc))
+        self._topology, self._node = Topology(nproc, nnodes), node_rank
         cpu = ThreadCpu()  # the node's replication, both ends: what the overhead budget counts
         self.cpu = cpu  # read by the node's metrics
         self.keeper = Keeper(Path(state_dir) / "replicas", node_ip(master_ip), keys,
@@ -135,10 +135,8 @@ class NodeReplication:
         except Exception as error:
             log.debug("cannot ask the controller for the buddy node's keeper: %s", error)
             return None
-        for row in getattr(status, "ranks", ()):
-            if row.rank in self._buddy_ranks and row.replica_endpoint.startswith("tcp://"):
-                return row.replica_endpoint
-        return None
+        endpoints = {row.rank: row.replica_endpoint for row in getattr(status, "ranks", ())}
+        return self._topology.keeper_endpoint(self._node, endpoints) or None
 
     def _send_report(self, report: ReplicaReport) -> None:
         self._request(self._address, self._keys, report, REPORT_INTERVAL * 5)

@@ -15,7 +15,7 @@ from typing import Iterator
 import pytest
 
 from harness import environment
-from mindft.agent.shell import start_warm
+from mindft.agent.services import start_warm
 from mindft.config import ConfigError, load_config
 from mindft.agent.plan import LaunchSpec
 from mindft.agent.warm import WarmProcess, WarmStarter

@@ -387,3 +387,25 @@ def test_a_crash_while_a_controller_started_again_rebuilds_the_job_waits_for_its
     assert node.workers[1].awaiting_start
     fresh = policy(JobView(S.STARTING))
     assert fresh.before_start and not fresh.under_way and not fresh.rebuilding
+
+
+@pytest.mark.parametrize("kwargs, asks", [
+    (dict(reports=True, runs_controller=False), True),    # a node other than 0, under mindft's controller
+    (dict(reports=True, runs_controller=True), False),    # node 0 runs the controller: its loss ends the job
+    (dict(reports=False, runs_controller=False), False),  # MindIO's controller coordinates the job
+    (dict(protected=False, reports=False), False),        # no fault tolerance
+])
+def test_only_an_agent_reporting_to_a_controller_elsewhere_may_replace_a_lost_node(kwargs, asks) -> None:
+    assert NodePolicy((2, 3), 3, **kwargs).may_replace_lost_node is asks
+
+
+def test_the_dying_gasps_step_and_reason_come_from_the_finished_controller_then_the_jobs_view() -> None:
+    unheard = NodePolicy((0, 1), 3)
+    assert (unheard.dump_step(None), unheard.failure_reason()) == (-1, "the job failed")
+    node = policy(JobView(S.FAILED, dump_step=7, reason="no common step"))
+    assert (node.dump_step(None), node.failure_reason()) == (7, "no common step")
+    assert (node.dump_step(9), node.failure_reason("rank 1 out of restarts")) == (9, "rank 1 out of restarts")
+    orphan = policy(JobView(S.NORMAL))
+    for rank in (0, 1):
+        orphan.on_exit(rank, ExitCode.DUMPED)  # they gave up on a controller that never said the job ended
+    assert orphan.orphaned and orphan.failure_reason() == "the controller is gone (node 0 lost or cut off)"

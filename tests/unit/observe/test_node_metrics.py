@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness import FAKE_RANK, free_port
-from mindft.agent.shell import serve_node_metrics
+from mindft.agent.services import serve_node_metrics
 from mindft.config import ConfigError, MindftConfig
 from mindft.flow.agent import NodePolicy
 from mindft.cli.launch import main
