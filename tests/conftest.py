@@ -2,9 +2,11 @@
 A test marked ``mindspore`` is in the slow tier too."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -41,7 +43,31 @@ def _mindft_threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name.startswith("mindft")}
 
 
+# The test folders mirror mindft's packages, and pytest puts their parents (tests/unit/,
+# tests/integration/) on sys.path: `import mindio`, an optional package MindSpore's
+# load_checkpoint tries, would find the folder mindio/ there as a namespace package and fail on it.
+if importlib.util.find_spec("mindio") is None:
+    sys.modules["mindio"] = None  # type: ignore[assignment]  # None: "not installed" to the import system
+
+_UNIT = Path(__file__).resolve().parent / "unit"
 _INTEGRATION = Path(__file__).resolve().parent / "integration"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[pytest.CollectReport]:
+    # The tier is the folder: a slow test under tests/unit/ would slip into the fast tier's
+    # `pytest tests/unit`. It is refused where it is collected, so the error names its module.
+    report = yield
+    if report.passed and _UNIT in Path(collector.path).parents:
+        misplaced = [item.nodeid for item in report.result if isinstance(item, pytest.Item) and
+                     (item.get_closest_marker("slow") or item.get_closest_marker("mindspore"))]
+        if misplaced:
+            report.outcome = "failed"
+            report.longrepr = "\n".join(
+                f"{nodeid}: marked slow or mindspore under tests/unit/, the fast tier; move it to tests/integration/"
+                for nodeid in misplaced)
+            report.result = []
+    return report
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

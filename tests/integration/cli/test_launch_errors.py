@@ -112,15 +112,3 @@ def test_an_unprotected_launch_of_the_example_trains(tmp_path: Path) -> None:
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-4000:]
     assert "fault tolerance is OFF" in out and "MS_TFT_PORT" not in out
-
-
-def test_a_controller_port_taken_after_the_check_is_a_configuration_error(listener: tuple[int, int]) -> None:
-    """The port can be taken between mindft-launch's check and the controller's bind: still one
-    ConfigError (mindft-launch: exit 2, its run directory cleaned), not ZMQError's traceback."""
-    from mindft.agent.links import ControllerHost
-    from mindft.config import ConfigError, MindftConfig
-
-    port, _ = listener
-    with pytest.raises(ConfigError, match=f"port {port} on 127.0.0.1, the controller's port, is in use; "
-                                          f"choose another --master-port"):
-        ControllerHost(MindftConfig(world_size=1, controller_port=port, insecure=True))

@@ -1,5 +1,6 @@
-"""MindSpore's TrainFaultTolerance served by mindft: which command mindft-launch runs, the version
-gate, and what the served callback does in a process of its own (the changes are process-wide)."""
+"""MindSpore's TrainFaultTolerance served by mindft: the version gate, and what the served callback
+does in a process of its own (the changes are process-wide). Which command mindft-launch runs:
+tests/unit/mindspore/test_tft_command.py."""
 from __future__ import annotations
 
 import subprocess
@@ -9,27 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import FAKE_RANK, ROOT, environment, require
+from harness import ROOT, environment, require
 from mindft.exitcodes import ExitCode
-from mindft.cli.launch import main
-from mindft.agent.plan import LaunchSpec, plan_launch
-
-SCRIPT = FAKE_RANK
-
-
-def _plan(tft: str, **environ: str) -> LaunchSpec:
-    params = main.make_context("mindft-launch", ["--no-scheduler", str(SCRIPT)]).params
-    return plan_launch(params, {"MS_ENABLE_TFT": tft, **environ})
-
-
-@pytest.mark.parametrize("tft", ["{TTP:1}", "{UCE:1}", "{ARF:1}", "{TTP:1,UCE:1}"])
-def test_options_mindspore_runs_on_mindio_start_the_script_through_mindft(tft: str) -> None:
-    assert _plan(tft).command == (sys.executable, "-m", "mindft.mindspore.mindspore_tft", str(SCRIPT))
-
-
-@pytest.mark.parametrize("tft", ["{RSC:1}", ""])
-def test_other_options_start_the_script_as_python_would(tft: str) -> None:
-    assert _plan(tft).command == (sys.executable, str(SCRIPT))
 
 
 def _run(code: str, **env: str) -> subprocess.CompletedProcess:

@@ -8,6 +8,7 @@ from mindft.protocol import FaultKind
 from sim import PHASES, SimJob
 
 KINDS = (FaultKind.UCE, FaultKind.COMMUNICATION, FaultKind.UNKNOWN)
+SEEDS = 10_000  # the fast tier explores the first thousand, the slow tier the rest
 
 
 def random_job(seed: int) -> SimJob:
@@ -67,3 +68,15 @@ def explore(seeds: range) -> dict[str, int]:
         for phase, hits in job.phase_hits.items():
             ends[phase] += hits
     return ends
+
+
+def check_explored(seeds: range) -> None:
+    """Explore ``seeds`` and check that the schedules reached every kind of end and of fault."""
+    ends = explore(seeds)
+    assert ends["done"] + ends["failed"] == len(seeds)
+    assert ends["done"] > len(seeds) * 0.8  # most schedules are recoverable ones
+    assert ends["failed"] > 0               # and the failing ones are explored too
+    assert ends["nodes lost"] > len(seeds) * 0.05  # and lost nodes, recovered or not
+    assert ends["controllers lost"] > len(seeds) * 0.02  # node 0 with the controller among them
+    assert ends["schedulers lost"] > len(seeds) * 0.05  # and MindSpore's scheduler lost mid-training
+    assert all(ends[phase] > len(seeds) * 0.01 for phase in PHASES), ends  # and faults in every phase of an episode

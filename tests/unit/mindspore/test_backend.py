@@ -1,13 +1,11 @@
-"""Choosing between mindft's own backend and MindIO TFT (the mindio_ttp wheel is installed here)."""
+"""Choosing between mindft's own backend and MindIO TFT: the rules, with the device and the wheel made up
+(on this machine, with MindSpore: tests/integration/mindspore/test_backend_on_mindspore.py)."""
 from __future__ import annotations
 
-import json
 from typing import List
 
 import pytest
-from click.testing import CliRunner
 
-from mindft.cli.main import main
 from mindft.config import ConfigError, MindftConfig, load_config, parse_tft
 from mindft.preflight import ato_failure_rate, choose_backend
 
@@ -45,51 +43,6 @@ def test_choose_backend_and_why(backend: str, tft, installed: bool, device: str,
 def test_explicit_mindio_without_the_wheel_is_a_clear_error() -> None:
     with pytest.raises(ConfigError, match="MINDFT_BACKEND=mindio but the mindio_ttp package is not installed"):
         choose_backend(MindftConfig(tft=UCE, backend="mindio"), False, lambda: "CPU")
-
-
-@pytest.mark.mindspore
-def test_this_machine_runs_mindio_only_when_asked() -> None:
-    from mindft.mindspore._mindio_session import MindioSession
-    from mindft.mindspore._session import Session
-    from mindft.mindspore.backend import mindio_installed, resolve_backend, session_class
-
-    assert mindio_installed()
-    auto = load_config({"MS_ENABLE_TFT": "{UCE:1}"})
-    assert resolve_backend(auto) == MINDFT and session_class(auto) is Session
-    asked = load_config({"MS_ENABLE_TFT": "{UCE:1}", "MINDFT_BACKEND": "mindio"})
-    assert resolve_backend(asked) == MINDIO and session_class(asked) is MindioSession
-    off = load_config({"MINDFT_BACKEND": "mindio"})  # fault tolerance off: nothing to coordinate
-    assert session_class(off) is Session
-
-
-@pytest.mark.mindspore
-def test_mindio_session_refuses_sparse_snapshots() -> None:
-    import mindspore as ms
-    from mindspore import nn
-
-    from mindft.mindspore._mindio_session import MindioSession
-    from mindft.mindspore._session import TrainingState
-
-    ms.set_device("CPU")
-    net = nn.Dense(2, 2)
-    config = load_config({"MS_ENABLE_TFT": "{UCE:1}", "MINDFT_BACKEND": "mindio", "MINDFT_SNAPSHOT_EVERY": "3"})
-    with pytest.raises(ConfigError, match="MINDFT_SNAPSHOT_EVERY=3: the mindio backend snapshots every step"):
-        MindioSession(TrainingState(net), None, config)
-
-
-@pytest.mark.mindspore  # the check asks MindSpore for the device
-def test_config_check_says_which_backend_runs_and_why(monkeypatch: pytest.MonkeyPatch) -> None:
-    runner = CliRunner()
-    monkeypatch.setenv("MS_ENABLE_TFT", "{UCE:1}")
-    monkeypatch.setenv("MINDFT_INSECURE", "1")
-    text = runner.invoke(main, ["config", "check"])
-    assert text.exit_code == 0, text.output
-    assert "backend                          mindft" in text.output
-    assert "mindio_ttp is installed but not asked for on CPU" in text.output
-    monkeypatch.setenv("MINDFT_BACKEND", "mindio")
-    resolved = runner.invoke(main, ["config", "check", "--json"])
-    assert resolved.exit_code == 0, resolved.output
-    assert json.loads(resolved.output)["backend_choice"] == {"backend": "mindio", "reason": "MINDFT_BACKEND=mindio"}
 
 
 def test_unknown_backend_is_refused() -> None:
