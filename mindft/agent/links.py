@@ -16,7 +16,7 @@ from mindft.config import ConfigError, MindftConfig, load_config
 from mindft.exitcodes import ExitCode
 from mindft.flow.agent import WatcherSupervision
 from mindft.flow.effects import Finish
-from mindft.flow.recovery import PHASE_TIMEOUTS
+from mindft.flow.episode import PHASE_TIMEOUTS
 from mindft.agent.plan import LaunchSpec
 from mindft.protocol import JobState, Message, ProtocolError, StatusReply, decode, encode
 

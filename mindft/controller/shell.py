@@ -25,7 +25,7 @@ from mindft.observe.events import EventLog, FaultSeen, JobFinished, JobMoved, La
 from mindft.exitcodes import ExitCode
 from mindft.flow.cadence import Budget
 from mindft.flow.inputs import SchedulerLost
-from mindft.flow.recovery import DYING_GASP
+from mindft.flow.episode import DYING_GASP
 from mindft.flow import (RECOVERY_STATES, Broadcast, DeviceInput, Effect, Finish, Job, JobState, KillRank,
                          Send, StartRank, Transition, phase_times)
 from mindft.protocol import AgentHello, Message

@@ -4,7 +4,8 @@
     any recovery state → PAUSING on a further fault (a new round, the union of faults)
     any non-terminal state → FAILED;  NORMAL → DONE
 
-The recovery itself (its rungs, lost nodes, the dying gasp) is :class:`~mindft.flow.recovery.Ladder`'s.
+The job holds its recovery ladder (:class:`~mindft.flow.ladder.Ladder`), passing itself as the
+ladder's :class:`~mindft.flow.ladder.Port`; a lost member's rules are :mod:`mindft.flow.lost`'s.
 
 There is no per-step barrier: ranks report each finished step without waiting, and the
 job broadcasts the slowest rank's progress when it rises. The step every rank rolls back
@@ -18,18 +19,20 @@ import math
 from typing import Optional
 
 from mindft.config import Timeouts
-from mindft.exitcodes import ExitCode, describe_exit
+from mindft.exitcodes import ExitCode
+from mindft.flow import lost
 from mindft.flow.cadence import Budget, Tuner
-from mindft.flow.effects import Broadcast, Effect, Finish, KillRank, Peer, Send, StartRank, Transition
+from mindft.flow.effects import Broadcast, Effect, Finish, Peer, Send, Transition
+from mindft.flow.episode import Episode
 from mindft.flow.inputs import (DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, HoldRepairs, ProcessExited,
                                 RollbackAll, SchedulerLost, StopJob, from_wire)
+from mindft.flow.ladder import Ladder
 from mindft.flow.ranks import RankRecord, RankState, RankTable
-from mindft.flow.recovery import ACK_FOR, Ladder, Recovery
 from mindft.flow.rejoin import Survivors
 from mindft.flow.replicas import KeptSteps, ReplicaWatch, rank_list
 from mindft.flow.states import RECOVERY_STATES, TERMINAL_STATES, Event, JobState, next_state
 from mindft.protocol import (REPORT_SUFFIX, Ack, Action, ActionKind, AgentHello, Cadence, CostReport, DeviceEvent, Done,
-                             FaultKind, FaultReport, Heartbeat, InjectRequest, JobView, Message, NodeLost, OrderKind,
+                             FaultKind, FaultReport, Heartbeat, InjectRequest, JobView, Message, NodeLost,
                              Progress, ProcessExit, RankStatus, Register, RegisterAck, ReplicaReport, Reply,
                              StatusReply, StatusRequest, StepReport)
 
@@ -45,7 +48,7 @@ def held_after(progress: int, snapshot_every: int, keep: int = 2) -> frozenset[i
     return frozenset(s for s in range(newest, newest - keep * snapshot_every, -snapshot_every) if s >= 0)
 
 
-class Job(Ladder):
+class Job:
     """The whole flow for one job of ``world_size`` ranks; every method takes ``now`` (seconds).
 
     ``restart_scope``: "all" when the ranks' collectives cannot be repaired in place (a
@@ -67,22 +70,26 @@ class Job(Ladder):
         self.restart_all = restart_scope == "all"
         self.ranks = RankTable(world_size)
         self.state = JobState.STARTING
-        self.recovery = Recovery()
-        self.recoveries: list[float] = []
-        self.recovered: dict[tuple[int, FaultKind], int] = {}
         self.history: list[tuple[JobState, float]] = [(self.state, now)]
         self.result: Optional[Finish] = None
-        self.dump_step = -1  # the step every rank dumps when the job fails (-1: each its newest)
-        self.verdict = -1  # the job's exit code whatever the ranks' (-1: from their codes)
-        self.deadline = now + timeouts.register
+        self.deadline = now + timeouts.register  # of the phase the job waits in
         self._next_check = now  # when silent ranks are looked for next
-        self.holding = False  # HoldRepairs: the fault manager is still collecting faults
-        self._barrier_endpoints: dict[int, str] = {}
         self._out: list[Effect] = []
         self.tuner = Tuner(snapshot_every, budget)  # the snapshot cadence every rank follows, and its costs
         self.replicas = ReplicaWatch()  # every rank's replica, from the node agents; LOST PROTECTION
         self.agents: dict[int, Peer] = {}  # rank → the link of the node agent that runs its process
         self.survivors = Survivors(world_size)  # what ranks and agents say while STARTING: is the job under way?
+        self.ladder = Ladder(self, self.ranks, timeouts, self.agents, self.replicas, self.survivors, self.tuner)
+
+    @property
+    def recovery(self) -> Episode:
+        """The recovery under way, or the last one (the ladder's)."""
+        return self.ladder.recovery
+
+    @property
+    def recoveries(self) -> list[float]:
+        """How long each recovery took, seconds."""
+        return self.ladder.recoveries
 
     # ---- inputs -----------------------------------------------------------------------------
 
@@ -94,33 +101,35 @@ class Job(Ladder):
         elif kind is Heartbeat:
             self._on_heartbeat(peer, message, now)
         elif kind is Ack:
-            self._on_ack(peer, message, now)
+            record = self._sender(peer, message.rank, now, _ACK_WHAT[message.action])
+            if record is not None:
+                self.ladder.ack(record, message, now)
         elif kind is FaultReport:
             record = self._sender(peer, message.rank, now, "fault report")
             if record is not None:
-                self._add_fault(record, message.kind, message.step, message.detail, now, at=now - message.age)
+                self.ladder.add_fault(record, message.kind, message.step, message.detail, now, at=now - message.age)
         elif kind is Register:
             self._on_register(peer, message, now)
         elif kind is Done:
             self._on_done(peer, message, now)
         elif kind is StatusRequest:
-            self._emit(Send(peer, self.status(now, message.request_id)))
+            self.emit(Send(peer, self.status(now, message.request_id)))
         elif kind is InjectRequest:
-            self._emit(Send(peer, self._inject(message)))
+            self.emit(Send(peer, self._inject(message)))
         elif kind is ProcessExit:
             ok, detail = self._process_exit(ProcessExited(message.rank, message.returncode, message.pid),
                                             now, will_restart=message.will_restart)
-            self._emit(Send(peer, Reply(ok, detail, message.request_id)))
+            self.emit(Send(peer, Reply(ok, detail, message.request_id)))
         elif kind is DeviceEvent:
             self._on_wire_device_event(peer, message, now)
         elif kind is CostReport:
             self._on_cost(peer, message, now)
         elif kind is ReplicaReport:
             detail = self._on_replicas(message)
-            self._emit(Send(peer, Reply(not detail, detail, message.request_id)))
+            self.emit(Send(peer, Reply(not detail, detail, message.request_id)))
         elif kind is NodeLost:
-            ok, detail = self._node_lost(message, now)
-            self._emit(Send(peer, Reply(ok, detail, message.request_id)))
+            ok, detail = lost.node_lost(self.ladder, message, now)
+            self.emit(Send(peer, Reply(ok, detail, message.request_id)))
         elif kind is AgentHello:
             self._on_agent(peer, message, now)
         else:
@@ -136,39 +145,30 @@ class Job(Ladder):
         if self.state in TERMINAL_STATES:
             return
         if isinstance(event, StopJob):
-            self._fail(f"stop requested: {event.reason}", now)
+            self.ladder.fail(f"stop requested: {event.reason}", now)
             return
         if isinstance(event, HoldRepairs):
-            self.holding = event.active
-            log.info("repairs %s (the fault manager is %s)", "held" if event.active else "released",
-                     "still collecting faults" if event.active else "done collecting faults")
-            if not event.active:
-                self._advance(now)
+            self.ladder.hold(event.active, now)
             return
         if isinstance(event, RollbackAll):
             record = self.ranks.get(event.rank) or next(iter(sorted(self.ranks, key=lambda r: r.rank)), None)
             if record is not None and self.state is not _S.STARTING:
-                self._add_fault(record, FaultKind.UNKNOWN, record.progress + 1, event.reason, now)
+                self.ladder.add_fault(record, FaultKind.UNKNOWN, record.progress + 1, event.reason, now)
             return
         record = self.ranks.get(event.rank)
         if record is None:
             log.warning("device event %s for rank %d, which has not registered: ignored",
                         type(event).__name__, event.rank)
         elif isinstance(event, DeviceFaulty):
-            self._add_fault(record, FaultKind.DEVICE_RESET, record.progress + 1,
-                            f"device plugin: error {event.error_code or '?'} policy {event.policy or '?'}",
-                            now, device=True)
+            self.ladder.add_fault(record, FaultKind.DEVICE_RESET, record.progress + 1,
+                                  f"device plugin: error {event.error_code or '?'} policy {event.policy or '?'}",
+                                  now, device=True)
             self._tell_agents()  # no agent may restart the rank's process on its own now
         elif isinstance(event, DeviceRecovered):
-            fault = self.recovery.faults.get(event.rank)
-            if fault is not None and fault.device_pending:
-                fault.device_pending = False
-                log.info("rank=%d device recovered", event.rank)
-                self._start_if_ready(event.rank, fault)
-                self._advance(now)
+            self.ladder.device_recovered(event.rank, now)
         elif isinstance(event, DeviceFailed):
-            self._fail(f"device of rank {event.rank} could not be recovered "
-                       f"({event.reason or 'no reason given'})", now)
+            self.ladder.fail(f"device of rank {event.rank} could not be recovered "
+                             f"({event.reason or 'no reason given'})", now)
 
     def process_exit(self, event: ProcessExited, now: float, will_restart: bool = True) -> list[Effect]:
         """The launcher saw a rank's process exit; ``will_restart`` says whether a new one follows."""
@@ -177,8 +177,8 @@ class Job(Ladder):
 
     def scheduler_lost(self, event: SchedulerLost, now: float) -> list[Effect]:
         """Node 0's agent saw MindSpore's scheduler die while the ranks trained (see
-        :meth:`~mindft.flow.recovery.Ladder._scheduler_lost`)."""
-        self._scheduler_lost(event, now)
+        :func:`~mindft.flow.lost.scheduler_lost`)."""
+        lost.scheduler_lost(self.ladder, event, now)
         return self._flush()
 
     def tick(self, now: float) -> list[Effect]:
@@ -188,29 +188,13 @@ class Job(Ladder):
         if now >= self._next_check:
             self._next_check = now + self.timeouts.heartbeat_interval
             if self.state is not _S.STARTING:
-                dead_after = self.timeouts.dead_after
-                for record in self.ranks.silent(now, dead_after):
+                for record in self.ranks.silent(now, self.timeouts.dead_after):
                     if self.state in TERMINAL_STATES:
                         break
-                    fault = self.recovery.faults.get(record.rank)
-                    if fault is not None and fault.left_at >= 0:
-                        # Told to leave its device, it went silent: it left (a launcher may not have said so).
-                        record.state, fault.exited = RankState.OFF_DEVICE, True
-                        self._stopped(record.rank, fault, now)
-                        continue
-                    self._emit(KillRank(record.rank, record.pid, f"HANG: no message for {now - record.last_seen:.2f} s "
-                                                                  f"(timeouts.dead_after={dead_after:g} s)",
-                                        restart=not self.restart_all, agent=self.agents.get(record.rank)))
-                    self._add_fault(record, FaultKind.HANG, record.progress + 1,
-                                    f"silent for {now - record.last_seen:.2f} s", now, dead=True, at=record.last_seen)
-        for rank, fault in list(self.recovery.faults.items()):
-            if 0 <= fault.left_at and not fault.exited and now - fault.left_at > self.timeouts.leave:
-                record = self.ranks.get(rank)
-                fault.left_at, fault.kill_ordered = now, True  # one kill per period, until its exit is reported
-                self._emit(KillRank(rank, record.pid, f"did not exit within {self.timeouts.leave:g} s "
-                                                      f"(timeouts.leave)", restart=False, agent=self.agents.get(rank)))
+                    lost.rank_silent(self.ladder, record, now)
+        lost.kill_late_leavers(self.ladder, now)
         if self.state not in TERMINAL_STATES and now >= self.deadline:
-            self._phase_timeout(now)
+            self.ladder.phase_timeout(now)
         return self._flush()
 
     def next_wakeup(self) -> float:
@@ -224,20 +208,20 @@ class Job(Ladder):
         rows = tuple(RankStatus(rank=r.rank, state=r.state, step=r.progress,
                                 last_heartbeat_age=round(max(0.0, now - r.last_seen), 3), restarts=r.restarts,
                                 pid=r.pid, incarnation=r.incarnation, replica_endpoint=r.replica_endpoint,
-                                order=self._order(r.rank), replicated=self.replicas.step(r.rank),
+                                order=self.ladder.order(r.rank), replicated=self.replicas.step(r.rank),
                                 replica_lost=r.rank in self.replicas.unprotected)
                      for r in sorted(self.ranks, key=lambda r: r.rank))
         if self.result is not None:
             reason = self.result.reason
         else:
-            reason = self._fault_summary() if self.state in RECOVERY_STATES else ""
+            reason = self.recovery.summary() if self.state in RECOVERY_STATES else ""
         tuner = self.tuner
         return StatusReply(state=self.state, step=self.ranks.slowest, ranks=rows, reason=reason,
                            round=self.recovery.round, recoveries=len(self.recoveries), request_id=request_id,
                            restart_all=self.restart_all, snapshot_every=tuner.every, snapshot_cost=round(tuner.cost(), 6),
                            step_time=round(tuner.step_time(), 6),
                            overhead_budget=tuner.budget.overhead if tuner.budget is not None else 0.0,
-                           over_budget=tuner.over_budget, waiting=self.waiting_for(),
+                           over_budget=tuner.over_budget, waiting=self.ladder.waiting_for(),
                            deadline_in=round(max(0.0, self.deadline - now), 3) if self.deadline < math.inf else -1.0)
 
     # ---- rank messages ----------------------------------------------------------------------
@@ -249,7 +233,7 @@ class Job(Ladder):
         # A peer that is not a live registered incarnation gets no answer: silence makes it
         # reconnect and register again.
         if self._sender(peer, message.rank, now, "heartbeat") is not None and self.state not in TERMINAL_STATES:
-            self._emit(Send(peer, Heartbeat(-1, 0, self.ranks.slowest)))
+            self.emit(Send(peer, Heartbeat(-1, 0, self.ranks.slowest)))
 
     def _sender(self, peer: Peer, rank: int, now: float, what: str) -> Optional[RankRecord]:
         record = self.ranks.get(rank)
@@ -271,7 +255,7 @@ class Job(Ladder):
         if self.ranks.advance(record, message.step) and self.state is _S.NORMAL:
             if self.tuner.retune_due:
                 self._retune()  # before the Progress that lets ranks past the switch point
-            self._emit(Broadcast(self.ranks.peers(), Progress(self.ranks.slowest)))
+            self.emit(Broadcast(self.ranks.peers(), Progress(self.ranks.slowest)))
 
     def _on_register(self, peer: Peer, message: Register, now: float) -> None:
         rank, world = message.rank, self.ranks.world_size
@@ -294,7 +278,7 @@ class Job(Ladder):
             self.ranks.rebind(old, peer)
             old.last_seen, old.pid = now, message.pid
             if self.state is not _S.STARTING:
-                self._emit(Send(peer, self._register_ack()))
+                self.emit(Send(peer, self._register_ack()))
             return
         if message.collectives and self.restart_scope == "auto" and not self.restart_all:
             self.restart_all = True
@@ -317,47 +301,15 @@ class Job(Ladder):
                 self._start_training(now)
             return
         if self.state is _S.FAILED:
-            self._emit(Send(peer, Action(ActionKind.DUMP_AND_EXIT, -1, reason=self.result.reason,
-                                         round=self.recovery.round)))
+            self.emit(Send(peer, Action(ActionKind.DUMP_AND_EXIT, -1, reason=self.result.reason,
+                                        round=self.recovery.round)))
             return
         if self.state is _S.DONE:
-            self._emit(Send(peer, Action(ActionKind.FINISH, self.ranks.slowest, round=self.recovery.round)))
+            self.emit(Send(peer, Action(ActionKind.FINISH, self.ranks.slowest, round=self.recovery.round)))
             return
         record.state = RankState.PAUSED  # a fresh process waits for ROLLBACK
-        self._emit(Send(peer, self._register_ack()))
-        fault = self.recovery.faults.get(rank) if self.state in RECOVERY_STATES else None
-        if fault is None:
-            # The launcher restarted a rank before we noticed it died: a fault too,
-            # already repaired by this registration.
-            self._add_fault(record, FaultKind.PROCESS_DIED, old.progress + 1 if old else 0,
-                            f"re-registered as incarnation {message.incarnation}", now,
-                            at=old.last_seen if old else None)
-        else:
-            fault.process_pending, fault.replica, fault.restore_from = False, None, ""  # from now on, what it registered
-            self.recovery.lost.discard(rank)
-            fault.left_at, fault.exited, fault.kill_ordered, fault.start_ordered = -1.0, False, False, False
-            if fault.kind is FaultKind.HANG:
-                fault.kind = FaultKind.PROCESS_DIED
-            log.info("rank=%d restarted (incarnation %d): %s", rank, message.incarnation,
-                     f"NODE LOST (node {fault.node}) repaired" if fault.node >= 0
-                     else "with every worker" if fault.collateral else f"{fault.kind.name} repaired")
-            if self.state in (_S.ROLLBACK, _S.RESUMING):
-                # The new process missed this round's ROLLBACK: run the round again.
-                self._enter_pausing(f"rank {rank} restarted during {self.state.value}", now)
-        # Register carries the new process's held steps: it counts as its PAUSE acknowledgement.
-        record.held_round = self.recovery.round
-        self.recovery.know(record.held)
-        self.recovery.waiting.discard(rank)
-        self._advance(now)
-
-    def _order(self, rank: int) -> Optional[OrderKind]:
-        """What the rank's node agent must still do for the recovery (None: nothing)."""
-        fault = self.recovery.faults.get(rank) if self.state in RECOVERY_STATES else None
-        if fault is None:
-            return None
-        if fault.kill_ordered and not fault.exited:
-            return OrderKind.KILL
-        return OrderKind.START if fault.start_ordered and fault.process_pending else None
+        self.emit(Send(peer, self._register_ack()))
+        lost.process_registered(self.ladder, record, old, message.incarnation, now)
 
     def _on_agent(self, peer: Peer, message: AgentHello, now: float) -> None:
         """A node agent (re)connected: its ranks' orders go to it from now on; it gets the job's
@@ -373,15 +325,9 @@ class Job(Ladder):
             self.agents[rank] = peer
         if new:
             log.info("node agent %d runs %s", message.node, rank_list(new))
-        self._emit(Send(peer, self._view()))
+        self.emit(Send(peer, self._view()))
         for rank in ranks:
-            order, record, fault = self._order(rank), self.ranks.get(rank), self.recovery.faults.get(rank)
-            if order is OrderKind.KILL and record is not None:
-                self._emit(KillRank(rank, record.pid, f"still to be killed: {fault.detail or fault.kind.name}",
-                                    restart=False, agent=peer))
-            elif order is OrderKind.START:
-                self._emit(StartRank(rank, "still to be started for the recovery", peer,
-                                     record.pid if record is not None else 0, fault.restore_from))
+            self.ladder.repeat_order(rank, peer)
         if self.state is _S.STARTING:
             self.survivors.hello(message)
             if self.survivors.under_way:
@@ -391,7 +337,7 @@ class Job(Ladder):
         """The job was under way: rebuild it once every rank's node agent said what it holds
         (until then, or timeouts.register, the job waits)."""
         if not self.survivors.unheard():
-            self._rejoin(now)
+            lost.rejoin(self.ladder, now)
 
     def _view(self) -> JobView:
         reason = self.result.reason if self.result is not None else ""
@@ -399,7 +345,8 @@ class Job(Ladder):
             if self.state in RECOVERY_STATES else ()
         unreached = tuple(r for r in range(self.ranks.world_size) if self._unreached(r)) \
             if self.state is _S.FAILED else ()
-        return JobView(self.state, self.restart_all, self.dump_step, reason, resetting, self.verdict, unreached)
+        return JobView(self.state, self.restart_all, self.ladder.dump_step, reason, resetting, self.ladder.verdict,
+                       unreached)
 
     def _unreached(self, rank: int) -> bool:
         """The job cannot tell ``rank`` to dump: it never registered (with this controller: one
@@ -410,7 +357,7 @@ class Job(Ladder):
     def _tell_agents(self) -> None:
         peers = tuple(dict.fromkeys(self.agents.values()))
         if peers:
-            self._emit(Broadcast(peers, self._view()))
+            self.emit(Broadcast(peers, self._view()))
 
     def _register_ack(self) -> RegisterAck:
         endpoints = {r.rank: r.replica_endpoint for r in sorted(self.ranks, key=lambda r: r.rank)}
@@ -418,12 +365,12 @@ class Job(Ladder):
                            step=self.ranks.slowest, cadence=self.tuner.schedule.wire())
 
     def _start_training(self, now: float) -> None:
-        self._move(Event.ALL_REGISTERED, f"all {self.ranks.world_size} ranks registered", now)
-        self._barrier_endpoints = {r.rank: r.replica_endpoint for r in self.ranks}
+        self.move(Event.ALL_REGISTERED, f"all {self.ranks.world_size} ranks registered", now)
+        self.ladder.remember_endpoints()
         self.deadline = math.inf
         for record in self.ranks:
             record.state, record.last_seen = RankState.RUNNING, now
-        self._emit(Broadcast(self.ranks.peers(), self._register_ack()))
+        self.emit(Broadcast(self.ranks.peers(), self._register_ack()))
 
     def _on_done(self, peer: Peer, message: Done, now: float) -> None:
         record = self._sender(peer, message.rank, now, "done")
@@ -434,47 +381,25 @@ class Job(Ladder):
             return  # it finished before it saw this round's PAUSE: it will see it
         record.state = RankState.DONE
         log.info("rank=%d done at step %d", record.rank, message.step)
-        self._check_done(now)
+        self.check_done(now)
 
-    def _check_done(self, now: float) -> None:
+    def check_done(self, now: float) -> None:
+        """The job ends, OK, if it trains and every rank is done (the ladder's port)."""
         if self.state is not _S.NORMAL or self.ranks.count(RankState.DONE) != len(self.ranks):
             return
         done = len(self.recoveries)
         reason = (f"all {self.ranks.world_size} ranks finished at step {self.ranks.slowest}; "
                   f"{done} recover{'y' if done == 1 else 'ies'}")
-        self._emit(Broadcast(self.ranks.peers(), Action(ActionKind.FINISH, self.ranks.slowest,
-                                                        round=self.recovery.round)))
-        self._move(Event.ALL_DONE, reason, now)
-        self._finish(ExitCode.OK, reason)
+        self.emit(Broadcast(self.ranks.peers(), Action(ActionKind.FINISH, self.ranks.slowest,
+                                                       round=self.recovery.round)))
+        self.move(Event.ALL_DONE, reason, now)
+        self.finish(ExitCode.OK, reason)
 
-    def _on_ack(self, peer: Peer, message: Ack, now: float) -> None:
-        record = self._sender(peer, message.rank, now, _ACK_WHAT[message.action])
-        if record is None:
-            return
-        rec = self.recovery
-        if message.round != rec.round or message.action is not ACK_FOR.get(self.state):
-            log.info("rank=%d %s ack of round %d ignored in %s round %d", record.rank, message.action.name,
-                     message.round, self.state.value, rec.round)
-            return
-        if self.state is _S.ROLLBACK and message.step != rec.repair_step:
-            log.warning("rank=%d restored step %d, expected %d; ignored", record.rank, message.step,
-                        rec.repair_step)
-            return
-        if message.action is ActionKind.PAUSE:
-            record.held = tuple(message.held_steps)
-            record.held_round = rec.round
-            rec.know(record.held)
-            if record.state is not RankState.FAULTY:
-                record.state = RankState.PAUSED
-        elif message.action is ActionKind.ROLLBACK:
-            # Restoring dropped its snapshots past the step: a dump from now on is of what is left.
-            record.state, record.held = RankState.RESTORED, tuple(message.held_steps)
-        else:
-            record.state = RankState.RESUMED
-        waiting = rec.waiting
-        waiting.discard(record.rank)
-        if not waiting:  # the phase waits for acknowledgements as long as any is missing
-            self._advance(now)
+    def finish(self, code: ExitCode, reason: str) -> None:
+        """The job ended (the ladder's port): its result goes out."""
+        self.deadline = math.inf
+        self.result = Finish(code, reason, self.ladder.dump_step)
+        self.emit(self.result)
 
     def _inject(self, message: InjectRequest) -> Reply:
         record = self.ranks.get(message.rank)
@@ -483,8 +408,8 @@ class Job(Ladder):
             return Reply(False, f"rank {message.rank} is not registered and running", rid)
         if self.state is not _S.NORMAL:
             return Reply(False, f"the job is {self.state.value}, not NORMAL; inject when it trains", rid)
-        self._emit(Send(record.peer, Action(ActionKind.INJECT_FAULT, record.progress, reason=message.detail,
-                                            fault=message.fault, round=self.recovery.round)))
+        self.emit(Send(record.peer, Action(ActionKind.INJECT_FAULT, record.progress, reason=message.detail,
+                                           fault=message.fault, round=self.recovery.round)))
         what = f"rank {message.rank} will raise {message.fault.name} at its next step boundary"
         if self.restart_all:
             # The peers cannot pause: they block in the collective the faulty rank never joins.
@@ -507,52 +432,21 @@ class Job(Ladder):
             self._rejoin_when_heard(now)
             return True, f"rank {event.rank} starts with every worker once the job is rebuilt"
         if self.state is _S.STARTING and (record is None or not will_restart):
-            self._fail(f"{what} before every rank registered", now, Event.FAULT)
+            self.ladder.fail(f"{what} before every rank registered", now, Event.FAULT)
             return True, "job failed: a rank exited before every rank registered"
         if record is None:
             return False, f"rank {event.rank} never registered"
-        fault = self.recovery.faults.get(event.rank) if self.state in RECOVERY_STATES else None
-        # A process started for a recovery and killed before it registered has a pid the job never learnt.
-        unregistered = fault is not None and fault.kill_ordered and not fault.exited and not record.alive
-        if event.pid and record.pid and event.pid != record.pid and not unregistered:
-            return True, f"pid {event.pid} is not rank {event.rank}'s current process"
-        if self.state in TERMINAL_STATES:
-            return True, "job already ended"
-        if record.state is RankState.LOST:
-            return True, f"rank {event.rank}'s node was lost: a new node starts it"
-        if event.returncode in (ExitCode.DUMPED, ExitCode.DUMP_FAILED) or not will_restart:
-            record.state = RankState.DEAD
-            rewind = event.returncode == ExitCode.REWIND_REQUIRED
-            self._fail(f"{what} ({describe_exit(event.returncode)}) and will not be restarted" if rewind
-                       else f"{what} and will not be restarted", now,
-                       verdict=ExitCode.REWIND_REQUIRED if rewind else -1)
-            return True, f"rank {event.rank} lost: job failed"
-        if fault is not None and fault.left_at >= 0:
-            # It left its device as told: it comes back when the device does.
-            if fault.exited:
-                return True, f"rank {event.rank} had stopped as told"
-            record.state, fault.exited = RankState.OFF_DEVICE, True
-            log.info("rank=%d process exited %.2f s after it was told to stop (exit code %d)", event.rank,
-                     now - fault.left_at, event.returncode)
-            self._stopped(event.rank, fault, now)
-            return True, f"rank {event.rank} stopped as told"
-        if fault is not None and fault.device_pending:
-            fault.left_at = now  # it left the chip being reset: it starts again once the chip is back
-        # It died after the last message the job had from it (its agent polls; the exit's time is not said).
-        self._add_fault(record, FaultKind.PROCESS_DIED, record.progress + 1,
-                        f"process {event.pid} exited with code {event.returncode}", now, dead=True, exited=True,
-                        at=record.last_seen)
-        return True, f"rank {event.rank} marked dead"
+        return lost.process_exited(self.ladder, record, event, will_restart, now)
 
     def _on_wire_device_event(self, peer: Peer, message: DeviceEvent, now: float) -> None:
         if not 0 <= message.rank < self.ranks.world_size:
-            self._emit(Send(peer, Reply(False, f"no rank {message.rank}", message.request_id)))
+            self.emit(Send(peer, Reply(False, f"no rank {message.rank}", message.request_id)))
             return
         self._device(from_wire(message), now)
-        self._emit(Send(peer, Reply(True, f"{message.status.value} event for rank {message.rank}",
-                                    message.request_id)))
+        self.emit(Send(peer, Reply(True, f"{message.status.value} event for rank {message.rank}",
+                                   message.request_id)))
 
-    # ---- replicas and lost nodes ---------------------------------------------------------------
+    # ---- replicas and the snapshot cadence -----------------------------------------------------
 
     def _on_replicas(self, message: ReplicaReport) -> str:
         """A node agent's report of its ranks' replicas; what is wrong with it ("": nothing)."""
@@ -564,8 +458,6 @@ class Job(Ladder):
             self._retune()
         return detail
 
-    # ---- the snapshot cadence -----------------------------------------------------------------
-
     def _on_cost(self, peer: Peer, message: CostReport, now: float) -> None:
         record = self._sender(peer, message.rank, now, "cost report")
         if record is not None:
@@ -576,24 +468,21 @@ class Job(Ladder):
         if self.state is _S.NORMAL:
             wire = self.tuner.retune(self.ranks.slowest)
             if wire is not None:
-                self._emit(Broadcast(self.ranks.peers(), Cadence(wire)))
+                self.emit(Broadcast(self.ranks.peers(), Cadence(wire)))
 
-    def _changed_endpoints(self) -> dict[int, str]:
-        """Replica endpoints that differ from the start barrier's map (restarted ranks)."""
-        return {r.rank: r.replica_endpoint for r in self.ranks
-                if self._barrier_endpoints.get(r.rank) != r.replica_endpoint}
+    # ---- bookkeeping: the ladder's port ----------------------------------------------------------
 
-    # ---- bookkeeping ------------------------------------------------------------------------
-
-    def _move(self, event: Event, reason: str, now: float) -> None:
+    def move(self, event: Event, reason: str, now: float) -> None:
+        """A transition of the table, told to the node agents."""
         source = self.state
         self.state = next_state(source, event)
         self.history.append((self.state, now))
         del self.history[:-256]
-        self._emit(Transition(source, self.state, reason))
+        self.emit(Transition(source, self.state, reason))
         self._tell_agents()
 
-    def _emit(self, effect: Effect) -> None:
+    def emit(self, effect: Effect) -> None:
+        """An effect goes out with the answer to the current input."""
         self._out.append(effect)
 
     def _flush(self) -> list[Effect]:

@@ -7,7 +7,7 @@ which replicas its keeper holds of other nodes' ranks (:class:`~mindft.protocol.
 :class:`Survivors` gathers this while the job is STARTING; once it shows the job under way and
 every rank's agent has spoken, the job restarts every worker from the agents' memory, the ranks
 whose agent holds nothing (those of the lost node) from their replica on the next node, and
-rolls back (:meth:`mindft.flow.recovery.Ladder._rejoin`). A fresh job shows nothing of the kind and
+rolls back (:func:`mindft.flow.lost.rejoin`). A fresh job shows nothing of the kind and
 starts as always.
 """
 from __future__ import annotations

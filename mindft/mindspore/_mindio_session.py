@@ -38,7 +38,7 @@ from mindspore import nn, ops
 from mindft.config import ConfigError, MindftConfig, load_config
 from mindft.exitcodes import ExitCode
 from mindft.rank.faults import classify, describe
-from mindft.flow.recovery import retried
+from mindft.flow.episode import retried
 from mindft.net.keys import job_keys
 from mindft.flow.follower import StepFaults
 from mindft.mindio import (STEP_GATE_VARIABLE, LeaveDevice, MindioError, MindioExit, MindioRank, RankCallbacks,

@@ -37,7 +37,7 @@ from prometheus_client.registry import Collector
 from mindft.config import ConfigError
 from mindft.flow import RECOVERY_STATES, Job, JobState, RankState, Transition, phase_times
 from mindft.flow.agent import NodePolicy
-from mindft.flow.recovery import DYING_GASP, IN_PLACE, RUNGS
+from mindft.flow.episode import DYING_GASP, IN_PLACE, RUNGS
 from mindft.protocol import FaultKind, StatusReply
 from mindft.agent.warm import proportional_set_size
 
@@ -50,7 +50,7 @@ FAULT_KINDS = tuple(kind.value for kind in FaultKind) + (NODE_LOST,)
 PHASES = {JobState.PAUSING: "pause", JobState.REPAIRING: "repair", JobState.ROLLBACK: "rollback",
           JobState.RESUMING: "resume"}
 # Phases that are no state of the job: from the fault to the recovery's start; from the order to
-# leave a chip to the last exit (see :class:`~mindft.flow.recovery.Recovery`).
+# leave a chip to the last exit (see :class:`~mindft.flow.episode.Episode`).
 DETECT, LEAVE = "detect", "leave"
 # From a hot reset's tenth of a second to a node replaced in minutes.
 SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)

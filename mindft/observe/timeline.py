@@ -12,7 +12,7 @@ from typing import Iterable, Optional
 
 from mindft.observe.events import (ClusterFormed, Event, FaultSeen, JobFinished, JobMoved, LadderDecision, OrderSent, ProcessExited,
                            ProcessStarted)
-from mindft.flow.recovery import DYING_GASP, IN_PLACE, RESTART_ALL
+from mindft.flow.episode import DYING_GASP, IN_PLACE, RESTART_ALL
 
 RECOVERY_STATES = ("PAUSING", "REPAIRING", "ROLLBACK", "RESUMING")
 PHASE_NAMES = {"PAUSING": "pause", "REPAIRING": "repair", "ROLLBACK": "rollback", "RESUMING": "resume"}

@@ -33,7 +33,7 @@ from mindft.config import ConfigError, MindftConfig, load_config
 from mindft.exitcodes import ExitCode
 from mindft.rank.faults import DeviceFault, classify, describe
 from mindft.flow.follower import CostMeter, Finished, RankHooks, Resumed, joins_recovery
-from mindft.flow.recovery import retried
+from mindft.flow.episode import retried
 from mindft.flow.topology import rank_buddy
 from mindft.net.keys import job_keys
 from mindft.rank.processor import Processor, ProcessorError

@@ -86,8 +86,8 @@ def test_the_explorer_catches_a_broken_window(monkeypatch) -> None:
 
 
 def test_the_explorer_catches_ranks_that_stay_on_a_device_being_reset(monkeypatch) -> None:
-    from mindft.flow.job import Job
-    monkeypatch.setattr(Job, "_leave_devices", lambda self, now: None)
+    from mindft.flow.ladder import Ladder
+    monkeypatch.setattr(Ladder, "_leave_devices", lambda self, now: None)
     with pytest.raises(AssertionError, match="chip is being reset|still on its device"):
         explore(range(300))
 
@@ -141,8 +141,8 @@ def test_collectives_a_chip_reset_during_a_recovery_in_place_restarts_every_work
 
 
 def test_the_explorer_catches_a_round_that_waits_for_a_rank_told_to_leave(monkeypatch) -> None:
-    from mindft.flow.job import Job
-    monkeypatch.setattr(Job, "_answering", lambda self: {r.rank for r in self.ranks if r.alive})
+    from mindft.flow.ladder import Ladder
+    monkeypatch.setattr(Ladder, "_answering", lambda self: {r.rank for r in self.ranks if r.alive})
     with pytest.raises(AssertionError, match="waits for rank .*told to leave"):
         explore(range(1_000))
 
@@ -179,8 +179,8 @@ def test_collectives_a_failed_device_dumps_one_step() -> None:
 
 
 def test_the_explorer_catches_restarting_one_rank_of_a_collective_job(monkeypatch) -> None:
-    from mindft.flow.job import Job
-    monkeypatch.setattr(Job, "_restart_every_worker", Job._enter_pausing)
+    from mindft.flow.ladder import Ladder
+    monkeypatch.setattr(Ladder, "restart_every_worker", Ladder.enter_pausing)
     with pytest.raises(AssertionError, match="FAILED though every fault was recoverable|did not end"):
         explore(range(300))
 
@@ -229,8 +229,8 @@ def test_the_explorer_catches_an_agent_that_keeps_a_lost_scheduler_to_itself(mon
 
 
 def test_the_explorer_catches_a_job_that_ignores_a_lost_scheduler(monkeypatch) -> None:
-    from mindft.flow.job import Job
-    monkeypatch.setattr(Job, "_scheduler_lost", lambda self, event, now: None)
+    from mindft.flow import lost
+    monkeypatch.setattr(lost, "scheduler_lost", lambda ladder, event, now: None)
     with pytest.raises(AssertionError, match="did not end|every fault was recoverable|scheduler dead"):
         explore(range(300))
 
@@ -327,7 +327,7 @@ def test_replicas_that_never_arrive_end_with_dying_gasps_at_once() -> None:
 def test_the_explorer_catches_a_rollback_to_a_step_the_replica_does_not_hold(monkeypatch) -> None:
     # A flow that chooses the rollback step from the surviving ranks alone, as if the lost
     # node's ranks held what they held before: their new processes hold only their replicas.
-    from mindft.flow.job import Job
+    from mindft.flow.ladder import Ladder
 
     def survivors_decide(self, exact):
         lost = {r for r, f in self.recovery.faults.items() if f.node >= 0}
@@ -335,23 +335,23 @@ def test_the_explorer_catches_a_rollback_to_a_step_the_replica_does_not_hold(mon
         common = frozenset.intersection(*held) if held else frozenset()
         return max(common) if common else -1
 
-    monkeypatch.setattr(Job, "_common_step", survivors_decide)
-    monkeypatch.setattr(Job, "_replicas_fall_short", lambda self, now, others=True: False)
+    monkeypatch.setattr(Ladder, "_common_step", survivors_decide)
+    monkeypatch.setattr(Ladder, "replicas_fall_short", lambda self, now, others=True: False)
     with pytest.raises(AssertionError, match="told to restore step .* but holds"):
         for job in lost_node_jobs(collectives=False, seeds=range(200)):
             finished(job)
 
 
 def test_the_explorer_catches_a_flow_that_gives_up_on_every_lost_node(monkeypatch) -> None:
-    from mindft.flow.job import Job
+    from mindft.flow.ladder import Ladder
 
     def give_up(self, now, others=True):
         if any(f.replica is not None and f.process_pending for f in self.recovery.faults.values()):
-            self._fail("a node was lost", now)
+            self.fail("a node was lost", now)
             return True
         return False
 
-    monkeypatch.setattr(Job, "_replicas_fall_short", give_up)
+    monkeypatch.setattr(Ladder, "replicas_fall_short", give_up)
     with pytest.raises(AssertionError, match="FAILED after a node loss though every rank could restore step"):
         explore(range(2000))
 

@@ -75,7 +75,7 @@ def test_node_0_lost_with_the_controller_restarts_every_worker_rank_0_from_its_r
     c.node0_back()
     c.rank1_reconnects()
     # Rank 1 got to step 8: the job was under way; node 1's agent has not said what it holds yet.
-    assert c.job.state is S.STARTING and c.job.waiting_for() == (
+    assert c.job.state is S.STARTING and c.job.ladder.waiting_for() == (
         "the node agents of rank(s) [1] (the job was under way: this controller started again)")
     c.node1_says()
     assert c.job.state is S.REPAIRING and c.job.recovery.restart_all

@@ -326,7 +326,7 @@ def test_lost_ranks_whose_replicas_share_no_step_fail_before_any_worker_restarts
     d.steps(5)
     lose(d, 1, {2: 5, 3: 4})
     assert d.job.state is S.FAILED and sorted(e.rank for e in d.effects if isinstance(e, KillRank)) == [0, 1]
-    assert not any(isinstance(e, StartRank) for e in d.effects) and d.job.dump_step == 5
+    assert not any(isinstance(e, StartRank) for e in d.effects) and d.job.ladder.dump_step == 5
     assert "rank 2 only to step 5 (its replica), rank 3 only to step 4 (its replica) can roll back: no step" \
         in d.job.result.reason
 
