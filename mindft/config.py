@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 
 TFT_VARIABLE = "MS_ENABLE_TFT"
 MINDX_TASK_VARIABLE = "MINDX_TASK_ID"  # set by MindCluster when it runs MindIO's controller
+STEP_GATE_VARIABLE = "MINDFT_STEP_GATE"  # node 0's step gate, for MindIO's ranks (set by mindft-launch)
 DEFAULT_RESET_FILE = Path("/user/restore/reset/config/reset.json")
 DEFAULT_CONTROLLER_PORT = 29600
 BACKENDS = ("auto", "mindft", "mindio")

@@ -17,10 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from mindft.config import MINDX_TASK_VARIABLE, ConfigError, load_config
+from mindft.config import MINDX_TASK_VARIABLE, STEP_GATE_VARIABLE, ConfigError, load_config
 from mindft.flow.topology import Topology
 from mindft.net.keys import load_keys
-from mindft.mindio import STEP_GATE_VARIABLE
 from mindft.net.address import node_ip, port_in_use
 from mindft.preflight import check_launchable, choose_backend
 

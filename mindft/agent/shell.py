@@ -26,7 +26,7 @@ from typing import Any, Optional
 from mindft.net.channel import Client
 from mindft.snapshot.ckpt import atomic_write
 from mindft.config import TFT_VARIABLE
-from mindft.observe.events import EventLog, ProcessExited, node_file
+from mindft.observe.events import EventLog, ProcessExitRecord, node_file
 from mindft.exitcodes import ExitCode, describe_exit
 from mindft.agent.links import HELLO_INTERVAL, ControllerHost, ControllerLink, recovery_progress
 from mindft.agent.memory import (agent_memory, dump_ranks_without_process, release_memory, start_replication,
@@ -342,7 +342,7 @@ class NodeAgent:
             scheduler.cluster_formed()  # when the cluster formed is a phase of a restart: the event log says it
         else:
             scheduler.exit_seen = True
-            self.events.append(ProcessExited("scheduler", scheduler.pid or 0, code))
+            self.events.append(ProcessExitRecord("scheduler", scheduler.pid or 0, code))
             self._carry_out(self.policy.on_scheduler_exit(scheduler.pid, code, scheduler.last_error(),
                                                              str(scheduler.log_path), scheduler.cluster_formed()))
 

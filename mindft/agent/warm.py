@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import IO, Mapping, Optional, Sequence
 
+from mindft.observe.procfs import proportional_set_size
 from mindft.units import size_text
 from mindft.agent.zygote import PRELOAD_VARIABLE, READY, ForkRequest, runnable
 
@@ -33,17 +34,6 @@ WARM_COMMAND = ("-c", "from mindft.agent.zygote import serve; serve()")
 def _interpreter_settings(env: Mapping[str, str]) -> dict[str, str]:
     """What an interpreter reads once at its start and a fork keeps: the PYTHON* variables."""
     return {name: value for name, value in env.items() if name.startswith("PYTHON")}
-
-
-def proportional_set_size(pid: int) -> Optional[int]:
-    """A process's PSS in bytes (its share of the pages it maps), None where Linux does not say."""
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 class WarmProcess:

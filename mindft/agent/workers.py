@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterable, Mapping, Optional, Sequence, Union
 
-from mindft.observe.events import ClusterFormed, EventLog, ProcessExited, ProcessStarted
+from mindft.observe.events import ClusterFormed, EventLog, ProcessExitRecord, ProcessStartRecord
 from mindft.agent.plan import DEFAULT_GRACE_PERIOD, LaunchSpec, rank_environment, scheduler_environment
 from mindft.net.address import port_listening
 from mindft.agent.warm import WarmProcess, WarmStarter
@@ -85,7 +85,7 @@ def start_process(command: Sequence[str], env: Mapping[str, str], output: Option
 
 
 @dataclass
-class Worker:
+class WorkerProcess:
     """One local rank's current process."""
 
     rank: int
@@ -112,8 +112,8 @@ class WorkerProcesses:
         self.warm = warm
         self.events = events
         spec.log_dir.mkdir(parents=True, exist_ok=True)
-        self.workers: dict[int, Worker] = {
-            rank: Worker(rank, spec.log_dir / f"rank_{rank}.log") for rank in spec.local_ranks}
+        self.workers: dict[int, WorkerProcess] = {
+            rank: WorkerProcess(rank, spec.log_dir / f"rank_{rank}.log") for rank in spec.local_ranks}
 
     def start(self, rank: int, restarts: int) -> int:
         """Start ``rank``'s process, incarnation ``restarts`` (MINDFT_RESTART_COUNT); its pid."""
@@ -134,7 +134,7 @@ class WorkerProcesses:
         log.info("started rank %d (pid %d, restart %d, %s), log %s", rank, worker.process.pid, restarts,
                  "warm" if warm else "cold", worker.log_path)
         if self.events is not None:
-            self.events.append(ProcessStarted("worker", worker.process.pid, rank, restarts, warm,
+            self.events.append(ProcessStartRecord("worker", worker.process.pid, rank, restarts, warm,
                                               _cold_reason(self.warm) if not warm else ""))
         return worker.process.pid
 
@@ -182,7 +182,7 @@ class WorkerProcesses:
             if code is not None and worker.process is not None:
                 exited[rank] = code
                 if self.events is not None:
-                    self.events.append(ProcessExited("worker", worker.process.pid, code, rank))
+                    self.events.append(ProcessExitRecord("worker", worker.process.pid, code, rank))
                 worker.process = None
         return exited
 
@@ -278,7 +278,7 @@ class Scheduler:
                  self.log_path)
         if self.events is not None:
             warm = isinstance(self.process, WarmProcess)
-            self.events.append(ProcessStarted("scheduler", self.process.pid, warm=warm,
+            self.events.append(ProcessStartRecord("scheduler", self.process.pid, warm=warm,
                                               detail=_cold_reason(self.warm) if not warm else ""))
         # Workers started before it listens fail to register and retry only after a sleep.
         deadline = time.monotonic() + SCHEDULER_LISTEN_WAIT

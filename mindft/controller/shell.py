@@ -77,11 +77,9 @@ class Controller:
             raise
         self.endpoint: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self._out = channel.RouterSender(self._socket)
-        self._wake_address = f"inproc://mindft-controller-wake-{id(self)}"
-        self._wake_in = self._context.socket(zmq.PULL)
-        self._wake_in.bind(self._wake_address)
-        self._wake_out: Optional[zmq.Socket] = self._context.socket(zmq.PUSH)
-        self._wake_out.connect(self._wake_address)
+        # Other threads queue inputs in _inbox and nudge the serving thread through this pipe.
+        self._wake_in, wake_out = channel.pipe(self._context, "controller-wake")
+        self._wake_out: Optional[zmq.Socket] = wake_out
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.job = Job(config.world_size, config.timeouts, clock(), snapshot_every=config.snapshot_every or 1,
                        restart_scope=config.restart_scope, budget=job_budget(config))

@@ -35,7 +35,7 @@ LOST_AFTER_CAPTURES = 20   # or this many newer captures than the newest replica
 ACK_MIN_RATE = 20e6        # bytes/s: slower than this the keeper counts as gone (reconnect, look it up again)
 
 
-class Verdict(enum.Enum):
+class ProtectionChange(enum.Enum):
     """A change of one rank's protection."""
 
     LOST = "lost"
@@ -75,15 +75,15 @@ class Protection:
             return 0, 0.0
         return self.captures - self.replicated_capture, now - self.behind_since
 
-    def judge(self, now: float) -> Optional[Verdict]:
+    def judge(self, now: float) -> Optional[ProtectionChange]:
         """Lost or restored at ``now``, if that changed since the last judgment."""
         captures, seconds = self.behind(now)
         lost = captures > self.lost_after_captures or seconds > self.lost_after + self.nbytes / ACK_MIN_RATE
         was, self.lost = self.lost, lost
         if lost and not was:
-            return Verdict.LOST
+            return ProtectionChange.LOST
         if was and not lost:
-            return Verdict.RESTORED
+            return ProtectionChange.RESTORED
         return None
 
 

@@ -78,7 +78,8 @@ from __future__ import annotations
 
 from mindft.mindio.controller import (CONTROLLER_CLOSE_TIMEOUT, MINDX_ACTIONS, MINDX_TASK_VARIABLE, MindioController,
                                       controller_runs_here)
-from mindft.mindio.gate import GATE_HOLD_SECONDS, GATE_UNREACHABLE_AFTER, STEP_GATE_VARIABLE, StepGate, StepGateClient
+from mindft.config import STEP_GATE_VARIABLE
+from mindft.mindio.gate import GATE_HOLD_SECONDS, GATE_UNREACHABLE_AFTER, StepGate, StepGateClient
 from mindft.mindio.host import MindioHost
 from mindft.mindio.rank import (DEFAULT_EXIT_GRACE, PROCESSOR_CLOSE_TIMEOUT, LeaveDevice, MindioExit, MindioRank,
                                 RankCallbacks, RecoveryRequested)

@@ -17,13 +17,13 @@ from typing import Any, Callable, Dict, Optional, Sequence
 
 import zmq
 
-from mindft.net.keys import CurveKeys, bind_server, secure_client, start_authenticator
+from mindft.net import sockets
+from mindft.net.keys import CurveKeys, start_authenticator
 from mindft.mindio.rank import LeaveDevice, MindioRank
 from mindft.mindio.wheel import MindioError
 
 log = logging.getLogger(__name__)
 
-STEP_GATE_VARIABLE = "MINDFT_STEP_GATE"
 GATE_HOLD_SECONDS = 0.1  # a request waits at most this long at the gate, so its rank can check MindIO
 GATE_UNREACHABLE_AFTER = 30.0  # silence after which a rank gives up on the gate
 _GATE_POLL_MS = 10
@@ -49,9 +49,7 @@ class StepGate:
         self.world_size = world_size
         self._context = zmq.Context()
         self._authenticator = start_authenticator(self._context, keys)
-        self._socket = self._context.socket(zmq.ROUTER)
-        self._socket.linger = 0
-        self.endpoint = bind_server(self._socket, keys, ip, port)
+        self._socket, self.endpoint = sockets.gate_router(self._context, keys, ip, port)
         self._done: Dict[int, int] = {}
         self._finished: Dict[int, bool] = {}
         # A hot reset (the launcher's MindxStandIn) holds the ranks at one common step and tells
@@ -197,10 +195,7 @@ class StepGateClient:
         if self._context is None:
             self._context = zmq.Context()
         if self._socket is None:
-            self._socket = self._context.socket(zmq.DEALER)
-            self._socket.linger = 0
-            secure_client(self._socket, self._keys)
-            self._socket.connect(self.endpoint)
+            self._socket = sockets.gate_dealer(self._context, self._keys, self.endpoint)
         return self._socket
 
     def wait(self, done: int, need: int, mindio: MindioRank, finished: bool = False) -> None:

@@ -1,7 +1,9 @@
-"""The control channel's sockets: the controller's ROUTER, a rank's DEALER and its I/O loop, one-off requests.
+"""The control channel's sockets: the controller's ROUTER, a rank's DEALERs, the inproc pipes between
+threads, one-off requests.
 
 Every socket option of the control channel is set here and nowhere else (HWM, linger,
-frame limit, reconnect back-off, CurveZMQ).
+frame limit, reconnect back-off, CurveZMQ). The rank's I/O loop over its DEALER is
+:mod:`mindft.rank.link`; the sockets of replication and of the step gate are :mod:`mindft.net.sockets`.
 """
 from __future__ import annotations
 
@@ -9,14 +11,12 @@ import itertools
 import logging
 import os
 import time
-from typing import Callable, Iterator, Optional, Tuple, Union
+from typing import Optional, Tuple, Union
 
 import zmq
 
-from mindft.config import MindftConfig
-from mindft.flow.liveness import Liveness, Verdict
 from mindft.net.keys import CurveKeys, secure_client, secure_server
-from mindft.protocol import (MAX_FRAME, DeviceEvent, InjectRequest, Message, NodeLost, ProcessExit, ProtocolError,
+from mindft.protocol import (MAX_FRAME, DeviceEvent, InjectRequest, NodeLost, ProcessExit, ProtocolError,
                              ReplicaReport, Reply, StatusReply, StatusRequest, decode, encode)
 
 log = logging.getLogger(__name__)
@@ -40,9 +40,8 @@ RECONNECT_IVL_MS = 100
 RECONNECT_IVL_MAX_MS = 1_000
 # How long a one-off request waits for its answer by default.
 REQUEST_TIMEOUT = 5.0
-
-# One-byte tags in front of each frame on a rank's inproc pipe to its I/O thread (run_link).
-PIPE_MESSAGE, PIPE_REGISTER, PIPE_STOP = b"M", b"R", b"S"
+# A request unanswered in time is given up: nothing of it is worth sending after close.
+REQUEST_LINGER_MS = 0
 
 Request = Union[StatusRequest, InjectRequest, ProcessExit, DeviceEvent, ReplicaReport, NodeLost]
 _request_ids = itertools.count(1)
@@ -159,7 +158,8 @@ def report_dealer(context: zmq.Context, keys: Optional[CurveKeys], address: str,
 
 
 def pipe(context: zmq.Context, name: str) -> Tuple[zmq.Socket, zmq.Socket]:
-    """An inproc PAIR pipe (reading end, writing end) between two threads of this process."""
+    """An inproc PAIR pipe (reading end, writing end) between two threads of this process (a rank's
+    frames to its I/O thread, the controller's wake-ups); both ends drop what is queued at close."""
     address = f"inproc://mindft-{name}-{os.getpid()}-{next(_pipe_ids)}"
     ends = []
     for connect in (False, True):
@@ -168,93 +168,6 @@ def pipe(context: zmq.Context, name: str) -> Tuple[zmq.Socket, zmq.Socket]:
         (sock.connect if connect else sock.bind)(address)
         ends.append(sock)
     return ends[0], ends[1]
-
-
-def receive_all(sock: zmq.Socket, who: str) -> Iterator[Message]:
-    """Every message waiting on ``sock``, decoded; a bad frame is logged and dropped."""
-    while True:
-        try:
-            frame = sock.recv(zmq.NOBLOCK)
-        except zmq.Again:
-            return
-        try:
-            yield decode(frame)
-        except ProtocolError as error:
-            log.warning("%s dropped a frame from the controller: %s", who, error)
-
-
-def run_link(context: zmq.Context, keys: Optional[CurveKeys], config: MindftConfig, identity: bytes,
-             pipe_in: zmq.Socket, heartbeat: Callable[[], bytes], reported_at: Callable[[], float],
-             receive: Callable[[zmq.Socket], None], register_again: Callable[[], bytes]) -> Optional[str]:
-    """A rank's DEALER on its I/O thread, until told to stop (None) or it gives up (the reason).
-
-    Frames tagged PIPE_* arrive on ``pipe_in`` and go out; ``receive(sock)`` reads what the
-    controller sends. Once registered, :class:`~mindft.flow.liveness.Liveness` decides when a
-    ``heartbeat()`` frame is due (``reported_at()``: the newest step report sent on the training
-    thread's own socket) and what a silent controller means: reconnect (same identity) and
-    re-register with ``register_again()`` (the registration as it stands now: a controller started
-    again learns how far the rank got), or give up.
-    """
-    timeouts, monotonic, rank, address = config.timeouts, time.monotonic, config.rank, config.controller_address
-    # A rank started by hand (not by mindft-launch) has nobody to wait for: one silent period.
-    live = Liveness(timeouts.heartbeat_interval, timeouts.dead_after, timeouts.connect_retries,
-                    timeouts.connect_retries if config.launcher_pid else 1, monotonic())
-    sock = dealer(context, keys, address, identity)
-    poller = zmq.Poller()
-    poller.register(sock, zmq.POLLIN)
-    poller.register(pipe_in, zmq.POLLIN)
-    registered = False  # the registration went out: from now on the controller's silence counts
-    try:
-        while True:
-            # Not part of a job yet: nothing to heartbeat or time out.
-            timeout = live.timeout(monotonic(), reported_at()) if registered else live.interval
-            ready = dict(poller.poll(timeout * 1000.0))
-            if pipe_in in ready:
-                while True:
-                    try:
-                        data = pipe_in.recv(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    tag, frame = data[:1], data[1:]
-                    if tag == PIPE_STOP:
-                        return None
-                    if tag == PIPE_REGISTER:
-                        registered = True
-                        live.registering(monotonic())
-                    try:
-                        sock.send(frame, zmq.NOBLOCK)
-                        live.sent(monotonic())
-                    except zmq.Again:  # the silence check reconnects and re-registers
-                        log.warning("rank=%d send queue full; frame dropped", rank)
-            if sock in ready:
-                live.received(monotonic())
-                receive(sock)
-            if not registered:
-                continue
-            check = live.check(monotonic(), reported_at())
-            if check.beat:
-                try:
-                    sock.send(heartbeat(), zmq.NOBLOCK)
-                except zmq.Again:
-                    pass
-            if check.verdict is Verdict.NEVER_ANSWERED:
-                return (f"rank {rank}: no mindft controller answers at {address} (waited "
-                        f"{check.periods * live.dead_after:g} s): {UNREACHABLE_CAUSES}")
-            if check.verdict is Verdict.SILENT:
-                return (f"rank {rank}: controller at {address} silent for {live.retries} periods of "
-                        f"{live.dead_after:g} s (timeouts.connect_retries); is it running, and do both sides "
-                        f"use the same key?")
-            if check.verdict is Verdict.RECONNECT:
-                log.log(logging.WARNING if live.heard else logging.DEBUG,
-                        "rank=%d controller silent for %.2f s; reconnecting (attempt %d of %d)",
-                        rank, check.silent_for, check.periods + 1, live.retries)
-                poller.unregister(sock)
-                sock.close(0)
-                sock = dealer(context, keys, address, identity)
-                poller.register(sock, zmq.POLLIN)
-                sock.send(register_again(), zmq.NOBLOCK)
-    finally:
-        sock.close(DEALER_LINGER_MS)
 
 
 def request(address: str, keys: Optional[CurveKeys], message: Request, timeout: float = REQUEST_TIMEOUT,
@@ -271,7 +184,7 @@ def request(address: str, keys: Optional[CurveKeys], message: Request, timeout: 
     context = zmq.Context() if own else context
     sock = dealer(context, keys, normalize_address(address))
     try:
-        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.LINGER, REQUEST_LINGER_MS)
         sock.send(encode(message))
         deadline = time.monotonic() + timeout
         while True:

@@ -5,4 +5,5 @@
 - ``metrics``: Prometheus metrics, the controller's and each node agent's
 - ``status_page``: the live status page served with the metrics
 - ``threadcpu``: the CPU of chosen threads (the replication's share of the overhead budget)
+- ``procfs``: what /proc says of a watched process (the warm process's memory)
 """

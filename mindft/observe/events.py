@@ -92,7 +92,7 @@ class OrderSent:
 
 
 @dataclass(frozen=True)
-class ProcessStarted:
+class ProcessStartRecord:
     """A node agent started a process: ``role`` ``worker`` (``rank``, incarnation ``restarts``) or
     ``scheduler``; ``warm``: forked from the warm process (False: cold, also when the warm path
     fell back, ``detail`` says why)."""
@@ -107,7 +107,7 @@ class ProcessStarted:
 
 
 @dataclass(frozen=True)
-class ProcessExited:
+class ProcessExitRecord:
     """A process of a node agent's exited with ``code`` (negative: killed by that signal)."""
 
     KIND = "process_exit"
@@ -134,11 +134,11 @@ class JobFinished:
     reason: str
 
 
-Record = Union[JobMoved, FaultSeen, LadderDecision, OrderSent, ProcessStarted, ProcessExited, ClusterFormed,
+Record = Union[JobMoved, FaultSeen, LadderDecision, OrderSent, ProcessStartRecord, ProcessExitRecord, ClusterFormed,
                JobFinished]
 RECORDS: dict[str, type] = {cls.KIND: cls for cls in
-                            (JobMoved, FaultSeen, LadderDecision, OrderSent, ProcessStarted, ProcessExited, ClusterFormed,
-                             JobFinished)}
+                            (JobMoved, FaultSeen, LadderDecision, OrderSent, ProcessStartRecord, ProcessExitRecord,
+                             ClusterFormed, JobFinished)}
 
 
 @dataclass(frozen=True)
@@ -271,7 +271,7 @@ def as_json(event: Event) -> dict[str, Any]:
     return json.loads(encode(event))
 
 
-class Follower:
+class EventTail:
     """The events appended to ``run_dir``'s files since the last :meth:`poll` (for ``--follow``).
 
     Only complete lines are read; a file that shrank was rotated, and is read again from its start.

@@ -39,7 +39,7 @@ from mindft.flow import RECOVERY_STATES, Job, JobState, RankState, Transition, p
 from mindft.flow.agent import NodePolicy
 from mindft.flow.episode import DYING_GASP, IN_PLACE, RUNGS
 from mindft.protocol import FaultKind, StatusReply
-from mindft.agent.warm import proportional_set_size
+from mindft.observe.procfs import proportional_set_size
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
-from mindft.observe.events import (ClusterFormed, Event, FaultSeen, JobFinished, JobMoved, LadderDecision, OrderSent, ProcessExited,
-                           ProcessStarted)
+from mindft.observe.events import (ClusterFormed, Event, FaultSeen, JobFinished, JobMoved, LadderDecision, OrderSent,
+                                   ProcessExitRecord, ProcessStartRecord)
 from mindft.flow.episode import DYING_GASP, IN_PLACE, RESTART_ALL
 
 RECOVERY_STATES = ("PAUSING", "REPAIRING", "ROLLBACK", "RESUMING")
@@ -63,12 +63,12 @@ def describe(event: Event) -> str:
     if isinstance(r, OrderSent):
         pid = f" (pid {r.pid})" if r.pid else ""
         return f"order: {r.order} rank {r.rank}{pid}: {r.reason}"
-    if isinstance(r, ProcessStarted):
+    if isinstance(r, ProcessStartRecord):
         who = f"rank {r.rank}" if r.role == "worker" else r.role
         how = "warm" if r.warm else "cold"
         return f"{event.source}: {who} started (pid {r.pid}, {how}" + \
             (f", restart {r.restarts}" if r.role == "worker" else "") + ")" + (f": {r.detail}" if r.detail else "")
-    if isinstance(r, ProcessExited):
+    if isinstance(r, ProcessExitRecord):
         who = f"rank {r.rank}" if r.role == "worker" else r.role
         return f"{event.source}: {who} (pid {r.pid}) {_how(r)}"
     if isinstance(r, ClusterFormed):
@@ -78,7 +78,7 @@ def describe(event: Event) -> str:
     return event.kind  # pragma: no cover - every record kind is above
 
 
-def _how(record: ProcessExited) -> str:
+def _how(record: ProcessExitRecord) -> str:
     return f"killed by signal {-record.code}" if record.code < 0 else f"exit code {record.code}"
 
 
@@ -91,7 +91,7 @@ def recoveries(events: Iterable[Event]) -> list[Recovery]:
     groups: dict[str, list[tuple[float, str]]] = {}  # of the current recovery: kills, exits, starts
     for event in events:
         r = event.record
-        if current is None and isinstance(r, ProcessExited) and r.role == "worker":
+        if current is None and isinstance(r, ProcessExitRecord) and r.role == "worker":
             exits[r.rank] = event
         if isinstance(r, JobMoved):
             if current is not None and state in PHASE_NAMES:
@@ -133,13 +133,13 @@ def recoveries(events: Iterable[Event]) -> list[Recovery]:
             current.marks.append((event.at, _RUNGS.get(r.rung, "ladder: " + r.rung)))
         elif isinstance(r, OrderSent) and r.order == "kill":
             groups.setdefault("kill", []).append((event.at, f"rank {r.rank}"))
-        elif isinstance(r, ProcessExited) and r.role == "worker":
+        elif isinstance(r, ProcessExitRecord) and r.role == "worker":
             groups.setdefault("exit", []).append((event.at, f"rank {r.rank} ({_how(r)})"))
         elif isinstance(r, ClusterFormed):
             current.marks.append((event.at, "MindSpore's cluster formed (init() returns on the ranks)"))
-        elif isinstance(r, ProcessStarted) and r.role == "scheduler":
+        elif isinstance(r, ProcessStartRecord) and r.role == "scheduler":
             current.marks.append((event.at, "new MindSpore scheduler started"))
-        elif isinstance(r, ProcessStarted):
+        elif isinstance(r, ProcessStartRecord):
             groups.setdefault("start", []).append((event.at, f"rank {r.rank} ({'warm' if r.warm else 'cold'})"))
     if current is not None:
         _close(current, groups)

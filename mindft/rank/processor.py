@@ -19,6 +19,7 @@ from typing import Callable, Optional, Sequence
 import zmq
 
 from mindft.net import channel
+from mindft.rank import link
 from mindft.config import MindftConfig
 from mindft.flow.cadence import Schedule, ScheduleError
 from mindft.flow.follower import Follower
@@ -28,7 +29,7 @@ from mindft.protocol import (REPORT_SUFFIX, Action, ActionKind, Cadence, CostRep
 
 log = logging.getLogger(__name__)
 
-_MESSAGE, _REGISTER, _STOP = channel.PIPE_MESSAGE, channel.PIPE_REGISTER, channel.PIPE_STOP
+_MESSAGE, _REGISTER, _STOP = link.PIPE_MESSAGE, link.PIPE_REGISTER, link.PIPE_STOP
 
 
 class ProcessorError(RuntimeError):
@@ -281,7 +282,7 @@ class Processor:
 
     def _run(self) -> None:
         try:
-            error = channel.run_link(self._context, self._keys, self._config, self.identity, self._pipe_in,
+            error = link.run_link(self._context, self._keys, self._config, self.identity, self._pipe_in,
                                      lambda: encode_heartbeat(self.rank, self.incarnation, self.follower.position),
                                      lambda: self._reported_at, self._receive_all, self._register_again)
         except Exception as failure:  # the training thread must learn about it, not hang
@@ -301,7 +302,7 @@ class Processor:
         return encode(dataclasses.replace(self._registration, progress=progress))
 
     def _receive_all(self, sock: zmq.Socket) -> None:
-        for message in channel.receive_all(sock, f"rank={self.rank}"):
+        for message in link.receive_all(sock, f"rank={self.rank}"):
             kind = type(message)
             if kind is Heartbeat or kind is Reply:  # a Reply answers report_replica: nothing to do
                 continue

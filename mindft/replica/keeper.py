@@ -24,10 +24,11 @@ from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tupl
 import numpy as np
 import zmq
 
-from mindft.net.keys import CurveKeys, bind_server, start_authenticator
+from mindft.net import sockets
+from mindft.net.keys import CurveKeys, start_authenticator
 from mindft.replica.sources import LocalSnapshot, read_shared
 from mindft.replica.spill import SPILL_DIRECTORY, Spill, in_memory_filesystem
-from mindft.replica.wire import PIPE_HWM, ReplicaHeader, check_frames, decode_json
+from mindft.replica.wire import ReplicaHeader, check_frames, decode_json
 from mindft.snapshot.slots import Slot, nbytes
 from mindft.snapshot.store import SnapshotError
 from mindft.observe.threadcpu import ThreadCpu
@@ -141,11 +142,7 @@ class Keeper:
         self._cpu = cpu
         self._context = zmq.Context() if cpu is None else cpu.name_context(zmq.Context())
         self._authenticator = start_authenticator(self._context, keys)
-        self._socket = self._context.socket(zmq.ROUTER)
-        self._socket.linger = 0
-        # Messages are at most a chunk (a one-request push is the state: counted as one).
-        self._socket.sndhwm = self._socket.rcvhwm = PIPE_HWM
-        self.endpoint = bind_server(self._socket, keys, ip, port)
+        self._socket, self.endpoint = sockets.keeper_router(self._context, keys, ip, port)
         self._held: Dict[int, _Held] = {}
         self._incoming: Dict[int, Tuple[int, _Incoming]] = {}
         self._waiting: Dict[int, _Waiting] = {}

@@ -2,7 +2,7 @@
 
 One thread and ONE long-lived CurveZMQ DEALER per process; one push in flight (the protocol is
 in :mod:`mindft.replica.wire`). Newest wins: per rank only the newest unsent snapshot is
-remembered; queues are bounded in messages (:data:`~mindft.replica.wire.PIPE_HWM`), so a slow
+remembered; queues are bounded in messages (:data:`~mindft.net.sockets.REPLICA_HWM`), so a slow
 or dead keeper costs a few chunks of memory and never blocks a step. Before a push is sealed
 the sender checks that its source did not change meanwhile (an overwritten slot is not sent).
 Whether a rank is still protected is the flow's rule (:class:`mindft.flow.replicas.Protection`):
@@ -21,11 +21,11 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 import zmq
 
 from mindft.flow.cadence import WarmMean
-from mindft.flow.replicas import ACK_MIN_RATE, LOST_AFTER, LOST_AFTER_CAPTURES, Protection, Verdict
-from mindft.net.keys import CurveKeys, secure_client
+from mindft.flow.replicas import ACK_MIN_RATE, LOST_AFTER, LOST_AFTER_CAPTURES, Protection, ProtectionChange
+from mindft.net import sockets
+from mindft.net.keys import CurveKeys
 from mindft.protocol import ReplicaReport
 from mindft.replica.sources import FileSource, Outgoing, Source, StoreSource
-from mindft.replica.wire import PIPE_HWM
 from mindft.observe.threadcpu import ThreadCpu
 
 log = logging.getLogger(__name__)
@@ -323,12 +323,7 @@ class Sender:
 
     def _connect(self) -> zmq.Socket:
         if self._socket is None:
-            socket = self._context.socket(zmq.DEALER)
-            socket.linger = 0
-            socket.sndhwm = socket.rcvhwm = PIPE_HWM
-            secure_client(socket, self._keys)
-            socket.connect(self.keeper)
-            self._socket = socket
+            self._socket = sockets.keeper_dealer(self._context, self._keys, self.keeper)
             self._replica_cost.cold_again()  # its first push pays the handshake (and any failed one's CPU)
         return self._socket
 
@@ -427,12 +422,12 @@ class Sender:
             with self._lock:
                 verdict = track.protection.judge(now)
                 captures, seconds = track.protection.behind(now)
-            if verdict is Verdict.LOST:
+            if verdict is ProtectionChange.LOST:
                 changed = True
                 log.warning("rank=%d LOST PROTECTION: its newest replica (step %d) is %d capture(s), %.1f s behind "
                             "its newest snapshot (step %d); keeper %s", track.rank, track.replicated, captures,
                             seconds, track.local_step, self.keeper or "not found yet")
-            elif verdict is Verdict.RESTORED:
+            elif verdict is ProtectionChange.RESTORED:
                 changed = True
                 log.warning("rank=%d protection restored: replica of step %d held by %s", track.rank,
                             track.replicated, self.keeper)

@@ -19,7 +19,8 @@ from typing import Any, List, Mapping, Optional, Tuple
 import numpy as np
 import zmq
 
-from mindft.net.keys import CurveKeys, secure_client
+from mindft.net import sockets
+from mindft.net.keys import CurveKeys
 from mindft.snapshot.slots import CHECKSUM, HASHERS, fill, flat_bytes, nbytes
 from mindft.snapshot.store import Snapshot, SnapshotError
 
@@ -27,7 +28,6 @@ log = logging.getLogger(__name__)
 
 REPLICA_VERSION = 2  # 2: a streamed push waits for the keeper's answer to begin
 CHUNK = 1024 * 1024        # bytes per part message (4 MiB parts took ~35 MB more per sender and keeper, no faster)
-PIPE_HWM = 4               # messages queued per direction: a few chunks, never a whole state
 
 
 @dataclass(frozen=True)
@@ -80,13 +80,11 @@ def check_frames(header: ReplicaHeader, frames: List[Any]) -> None:
 
 def request(endpoint: str, keys: Optional[CurveKeys], timeout: float, frames: List[Any]) -> List[Any]:
     """One request to a keeper on a socket of its own; its reply, or :class:`SnapshotError`."""
-    socket = zmq.Context.instance().socket(zmq.DEALER)
-    socket.linger = 0
-    socket.sndhwm = socket.rcvhwm = 0
-    socket.sndtimeo = int(timeout * 1000)
-    secure_client(socket, keys)
     try:
-        socket.connect(endpoint)
+        socket = sockets.keeper_request_dealer(keys, endpoint, timeout)
+    except zmq.ZMQError as error:
+        raise SnapshotError(f"replica server at {endpoint}: {error}") from error
+    try:
         socket.send_multipart(frames, copy=False)
         if not socket.poll(int(timeout * 1000)):
             raise SnapshotError(f"no answer from the replica server at {endpoint} within {timeout} s "

@@ -105,3 +105,30 @@ def test_the_flow_stands_on_parsing_and_the_wire_only() -> None:
         assert beyond == set(), f"{name} imports {sorted(beyond)}: the flow would reach it"
         for part in graph[name] - beyond:
             assert graph[part] <= {f"{name}.{p}" for p in ("messages", "codec")}, f"{part} imports {graph[part]}"
+
+
+# mindft's packages (and ground modules) from the ground up: a module imports its own package and
+# lower layers only, so a helper lives in the lowest package that needs it.
+LAYERS = (("config", "exitcodes", "units"), ("protocol",), ("flow",), ("net",), ("preflight",), ("snapshot",),
+          ("observe",), ("device",), ("replica",), ("rank",), ("controller",), ("agent",), ("mindio",),
+          ("mindspore",), ("mindformers",), ("cli",), ("",))  # "": the package face, mindft/__init__
+# Edges against the layers, each for a reason: the node agent starts MindIO's host (its controller and
+# the step gate) on node 0 when the job runs on MindIO, imported only then: a backend the agent runs,
+# not a helper to move down.
+UPWARD = {("agent", "mindio")}
+
+
+def _layer_of(module: str) -> tuple[str, int]:
+    package = module.split(".")[1] if "." in module else ""
+    return package, next(i for i, layer in enumerate(LAYERS) if package in layer)
+
+
+def test_packages_import_downward() -> None:
+    upward = set()
+    for name, edges in import_graph().items():
+        package, layer = _layer_of(name)
+        for edge in edges:
+            target, target_layer = _layer_of(edge)
+            if target_layer > layer and (package, target) not in UPWARD:
+                upward.add(f"{name} -> {edge}")
+    assert not upward, "imports against the layers (move the helper down): " + ", ".join(sorted(upward))

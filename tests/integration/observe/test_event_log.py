@@ -10,8 +10,8 @@ import pytest
 
 from harness import FAKE_RANK, Processes, environment
 
-from mindft.observe.events import (CONTROLLER_FILE, FaultSeen, JobFinished, JobMoved, LadderDecision, ProcessExited,
-                           ProcessStarted, node_file, read)
+from mindft.observe.events import (CONTROLLER_FILE, FaultSeen, JobFinished, JobMoved, LadderDecision, ProcessExitRecord,
+                           ProcessStartRecord, node_file, read)
 
 RANK_SCRIPT = FAKE_RANK
 pytestmark = pytest.mark.mindspore  # mindft-launch starts MindSpore's scheduler
@@ -47,13 +47,13 @@ def test_a_crash_is_logged_and_mindft_events_shows_its_recovery(tmp_path: Path, 
     (fault,) = [r for r in records if isinstance(r, FaultSeen)]
     assert (fault.rank, fault.fault, fault.step, fault.collateral) == (1, "process_died", 10, False)
     assert [r.rung for r in records if isinstance(r, LadderDecision)] == ["in_place"]
-    starts = [(r.role, r.rank, r.restarts) for r in records if isinstance(r, ProcessStarted)]
+    starts = [(r.role, r.rank, r.restarts) for r in records if isinstance(r, ProcessStartRecord)]
     assert ("worker", 1, 1) in starts and starts.count(("worker", 0, 0)) == 1
-    crashed = [r for r in records if isinstance(r, ProcessExited) and r.rank == 1]
+    crashed = [r for r in records if isinstance(r, ProcessExitRecord) and r.rank == 1]
     assert crashed[0].code == -9  # the crash: fake_rank SIGKILLs itself
     assert [r.exit_code for r in records if isinstance(r, JobFinished)] == [0]
     assert all(e.source == "controller" for e in events if isinstance(e.record, (JobMoved, FaultSeen)))
-    assert all(e.source == "node 0" for e in events if isinstance(e.record, (ProcessStarted, ProcessExited)))
+    assert all(e.source == "node 0" for e in events if isinstance(e.record, (ProcessStartRecord, ProcessExitRecord)))
 
     cli = [sys.executable, "-m", "mindft.cli.main", "events", "--job", str(run_dir / "job.json")]
     code, text = processes.run(cli, env, tmp_path / "events.out", timeout=60)
@@ -117,9 +117,9 @@ def test_a_hot_reset_is_logged_field_by_field(tmp_path: Path, processes: Process
     assert [(r.rung, r.reason) for r in records if isinstance(r, LadderDecision)] == [("in_place", moves[1].reason)]
     (order,) = [r for r in records if isinstance(r, OrderSent)]
     assert (order.rank, order.order, order.restart) == (1, "start", False) and "device was reset" in order.reason
-    left = [r for r in records if isinstance(r, ProcessExited) and r.rank == 1]
+    left = [r for r in records if isinstance(r, ProcessExitRecord) and r.rank == 1]
     assert left[0].code == 6 and left[0].role == "worker"  # LEFT_DEVICE, on the controller's order
-    starts = [(r.role, r.rank, r.restarts, r.warm) for r in records if isinstance(r, ProcessStarted)]
+    starts = [(r.role, r.rank, r.restarts, r.warm) for r in records if isinstance(r, ProcessStartRecord)]
     assert ("worker", 1, 1, True) in starts  # forked from the warm process, as the first time
     (finish,) = [r for r in records if isinstance(r, JobFinished)]
     assert finish.exit_code == 0 and finish.reason.endswith("1 recovery")

@@ -11,7 +11,7 @@ import pytest
 
 from mindft.exitcodes import ExitCode
 from mindft.flow import JobState, KillRank, ProcessExited, StartRank
-from mindft.flow.replicas import (ACK_MIN_RATE, KeptSteps, Protection, ReplicaWatch, ReportHold, Verdict,
+from mindft.flow.replicas import (ACK_MIN_RATE, KeptSteps, Protection, ReplicaWatch, ReportHold, ProtectionChange,
                                   no_common_step, rank_list, replicas_share_a_step)
 from mindft.protocol import (Ack, ActionKind, FaultKind, FaultReport, JobView, NodeLost, Register, ReplicaReport,
                              Reply, StepReport)
@@ -38,7 +38,7 @@ def protection(d: Driver) -> dict[int, tuple[int, bool]]:
 
 # ---- the node's verdict (the sender's), with made-up times -----------------------------------
 
-LOST, RESTORED = Verdict.LOST, Verdict.RESTORED
+LOST, RESTORED = ProtectionChange.LOST, ProtectionChange.RESTORED
 
 
 @pytest.mark.parametrize("events", [

@@ -11,8 +11,9 @@ from click.testing import CliRunner
 
 from mindft.observe import events
 from mindft.cli.main import EXIT_CONFIG_ERROR, main
-from mindft.observe.events import (CONTROLLER_FILE, ClusterFormed, Event, EventError, EventLog, FaultSeen, Follower, JobFinished, JobMoved,
-                           LadderDecision, OrderSent, ProcessExited, ProcessStarted, decode, encode, node_file)
+from mindft.observe.events import (CONTROLLER_FILE, ClusterFormed, Event, EventError, EventLog, EventTail, FaultSeen,
+                                   JobFinished, JobMoved, LadderDecision, OrderSent, ProcessExitRecord, ProcessStartRecord,
+                                   decode, encode, node_file)
 from mindft.observe.timeline import describe, recoveries, render
 
 T0 = 1_800_000_000.0
@@ -21,8 +22,8 @@ RECORDS = [JobMoved("NORMAL", "PAUSING", "rank 1 DEVICE_RESET", 1, 8),
            FaultSeen(1, "device_reset", 8, "chip reset", -1, False),
            LadderDecision("restart_all", "restarting every worker"),
            OrderSent(0, "kill", "every worker restarts", 4242, False),
-           ProcessStarted("worker", 5151, 1, 2, True, ""),
-           ProcessExited("scheduler", 77, -9),
+           ProcessStartRecord("worker", 5151, 1, 2, True, ""),
+           ProcessExitRecord("scheduler", 77, -9),
            ClusterFormed(78),
            JobFinished(0, "all 2 ranks finished")]
 
@@ -66,7 +67,7 @@ def test_threads_append_whole_lines(tmp_path: Path) -> None:
 
     def write(rank: int) -> None:
         for n in range(200):
-            log.append(ProcessStarted("worker", n, rank))
+            log.append(ProcessStartRecord("worker", n, rank))
     threads = [threading.Thread(target=write, args=(rank,)) for rank in range(4)]
     for thread in threads:
         thread.start()
@@ -81,25 +82,25 @@ def test_an_unwritable_log_drops_events_without_failing(tmp_path: Path) -> None:
     assert not (tmp_path / "missing").exists()
 
 
-def test_the_follower_reads_complete_lines_once(tmp_path: Path) -> None:
-    follower = Follower(tmp_path)
-    assert follower.poll() == []
+def test_the_tail_reads_complete_lines_once(tmp_path: Path) -> None:
+    tail = EventTail(tmp_path)
+    assert tail.poll() == []
     path = tmp_path / CONTROLLER_FILE
     first = encode(Event(T0, "controller", JobFinished(0, "a")))
     path.write_text(first + "\n" + first[:10])  # a line being written
-    assert [e.record.reason for e in follower.poll()] == ["a"]
+    assert [e.record.reason for e in tail.poll()] == ["a"]
     path.write_text(first + "\n" + first.replace('"a"', '"b"') + "\n")
-    assert [e.record.reason for e in follower.poll()] == ["b"]
-    assert follower.poll() == []
+    assert [e.record.reason for e in tail.poll()] == ["b"]
+    assert tail.poll() == []
 
 
 def hot_reset_log() -> list[Event]:
     """What the controller and node 0 write for a hot reset of rank 1 (restart every worker), then a crash."""
     c, n = "controller", "node 0"
     return [Event(T0 + at, source, record) for at, source, record in [
-        (0.0, n, ProcessStarted("scheduler", 10)),
-        (0.1, n, ProcessStarted("worker", 11, 0)),
-        (0.1, n, ProcessStarted("worker", 12, 1)),
+        (0.0, n, ProcessStartRecord("scheduler", 10)),
+        (0.1, n, ProcessStartRecord("worker", 11, 0)),
+        (0.1, n, ProcessStartRecord("worker", 12, 1)),
         (1.0, c, JobMoved("STARTING", "NORMAL", "all 2 ranks registered")),
         (5.0, c, JobMoved("NORMAL", "PAUSING", "rank 1 DEVICE_RESET; restarting every worker", 1, 8)),
         (5.0, c, FaultSeen(1, "device_reset", 8, "chip 1 unrecovered")),
@@ -107,17 +108,17 @@ def hot_reset_log() -> list[Event]:
         (5.0, c, LadderDecision("restart_all", "rank 1 DEVICE_RESET; restarting every worker")),
         (5.1, c, OrderSent(0, "kill", "every worker restarts", 11)),
         (5.1, c, OrderSent(1, "kill", "every worker restarts", 12)),
-        (5.2, n, ProcessExited("worker", 11, -9, 0)),
-        (5.3, n, ProcessExited("worker", 12, -9, 1)),
+        (5.2, n, ProcessExitRecord("worker", 11, -9, 0)),
+        (5.3, n, ProcessExitRecord("worker", 12, -9, 1)),
         (5.4, c, JobMoved("PAUSING", "REPAIRING", "every live rank paused", 1, 8)),
-        (6.0, n, ProcessStarted("scheduler", 20)),
-        (6.1, n, ProcessStarted("worker", 21, 0, 1, True)),
-        (6.2, n, ProcessStarted("worker", 22, 1, 1, False, "the warm path fell back to a cold start")),
+        (6.0, n, ProcessStartRecord("scheduler", 20)),
+        (6.1, n, ProcessStartRecord("worker", 21, 0, 1, True)),
+        (6.2, n, ProcessStartRecord("worker", 22, 1, 1, False, "the warm path fell back to a cold start")),
         (6.5, n, ClusterFormed(20)),
         (7.0, c, JobMoved("REPAIRING", "ROLLBACK", "every rank holds step 8", 1, 8)),
         (7.5, c, JobMoved("ROLLBACK", "RESUMING", "every rank restored step 8", 1, 8)),
         (7.75, c, JobMoved("RESUMING", "NORMAL", "every rank resumed after step 8", 1, 8)),
-        (9.0, n, ProcessExited("worker", 21, 1, 0)),  # a crash of the training script
+        (9.0, n, ProcessExitRecord("worker", 21, 1, 0)),  # a crash of the training script
         (9.1, c, JobMoved("NORMAL", "PAUSING", "rank 0 PROCESS_DIED", 2, 12)),
         (9.1, c, FaultSeen(0, "process_died", 12, "process 21 exited with code 1")),
         (9.1, c, LadderDecision("in_place", "rank 0 PROCESS_DIED")),
