@@ -46,11 +46,26 @@ def job_verdict(code: int) -> str:
     return f"exit code {code}" if meaning == f"exit code {code}" else f"exit code {code}: {meaning}"
 
 
+# The tag of each line the launcher's process logs, as before the modules moved into packages
+# (people and docs grep for them): the node agent speaks as mindft-launch, the controller that
+# runs in node 0's agent as controller, a moved module by its old name, any other by its own.
+_PACKAGE_TAGS = {"mindft.agent": "mindft-launch", "mindft.controller": "controller"}
+_MODULE_TAGS = {"mindft.cli.launch": "mindft-launch", "mindft.agent.gasp": "agent_gasp", "mindft.agent.warm": "warm",
+                "mindft.agent.zygote": "zygote", "mindft.device.watch": "resetwatch",
+                "mindft.device.simulator": "plugin_sim", "mindft.net.address": "ports", "mindft.rank.engine": "rank",
+                "mindft.snapshot.store": "snapshot"}
+
+
+def log_tag(logger: str) -> str:
+    """The ``[tag]`` in front of a line that ``logger`` (a module's ``__name__``) logs in the launcher."""
+    package, _, module = logger.rpartition(".")
+    return _MODULE_TAGS.get(logger) or _PACKAGE_TAGS.get(package, module)
+
+
 def _setup_logging(verbose: bool) -> None:
     class _Tagged(logging.Formatter):
         def format(self, record: logging.LogRecord) -> str:
-            tag = record.name.rsplit(".", 1)[-1]
-            tag = "mindft-launch" if tag in ("launch", "launch_plan", "workers", "agent", "agent_links") else tag
+            tag = log_tag(record.name)
             level = "" if record.levelno == logging.INFO else f"{record.levelname}: "
             return f"[{tag}] {level}{record.getMessage()}" + (
                 "\n" + self.formatException(record.exc_info) if record.exc_info else "")

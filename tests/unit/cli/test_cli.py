@@ -433,3 +433,15 @@ def test_json_errors_name_the_input_and_what_is_valid(runner: CliRunner, monkeyp
     plain = runner.invoke(main, ["status", "--address", "x", "--insecure"])
     assert plain.exit_code == EXIT_CONFIG_ERROR and plain.stdout == ""
     assert plain.stderr.startswith("mindft: --address: 'x' is not a controller address")
+
+
+@pytest.mark.parametrize("logger, tag", [
+    ("mindft.cli.launch", "mindft-launch"), ("mindft.agent.shell", "mindft-launch"),
+    ("mindft.agent.links", "mindft-launch"), ("mindft.agent.takeover", "mindft-launch"),
+    ("mindft.controller.shell", "controller"), ("mindft.device.watch", "resetwatch"),
+    ("mindft.agent.warm", "warm"), ("mindft.replica.keeper", "keeper"), ("mindft.flow.gasp", "gasp"),
+])
+def test_the_launchers_lines_keep_their_tags_wherever_the_module_lives(logger: str, tag: str) -> None:
+    from mindft.cli.launch import log_tag
+
+    assert log_tag(logger) == tag
