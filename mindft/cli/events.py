@@ -65,12 +65,12 @@ def _follow_events(run_dir: Path, as_json: bool) -> None:
     from mindft.observe import events
     from mindft.observe.timeline import describe, recoveries, render
 
-    follower = events.Follower(run_dir)
+    tail = events.EventTail(run_dir)
     seen: list[Any] = []
     found: list[Any] = []  # recoveries(seen), grouped again only when events came
     last_news = last_line = time.monotonic()
     while True:
-        new = follower.poll()
+        new = tail.poll()
         now = time.monotonic()
         for event in new:
             seen.append(event)
