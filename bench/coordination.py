@@ -53,7 +53,7 @@ from mindft.net.keys import CurveKeys, generate_keys, job_keys, secure_client
 from mindft.rank.processor import Processor
 from mindft.protocol import (Ack, Action, ActionKind, Done, FaultKind, Register, RegisterAck, decode, encode,
                              encode_heartbeat)
-from mindft.rank.engine import RankLoop
+from mindft.rank.loop import RankLoop
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "coordination.json"

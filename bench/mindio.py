@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
-HELPERS = ROOT / "tests" / "integration"
+HELPERS = ROOT / "tests"
 sys.path.insert(0, str(HELPERS))
 import mindio_rank  # noqa: E402  (the job definition shared with the tests)
 from _common import free_port  # noqa: E402  (bench/ is the script's directory)

@@ -8,8 +8,9 @@ side by side in one run:
 * ``none``: the loop without mindft (the reference for the slowdown);
 * ``mindft``: this tree: a real Controller (a thread of a driver process) on 127.0.0.1 and
   one Processor per rank, joined and finished through the rank engine's loop
-  (``mindft.rank.engine.RankLoop``); per step the calls of its ``end_step``, timed one by one:
-  ``wait_window`` (before the snapshot), ``finished`` (fire and forget) and ``poll_action``;
+  (``mindft.rank.loop.RankLoop``); per step the calls of its ``end_step``, timed one by one:
+  ``wait_window`` (the follower's answer, and the wait for the window when it is closed),
+  ``finished`` (fire and forget) and ``poll_action``;
 * ``old``: mindft at ``--old`` (default commit 6a49249, exported with ``git archive`` and run
   with PYTHONPATH pointing at it): ``step_begin`` and the synchronous ``step_end`` commit.
 
@@ -98,7 +99,7 @@ def rank_main(variant: str, steps: int, reps: int) -> None:
     if variant == "mindft":
         from mindft.config import load_config
         from mindft.rank.processor import Processor
-        from mindft.rank.engine import RankLoop
+        from mindft.rank.loop import RankLoop
         config = load_config()
         processor = Processor(config, f"bench://{config.rank}")
         loop = RankLoop(processor, QuietHooks())
@@ -124,13 +125,13 @@ def rank_main(variant: str, steps: int, reps: int) -> None:
             compute()
             costs.append(0.0)
     elif variant == "mindft":
-        follower = processor.follower
+        end_of_step = processor.follower.end_of_step
         wait_window, finished, poll_action = processor.wait_window, processor.finished, processor.poll_action
         for step in range(1, steps + 1):
             compute()
             t0 = perf_counter()
-            will_wait = not follower.may_capture(step)
-            action = wait_window(step)
+            will_wait = end_of_step(step).await_window
+            action = wait_window(step) if will_wait else None
             t1 = perf_counter()
             # (the snapshot of ``step`` would be captured here)
             finished(step)

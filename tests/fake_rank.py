@@ -9,7 +9,7 @@ family's directory variable (``<PREFIX>DIR``) picks the mode:
   ``PID_DIR`` (write pid-<rank> there at start);
 * ``REPLICA_DIR``: **engine**, :class:`mindft.rank.engine.RankEngine` as the MindSpore session uses it:
   a SnapshotStore, the buddy rank's replica Keeper and this rank's RankReplication;
-* ``COORD_DIR`` or ``LAUNCH_DIR``: **loop**, :class:`mindft.rank.engine.RankLoop` with hooks of its own:
+* ``COORD_DIR`` or ``LAUNCH_DIR``: **loop**, :class:`mindft.rank.loop.RankLoop` with hooks of its own:
   snapshots in a dict (and in the node agent's memory when mindft-launch gives one), a "replica"
   file ``replica-<rank>.json`` per capture that a restarted incarnation adopts.
 
@@ -166,11 +166,11 @@ class Fake:
 
 
 class LoopRank(Fake):
-    """Loop mode: :class:`mindft.rank.engine.RankLoop` with this rank's own RankHooks."""
+    """Loop mode: :class:`mindft.rank.loop.RankLoop` with this rank's own RankHooks."""
 
     def __init__(self, config: Any, options: Options) -> None:
         from mindft.rank.processor import Processor
-        from mindft.rank.engine import RankLoop
+        from mindft.rank.loop import RankLoop
         from mindft.snapshot.store import SnapshotStore
 
         super().__init__(config, options)

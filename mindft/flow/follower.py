@@ -1,10 +1,12 @@
 """The rank side of the flow as a plain object: an action in, a command out.
 
 :meth:`Follower.obey` carries a command out through the rank's :class:`RankHooks` and says
-whether training may go on. The rank engine (``mindft.rank.engine.RankEngine.follow``) feeds it
+whether training may go on. The rank's loop (``mindft.rank.loop.RankLoop.follow``) feeds it
 actions from the processor's socket; the simulated jobs of the tests feed it from queues. The
 rank engine (for the MindSpore session, the fake test rank, the benchmarks) is the RankHooks.
 
+At the end of each step the rank asks once, :meth:`Follower.end_of_step`, and carries the one
+answer (:class:`StepEnd`) out: wait for the window, capture, report, hold for the peers or obey.
 The rank's other rules live here too: which step report may go now (:meth:`Follower.report`,
 held back until its replica arrived), when a step that keeps failing is given up
 (:meth:`Follower.on_fault`), and when the measured costs are worth reporting (:class:`CostMeter`).
@@ -96,6 +98,25 @@ class Finished:
 
 Outcome = Union[Resumed, Armed, Finished]
 
+
+@dataclass(frozen=True)
+class StepEnd:
+    """The follower's one answer at the end of ``step`` (:meth:`Follower.end_of_step`): what the
+    rank carries out, in this order.
+
+    1. ``await_window``: the window is closed; wait until the slowest rank's progress opens it
+       (:meth:`Follower.may_capture`), obeying any order that comes first;
+    2. ``capture``: snapshot ``step`` (a capture step of the schedule);
+    3. report ``step`` finished (the report :meth:`Follower.report` lets go);
+    4. ``hold``: lockstep; wait until every rank finished ``step``, obeying any order that comes
+       first. Otherwise obey the order pending, if any.
+    """
+
+    step: int
+    capture: bool = False
+    await_window: bool = False
+    hold: bool = False
+
 # A step that faults this many times in a row is not a transient device fault: stop replaying it.
 MAX_FAULTS_PER_STEP = 3
 # The measured costs the job chooses the cadence from: smoothed with this weight per sample, the
@@ -183,7 +204,14 @@ class Follower:
         """The cadence in force at the next step."""
         return self.schedule.every_at(self.position + 1)
 
+    def end_of_step(self, step: int, lockstep: bool = False) -> StepEnd:
+        """This rank finished training ``step``: what to do before the next one (:class:`StepEnd`).
+        ``lockstep``: the rank holds at every step's end until every rank finished it."""
+        capture = self.is_capture_step(step)
+        return StepEnd(step, capture, capture and not self.may_capture(step), lockstep)
+
     def is_capture_step(self, step: int) -> bool:
+        """Whether ``step`` is snapshotted; it is decided from now on (a new cadence spares it)."""
         self.deciding = max(self.deciding, step)
         return self.schedule.is_capture(step)
 

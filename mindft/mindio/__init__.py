@@ -7,8 +7,9 @@ would (rank 0 / node 0, and nowhere when MindCluster runs it: ``MINDX_TASK_ID`` 
 :class:`MindioRank` is one rank's processor with its handlers bound to plain callables.
 
 The modules: ``wheel`` (importing the wheel, its environment, its teardown, bounded calls; the
-wheel's quirks), ``controller``, ``rank``, ``gate`` (the step gate), ``standin`` (the shell of
-MindX's part, whose rules are :mod:`mindft.flow.mindx`) and ``host`` (what node 0's launcher runs).
+wheel's quirks), ``controller``, ``rank``, ``gate`` (the step gate), ``loop`` (the rank engine's
+coordinator over ``rank`` and ``gate``; not imported here: it loads the rank side), ``standin`` (the
+shell of MindX's part, whose rules are :mod:`mindft.flow.mindx`) and ``host`` (what node 0's launcher runs).
 
 What a UCE on one rank produces (driven on CPU with 2 and 4 processes, 127.0.0.1, wheel 7.3.0)
 ---------------------------------------------------------------------------------------------
@@ -81,12 +82,12 @@ from mindft.mindio.controller import (CONTROLLER_CLOSE_TIMEOUT, MINDX_ACTIONS, M
 from mindft.config import STEP_GATE_VARIABLE
 from mindft.mindio.gate import GATE_HOLD_SECONDS, GATE_UNREACHABLE_AFTER, StepGate, StepGateClient
 from mindft.mindio.host import MindioHost
-from mindft.mindio.rank import (DEFAULT_EXIT_GRACE, PROCESSOR_CLOSE_TIMEOUT, LeaveDevice, MindioExit, MindioRank,
-                                RankCallbacks, RecoveryRequested)
+from mindft.mindio.rank import (DEFAULT_EXIT_GRACE, PROCESSOR_CLOSE_TIMEOUT, MindioExit, MindioRank, RankCallbacks,
+                                RecoveryRequested, ResetRequested)
 from mindft.mindio.standin import MindxStandIn
 from mindft.mindio.wheel import MindioError
 
 __all__ = ["CONTROLLER_CLOSE_TIMEOUT", "DEFAULT_EXIT_GRACE", "GATE_HOLD_SECONDS", "GATE_UNREACHABLE_AFTER",
-           "MINDX_ACTIONS", "MINDX_TASK_VARIABLE", "PROCESSOR_CLOSE_TIMEOUT", "STEP_GATE_VARIABLE", "LeaveDevice",
+           "MINDX_ACTIONS", "MINDX_TASK_VARIABLE", "PROCESSOR_CLOSE_TIMEOUT", "STEP_GATE_VARIABLE",
            "MindioController", "MindioError", "MindioExit", "MindioHost", "MindioRank", "MindxStandIn",
-           "RankCallbacks", "RecoveryRequested", "StepGate", "StepGateClient", "controller_runs_here"]
+           "RankCallbacks", "RecoveryRequested", "ResetRequested", "StepGate", "StepGateClient", "controller_runs_here"]

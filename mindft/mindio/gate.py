@@ -19,7 +19,7 @@ import zmq
 
 from mindft.net import sockets
 from mindft.net.keys import CurveKeys, start_authenticator
-from mindft.mindio.rank import LeaveDevice, MindioRank
+from mindft.mindio.rank import MindioRank, ResetRequested
 from mindft.mindio.wheel import MindioError
 
 log = logging.getLogger(__name__)
@@ -202,7 +202,7 @@ class StepGateClient:
         """Report ``done`` steps and block until every rank did ``need`` (-1: every rank finished).
 
         Raises :class:`RecoveryRequested` / :class:`MindioExit` as soon as MindIO asks for them,
-        :class:`LeaveDevice` when the launcher says this rank's chip is reset, and
+        :class:`ResetRequested` when the launcher says this rank's chip is reset, and
         :class:`MindioError` when the gate stays silent for :data:`GATE_UNREACHABLE_AFTER` s.
         """
         payload = json.dumps({"rank": self.rank, "done": done, "need": need, "finished": finished}).encode()
@@ -218,7 +218,7 @@ class StepGateClient:
                     raise MindioError(f"rank {self.rank}: the step gate at {self.endpoint} refused "
                                       f"the request")
                 if answer.get("leave"):
-                    raise LeaveDevice(f"rank {self.rank}: its chip is about to be reset (hot reset)")
+                    raise ResetRequested(f"rank {self.rank}: its chip is about to be reset (hot reset)")
                 if answer.get("open"):
                     return
                 continue

@@ -34,8 +34,9 @@ class RecoveryRequested(Exception):
     """MindIO stopped this rank for a recovery: call :meth:`MindioRank.recover`."""
 
 
-class LeaveDevice(Exception):
-    """The device plugin resets this rank's chip: the process must exit (mindft-launch starts it again)."""
+class ResetRequested(Exception):
+    """The device plugin resets this rank's chip: the process must leave it (exit; mindft-launch
+    starts it again). The flow's order of the same meaning is :class:`mindft.flow.follower.LeaveDevice`."""
 
 
 class MindioExit(SystemExit):

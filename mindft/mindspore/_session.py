@@ -94,14 +94,17 @@ class TrainingState:
         """The current values (views on CPU: do not let the optimizer run while they are read)."""
         return {name: param.asnumpy() for name, param in self.params.items()}
 
-    def load(self, store: SnapshotStore, step: int) -> Mapping[str, Any]:
-        """Restore the snapshot of exactly ``step`` into the parameters; returns its meta."""
+    def load(self, store: SnapshotStore, step: int, exact: bool = True) -> Mapping[str, Any]:
+        """Restore the snapshot of exactly ``step`` (``exact`` False: the newest verified at or
+        below it) into the parameters; returns its meta, whose ``step`` is the one restored."""
         if self.aliased:
             snapshot = store.restore(step, into=self.arrays())
         else:
             snapshot = store.restore(step)
             for name, array in snapshot.arrays.items():
                 ops.assign(self.params[name], ms.Tensor(np.array(array)))
+        if not exact:
+            return {**snapshot.meta, "step": snapshot.step}
         if snapshot.step != step:
             raise SnapshotError(f"asked to restore step {step}, the newest verified snapshot is "
                                 f"step {snapshot.step}")
@@ -153,7 +156,7 @@ class Session(RankEngine):
         self._optimizer = optimizer
         self._hook = None
         # Lockstep before the collectives (see _gate_collectives): the hook, and whether it ran
-        # in the current step; the action that interrupts a step there is the engine's.
+        # in the current step; the action that interrupts a step there is the loop's.
         self._gate = None
         self._gate_seen = True
         if self.enabled and self.overlap:
@@ -258,7 +261,7 @@ class Session(RankEngine):
         action = self.processor.wait_peers(self.step)
         self._hook_wait += time.perf_counter() - started
         if action is not None:
-            self._interrupt = action
+            self.loop.interruption = action
             log.warning("rank=%d step %d interrupted before its collectives by %s", self.config.rank,
                         self.step + 1, action.kind.name)
             raise StepInterrupted(self.step + 1)

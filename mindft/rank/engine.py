@@ -1,17 +1,15 @@
 """The framework-neutral rank engine: one rank's part in the recovery flow.
 
-Two layers, driven by the MindSpore adapter (:mod:`mindft.mindspore._session`), the fake test
-rank (``tests/fake_rank.py``) and the benchmarks:
-
-* :class:`RankLoop`, the driver loop over the rank's :class:`~mindft.rank.processor.Processor`:
-  join (register; a restarted rank follows the recovery), the end of each step (the capture
-  window, the step report, lockstep, a pending action), a fault inside a step (reported, or
-  given up when the step keeps failing), finish (Done, then wait for every rank), the costs.
-  It carries the flow's commands out through the rank's :class:`~mindft.flow.follower.RankHooks`.
-* :class:`RankEngine`, those RankHooks over a :class:`~mindft.snapshot.store.SnapshotStore` (in the
-  node agent's memory when mindft-launch gives one), the replication of its snapshots to a buddy
-  rank's keeper when no node agent replicates them (:mod:`mindft.replica`), the dying-gasp
-  dump and leaving the device. The framework's state comes in through :class:`StateHooks`.
+:class:`RankEngine` is the rank's :class:`~mindft.flow.follower.RankHooks` over a
+:class:`~mindft.snapshot.store.SnapshotStore` (in the node agent's memory when mindft-launch gives
+one): its snapshots, restores, the dying-gasp dump and leaving the device; the framework's state
+comes in through :class:`StateHooks`. Its :class:`~mindft.rank.loop.Coordinator` decides when the
+rank stops and where it resumes: mindft's :class:`~mindft.rank.loop.RankLoop` over the rank's
+processor (with the replication of the rank's snapshots to a buddy rank's keeper when no node
+agent replicates them, :mod:`mindft.replica`), or MindIO's
+(:class:`mindft.mindio.loop.MindioLoop`, which a subclass joins through :meth:`RankEngine.join`).
+It is driven by the MindSpore adapter (:mod:`mindft.mindspore._session`,
+:mod:`mindft.mindspore._mindio_session`) and the benchmarks.
 
 Steps are counted from 1 (``step`` = number of optimizer updates done); the snapshot of step 0
 is the state training starts from, so a fault in the very first step can be rolled back too.
@@ -23,7 +21,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Mapping, NoReturn, Optional, Protocol, Sequence, Tuple
+from typing import Any, Dict, Mapping, NoReturn, Optional, Protocol, Tuple
 
 import numpy as np
 
@@ -32,164 +30,18 @@ from mindft.net.channel import ControllerUnreachable, request
 from mindft.config import ConfigError, MindftConfig, load_config
 from mindft.exitcodes import ExitCode
 from mindft.rank.faults import DeviceFault, classify, describe
-from mindft.flow.follower import CostMeter, Finished, RankHooks, Resumed, joins_recovery
+from mindft.flow.follower import CostMeter
 from mindft.flow.episode import retried
 from mindft.flow.topology import rank_buddy
 from mindft.net.keys import job_keys
-from mindft.rank.processor import Processor, ProcessorError
-from mindft.protocol import Action, FaultKind, RegisterAck, StatusRequest
+from mindft.rank.loop import Coordinator, GivenUp, RankLoop
+from mindft.rank.processor import Processor
+from mindft.protocol import FaultKind, StatusRequest
 from mindft.replica import Keeper, RankReplication, fetch_replica, replica_spill, store_slots
 from mindft.snapshot.store import SnapshotError, SnapshotStore
 from mindft.observe.threadcpu import ThreadCpu
 
 log = logging.getLogger(__name__)
-
-
-class StepKeepsFailing(RuntimeError):
-    """The same step failed more than ``MAX_FAULTS_PER_STEP`` times in a row: not transient."""
-
-    def __init__(self, step: int, times: int) -> None:
-        super().__init__(f"step {step} failed {times} times in a row")
-        self.step = step
-        self.times = times
-
-
-class RankLoop:
-    """The rank-side driver loop over ``processor``, obeying through ``hooks`` (module docstring).
-
-    A controller lost while the loop talks to it ends the rank through ``hooks.dump_and_exit``.
-    With :attr:`lockstep` the rank waits at the end of each step until every rank finished it:
-    in a job whose collectives cannot be repaired in place, a rank that faults at a step
-    boundary then finds every peer at the same boundary (not blocked in the next step's
-    all-reduce), so the recovery rolls back in place instead of restarting every worker.
-    """
-
-    def __init__(self, processor: Processor, hooks: RankHooks) -> None:
-        self.processor = processor
-        self.hooks = hooks
-        self.rank = processor.rank
-        self.lockstep = False
-        self.finished_job = False  # FINISH received: every rank is done
-        self.costs = CostMeter()
-
-    def join(self, held: Sequence[int], restarted: bool, adopted: bool = True, collectives: bool = False) -> bool:
-        """:meth:`register`, then :meth:`rejoin`: True when the rank followed a recovery."""
-        return self.rejoin(self.register(held, collectives), restarted, adopted, held)
-
-    def register(self, held: Sequence[int], collectives: bool = False) -> RegisterAck:
-        """Register with the steps ``held`` and wait at the start barrier (a restarted rank is
-        answered at once). Exits FAILED when the controller never answers or ends the job."""
-        try:
-            return self.processor.register(held_steps=held, collectives=collectives)
-        except ProcessorError as error:
-            log.critical("%s", error)
-            self.processor.close()
-            raise SystemExit(ExitCode.FAILED) from None
-
-    def rejoin(self, ack: RegisterAck, restarted: bool, adopted: bool, held: Sequence[int]) -> bool:
-        """A restarted rank that holds state of its own (``adopted``), or finds the job
-        recovering, follows the recovery until RESUME. True when it did."""
-        if not joins_recovery(restarted, adopted, ack.state):
-            return False
-        log.warning("rank=%d restarted holding %s; waiting for ROLLBACK", self.rank, list(held))
-        self.follow()
-        return True
-
-    def follow(self, action: Optional[Action] = None) -> Optional[int]:
-        """Obey the controller from ``action`` (or the next one) until training may go on.
-
-        Returns the step training resumes after (a RESUME), or None when an injected fault was
-        armed outside a recovery or the job finished (:attr:`finished_job` tells which).
-        """
-        processor = self.processor
-        try:
-            while True:
-                if action is None:
-                    action = processor.wait_action()
-                log.info("rank=%d %s step=%d round=%d", self.rank, action.kind.name, action.step, action.round)
-                with processor.report_lock:  # not held while the hooks run: the replication's thread releases
-                    processor.follower.forget_reports()
-                ack, outcome = processor.follower.obey(action, self.hooks)
-                if ack is not None:
-                    processor.send(ack)
-                if isinstance(outcome, Resumed):
-                    return outcome.step
-                if isinstance(outcome, Finished):
-                    self.finished_job = True
-                    return None
-                if outcome is not None:
-                    return None
-                action = None
-        except ProcessorError as error:
-            self._give_up(str(error))
-
-    def end_step(self, step: int, capture: Callable[[int], None]) -> Optional[int]:
-        """The end of ``step``: on a capture step wait for the window and ``capture(step)``, then
-        report the step and obey a pending action. Returns the step a recovery rolled training
-        back to (or resumed after), None to go straight on."""
-        processor = self.processor
-        try:
-            if processor.follower.is_capture_step(step):
-                while (action := processor.wait_window(step)) is not None:
-                    resumed = self.follow(action)
-                    if resumed is not None:
-                        return resumed
-                capture(step)
-            processor.finished(step)
-            if self.lockstep:
-                while (action := processor.wait_peers(step)) is not None:
-                    resumed = self.follow(action)
-                    if resumed is not None:
-                        return resumed
-                return None
-            action = processor.poll_action()
-        except ProcessorError as error:
-            self._give_up(str(error))
-        return None if action is None else self.follow(action)
-
-    def _give_up(self, reason: str) -> NoReturn:
-        """The job is out of reach: the dying gasp of the step every rank holds, as last heard
-        (its newest when it no longer holds that one: no progress was heard before the loss)."""
-        step = self.processor.follower.orphan_step()
-        self.hooks.dump_and_exit(step if step in self.hooks.settle() else -1, reason)
-
-    def fault(self, kind: FaultKind, detail: str, step: int, since: Optional[float] = None) -> Optional[int]:
-        """A fault of ``kind`` inside ``step``, caught at ``since`` (``time.monotonic()``; default:
-        now): report it and follow the recovery. Returns what :meth:`follow` returns; raises
-        :class:`StepKeepsFailing` instead of replaying a step yet again."""
-        follower = self.processor.follower
-        if not follower.on_fault(step):
-            raise StepKeepsFailing(step, follower.faults_in_a_row - 1)
-        log.warning("rank=%d fault %s inside step %d: %s", self.rank, kind.name, step, detail)
-        try:
-            self.processor.report_fault(kind, detail, step, since)
-        except ProcessorError as lost:
-            self._give_up(f"lost the controller while reporting {kind.name}: {lost}")
-        return self.follow()
-
-    def finish(self, step: int) -> Optional[int]:
-        """Report Done at ``step`` and wait for every rank: None when the job is finished, or
-        the step to continue training after when a late fault rolled everyone back."""
-        try:
-            self.processor.done(step)
-        except ProcessorError as error:
-            self._give_up(str(error))
-        while not self.finished_job:
-            resumed = self.follow()
-            if resumed is not None:
-                return resumed
-        return None
-
-    def report_costs(self, now: float) -> None:
-        """Report the measured costs when the job chooses the cadence and they are worth it."""
-        if not self.processor.reports_costs:
-            return
-        figures = self.costs.due(now)
-        if figures is not None:
-            try:
-                self.processor.report_cost(*figures)
-            except ProcessorError:
-                pass  # the next end_step finds the controller lost
 
 
 class StateHooks(Protocol):
@@ -198,8 +50,10 @@ class StateHooks(Protocol):
     def arrays(self) -> Mapping[str, np.ndarray]:
         """The current values (views allowed: nothing changes them while a capture reads them)."""
 
-    def load(self, store: SnapshotStore, step: int) -> Mapping[str, Any]:
-        """Put the snapshot of exactly ``step`` back in place; return its meta."""
+    def load(self, store: SnapshotStore, step: int, exact: bool = True) -> Mapping[str, Any]:
+        """Put the snapshot of exactly ``step`` back in place; return its meta. ``exact`` False
+        (MindIO's repair step, which this rank may never have finished): the newest at or below
+        ``step``, its meta's ``step`` the one put back."""
 
 
 def replica_buddy(config: MindftConfig) -> Optional[int]:
@@ -235,7 +89,7 @@ class RankEngine:
         self.meta: Dict[str, Any] = {}
         self.resumed_from: Optional[int] = None
         self.processor: Optional[Processor] = None
-        self.loop: Optional[RankLoop] = None
+        self.loop: Optional[Coordinator] = None  # mindft's RankLoop over the processor, or MindIO's
         self.store: Optional[SnapshotStore] = None
         self.overlap = False
         self.costs = CostMeter()  # the loop's once joined (it reports what this measures)
@@ -248,7 +102,6 @@ class RankEngine:
         self._step_exit: Optional[float] = None  # when end_step last returned (training resumed)
         self._hook_wait = 0.0  # seconds this step waited for a capture or for its peers (not the step's cost)
         self._overlapped_capture = 0.0  # the synchronous part of an overlapped capture still copying
-        self._interrupt: Optional[Action] = None  # an action that interrupted the step before its collectives
         self._rollback_started = 0.0
         self._agent_watch: Optional[AgentWatch] = None
         self.last_recovery: Dict[str, float] = {}
@@ -263,18 +116,17 @@ class RankEngine:
         after. ``collectives``: the ranks share a communicator a restarted process cannot rejoin."""
         if not self.enabled:
             return self.step
+        self.join(self.config.restart_count > 0, dict(meta or {}), collectives)
+        return self.step
+
+    def join(self, restarted: bool, meta: Dict[str, Any], collectives: bool) -> None:
+        """Join through mindft's controller (:attr:`loop`: a :class:`~mindft.rank.loop.RankLoop`):
+        the keeper of the buddy's replica, the processor, registration, the replication; a
+        restarted rank takes its state back and follows the recovery, a new one captures its
+        start. A subclass joins another :class:`~mindft.rank.loop.Coordinator` (MindIO's)."""
         config = self.config
-        try:
-            self._keys = job_keys(config)
-        except ConfigError as error:
-            log.critical("rank=%d cannot join the job: %s", config.rank, error)
-            raise SystemExit(ExitCode.USAGE) from None
-        restarted = config.restart_count > 0
-        try:
-            self.store = SnapshotStore(home=config.state_dir, resume=restarted)
-        except SnapshotError as error:
-            log.critical("rank=%d %s", config.rank, error)
-            raise SystemExit(ExitCode.USAGE) from None
+        self.job_keys()
+        self.open_store(restarted)
         if self._buddy is not None:
             self._keeper = Keeper(None, config.controller_ip, self._keys, local=store_slots(self.store),
                                   spill=replica_spill(config.dump_dir, f"rank{config.rank}"), cpu=self._replication_cpu)
@@ -289,33 +141,56 @@ class RankEngine:
                                    snapshot_every=self._snapshot_every)
         if config.launcher_pid:
             self._agent_watch = AgentWatch(config.launcher_pid, self._agent_gone)
-        self.loop = RankLoop(self.processor, self)
-        self.loop.costs = self.costs
-        self.loop.lockstep = collectives  # a fault at a boundary then rolls back in place
+        self.loop = loop = RankLoop(self.processor, self)
+        loop.costs = self.costs
+        loop.lockstep = collectives  # a fault at a boundary then rolls back in place
         try:
-            ack = self.loop.register(self.store.steps, collectives)
+            ack = loop.register(self.store.steps, collectives)
         except SystemExit:
             self.close()
             raise
         if self._buddy is not None:
             self._start_replication()
-        if not self.loop.rejoin(ack, restarted, adopted, self.store.steps):
-            self.meta = dict(meta or {})
-            self._capture(self.step)
-            self.store.wait()
-        return self.step
+        if not loop.rejoin(ack, restarted, adopted, self.store.steps):
+            self.capture_start(meta)
+
+    def capture_start(self, meta: Dict[str, Any]) -> None:
+        """A rank that starts afresh: snapshot the state training starts from, with ``meta``."""
+        self.meta = meta
+        self._capture(self.step)
+        self.store.wait()
+
+    def job_keys(self) -> Any:
+        """The job's CurveZMQ keys (None: plain TCP); exits USAGE when they cannot be read."""
+        try:
+            self._keys = job_keys(self.config)
+        except ConfigError as error:
+            log.critical("rank=%d cannot join the job: %s", self.config.rank, error)
+            raise SystemExit(ExitCode.USAGE) from None
+        return self._keys
+
+    def open_store(self, restarted: bool) -> SnapshotStore:
+        """The rank's snapshots, in the node agent's memory when mindft-launch gives one (where a
+        restarted rank finds its own again); exits USAGE when the store cannot be opened."""
+        try:
+            self.store = SnapshotStore(home=self.config.state_dir, resume=restarted)
+        except SnapshotError as error:
+            log.critical("rank=%d %s", self.config.rank, error)
+            raise SystemExit(ExitCode.USAGE) from None
+        return self.store
 
     def close(self) -> None:
-        """Leave the job: stop the replication and the processor, free the snapshots (idempotent)."""
+        """Leave the job: stop the replication and the coordinator, free the snapshots (idempotent)."""
         if self._agent_watch is not None:
             self._agent_watch.close()
             self._agent_watch = None
         if self._replication is not None:
             self._replication.close()
             self._replication = None
-        if self.processor is not None:
-            self.processor.close()
-            self.processor = None
+        if self.loop is not None:
+            self.loop.close()
+            self.loop = None
+        self.processor = None
         if self.store is not None:
             self.store.close()
             self.store = None
@@ -329,7 +204,7 @@ class RankEngine:
         Returns None when the job finished (then :meth:`close`), or the step training was
         rolled back to when a rank faulted before every rank was done (train on from there).
         """
-        if self.processor is None:
+        if self.loop is None:
             return None
         self.store.wait()
         log.info("rank=%d done at step %d; waiting for the other ranks", self.config.rank, self.step)
@@ -349,16 +224,19 @@ class RankEngine:
             return
         step, store = processor.follower.orphan_step(), self.store
         held = store.steps if store is not None else ()
-        path = self._dump_quietly(step if step in held else -1, "its node agent is gone; training is blocked")
+        path = self.dump_quietly(step if step in held else -1, "its node agent is gone; training is blocked")
         exit_now(ExitCode.DUMPED if path is not None else ExitCode.DUMP_FAILED)
 
     # ---- step boundaries -----------------------------------------------------------------
 
     def begin_step(self) -> None:
-        """Called before the step ``self.step + 1`` runs; raises an injected fault there."""
+        """Called before the step ``self.step + 1`` runs; raises an injected fault there, or
+        what the coordinator raises when it stops the rank (hand either to :meth:`fault`)."""
         if self._armed is not None:
             fault, self._armed = self._armed, None
             raise fault
+        if self.loop is not None:
+            self.loop.begin_step(self.step)
 
     def end_step(self, meta: Optional[Mapping[str, Any]] = None) -> Optional[int]:
         """Called after step ``self.step + 1`` finished: snapshot, report, obey.
@@ -367,7 +245,8 @@ class RankEngine:
         continue with the batch after it).
         """
         self.step += 1
-        if self.processor is None:
+        loop = self.loop  # the rank may leave the job meanwhile (close() drops it)
+        if loop is None:
             return None
         self.meta = dict(meta or {})
         before = self.step
@@ -377,24 +256,25 @@ class RankEngine:
             self.costs.step(entered - self._step_exit - self._hook_wait)
         self._hook_wait = 0.0
         try:
-            resumed = self.loop.end_step(self.step, self._capture)
+            resumed = loop.end_step(self.step, self._capture)
         finally:
             self._step_exit = time.perf_counter()
-            self.loop.report_costs(self._step_exit)
+            loop.report_costs(self._step_exit)
         return resumed if resumed is not None and resumed != before else None
 
     def fault(self, error: BaseException) -> int:
         """An exception escaped step ``self.step + 1``: report it, wait, and return the step rolled back to.
 
-        Re-raises ``error`` when mindft is off, or when the same step keeps failing.
+        Re-raises ``error`` when mindft is off, or when the coordinator gives the step up (the
+        same step keeps failing; under MindIO, the training script's own error).
         """
-        if self.processor is None:
+        loop = self.loop
+        if loop is None:
             raise error
         caught = time.monotonic()  # the job's detect phase starts here, not once the report is written
         self._step_exit = None  # the time until training resumes is no step's
-        if self._interrupt is not None:
-            action, self._interrupt = self._interrupt, None
-            resumed = self.loop.follow(action)
+        if loop.stops(error):
+            resumed = loop.recover()
             return self.step if resumed is None else resumed
         step = self.step + 1
         kind = classify(error)
@@ -403,10 +283,12 @@ class RankEngine:
             log.error("rank=%d: the training script raised an exception in step %d, not a device fault; the "
                       "job ends with every rank's dying gasp", self.config.rank, step, exc_info=error)
         try:
-            resumed = self.loop.fault(kind, describe(error), step, caught)
-        except StepKeepsFailing as failing:
+            resumed = loop.fault(kind, describe(error), step, caught)
+        except GivenUp as failing:
             log.error("rank=%d %s; giving up", self.config.rank, failing)
-            self._dump_quietly(-1, f"step {step} keeps failing: {describe(error)}")
+            self.dump_quietly(-1, f"{failing}: {describe(error)}")
+            if failing.ends_rank:
+                self.close()
             raise error
         return self.step if resumed is None else resumed
 
@@ -423,19 +305,26 @@ class RankEngine:
     def restore(self, step: int) -> Tuple[int, ...]:
         """Put the snapshot of ``step`` back into the state (and whatever its meta restores)."""
         self._rollback_started = time.perf_counter()
-        self.settle()
         try:
-            meta = self.state.load(self.store, step)
+            self.put_back(step)
         except SnapshotError as error:
             self.dump_and_exit(-1, f"cannot restore step {step}: {error}")
-        self.restored_meta(meta)
         if self._replication is not None:
             self._replication.restored(step)
-        self.meta = dict(meta)
-        self.step = self.resumed_from = step
         self.last_recovery = {"restore_s": time.perf_counter() - self._rollback_started}
         log.warning("rank=%d restored step %d", self.config.rank, step)
         return self.store.steps
+
+    def put_back(self, step: int, exact: bool = True) -> int:
+        """Let the capture in flight finish, then load the snapshot of ``step`` (``exact`` False:
+        the newest at or below it) into the state, with its meta; returns the step put back.
+        Raises :class:`~mindft.snapshot.store.SnapshotError` when there is none."""
+        self.settle()
+        meta = self.state.load(self.store, step) if exact else self.state.load(self.store, step, exact=False)
+        self.restored_meta(meta)
+        self.meta = dict(meta)
+        self.step = self.resumed_from = step if exact else int(meta["step"])
+        return self.step
 
     def resume(self, step: int) -> None:
         """Training goes on after ``step``."""
@@ -460,7 +349,7 @@ class RankEngine:
         watch = self._agent_watch
         if watch is not None:
             watch.ending.set()  # this thread writes it, not the watch
-        path = self._dump_quietly(step, reason)
+        path = self.dump_quietly(step, reason)
         log.critical("rank=%d stops: %s; dying-gasp checkpoint: %s", self.config.rank, reason,
                      path or "NOT written")
         orphaned = self.processor is not None and self.processor.broken
@@ -550,7 +439,8 @@ class RankEngine:
         log.warning("rank=%d adopted its replica of step %d from rank %d", config.rank, snapshot.step, buddy)
         return True
 
-    def _dump_quietly(self, step: int, reason: str) -> Optional[Path]:
+    def dump_quietly(self, step: int, reason: str) -> Optional[Path]:
+        """Write the dying-gasp checkpoint of ``step`` (-1: newest); its path, None when it failed (logged)."""
         if self.store is None:
             return None
         try:

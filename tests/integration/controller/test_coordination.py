@@ -31,7 +31,7 @@ from mindft.net.keys import generate_keys, secure_client
 from mindft.rank.processor import Processor, ProcessorError
 from mindft.protocol import (ActionKind, FaultKind, InjectRequest, OrderKind, ProcessExit, RankOrder, Register,
                              RegisterAck, StatusRequest, decode, encode)
-from mindft.rank.engine import RankLoop
+from mindft.rank.loop import RankLoop
 
 from harness import FAKE_RANK, ControllerJob, environment, free_port, job_fixture, start_controller
 

@@ -258,9 +258,10 @@ class SimRank:
             # Made-up costs whose cadence (snapshot / (budget * step)) spans 1..max_replay and beyond.
             sim.to_job(self, CostReport(self.rank, sim.random.uniform(0.5, 1.5),
                                         sim.random.uniform(0.001, 0.06) * sim.budget.overhead * 100))
-        if self.follower.is_capture_step(step):
+        end = self.follower.end_of_step(step)
+        if end.capture:
             self.window_step, self.mode = step, "window"
-            if self.follower.may_capture(step):
+            if not end.await_window:
                 self._capture(step)
         else:
             self.sim.to_job(self, self.follower.finished(step))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from mindft.flow import Armed, Finished, Follower, Resumed
-from mindft.flow.follower import CostMeter, joins_recovery
+from mindft.flow.follower import CostMeter, StepEnd, joins_recovery
 from mindft.protocol import Ack, Action, ActionKind, FaultKind
 
 
@@ -38,6 +38,21 @@ def test_the_window(every: int, slowest: int, step: int, allowed: bool) -> None:
     follower = Follower(0, every)
     follower.on_progress(slowest)
     assert follower.may_capture(step) is allowed
+
+
+@pytest.mark.parametrize("every, slowest, step, lockstep, answer", [
+    (1, 3, 4, False, StepEnd(4, capture=True)),                         # the window is open: capture now
+    (1, 2, 4, False, StepEnd(4, capture=True, await_window=True)),      # wait for the slowest rank first
+    (3, 0, 4, False, StepEnd(4)),                                       # no capture step: report only
+    (3, 0, 4, True, StepEnd(4, hold=True)),                             # lockstep: hold after the report
+    (3, 2, 6, True, StepEnd(6, capture=True, await_window=True, hold=True)),
+])
+def test_the_end_of_a_step_is_one_answer(every: int, slowest: int, step: int, lockstep: bool,
+                                         answer: StepEnd) -> None:
+    follower = Follower(0, every)
+    follower.on_progress(slowest)
+    assert follower.end_of_step(step, lockstep) == answer
+    assert follower.deciding == step  # decided: a new cadence must spare it
 
 
 def test_a_full_round() -> None:

@@ -147,7 +147,7 @@ time.sleep(60)        # the training thread is stuck (a collective that cannot b
 
 
 def test_a_held_gate_gathers_the_ranks_at_the_newest_step_and_sends_the_chips_ranks_away(gate) -> None:
-    from mindft.mindio import LeaveDevice
+    from mindft.mindio import ResetRequested
 
     server, (rank0, rank1), _ = gate
     flags = Flags()
@@ -167,7 +167,7 @@ def test_a_held_gate_gathers_the_ranks_at_the_newest_step_and_sends_the_chips_ra
     assert ahead.is_alive() and behind.is_alive()
     server.leave([1])
     behind.join(5)
-    assert isinstance(behind_outcome[0], LeaveDevice)
+    assert isinstance(behind_outcome[0], ResetRequested)
     assert ahead.is_alive()  # the healthy rank stays held
     server.rejoin(1)
     server.release()
