@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 from mindft.snapshot.ckpt import atomic_write
 from mindft.flow import gasp
 from mindft.flow.gasp import Entry, Origin
+from mindft.flow.topology import Topology
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ def write_dying_gasp(*, node: int, nproc: int, world_size: int, state_dir: Path,
         except SnapshotError as error:
             say(f"rank {rank}: its snapshots in this node's memory cannot be read: {error}")
     replicas = {rank: kept[rank] for rank in gasp.replicas_to_write(kept, orphaned, unreached)}
+    topology = Topology(nproc, world_size // nproc)  # where the ranks whose replicas this node kept ran
     if not own and not replicas:
         return None
     plan = gasp.plan(own, replicas, wanted)
@@ -89,7 +91,7 @@ def write_dying_gasp(*, node: int, nproc: int, world_size: int, state_dir: Path,
         except SnapshotError as error:
             say(f"rank {rank}: the replica this node kept (step {step}) could NOT be written: {error}")
             continue
-        entries[rank] = Entry(path.name, snapshot.step, rank // nproc, node, Origin.REPLICA)
+        entries[rank] = Entry(path.name, snapshot.step, topology.node_of(rank), node, Origin.REPLICA)
         say(f"rank {rank}'s node is gone: wrote the replica this node kept, step {snapshot.step}, as its "
             f"dying gasp: {path}")
     if not entries:

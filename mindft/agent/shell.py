@@ -95,7 +95,6 @@ class NodeAgent:
         self._schedulers = 0  # MindSpore schedulers replaced by a new one
         self._phase_since = self._progress_last = 0.0  # when the job's current phase began; the last progress line
         self._from_memory: list[int] = []  # ranks whose dying gasp this agent wrote from its memory
-        self._hello_at: Optional[float] = None  # when this agent last told the controller what it runs and holds
 
     # ---- carrying out the policy's effects ------------------------------------------------------
 
@@ -278,14 +277,11 @@ class NodeAgent:
 
     def _say_hello(self, now: float) -> None:
         """Tell the controller what this agent runs and holds (from that, a controller started again
-        rebuilds the job: :mod:`mindft.flow.rejoin`): on a link, every HELLO_INTERVAL (the answer
-        repeats any order lost with a connection); in the controller's process once, after starting
-        its ranks (nothing is lost in-process, and a new controller comes only with a new agent)."""
+        rebuilds the job: :mod:`mindft.flow.rejoin`) when the policy says a hello is due."""
         if self.runner is None and self.link is None:
             return
-        if self._hello_at is not None and (self.runner is not None or now - self._hello_at < HELLO_INTERVAL):
+        if not self.policy.hello_due(now, in_process=self.runner is not None, interval=HELLO_INTERVAL):
             return
-        self._hello_at = now
         spec, workers = self.spec, self.policy.workers
         ranks = tuple(spec.local_ranks)
         kept = self.replication.keeper.held if self.replication is not None else {}

@@ -179,6 +179,7 @@ class NodePolicy:
     under_way: bool = False         # the job has trained (a view past STARTING came)
     _controller_done_at: Optional[float] = None
     _all_exited_at: Optional[float] = None
+    _hello_at: Optional[float] = None  # when this agent last said hello
 
     def __post_init__(self) -> None:
         self.workers = {rank: Worker(rank) for rank in self.ranks}
@@ -390,6 +391,15 @@ class NodePolicy:
         return [Say(f"{what} ({cause}; see {log_path}): every worker restarts behind a new scheduler (restart "
                     f"{self.scheduler_losses}/{self.max_restarts})"),
                 SchedulerLost(pid, code, why)]
+
+    def hello_due(self, now: float, in_process: bool, interval: float) -> bool:
+        """Whether to tell the controller now what this agent runs and holds (from that a controller
+        started again rebuilds the job): on a link every ``interval``, as the answer repeats an order
+        lost with a connection; in the controller's process once, as nothing is lost in-process."""
+        if self._hello_at is not None and (in_process or now - self._hello_at < interval):
+            return False
+        self._hello_at = now
+        return True
 
     def abort(self, reason: str) -> list[AgentEffect]:
         """The agent itself cannot go on (a dead watcher, a node that cannot rejoin)."""

@@ -409,3 +409,11 @@ def test_the_dying_gasps_step_and_reason_come_from_the_finished_controller_then_
     for rank in (0, 1):
         orphan.on_exit(rank, ExitCode.DUMPED)  # they gave up on a controller that never said the job ended
     assert orphan.orphaned and orphan.failure_reason() == "the controller is gone (node 0 lost or cut off)"
+
+
+def test_an_agent_says_hello_on_its_link_at_a_steady_pace_and_in_process_once() -> None:
+    linked = NodePolicy((2, 3), 3)
+    assert [linked.hello_due(t, in_process=False, interval=2.0) for t in (0.0, 1.0, 1.9, 2.0, 3.0, 4.5)] == [
+        True, False, False, True, False, True]
+    local = NodePolicy((0, 1), 3, runs_controller=True)
+    assert [local.hello_due(t, in_process=True, interval=2.0) for t in (0.0, 2.0, 100.0)] == [True, False, False]
