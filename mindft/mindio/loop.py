@@ -68,6 +68,8 @@ class Engine(Protocol):
 
     def dump_quietly(self, step: int, reason: str) -> Optional[Path]: ...
 
+    def dump_and_exit(self, step: int, reason: str, written: Optional[Path] = None) -> NoReturn: ...
+
     def close(self) -> None: ...
 
 
@@ -171,12 +173,8 @@ class MindioLoop:
             reason = error.reason
         else:
             reason = f"MindIO failed: {error}"
-        path = self._dumped or self.engine.dump_quietly(-1, reason)
-        log.critical("rank=%d stops: %s (MindIO cannot restart a lost rank without MindCluster's ARF; "
-                     "mindft's fallback is a dying-gasp checkpoint); checkpoint: %s", self.rank,
-                     reason, path or "NOT written")
-        self.engine.close()
-        raise SystemExit(ExitCode.DUMPED if path is not None else ExitCode.DUMP_FAILED)
+        self.engine.dump_and_exit(-1, f"{reason} (MindIO cannot restart a lost rank without MindCluster's ARF; "
+                                      f"mindft's fallback is a dying-gasp checkpoint)", written=self._dumped)
 
     def close(self) -> None:
         """Close MindIO's processor (bounded) and the gate (idempotent)."""

@@ -344,12 +344,13 @@ class RankEngine:
         self.close()
         raise SystemExit(ExitCode.LEFT_DEVICE)
 
-    def dump_and_exit(self, step: int, reason: str) -> NoReturn:
-        """Write the dying-gasp checkpoint of ``step`` (-1: newest) and exit: 3 if written, 4 if not."""
+    def dump_and_exit(self, step: int, reason: str, written: Optional[Path] = None) -> NoReturn:
+        """Write the dying-gasp checkpoint of ``step`` (-1: newest) and exit: 3 if written, 4 if not.
+        ``written``: the checkpoint is there already (MindIO's dump handler wrote it)."""
         watch = self._agent_watch
         if watch is not None:
             watch.ending.set()  # this thread writes it, not the watch
-        path = self.dump_quietly(step, reason)
+        path = written if written is not None else self.dump_quietly(step, reason)
         log.critical("rank=%d stops: %s; dying-gasp checkpoint: %s", self.config.rank, reason,
                      path or "NOT written")
         orphaned = self.processor is not None and self.processor.broken
