@@ -4,7 +4,7 @@ The training thread calls :class:`Processor`; one I/O thread owns the DEALER soc
 to it through an inproc pipe; actions and progress come back under a condition. When to send
 a heartbeat, reconnect or give up on a silent controller is :class:`mindft.flow.liveness.Liveness`'s
 decision; which step report may go now is the follower's. The rank's driver loop over this
-shell is :class:`mindft.rank.engine.RankLoop`.
+shell is :class:`mindft.rank.loop.RankLoop`.
 """
 from __future__ import annotations
 
