@@ -1,4 +1,4 @@
-"""The MindSpore front of the rank engine under ``MINDFT_BACKEND=mindio``: MindIO TFT decides, mindft's snapshots do the work.
+"""The MindSpore front of the rank engine under ``MINDFT_BACKEND=mindio``: MindIO decides, the snapshots do the work.
 
 :class:`MindioSession` is a :class:`mindft.rank.engine.RankEngine` (the rank's store, capture,
 restore, dump and exit) whose coordinator is MindIO's processor and the step gate
