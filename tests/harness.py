@@ -287,6 +287,30 @@ for example, world, args in {runs!r}:
     return out
 
 
+# What the examples train in the tests that compare with a fault-free run (train_mlp.py: 8
+# batches per epoch, so 14 steps cross an epoch; train_model.py: 2 epochs of 8 batches).
+EXAMPLE_ARGS: dict[str, tuple[str, ...]] = {"train_mlp": ("--steps", "14"), "train_model": ("--epochs", "2")}
+
+
+class ExampleReferences:
+    """The examples' fault-free weights (:func:`fault_free_weights` of :data:`EXAMPLE_ARGS`), each
+    (example, world size) computed once per test process and shared by every module that asks
+    (the ``example_references`` fixture: with ``--dist loadfile``, once per worker)."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.computed: set[tuple[str, int]] = set()
+
+    def need(self, *runs: tuple[str, int]) -> Path:
+        """Compute the (example, world size) runs not computed yet, in one process; returns the
+        directory that holds ``<example>/<world size>/rank<r>.npz`` for every run asked."""
+        missing = [run for run in dict.fromkeys(runs) if run not in self.computed]
+        if missing:
+            fault_free_weights(self.out, [(example, world, EXAMPLE_ARGS[example]) for example, world in missing])
+            self.computed.update(missing)
+        return self.out
+
+
 def weights(directory: Path, rank: int) -> dict[str, np.ndarray]:
     """Rank ``rank``'s final weights as an example wrote them (``directory/rank<rank>.npz``)."""
     with np.load(directory / f"rank{rank}.npz") as data:

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from harness import ROOT, Processes, environment, free_port_pair, require
-from test_dp_recovery import _wait_for
+from dp_jobs import wait_for_status
 
 pytestmark = [pytest.mark.mindspore, pytest.mark.timeout(600)]
 
@@ -95,7 +95,7 @@ def test_the_trainer_recovers_bit_identically(tft: str, yaml: str, api: str, fau
     for number, fault in enumerate(faults):
         # The first fault once training runs (its first step compiles), each next one once the
         # job recovered from the one before: a rank of each, in turn.
-        _wait_for(job_file, launcher, output,
+        wait_for_status(job_file, launcher, output,
                   lambda s, n=number: s.state == "NORMAL" and s.recoveries == n and s.step >= 8,
                   f"training before fault {number + 1}")
         inject(job_file, 1 - number % 2, fault, tmp_path)

@@ -39,7 +39,8 @@ WAIT = 240.0  # for a job's phase on 2 busy cores
 # 64 steps of 0.15 s leave time to act mid-training (and a fault at step 55); faults are found
 # within 2 s (dead_after), a rank gives up on a silent controller after 10 s, a lost rank may take
 # 60 s to come back (the restarted node imports MindSpore and joins a new cluster).
-JOB_ARGS = ("--epochs", "4", "--step-seconds", "0.15")
+EPOCHS = ("--epochs", "4")
+JOB_ARGS = (*EPOCHS, "--step-seconds", "0.15")
 STEPS = 64  # 4 epochs of 256 samples, batches of 8 per rank on 2 ranks
 TIMEOUTS = {"MINDFT_HEARTBEAT_INTERVAL": "0.2", "MINDFT_HEARTBEAT_MISSES": "10", "MINDFT_CONNECT_RETRIES": "5",
             "MINDFT_STALL_TIMEOUT": "2", "MINDFT_PAUSE_TIMEOUT": "20", "MINDFT_RESUME_TIMEOUT": "20",
@@ -49,10 +50,11 @@ PARTITION = 45.0  # s: longer than every timeout (that repair timeout included) 
 
 
 def launch_one_host(processes: Processes, tmp: Path, name: str, *script_args: str) -> Path:
-    """The fault-free reference: the same job, both ranks on one host; returns its weights' directory."""
+    """The same job, both ranks on one host, nothing acting mid-training, so its steps need no
+    sleep (a sleep changes no weight); returns its weights' directory."""
     run_dir = tmp / name
     argv = [sys.executable, "-m", "mindft.cli.launch", "--nproc", "2", "--master_port", str(free_port_pair()),
-            "--run-dir", str(run_dir), "--cluster_time_out", "120", str(DP_SCRIPT), *JOB_ARGS,
+            "--run-dir", str(run_dir), "--cluster_time_out", "120", str(DP_SCRIPT), *EPOCHS,
             *script_args, "--out", str(run_dir / "out")]
     env = environment(tmp, MS_ENABLE_TFT="{RSC:1}", MINDFT_DUMP_DIR=str(run_dir / "dump"), **TIMEOUTS)
     code, output = processes.run(argv, env, tmp / f"{name}.out")

@@ -171,25 +171,6 @@ def test_corrupted_reset_file_then_hot_reset(launch: Callable[..., Job], tmp_pat
     job.assert_bit_identical()
 
 
-def test_a_second_hot_reset_while_a_rank_leaves_its_chip(launch: Callable[..., Job], tmp_path: Path) -> None:
-    # As the plugin writes it when a second chip faults during the first one's episode:
-    # unrecovered for rank 1, then, while rank 1 leaves its chip, for ranks 1 and 2; recovered
-    # once both left.
-    reset = tmp_path / "reset" / "reset.json"
-    job = launch(nproc=4, steps=60, step_time=0.03, LAUNCH_LEAVE_SECONDS="1.5")
-    job.wait_until(lambda: job.committed() >= 5, "step 5")
-    write_reset_file(reset, fault_state([1], policy="reset"))
-    job.wait_until(lambda: "leaves its device" in job.text(), "rank 1 to be told to leave")
-    write_reset_file(reset, fault_state([1, 2], policy="reset"))
-    job.wait_until(lambda: all(f"rank {rank} left its device for a hot reset;" in job.text() for rank in (1, 2)),
-                   "ranks 1 and 2 to leave their chips")
-    write_reset_file(reset, fault_state([1, 2], "recovered", policy="reset"))
-    assert job.wait() == 0, job.text()
-    out = job.text()
-    assert "timed out" not in out and "RESUMING → NORMAL" in out
-    job.assert_bit_identical()
-
-
 def test_sigterm_stops_every_rank(launch: Callable[..., Job]) -> None:
     # The ranks ignore SIGTERM, so the launcher must escalate to SIGKILL after the grace period.
     job = launch(nproc=2, steps=100000, step_time=0.05, args=("--grace-period", "1"), LAUNCH_IGNORE_TERM="1")

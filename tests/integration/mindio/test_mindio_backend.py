@@ -20,14 +20,13 @@ import pytest
 
 from mindft.exitcodes import ExitCode
 
-from harness import assert_ranks_identical, fault_free_weights  # noqa: E402
+from harness import EXAMPLE_ARGS, ExampleReferences, assert_ranks_identical, fault_free_weights  # noqa: E402
 from test_mindio_recovery import require_mindio  # noqa: E402
 
 pytestmark = [pytest.mark.mindspore, pytest.mark.timeout(400)]
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "examples"
-EXAMPLE_ARGS = {"train_mlp": ["--steps", "12"], "train_model": ["--epochs", "2"]}
 REFERENCES = (("train_mlp", 2), ("train_mlp", 4), ("train_model", 2))
 JOB_TIMEOUT = 180.0
 
@@ -40,11 +39,11 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Fault-free weights of every (example, world size, rank) used below, mindft off, one process."""
+def reference(example_references: ExampleReferences) -> Path:
+    """Fault-free weights of every (example, world size, rank) used below, mindft off, one process
+    (shared with tests/integration/mindspore/test_mindspore_recovery.py's when on the same worker)."""
     require_mindio()
-    return fault_free_weights(tmp_path_factory.mktemp("reference"),
-                              [(name, world, EXAMPLE_ARGS[name]) for name, world in REFERENCES])
+    return example_references.need(*REFERENCES)
 
 
 def launch(tmp: Path, example: str, world_size: int, *args: str, tft: str = "{UCE:1}") -> tuple[int, str, float]:

@@ -6,53 +6,24 @@ gradients of every step (``Model.train``, or a hand-written loop with
 communicator, and a rank that stops inside a step leaves its peers blocked in the
 all-reduce: the ladder's second rung restarts every worker from the node agents' memory
 with a new scheduler, and every rank rolls back to the step they all hold. So does the death
-of MindSpore's scheduler itself.
+of MindSpore's scheduler itself. The jobs that end instead: test_dp_failures.py. How many
+ranks or which API makes no difference to the rules (tests/unit/flow/, every world size of the
+explorer): these keep what only MindSpore's processes show.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
-import shutil
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import mindspore as ms
-import numpy as np
 import pytest
+from dp_jobs import api_args, device_plugin, launch, wait_for_status
 
-from harness import ROOT, Processes, assert_ranks_identical, environment, free_port_pair
-from mindft.net.channel import Client, ControllerUnreachable
-from mindft.exitcodes import ExitCode
-from mindft.net.keys import load_keys
+from harness import Processes, assert_ranks_identical
 
 pytestmark = [pytest.mark.mindspore, pytest.mark.timeout(600)]
-
-DP_SCRIPT = ROOT / "examples" / "train_dp.py"
-EPOCHS = 2  # 256 samples, batch 8 per rank: 32 steps on 2 ranks, 16 on 4
-FAST_FAULTS = {"MINDFT_HEARTBEAT_INTERVAL": "0.1", "MINDFT_HEARTBEAT_MISSES": "20", "MINDFT_STALL_TIMEOUT": "2",
-               "MINDFT_RESET_POLL_INTERVAL": "0.1",
-               "MINDFT_SNAPSHOT_EVERY": "1"}  # the rollback steps asserted below assume a snapshot every step
-
-
-def launch(processes: Processes, tmp: Path, name: str, world: int, *script_args: str,
-           wait: bool = True, **env: str) -> tuple[subprocess.Popen, Path]:
-    """mindft-launch with msrun's flags on one node; returns the launcher and its output file."""
-    port = free_port_pair()
-    run_dir = tmp / name
-    argv = [sys.executable, "-m", "mindft.cli.launch", "--worker_num", str(world), "--local_worker_num", str(world),
-            "--master_port", str(port), "--run-dir", str(run_dir), "--cluster_time_out", "120",
-            str(DP_SCRIPT), "--epochs", str(EPOCHS), "--out", str(run_dir / "out"), *script_args]
-    environ = environment(tmp, **{"MS_ENABLE_TFT": "{RSC:1}", "MINDFT_DUMP_DIR": str(run_dir / "dump"),
-                                  "MINDFT_RESET_FILE": str(run_dir / "reset.json"), **FAST_FAULTS, **env})
-    output = tmp / f"{name}.out"
-    if wait:
-        code, _ = processes.run(argv, environ, output)
-        return code, output  # type: ignore[return-value]
-    return processes.start(argv, environ, output), output
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +36,7 @@ def references(tmp_path_factory: pytest.TempPathFactory) -> dict:
         if (api, world) not in cache:
             tracker = Processes()
             try:
-                code, output = launch(tracker, tmp, f"{api}-{world}", world, *(["--loop"] if api == "loop" else []))
+                code, output = launch(tracker, tmp, f"{api}-{world}", world, *api_args(api))
             finally:
                 tracker.kill_all()
             assert code == 0, output.read_text()[-3000:]
@@ -74,12 +45,9 @@ def references(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return reference  # type: ignore[return-value]
 
 
-def api_args(api: str) -> list[str]:
-    return ["--loop"] if api == "loop" else []
-
-
-@pytest.mark.parametrize("api, warm", [("model", "1"), ("loop", "1"), ("loop", "0")],
-                         ids=["model", "loop", "loop-cold-starts"])
+# Each API once, each way of starting a worker once (the loop API's warm restart of every worker:
+# test_two_faults_a_crash_then_a_hot_reset_end_bit_identical).
+@pytest.mark.parametrize("api, warm", [("model", "1"), ("loop", "0")], ids=["model", "loop-cold-starts"])
 def test_a_rank_killed_mid_step_restarts_every_worker_from_memory(api: str, warm: str, tmp_path: Path,
                                                                    processes: Processes, references) -> None:
     code, output = launch(processes, tmp_path, "run", 2, *api_args(api), "--fault-step", "12", "--fault-rank", "1",
@@ -150,53 +118,14 @@ def test_a_stopped_rank_is_a_hang_and_every_worker_restarts(tmp_path: Path, proc
     assert processes.leftovers() == []
 
 
-def test_four_ranks_recover_a_killed_rank_bit_identically(tmp_path: Path, processes: Processes, references) -> None:
-    code, output = launch(processes, tmp_path, "run", 4, "--fault-step", "6", "--fault-rank", "2",
-                          "--fault-kind", "exit")
-    out = output.read_text()
-    assert code == 0, out[-4000:]
-    # Step 5, or 4 when rank 2 exited while its capture of step 5 was still copying (overlapped
-    # with step 6, which waits for its peers only before its all-reduce).
-    assert re.search(r"every rank holds step [45]\b", out), out[-4000:]
-    assert_ranks_identical(tmp_path / "run" / "out", references("model", 4), 4)
-
-
-def _status(job_file: Path):
-    info = json.loads(job_file.read_text())
-    keys = None if info["insecure"] else load_keys(Path(info["key_file"]))
-    return Client(info["controller"], keys, timeout=2.0).status()
-
-
-def _wait_for(job_file: Path, launcher: subprocess.Popen, output: Path, ready, what: str, timeout: float = 240.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert launcher.poll() is None, f"the job ended before {what}:\n{output.read_text()[-4000:]}"
-        if job_file.exists():
-            try:
-                status = _status(job_file)
-            except ControllerUnreachable:
-                status = None
-            if status is not None and ready(status):
-                return status
-        time.sleep(0.1)
-    pytest.fail(f"no {what} within {timeout} s:\n{output.read_text()[-4000:]}")
-
-
-def _plugin(job_file: Path, rank: int, outcome: str, tmp: Path) -> subprocess.CompletedProcess:
-    """The device plugin's hot reset of ``rank``'s chip, as `mindft simulate-device-plugin` plays it."""
-    return subprocess.run([sys.executable, "-m", "mindft.cli.main", "simulate-device-plugin", "--job", str(job_file),
-                           "--rank", str(rank), "--hold", "1", "--outcome", outcome, "--process-deadline", "30"],
-                          env=environment(tmp), capture_output=True, text=True, timeout=120, cwd=ROOT)
-
-
 def test_two_faults_a_crash_then_a_hot_reset_end_bit_identical(tmp_path: Path, processes: Processes,
                                                                 references) -> None:
     launcher, output = launch(processes, tmp_path, "run", 2, "--loop", "--step-seconds", "0.2", "--fault-step", "4",
                               "--fault-rank", "1", "--fault-kind", "exit", wait=False)
     job_file = tmp_path / "run" / "job.json"
-    _wait_for(job_file, launcher, output, lambda s: s.recoveries >= 1 and s.state == "NORMAL" and s.step >= 8,
+    wait_for_status(job_file, launcher, output, lambda s: s.recoveries >= 1 and s.state == "NORMAL" and s.step >= 8,
               "recovery from the crash")
-    plugin = _plugin(job_file, 0, "recovered", tmp_path)
+    plugin = device_plugin(job_file, 0, "recovered", tmp_path)
     assert plugin.returncode == 0, plugin.stdout + plugin.stderr
     # The plugin reset the chip only after rank 0's process had left it, then wrote 'recovered'.
     assert "unrecovered" in plugin.stdout and "recovered" in plugin.stdout
@@ -205,26 +134,6 @@ def test_two_faults_a_crash_then_a_hot_reset_end_bit_identical(tmp_path: Path, p
     assert code == 0, out[-4000:]
     assert "rank 0 DEVICE_RESET" in out and "2 recoveries" in out
     assert_ranks_identical(tmp_path / "run" / "out", references("loop", 2), 2)
-    assert processes.leftovers() == []
-
-
-def test_a_failed_device_leaves_same_step_dying_gasps_and_exit_3(tmp_path: Path, processes: Processes) -> None:
-    launcher, output = launch(processes, tmp_path, "run", 2, "--step-seconds", "0.2", wait=False)
-    job_file = tmp_path / "run" / "job.json"
-    _wait_for(job_file, launcher, output, lambda s: s.state == "NORMAL" and s.step >= 6, "training")
-    plugin = _plugin(job_file, 1, "failed", tmp_path)
-    assert plugin.returncode == 0, plugin.stdout + plugin.stderr
-    code = launcher.wait(240)
-    out = output.read_text()
-    assert code == ExitCode.DUMPED, out[-4000:]
-    dumps = sorted((tmp_path / "run" / "dump").rglob("*.ckpt"))
-    assert len(dumps) == 2, dumps
-    steps = set()
-    for path in dumps:
-        checkpoint = ms.load_checkpoint(str(path))
-        steps.add(int(np.asarray(checkpoint["global_step"].asnumpy()).reshape(-1)[0]))
-    assert len(steps) == 1, f"dying gasps of different steps: {steps}"
-    assert f"every rank dumps step {steps.pop()}" in out
     assert processes.leftovers() == []
 
 
@@ -248,7 +157,7 @@ def test_a_killed_scheduler_restarts_every_worker_behind_a_new_one(tmp_path: Pat
     from the node agents' memory behind a new scheduler, and the job ends bit-identical."""
     launcher, output = launch(processes, tmp_path, "run", 2, "--step-seconds", "0.2", wait=False)
     job_file = tmp_path / "run" / "job.json"
-    _wait_for(job_file, launcher, output, lambda s: s.state == "NORMAL" and s.step >= 6, "training")
+    wait_for_status(job_file, launcher, output, lambda s: s.state == "NORMAL" and s.step >= 6, "training")
     processes.remember(launcher.pid)
     old = json.loads(job_file.read_text())["scheduler_pid"]
     os.kill(old, signal.SIGKILL)
@@ -266,80 +175,3 @@ def test_a_killed_scheduler_restarts_every_worker_behind_a_new_one(tmp_path: Pat
     assert processes.leftovers() == []
 
 
-# ---- deterministic failures end the job: a bug is not a device fault ----
-
-def _dumped_steps(run_dir: Path) -> list[int]:
-    """The step of every dying-gasp checkpoint written for the job."""
-    steps = []
-    for path in sorted((run_dir / "dump").rglob("*.ckpt")):
-        checkpoint = ms.load_checkpoint(str(path))
-        steps.append(int(np.asarray(checkpoint["global_step"].asnumpy()).reshape(-1)[0]))
-    return steps
-
-
-@pytest.mark.parametrize("api", ["model", "loop"])
-def test_a_bug_in_the_training_script_ends_the_job_at_once(api: str, tmp_path: Path, processes: Processes) -> None:
-    code, output = launch(processes, tmp_path, "run", 2, *api_args(api), "--fault-step", "9", "--fault-rank", "1",
-                          "--fault-kind", "bug")
-    out = output.read_text()
-    assert code == ExitCode.FAILED, out[-4000:]
-    assert "rank=1: the training script raised an exception in step 9, not a device fault" in out, out[-4000:]
-    assert out.count("Traceback (most recent call last)") == 1, out[-6000:]  # said once, with its traceback
-    assert "rank 1 raised an exception from the training script in step 9" in out
-    assert "restarting" not in out and "incarnation 1" not in out  # not retried
-    steps = _dumped_steps(tmp_path / "run")
-    assert len(steps) == 2 and len(set(steps)) == 1, steps  # every rank's dying gasp, of one step
-    assert processes.leftovers() == []
-
-
-def test_a_rank_that_dies_in_the_same_step_again_ends_the_job_after_one_retry(tmp_path: Path,
-                                                                              processes: Processes) -> None:
-    code, output = launch(processes, tmp_path, "run", 2, "--fault-step", "9", "--fault-rank", "1",
-                          "--fault-kind", "exit-always")
-    out = output.read_text()
-    assert code == ExitCode.FAILED, out[-4000:]
-    assert out.count("restarting every worker from the node agents' memory") == 1, out[-4000:]
-    # (the step after the last one reported: 8 when step 8's report died with the process)
-    assert re.search(r"rank 1 PROCESS_DIED in step [89] again after the job recovered from it", out), out[-4000:]
-    steps = _dumped_steps(tmp_path / "run")
-    assert len(steps) == 2 and len(set(steps)) == 1, steps
-    assert processes.leftovers() == []
-
-
-def test_rewind_required_after_a_restart_exits_7_with_one_line(tmp_path: Path, processes: Processes) -> None:
-    # model.train with the callback cannot go back to the step a restarted process restores.
-    code, output = launch(processes, tmp_path, "run", 2, "--callback", "--fault-step", "9", "--fault-rank", "1",
-                          "--fault-kind", "kill")
-    out = output.read_text()
-    assert code == ExitCode.REWIND_REQUIRED, out[-4000:]
-    assert out.count("restarting every worker from the node agents' memory") == 1, out[-4000:]
-    assert re.search(r"mindft: rank \d: rolled back to step \d+: re-enter training at batch", out), out[-4000:]
-    assert "Traceback" not in out and "not restarting rank" in out
-    assert processes.leftovers() == []
-
-
-@pytest.mark.parametrize("warm", ["1", "0"], ids=["warm-starts", "cold-starts"])
-def test_the_node_agent_killed_leaves_same_step_dying_gasps_and_no_process(warm: str, tmp_path: Path,
-                                                                          processes: Processes) -> None:
-    """SIGKILL of mindft-launch (node 0's agent, with the controller in it): every rank writes its
-    dying gasp of one step from its own memory, and nothing of the job outlives the agent."""
-    launcher, output = launch(processes, tmp_path, "run", 2, "--step-seconds", "0.2", wait=False,
-                              MINDFT_WARM_START=warm)
-    job_file = tmp_path / "run" / "job.json"
-    _wait_for(job_file, launcher, output, lambda s: s.state == "NORMAL" and s.step >= 6, "training")
-    processes.remember(launcher.pid)
-    assert len(processes.seen) >= 3  # MindSpore's scheduler, two ranks (the warm process and its waiters)
-    launcher.kill()
-    launcher.wait()
-    deadline = time.monotonic() + 60
-    while processes.leftovers() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    # The agent's shared memory outlives it here (a pod's /dev/shm goes with the pod): once the
-    # ranks are gone, nothing needs it.
-    memory = re.search(r"the ranks' snapshots live in (\S+) \(shared memory", output.read_text())
-    assert memory, output.read_text()[-3000:]
-    shutil.rmtree(memory[1], ignore_errors=True)
-    assert processes.leftovers() == []
-    # (their output went to the agent's pipes: the dying gasps are what they leave)
-    steps = _dumped_steps(tmp_path / "run")
-    assert len(steps) == 2 and len(set(steps)) == 1 and steps[0] >= 6, steps

@@ -18,8 +18,8 @@ import pytest
 from mindft.config import Timeouts
 from mindft.exitcodes import ExitCode
 
-from harness import (EXAMPLES, ControllerJob, assert_ranks_identical, environment, fault_free_weights, free_port,
-                     job_fixture)
+from harness import (EXAMPLE_ARGS, EXAMPLES, ControllerJob, ExampleReferences, assert_ranks_identical, environment,
+                     free_port, job_fixture)
 
 pytestmark = [pytest.mark.mindspore, pytest.mark.timeout(300)]
 
@@ -27,16 +27,12 @@ EXIT_DUMPED = ExitCode.DUMPED
 # A silent rank is declared dead after 2 s; generous phase limits for 2 busy cores.
 TIMEOUTS = Timeouts(heartbeat_interval=0.1, heartbeat_misses=20, register=60.0, pause=30.0,
                     repair=30.0, rollback=30.0, resume=30.0, connect_retries=10)
-LOOP_ARGS = ["--steps", "14"]          # train_mlp.py: 8 batches per epoch, so 14 steps cross an epoch
-MODEL_ARGS = ["--epochs", "2"]         # train_model.py: 2 epochs of 8 batches = 16 steps
-EXAMPLE_ARGS = {"train_mlp": LOOP_ARGS, "train_model": MODEL_ARGS}
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def reference(example_references: ExampleReferences) -> Path:
     """Fault-free weights of every (example, world size, rank) used below, mindft off, one process."""
-    return fault_free_weights(tmp_path_factory.mktemp("reference"),
-                              [(example, world, args) for example, args in EXAMPLE_ARGS.items() for world in (1, 2, 4)])
+    return example_references.need(*[(example, world) for example, world, _, _ in UCE_JOBS])
 
 
 class Job(ControllerJob):
@@ -84,8 +80,14 @@ def assert_recovered(job: Job, recoveries: int = 1) -> None:
     assert len(job.controller.recovery_times) == recoveries
 
 
-@pytest.mark.parametrize("example", ["train_mlp", "train_model"])
-@pytest.mark.parametrize("world_size, fault_rank, fault_step", [(1, 0, 5), (2, 1, 11), (4, 2, 6)])
+# Each example on 2 ranks, and one rank alone and 4 ranks with train_mlp: a grid of both examples on
+# every world size would repeat the same recovery (the rules are the same for any world size:
+# tests/unit/flow/).
+UCE_JOBS = [("train_mlp", 1, 0, 5), ("train_mlp", 2, 1, 11), ("train_model", 2, 1, 11), ("train_mlp", 4, 2, 6)]
+
+
+@pytest.mark.parametrize("example, world_size, fault_rank, fault_step", UCE_JOBS,
+                         ids=[f"{world}-{rank}-{step}-{example}" for example, world, rank, step in UCE_JOBS])
 def test_uce_inside_a_step_is_recovered_bit_identically(make_job, reference: Path, example: str,
                                                         world_size: int, fault_rank: int,
                                                         fault_step: int) -> None:
