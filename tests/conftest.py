@@ -53,11 +53,12 @@ _UNIT = Path(__file__).resolve().parent / "unit"
 _INTEGRATION = Path(__file__).resolve().parent / "integration"
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[pytest.CollectReport]:
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
     # The tier is the folder: a slow test under tests/unit/ would slip into the fast tier's
     # `pytest tests/unit`. It is refused where it is collected, so the error names its module.
-    report = yield
+    outcome = yield
+    report = outcome.get_result()
     if report.passed and _UNIT in Path(collector.path).parents:
         misplaced = [item.nodeid for item in report.result if isinstance(item, pytest.Item) and
                      (item.get_closest_marker("slow") or item.get_closest_marker("mindspore"))]
@@ -67,7 +68,6 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[pytest.C
                 f"{nodeid}: marked slow or mindspore under tests/unit/, the fast tier; move it to tests/integration/"
                 for nodeid in misplaced)
             report.result = []
-    return report
 
 
 # The longest modules, longest first (about 2-5 minutes each on a worker in CI). With --dist

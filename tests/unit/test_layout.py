@@ -40,7 +40,8 @@ def test_the_top_of_mindft_holds_only_the_face_and_the_ground() -> None:
 def test_docs_architecture_maps_every_module() -> None:
     """The map names each module by its path under mindft/ in backticks (`flow/job.py`,
     `config.py`); the packages' __init__ modules need not be listed (the map names the packages)."""
-    named = set(re.findall(r"`([\w/]+\.py)`", (ROOT / "docs" / "architecture.md").read_text()))
+    named = {name.removeprefix("mindft/")
+             for name in re.findall(r"`([\w/]+\.py)`", (ROOT / "docs" / "architecture.md").read_text())}
     modules = sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
                      if path.name != "__init__.py")
     missing = [module for module in modules if module not in named]
