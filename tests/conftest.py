@@ -70,14 +70,15 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
             report.result = []
 
 
-# The longest modules, longest first (about 2-5 minutes each on a worker in CI). With --dist
+# The longest modules, longest first (docs/testing.md has their times: 4 minutes to 40 s on a worker). With --dist
 # loadfile a module runs whole on one worker, and a worker takes the next module in collection
 # order once it is free: these are collected first, so that neither worker starts one of them
 # while the other has nothing left to do. A module that grows past ~4 minutes is split instead.
 _LONGEST_FIRST = tuple(_INTEGRATION / path for path in (
-    "agent/test_two_hosts.py", "test_mindformers.py", "mindspore/test_dp_recovery.py", "cli/test_launch.py",
-    "mindspore/test_mindspore_recovery.py", "mindio/test_mindio_backend.py", "mindspore/test_dp_failures.py",
-    "mindio/test_mindio_recovery.py", "agent/test_cluster.py", "controller/test_coordination.py",
+    "test_mindformers.py", "agent/test_two_hosts.py", "mindspore/test_dp_recovery.py", "cli/test_launch.py",
+    "mindio/test_mindio_backend.py", "mindspore/test_dp_failures.py", "mindio/test_mindio_recovery.py",
+    "mindspore/test_mindspore_recovery.py", "controller/test_coordination.py", "agent/test_cluster.py",
+    "flow/test_explore_seeds.py",
 ))
 assert all(path.is_file() for path in _LONGEST_FIRST), \
     f"tests/conftest.py's _LONGEST_FIRST names a module that is gone: {[str(p) for p in _LONGEST_FIRST if not p.is_file()]}"
