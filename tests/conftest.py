@@ -2,17 +2,17 @@
 A test marked ``mindspore`` is in the slow tier too."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Iterator
 
 import pytest
+
+from harness import ExampleReferences, Processes
 
 # Variables that configure mindft or MindSpore's cluster: a developer's shell must not leak into tests.
 _ISOLATED = re.compile(r"^(MS_|MINDFT_|MINDIO_|MINDX_|RANK_|DEVICE_ID$|RANK_ID$|RANK_SIZE$|VC_TASK_INDEX$)")
@@ -43,11 +43,11 @@ def _mindft_threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name.startswith("mindft")}
 
 
-# The test folders mirror mindft's packages, and pytest puts their parents (tests/unit/,
-# tests/integration/) on sys.path: `import mindio`, an optional package MindSpore's
-# load_checkpoint tries, would find the folder mindio/ there as a namespace package and fail on it.
-if importlib.util.find_spec("mindio") is None:
-    sys.modules["mindio"] = None  # type: ignore[assignment]  # None: "not installed" to the import system
+# Shared fixtures: `launch` (one mindft-launch of fake ranks). Helper modules live beside this file
+# (harness, launching, dp_jobs, sim, explore, ...), never directly in tests/unit/ or tests/integration/:
+# a module or conftest there would put that folder on sys.path, and its package-named folders
+# (mindio/, mindspore/) would answer imports such as MindSpore's optional `import mindio`.
+pytest_plugins = ["launching"]
 
 _UNIT = Path(__file__).resolve().parent / "unit"
 _INTEGRATION = Path(__file__).resolve().parent / "integration"
@@ -75,7 +75,7 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
 # order once it is free: these are collected first, so that neither worker starts one of them
 # while the other has nothing left to do. A module that grows past ~4 minutes is split instead.
 _LONGEST_FIRST = tuple(_INTEGRATION / path for path in (
-    "test_mindformers.py", "agent/test_two_hosts.py", "mindspore/test_dp_recovery.py", "cli/test_launch.py",
+    "mindformers/test_mindformers.py", "agent/test_two_hosts.py", "mindspore/test_dp_recovery.py", "cli/test_launch.py",
     "mindio/test_mindio_backend.py", "mindspore/test_dp_failures.py", "mindio/test_mindio_recovery.py",
     "mindspore/test_mindspore_recovery.py", "controller/test_coordination.py", "agent/test_cluster.py",
     "flow/test_explore_seeds.py",
@@ -154,3 +154,17 @@ def no_leaks():
             pass
     assert not new_children, f"the test left child processes running: {sorted(new_children)}"
     assert not new_threads, f"the test left mindft threads running: {sorted(t.name for t in new_threads)}"
+
+
+@pytest.fixture(scope="session")
+def example_references(tmp_path_factory: pytest.TempPathFactory) -> ExampleReferences:
+    """The examples' fault-free weights, shared by the modules that compare with them (one run per worker)."""
+    return ExampleReferences(tmp_path_factory.mktemp("example-references"))
+
+
+@pytest.fixture
+def processes() -> Iterator[Processes]:
+    """Commands a test starts, killed with their process groups afterwards."""
+    tracker = Processes()
+    yield tracker
+    tracker.kill_all()

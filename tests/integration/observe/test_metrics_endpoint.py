@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness import free_port
-from test_launch import Job, launch  # noqa: F401  (the launch fixture: one mindft-launch, killed afterwards)
+from launching import Job
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness import free_port, free_port_pair
-from test_launch import DEADLINE, RANK_SCRIPT
+from launching import DEADLINE, RANK_SCRIPT
 
 pytestmark = pytest.mark.slow
 

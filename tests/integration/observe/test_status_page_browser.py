@@ -13,7 +13,7 @@ import pytest
 from harness import ROOT, free_port
 from mindft.device.simulator import fault_state
 from mindft.device.resetfile import write_reset_file
-from test_launch import Job, launch  # noqa: F401  (the launch fixture: one mindft-launch, killed afterwards)
+from launching import Job
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"

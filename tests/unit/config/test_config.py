@@ -151,7 +151,7 @@ def test_every_variable_load_config_reads_is_documented() -> None:
                  "MINDFT_RESET_FILE", "MINDFT_KEY_FILE", "MINDFT_INSECURE", "MINDFT_DUMP_DIR",
                  "MINDFT_RESTART_COUNT", "MINDFT_REPAIR_TIMEOUT"):
         assert name in documented and name in source
-    readme = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+    readme = Path(__file__).resolve().parents[3] / "docs" / "configuration.md"
     if readme.exists():
         text = readme.read_text()
         missing = [name for name in documented if name not in text]
@@ -210,7 +210,7 @@ def test_launcher_refuses_mindio_backend_without_the_wheel(tmp_path: Path) -> No
 
     script = tmp_path / "train.py"
     script.write_text("print('never started')\n")
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     env = {**os.environ, "MS_ENABLE_TFT": "{RSC:1}", "MINDFT_BACKEND": "mindio",
            "PYTHONPATH": f"{_broken_mindio(tmp_path)}{os.pathsep}{root}"}
     env.pop("MINDFT_KEY_FILE", None)
@@ -221,6 +221,6 @@ def test_launcher_refuses_mindio_backend_without_the_wheel(tmp_path: Path) -> No
 
 
 def test_readme_does_not_call_mindio_proprietary() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
     assert "proprietary" not in readme.lower()
     assert "Apache-2.0" in readme

@@ -20,7 +20,7 @@ from mindft.config import ENV_VARS, Timeouts
 from mindft.exitcodes import ExitCode, describe, explain
 from mindft.flow.states import JobState
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 CONFIGURATION = DOCS / "configuration.md"

@@ -27,7 +27,7 @@ from mindft.exitcodes import ExitCode
 from mindft.cli.launch import main as launch_main
 from mindft.device.resetfile import parse_reset
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RESET_DIR = "/user/restore/reset/config"
 
 
