@@ -14,7 +14,7 @@ import zmq
 from mindft.net import channel
 from mindft.config import ConfigError, MindftConfig, load_config
 from mindft.exitcodes import ExitCode
-from mindft.flow.agent import WatcherSupervision
+from mindft.flow.watcher import WatcherSupervision
 from mindft.flow.effects import Finish
 from mindft.flow.episode import PHASE_TIMEOUTS
 from mindft.agent.plan import LaunchSpec

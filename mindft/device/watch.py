@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional, Union
 
 from mindft.config import DEFAULT_RESET_FILE
-from mindft.flow.agent import WatcherSupervision
+from mindft.flow.watcher import WatcherSupervision
 from mindft.flow.inputs import (DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, HoldRepairs, RollbackAll,
                                 StopJob)
 from mindft.device.resetfile import (NO_FAULT_POLICIES, POLICY_ISOLATE, STATUS_FAILED, STATUS_FAULT, STATUS_RECOVERED,

@@ -38,8 +38,6 @@ _STOPPED_ON_PURPOSE = (ExitCode.DUMPED, ExitCode.DUMP_FAILED)
 # How long the node agent waits for what it does not control; named here, documented with the timeouts.
 DUMP_GRACE_PERIOD = 60.0          # after the controller finished, for ranks to dump and exit
 CONTROLLER_FINISH_TIMEOUT = 15.0  # after the last rank exited, for the controller's verdict
-WATCHER_RESTART_DELAY = 1.0       # before a dead reset-file watcher is started again
-WATCHER_MAX_RESTARTS = 10         # then the job fails: device faults would go unseen
 
 
 
@@ -530,27 +528,3 @@ class NodePolicy:
             return []
         self.failure = AbortJob(reason)
         return [self.failure]
-
-
-@dataclass
-class WatcherSupervision:
-    """The reset-file watcher thread is restarted when it dies, ``delay`` seconds later, up to
-    ``max_restarts`` times; then the job fails, as device faults would go unseen."""
-
-    delay: float = WATCHER_RESTART_DELAY
-    max_restarts: int = WATCHER_MAX_RESTARTS
-    restarts: int = 0
-    died_at: Optional[float] = None
-
-    def on_dead(self, now: float) -> Union[str, bool]:
-        """The watcher is found dead at ``now``: True to restart it now, False to wait, or the
-        reason to fail the job."""
-        if self.restarts >= self.max_restarts:
-            return f"the reset-file watcher died {self.restarts + 1} times; device faults can no longer be seen"
-        if self.died_at is None:
-            self.died_at = now
-        if now - self.died_at < self.delay:
-            return False
-        self.restarts += 1
-        self.died_at = None
-        return True

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Mapping, Optional
 
-from mindft.flow.agent import WatcherSupervision
+from mindft.flow.watcher import WatcherSupervision
 from mindft.net.keys import CurveKeys
 from mindft.mindio.controller import MindioController
 from mindft.mindio.gate import StepGate

@@ -13,7 +13,7 @@ from plugin_files import (INITIAL, HostPathMount, KubeletMount, check_code, clus
                           legacy, plugin_entry, plugin_episode)
 
 import mindft.device.watch as resetwatch
-from mindft.flow.agent import WatcherSupervision
+from mindft.flow.watcher import WatcherSupervision
 from mindft.flow.inputs import (DEVICE_INPUTS, DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, HoldRepairs,
                                 RollbackAll, StopJob)
 from mindft.device.resetfile import read_reset_file

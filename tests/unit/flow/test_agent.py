@@ -8,8 +8,9 @@ import pytest
 
 from mindft.exitcodes import ExitCode
 from mindft.flow.agent import (CONTROLLER_FINISH_TIMEOUT, DUMP_GRACE_PERIOD, AbortJob, Ending, KillWorker, NodePolicy,
-                               Say, StartWorker, WatcherSupervision, WorkerPhase, job_exit_code)
+                               Say, StartWorker, WorkerPhase, job_exit_code)
 from mindft.flow.inputs import SchedulerLost
+from mindft.flow.watcher import WatcherSupervision
 from mindft.protocol import JobState, JobView, OrderKind, ProcessExit, RankOrder
 
 S = JobState
