@@ -77,6 +77,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from _common import free_port_pair  # bench/ is the script's directory
+from mindft.observe.procfs import proportional_set_size
 from mindft.units import size_from_text
 from mindft.observe.threadcpu import stat_cpu_seconds
 
@@ -275,13 +276,7 @@ def _load() -> List[float]:
 def _pss(pid: int) -> int:
     """The process's proportional set size in bytes: each shared page counts 1/n in each of its n
     mappers, so a sum over processes counts the agent's shared memory once."""
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+    return proportional_set_size(pid) or 0
 
 
 def _tree(pid: int) -> List[int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -12,7 +13,9 @@ from typing import Iterator
 
 import pytest
 
-from harness import ExampleReferences, Processes
+from mindft.snapshot.store import SnapshotStore
+
+from harness import ExampleReferences, Processes, free_port_pair
 
 # Variables that configure mindft or MindSpore's cluster: a developer's shell must not leak into tests.
 _ISOLATED = re.compile(r"^(MS_|MINDFT_|MINDIO_|MINDX_|RANK_|DEVICE_ID$|RANK_ID$|RANK_SIZE$|VC_TASK_INDEX$)")
@@ -168,3 +171,19 @@ def processes() -> Iterator[Processes]:
     tracker = Processes()
     yield tracker
     tracker.kill_all()
+
+
+@pytest.fixture
+def store() -> Iterator[SnapshotStore]:
+    """An in-memory snapshot store, closed afterwards."""
+    with SnapshotStore() as created:
+        yield created
+
+
+@pytest.fixture
+def listener() -> Iterator[tuple[int, int]]:
+    """A port some other process listens on (this test's), and its pid."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", free_port_pair()))
+        sock.listen()
+        yield sock.getsockname()[1], os.getpid()

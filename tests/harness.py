@@ -442,3 +442,12 @@ def two_hosts_or_skip() -> None:
     if os.environ.get("CI"):
         pytest.fail(f"{message}; in CI the two-host tests must run, not skip")
     pytest.skip(message)
+
+
+def snapshot_state(value: float, size: int = 1000) -> dict:
+    """A small training state whose every element encodes ``value``."""
+    return {
+        "w": np.full((size // 10, 10), value, np.float32),
+        "adam.m": np.full(size, value, np.float64),
+        "step": np.array(int(value), np.int64),
+    }

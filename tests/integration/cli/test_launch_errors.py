@@ -3,11 +3,9 @@ exit 2 for a configuration error, nothing left behind; and an unprotected launch
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -15,14 +13,6 @@ from harness import FAKE_RANK, ROOT, environment, free_port_pair
 
 DEFAULT_RESET_DIR = Path("/user/restore/reset/config")
 
-
-@pytest.fixture
-def listener() -> Iterator[tuple[int, int]]:
-    """A port some other process listens on (this test's), and its pid."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", free_port_pair()))
-        sock.listen()
-        yield sock.getsockname()[1], os.getpid()
 
 
 def launch(tmp_path: Path, *args: str, timeout: float = 120.0, **env: str) -> subprocess.CompletedProcess:

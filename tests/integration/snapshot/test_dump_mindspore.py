@@ -11,24 +11,10 @@ import pytest
 
 from mindft.snapshot import ckpt
 from mindft.snapshot.slots import checksum
-from mindft.snapshot.store import SnapshotStore
+
+from harness import snapshot_state
 
 pytestmark = pytest.mark.mindspore  # reads the dump back with MindSpore
-
-
-def state(value: float, size: int = 1000) -> dict:
-    """A small training state whose every element encodes ``value``."""
-    return {
-        "w": np.full((size // 10, 10), value, np.float32),
-        "adam.m": np.full(size, value, np.float64),
-        "step": np.array(int(value), np.int64),
-    }
-
-
-@pytest.fixture
-def store():
-    with SnapshotStore() as created:
-        yield created
 
 
 def _dtype_zoo() -> dict:
@@ -83,7 +69,7 @@ def test_dump_writes_large_parameters_in_slices_like_mindspore(store, tmp_path, 
 
 def test_dump_skips_a_corrupt_newest_snapshot(store, tmp_path):
     for step in (1, 2):
-        store.capture(step, state(step))
+        store.capture(step, snapshot_state(step))
         store.wait()
     store.restore(2).arrays["w"].base[0, 0] = 0.5
     path = store.dump(tmp_path, rank=0, world_size=1)

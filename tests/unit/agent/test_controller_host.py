@@ -2,22 +2,7 @@
 itself, and the launcher's one line: tests/integration/cli/test_launch_errors.py)."""
 from __future__ import annotations
 
-import os
-import socket
-from typing import Iterator
-
 import pytest
-
-from harness import free_port_pair
-
-
-@pytest.fixture
-def listener() -> Iterator[tuple[int, int]]:
-    """A port some other process listens on (this test's), and its pid."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", free_port_pair()))
-        sock.listen()
-        yield sock.getsockname()[1], os.getpid()
 
 
 def test_a_controller_port_taken_after_the_check_is_a_configuration_error(listener: tuple[int, int]) -> None:

@@ -17,24 +17,11 @@ from mindft.snapshot.slots import checksum, read_manifest
 from mindft.snapshot.store import Snapshot, SnapshotError, SnapshotStore
 from mindft.units import size_from_text, size_text
 
-
-def state(value: float, size: int = 1000) -> dict:
-    """A small training state whose every element encodes ``value``."""
-    return {
-        "w": np.full((size // 10, 10), value, np.float32),
-        "adam.m": np.full(size, value, np.float64),
-        "step": np.array(int(value), np.int64),
-    }
-
-
-@pytest.fixture
-def store():
-    with SnapshotStore() as created:
-        yield created
+from harness import snapshot_state
 
 
 def test_capture_is_a_true_copy_and_restores(store):
-    arrays = state(1.0)
+    arrays = snapshot_state(1.0)
     store.capture(1, arrays, {"epoch": 0, "batch": 7})
     store.wait()
     arrays["w"][:] = 99.0  # the training step after the capture mutates the live arrays
@@ -49,7 +36,7 @@ def test_capture_is_a_true_copy_and_restores(store):
 
 def test_keeps_the_two_newest_steps(store):
     for step in (1, 2, 3):
-        store.capture(step, state(step))
+        store.capture(step, snapshot_state(step))
         store.wait()
     assert store.steps == (2, 3)
     assert store.restore().step == 3
@@ -60,10 +47,10 @@ def test_keeps_the_two_newest_steps(store):
 
 def test_restore_protects_the_restored_slot_from_the_next_capture(store):
     for step in (1, 2):
-        store.capture(step, state(step))
+        store.capture(step, snapshot_state(step))
         store.wait()
     assert store.restore(1).step == 1  # roll back: step 2 is now the one to overwrite
-    store.capture(2, state(20))
+    store.capture(2, snapshot_state(20))
     store.wait()
     assert store.steps == (1, 2)
     assert np.all(store.restore(1).arrays["w"] == 1.0)
@@ -84,9 +71,9 @@ class _FailingSource(np.ndarray):
 
 def test_crash_mid_capture_keeps_the_previous_snapshot(store):
     for step in (1, 2):
-        store.capture(step, state(step))
+        store.capture(step, snapshot_state(step))
         store.wait()
-    arrays = state(3.0)
+    arrays = snapshot_state(3.0)
     arrays["adam.m"] = arrays["adam.m"].view(_FailingSource)  # "w" is copied first, then this fails
     _FailingSource.go.clear()
     store.capture(3, arrays)
@@ -99,16 +86,16 @@ def test_crash_mid_capture_keeps_the_previous_snapshot(store):
     assert store.steps == (2,)
     restored = store.restore()
     assert restored.step == 2 and np.all(restored.arrays["w"] == 2.0)
-    store.capture(4, state(4))  # the store keeps working after a failed capture
+    store.capture(4, snapshot_state(4))  # the store keeps working after a failed capture
     store.wait()
     assert store.steps == (2, 4)
 
 
 def test_abandoned_capture_is_never_restored(store):
-    store.capture(1, state(1))
+    store.capture(1, snapshot_state(1))
     store.wait()
     _FailingSource.go.clear()
-    arrays = state(2.0)
+    arrays = snapshot_state(2.0)
     arrays["w"] = arrays["w"].view(_FailingSource)
     store.capture(2, arrays)  # never waited for: the process "dies" here
     assert store.restore().step == 1
@@ -117,7 +104,7 @@ def test_abandoned_capture_is_never_restored(store):
 
 def test_corrupt_snapshot_falls_back_to_the_older_one(store):
     for step in (1, 2):
-        store.capture(step, state(step))
+        store.capture(step, snapshot_state(step))
         store.wait()
     buffer = store.restore(2).arrays["adam.m"].base  # the store's own buffer
     buffer.view(np.uint8)[1234] ^= 0x10  # a bit flip in host memory
@@ -132,10 +119,10 @@ def test_corrupt_snapshot_falls_back_to_the_older_one(store):
 
 def test_restore_into_copies_verified_data(store):
     for step in (1, 2):
-        store.capture(step, state(step))
+        store.capture(step, snapshot_state(step))
         store.wait()
     store.restore(2).arrays["w"].base[3, 3] = -1.0
-    model = state(0.0)
+    model = snapshot_state(0.0)
     assert store.restore(into=model).step == 1
     assert all(np.all(model[name] == 1.0) for name in model)  # overwritten again by the good snapshot
     with pytest.raises(SnapshotError, match="names differ"):
@@ -147,7 +134,7 @@ def test_concurrent_capture_and_restore(store):
     errors = []
 
     def train():
-        arrays = state(0.0, size=200_000)
+        arrays = snapshot_state(0.0, size=200_000)
         try:
             for step in range(1, 201):
                 for array in arrays.values():
@@ -161,7 +148,7 @@ def test_concurrent_capture_and_restore(store):
 
     trainer = threading.Thread(target=train)
     trainer.start()
-    model, seen = state(0.0, size=200_000), set()
+    model, seen = snapshot_state(0.0, size=200_000), set()
     while not stop.is_set():
         try:
             restored = store.restore(into=model)
@@ -178,7 +165,7 @@ def test_concurrent_capture_and_restore(store):
 
 
 def test_memory_does_not_grow_over_1000_captures(store):
-    arrays = state(0.0, size=10_000)
+    arrays = snapshot_state(0.0, size=10_000)
     for step in (1, 2):
         store.capture(step, arrays)
         store.wait()
@@ -202,7 +189,7 @@ def test_memory_does_not_grow_over_1000_captures(store):
 
 
 def test_nbytes_is_at_most_two_copies(store):
-    arrays = state(1.0, size=10_000)
+    arrays = snapshot_state(1.0, size=10_000)
     state_bytes = sum(array.nbytes for array in arrays.values())
     assert store.nbytes == 0
     for step in range(5):
@@ -210,7 +197,7 @@ def test_nbytes_is_at_most_two_copies(store):
         store.wait()
         assert store.nbytes <= 2 * state_bytes
     assert store.nbytes == 2 * state_bytes
-    smaller = state(1.0, size=100)
+    smaller = snapshot_state(1.0, size=100)
     for step in range(5, 7):
         store.capture(step, smaller)
         store.wait()
@@ -218,7 +205,7 @@ def test_nbytes_is_at_most_two_copies(store):
 
 
 def test_adopt_verifies_checksums(store):
-    arrays = state(5.0)
+    arrays = snapshot_state(5.0)
     good = Snapshot(5, arrays, {"epoch": 1}, {name: checksum(array) for name, array in arrays.items()})
     bad = Snapshot(6, arrays, {}, {**good.checksums, "w": good.checksums["w"] ^ 1})
     with pytest.raises(SnapshotError, match=r"step 6 does not match its checksums \(w\)"):
@@ -234,7 +221,7 @@ def test_capture_rejects_what_it_cannot_snapshot(store):
     with pytest.raises(SnapshotError, match="object"):
         store.capture(1, {"x": np.array([object()])})
     with pytest.raises(TypeError):
-        store.capture(1, state(1.0), {"rng": object()})
+        store.capture(1, snapshot_state(1.0), {"rng": object()})
     assert store.steps == ()
 
 
@@ -290,11 +277,11 @@ def test_crc32_fallback_when_xxhash_is_missing(store, monkeypatch):
     import zlib
 
     monkeypatch.setattr(snapshot_module, "CHECKSUM", "crc32")  # what mindft uses without xxhash
-    store.capture(1, state(1.0))
+    store.capture(1, snapshot_state(1.0))
     store.wait()
     restored = store.restore()
     assert restored.algorithm == "crc32"
-    assert restored.checksums["w"] == zlib.crc32(state(1.0)["w"].tobytes())
+    assert restored.checksums["w"] == zlib.crc32(snapshot_state(1.0)["w"].tobytes())
     other = SnapshotStore()
     monkeypatch.undo()  # a rank with xxhash still adopts (and verifies) a crc32 snapshot
     other.adopt(restored)
