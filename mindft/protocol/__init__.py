@@ -19,12 +19,12 @@ from mindft.protocol.codec import (MESSAGE_TYPES, decode, encode, encode_heartbe
 from mindft.protocol.messages import (Ack, Action, ActionKind, AgentHello, Cadence, CostReport, DeviceEvent,
                                       DeviceStatus, Done, FaultKind, FaultReport, Heartbeat, InjectRequest, JobState,
                                       JobView, MAX_FRAME, Message, NodeLost, OrderKind, PROTOCOL_VERSION, ProcessExit,
-                                      Progress, ProtocolError, RankOrder, REPORT_SUFFIX, RankState, RankStatus, Register,
-                                      RegisterAck, ReplicaReport, Reply, StatusReply, StatusRequest, StepReport)
+                                      Progress, ProtocolError, RankOrder, RankState, RankStatus, Register, RegisterAck,
+                                      REPORT_SUFFIX, ReplicaReport, Reply, StatusReply, StatusRequest, StepReport)
 
 __all__ = ['Ack', 'Action', 'ActionKind', 'AgentHello', 'Cadence', 'CostReport', 'DeviceEvent', 'DeviceStatus', 'Done',
            'FaultKind', 'FaultReport', 'Heartbeat', 'InjectRequest', 'JobState', 'JobView', 'MAX_FRAME',
            'MESSAGE_TYPES', 'Message', 'NodeLost', 'OrderKind', 'PROTOCOL_VERSION', 'ProcessExit', 'Progress',
-           'ProtocolError', 'RankOrder', 'REPORT_SUFFIX', 'RankState', 'RankStatus', 'Register', 'RegisterAck', 'ReplicaReport',
-           'Reply', 'StatusReply', 'StatusRequest', 'StepReport', 'decode', 'encode', 'encode_heartbeat',
-           'encode_step_report']
+           'ProtocolError', 'RankOrder', 'RankState', 'RankStatus', 'Register', 'RegisterAck', 'REPORT_SUFFIX',
+           'ReplicaReport', 'Reply', 'StatusReply', 'StatusRequest', 'StepReport', 'decode', 'encode',
+           'encode_heartbeat', 'encode_step_report']
