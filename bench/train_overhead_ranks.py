@@ -78,7 +78,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from _common import free_port_pair  # bench/ is the script's directory
 from mindft.observe.procfs import proportional_set_size
-from mindft.units import size_from_text
+from mindft.observe.units import size_from_text
 from mindft.observe.threadcpu import stat_cpu_seconds
 
 REPO = Path(__file__).resolve().parent.parent

@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 from mindft.agent.plan import LaunchSpec, rank_environment
 from mindft.config import load_config
 from mindft.flow.agent import NodePolicy
-from mindft.units import size_text
+from mindft.observe.units import size_text
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, Mapping, Optional, Sequence
 
 from mindft.observe.procfs import proportional_set_size
-from mindft.units import size_text
+from mindft.observe.units import size_text
 from mindft.agent.zygote import PRELOAD_VARIABLE, READY, ForkRequest, runnable
 
 log = logging.getLogger(__name__)

@@ -6,4 +6,5 @@
 - ``status_page``: the live status page served with the metrics
 - ``threadcpu``: the CPU of chosen threads (the replication's share of the overhead budget)
 - ``procfs``: what /proc says of a watched process (the warm process's memory)
+- ``units``: sizes for people (what the agents and the replicas print about bytes held)
 """

@@ -27,7 +27,7 @@ from mindft.replica.sender import ACK_TIMEOUT, FIND_INTERVAL, REPORT_INTERVAL, S
 from mindft.replica.sources import StoreSource, slot_files
 from mindft.net.address import node_ip
 from mindft.snapshot.store import SnapshotStore
-from mindft.units import size_text
+from mindft.observe.units import size_text
 from mindft.observe.threadcpu import ThreadCpu
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ import fake_rank
 from harness import FAKE_RANK, Processes, free_port_pair
 from mindft.net.channel import Client, ControllerUnreachable
 from mindft.net.keys import generate_keys, load_keys
-from mindft.units import size_from_text
+from mindft.observe.units import size_from_text
 
 pytestmark = pytest.mark.slow
 

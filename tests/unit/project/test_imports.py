@@ -109,7 +109,7 @@ def test_the_flow_stands_on_parsing_and_the_wire_only() -> None:
 
 # mindft's packages (and ground modules) from the ground up: a module imports its own package and
 # lower layers only, so a helper lives in the lowest package that needs it.
-LAYERS = (("config", "exitcodes", "units"), ("protocol",), ("flow",), ("net",), ("preflight",), ("snapshot",),
+LAYERS = (("config", "exitcodes"), ("protocol",), ("flow",), ("net",), ("preflight",), ("snapshot",),
           ("observe",), ("device",), ("replica",), ("rank",), ("controller",), ("agent",), ("mindio",),
           ("mindspore",), ("mindformers",), ("cli",), ("",))  # "": the package face, mindft/__init__
 # Edges against the layers, each for a reason: the node agent starts MindIO's host (its controller and

@@ -11,7 +11,7 @@ TESTS = ROOT / "tests"
 PACKAGE = ROOT / "mindft"
 MAX_LINES = 600  # the style guide's ~550, with room to finish a change before splitting
 # The package's face (__init__) and the ground every role stands on; everything else is in its role's package.
-TOP_LEVEL = {"__init__.py", "config.py", "exitcodes.py", "preflight.py", "mindformers.py", "units.py"}
+TOP_LEVEL = {"__init__.py", "config.py", "exitcodes.py", "preflight.py", "mindformers.py"}
 
 
 def _lines(path: Path) -> int:

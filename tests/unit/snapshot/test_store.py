@@ -15,7 +15,7 @@ import pytest
 from mindft.snapshot import store as snapshot_module
 from mindft.snapshot.slots import checksum, read_manifest
 from mindft.snapshot.store import Snapshot, SnapshotError, SnapshotStore
-from mindft.units import size_from_text, size_text
+from mindft.observe.units import size_from_text, size_text
 
 from harness import snapshot_state
 
