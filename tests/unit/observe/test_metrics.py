@@ -6,7 +6,6 @@ import os
 import socket
 import time
 import urllib.request
-from pathlib import Path
 from typing import Optional
 
 import pytest

@@ -3,7 +3,6 @@ every module on docs/architecture.md's map, and at the top of mindft/ only the p
 and the ground the roles stand on."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]  # not harness's: this test imports nothing of mindft

@@ -15,7 +15,6 @@ import pytest
 from replication_helpers import state, until
 
 from mindft.config import Timeouts
-from mindft.net.keys import generate_keys
 from mindft.protocol import StatusRequest
 from mindft.replica import Keeper, Sender, fetch_replica, replica_spill
 from mindft.snapshot.store import SnapshotError, SnapshotStore
