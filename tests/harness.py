@@ -334,24 +334,36 @@ def assert_ranks_identical(out: Path, reference: Path, world_size: int) -> None:
         assert_identical(weights(out, rank), want, f"rank {rank} vs the fault-free run")
 
 
-class TwoHosts:
-    """Two network namespaces joined by a veth pair, as two hosts on one link: node 0 at
-    ``10.77.0.1``, node 1 at ``10.77.0.2`` (each with its own loopback). Names are unique to this
-    object; :meth:`close` kills every process left in them and removes them (the veth pair goes
-    with them). Needs root and iproute2's ``ip``: :func:`two_hosts_or_skip` says so in one line."""
+class Hosts:
+    """Network namespaces as hosts on one link: host ``i`` at ``10.77.0.(i+1)`` (each with its own
+    loopback), two joined by a veth pair, more by a bridge in a namespace of its own (the switch).
+    Names are unique to this object; :meth:`close` kills every process left in them and removes
+    them (the links go with them). Needs root and iproute2's ``ip``: :func:`hosts_or_skip` says so
+    in one line."""
 
-    ADDRESSES = ("10.77.0.1", "10.77.0.2")
+    ADDRESSES = tuple(f"10.77.0.{i + 1}" for i in range(8))
 
-    def __init__(self) -> None:
+    def __init__(self, count: int = 2) -> None:
         tag = f"mft{os.getpid() % 100000}{os.urandom(2).hex()}"  # a veth name holds at most 15 characters
-        self.names = (f"{tag}n0", f"{tag}n1")
-        self.links = (f"{tag}v0", f"{tag}v1")
+        self.names = tuple(f"{tag}n{i}" for i in range(count))
+        self.links = tuple(f"{tag}v{i}" for i in range(count))
+        self.switch = f"{tag}sw" if count > 2 else ""
         self.created: list[str] = []
         try:
-            for name in self.names:
+            for name in (*self.names, *([self.switch] if self.switch else [])):
                 _ip("netns", "add", name)
                 self.created.append(name)
-            _ip("link", "add", self.links[0], "type", "veth", "peer", "name", self.links[1])
+            if not self.switch:
+                _ip("link", "add", self.links[0], "type", "veth", "peer", "name", self.links[1])
+            else:
+                _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+                _ip("-n", self.switch, "link", "set", "br0", "up")
+                for i, link in enumerate(self.links):
+                    port = f"{tag}p{i}"
+                    _ip("link", "add", link, "type", "veth", "peer", "name", port)
+                    _ip("link", "set", port, "netns", self.switch)
+                    _ip("-n", self.switch, "link", "set", port, "master", "br0")
+                    _ip("-n", self.switch, "link", "set", port, "up")
             for name, link, address in zip(self.names, self.links, self.ADDRESSES):
                 _ip("link", "set", link, "netns", name)
                 _ip("-n", name, "addr", "add", f"{address}/24", "dev", link)
@@ -419,7 +431,8 @@ class TwoHosts:
 
     def close(self) -> None:
         for node, name in enumerate(self.created):
-            self.kill(node)
+            if node < len(self.names):
+                self.kill(node)
             _ip("netns", "delete", name)
         self.created = []
 
@@ -430,17 +443,17 @@ def _ip(*args: str) -> None:
         raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
 
 
-def two_hosts_or_skip() -> None:
+def hosts_or_skip() -> None:
     """Skip, in one line, where network namespaces cannot be made (not root, no ``ip``); in CI
-    (the CI variable set) fail instead: there the two-host tests must run."""
+    (the CI variable set) fail instead: there the tests of several hosts must run."""
     import shutil
 
     missing = ("not root" if os.geteuid() != 0 else "") or ("" if shutil.which("ip") else "no `ip` (iproute2)")
     if not missing:
         return
-    message = f"two hosts need network namespaces: {missing}"
+    message = f"several hosts need network namespaces: {missing}"
     if os.environ.get("CI"):
-        pytest.fail(f"{message}; in CI the two-host tests must run, not skip")
+        pytest.fail(f"{message}; in CI the tests of several hosts must run, not skip")
     pytest.skip(message)
 
 

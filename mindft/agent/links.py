@@ -17,13 +17,11 @@ from mindft.exitcodes import ExitCode
 from mindft.flow.watcher import WatcherSupervision
 from mindft.flow.effects import Finish
 from mindft.flow.episode import PHASE_TIMEOUTS
+from mindft.flow.spares import HELLO_INTERVAL
 from mindft.agent.plan import LaunchSpec
 from mindft.protocol import JobState, Message, ProtocolError, StatusReply, decode, encode
 
 log = logging.getLogger(__name__)
-
-HELLO_INTERVAL = 2.0  # between a node agent's hellos on its link to the controller
-
 
 def recovery_progress(status: StatusReply, seconds_in_state: float) -> Optional[str]:
     """One progress line while a recovery waits (state, who is waited on, time left); None otherwise."""
@@ -146,6 +144,7 @@ class ControllerLink:
         self._address = spec.controller_address
         self._since: Optional[float] = None
         self._heard = False
+        self.last_heard: Optional[float] = None  # when the controller last sent anything (None: not yet)
         # As long as a rank waits for the controller's first answer before it gives up.
         timeouts = load_config(spec.env).timeouts
         self._silence_limit = timeouts.dead_after * timeouts.connect_retries
@@ -161,7 +160,7 @@ class ControllerLink:
             self._since = now
         messages = []
         while self._socket.poll(0):
-            self._heard = True
+            self._heard, self.last_heard = True, now
             try:
                 messages.append(decode(self._socket.recv()))
             except ProtocolError as error:
@@ -171,6 +170,16 @@ class ControllerLink:
             log.error("no mindft controller answers this node agent at %s (waited %g s): %s", self._address,
                       self._silence_limit, channel.UNREACHABLE_CAUSES)
         return messages
+
+    def silent_for(self, now: float) -> float:
+        """Seconds since the controller last sent anything on this link (or since it was opened)."""
+        return now - (self.last_heard if self.last_heard is not None else self._since if self._since is not None
+                      else now)
+
+    @property
+    def silence_limit(self) -> float:
+        """As long as a rank waits for a silent controller before it gives up."""
+        return self._silence_limit
 
     def close(self) -> None:
         self._socket.close(0)

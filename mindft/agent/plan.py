@@ -87,6 +87,8 @@ class LaunchSpec:
     # controller's and its own, the other nodes their own.
     metrics_port: Optional[int] = None
     metrics_ip: str = "127.0.0.1"
+    # A warm spare (--spare): no ranks and node_rank -1 until the controller gives it a lost node.
+    spare: bool = False
 
     @property
     def world_size(self) -> int:
@@ -100,8 +102,8 @@ class LaunchSpec:
 
     @property
     def local_ranks(self) -> range:
-        """Global ranks started on this node."""
-        return self.topology.ranks_of(self.node_rank)
+        """Global ranks started on this node (none on a spare)."""
+        return range(0) if self.spare else self.topology.ranks_of(self.node_rank)
 
     @property
     def controller_address(self) -> str:
@@ -334,8 +336,15 @@ def plan_launch(params: Mapping[str, Any], environ: Mapping[str, str]) -> Launch
     :class:`~mindft.config.ConfigError`.
     """
     nproc, nnodes = resolve_world(params["nproc"], params["nnodes"], params["worker_num"])
-    node_rank = params["node_rank"]
-    if node_rank is None or node_rank == -1:
+    node_rank, spare = params["node_rank"], params.get("spare", False)
+    if spare and node_rank is not None:
+        raise UsageError(f"--spare takes no --node-rank (got {node_rank}): a spare becomes whichever node is lost")
+    if spare and nnodes < 2:
+        raise UsageError("--spare needs a job on several nodes (--nnodes 2 or more): a spare takes a lost node's "
+                         "place, and a one-node job loses its controller with its only node")
+    if spare:
+        node_rank = -1
+    elif node_rank is None or node_rank == -1:
         if nnodes > 1 and node_rank == -1:
             raise UsageError("--node_rank -1 (msrun's automatic rank assignment) is not supported on "
                              "several nodes: mindft restarts ranks by their number; give each node's index")
@@ -360,6 +369,9 @@ def plan_launch(params: Mapping[str, Any], environ: Mapping[str, str]) -> Launch
                                 lambda: "Ascend" if ascend_present() else "CPU")
         mindio = choice.backend == "mindio"
         log.info("fault-tolerance backend: %s (%s)", choice.backend, choice.reason)
+    if spare and (not protected or mindio):
+        raise UsageError("--spare needs mindft's controller: fault tolerance on (MS_ENABLE_TFT) and the mindft "
+                         "backend (MINDFT_BACKEND), not MindIO's")
     if protected and not mindio and base.tft.needs_mindio and command[0] == sys.executable:
         # MindSpore's own TrainFaultTolerance (MindFormers' Trainer appends it) would need MindIO TFT.
         command = (sys.executable, "-m", "mindft.mindspore.mindspore_tft", *command[1:])
@@ -398,4 +410,4 @@ def plan_launch(params: Mapping[str, Any], environ: Mapping[str, str]) -> Launch
                       insecure=insecure, grace_period=params["grace_period"],
                       progress_interval=params["progress_interval"], env=env,
                       prefix_output=not params["no_prefix"], protected=protected, mindio=mindio,
-                      metrics_port=metrics_port, metrics_ip=metrics_ip)
+                      metrics_port=metrics_port, metrics_ip=metrics_ip, spare=spare)

@@ -33,14 +33,14 @@ from mindft.agent.memory import (agent_memory, dump_ranks_without_process, relea
                                  write_node_gasp)
 from mindft.agent.services import host_controller, serve_node_metrics, start_mindio, start_warm
 from mindft.agent.takeover import restore_replica, take_over_lost_node
-from mindft.flow.agent import (AbortJob, AgentEffect, Ending, KillWorker, NodePolicy,
-                               Say, StartWorker)
+from mindft.flow.agent import (AbortJob, AgentEffect, BecomeSpare, Ending, KillWorker, NodePolicy, Say,
+                               StartWorker)
 from mindft.flow.inputs import SchedulerLost
 from mindft.flow.states import RECOVERY_STATES
 from mindft.net.keys import load_keys
 from mindft.agent.plan import LaunchSpec, mindio_gate_address
 from mindft.net.address import port_listening
-from mindft.protocol import AgentHello, JobView, Message, ProcessExit, RankOrder, Reply
+from mindft.protocol import AdoptNode, AgentHello, JobView, Message, ProcessExit, RankOrder, Replaced, Reply
 from mindft.snapshot.store import newest_step
 from mindft.agent.workers import Console, Scheduler, WorkerProcesses
 
@@ -74,7 +74,8 @@ class NodeAgent:
         self.client = Client(spec.controller_address, self.keys)
         self.policy = NodePolicy(tuple(spec.local_ranks), spec.max_restarts, protected=spec.protected,
                                  reports=spec.protected and not spec.mindio,
-                                 runs_controller=spec.protected and not spec.mindio and spec.node_rank == 0)
+                                 runs_controller=spec.protected and not spec.mindio and spec.node_rank == 0,
+                                 spare=spec.spare)
         self.runner: Optional[ControllerHost] = None
         # This node's own metrics (mindft.observe.metrics.NodeCollector), served with the controller's on
         # node 0 and by a server of its own (metrics_server) on the other nodes.
@@ -117,6 +118,8 @@ class NodeAgent:
             elif isinstance(effect, AbortJob):
                 self._announced = effect.reason
                 self.console.line("mindft-launch", f"job failed: {effect.reason}")
+            elif isinstance(effect, BecomeSpare):
+                self._become_spare()
 
     def _report(self, message: ProcessExit | SchedulerLost) -> None:
         if self.runner is not None:
@@ -159,6 +162,10 @@ class NodeAgent:
             self.policy.on_view(message)
         elif isinstance(message, RankOrder):
             self._carry_out(self.policy.on_order(message))
+        elif isinstance(message, AdoptNode):
+            self._adopt(message)
+        elif isinstance(message, Replaced):
+            self._carry_out(self.policy.replaced(message.reason))
         elif isinstance(message, Reply) and not message.ok:
             log.warning("controller: %s", message.detail)
 
@@ -223,7 +230,7 @@ class NodeAgent:
                         spec, replica_endpoint=self.replication.endpoint)
             if self.scheduler is not None:
                 self.scheduler.start()  # first, as msrun: workers connect to it from init()
-            if not self._take_over_lost_node():
+            if not spec.spare and not self._take_over_lost_node():
                 for rank in spec.local_ranks:
                     self.policy.started(rank, self.workers.start(rank, 0))
             if spec.protected and not spec.mindio and self.runner is None:
@@ -270,6 +277,8 @@ class NodeAgent:
                 self._carry_out(self.policy.on_exit(rank, code))
             self._check_scheduler()
             self._check_controller_side(now)
+            if self.link is not None:
+                self._carry_out(self.policy.controller_silent(self.link.silent_for(now), self.link.silence_limit))
             ending = self.policy.ending(now, controller)
             if ending is not None:
                 return self._end(ending)
@@ -290,7 +299,7 @@ class NodeAgent:
                            newest=tuple(newest_step(spec.state_dir / f"rank{r}") if spec.state_dir else -1
                                         for r in ranks),
                            keeper=self.replication.endpoint if self.replication is not None else "",
-                           kept=tuple(kept), kept_steps=tuple(kept.values()))
+                           kept=tuple(kept), kept_steps=tuple(kept.values()), spare=self.policy.spare)
         if self.runner is not None:
             self.runner.controller.from_local_agent(hello)
         else:
@@ -410,18 +419,62 @@ class NodeAgent:
             log.warning("MindSpore's scheduler (pid %d) %s after the job ended; see %s", scheduler.pid,
                         describe_exit(code) if code is not None else "did not stop", scheduler.log_path)
 
-    # ---- a node that replaces a lost one ---------------------------------------------------------
+    # ---- a node that replaces a lost one, spares ------------------------------------------------
 
-    def _take_over_lost_node(self) -> bool:
+    def _take_over_lost_node(self, adoption: int = 0) -> bool:
         """On a node other than 0: when the job already runs with this node's ranks (this agent
-        replaces a lost node, or started again without its memory), restore their replicas, report
-        the lost node (:mod:`mindft.agent.takeover`) and start them as the policy says. False
-        (nothing done) for a starting job."""
+        replaces a lost node, started again without its memory, or a spare the node was given to
+        by ``adoption``), restore their replicas, report the lost node (:mod:`mindft.agent.takeover`)
+        and start them as the policy says. False (nothing done) for a starting job. A node given
+        to a spare already makes this agent a spare."""
         if not self.policy.may_replace_lost_node:
             return False
-        taken = take_over_lost_node(self.spec, self.keys, self.client, self.replication is not None, self._say)
+        taken = take_over_lost_node(self.spec, self.keys, self.client, self.replication is not None, self._say,
+                                    adoption)
         if taken is None:
             return False
+        if isinstance(taken, Replaced):
+            self._carry_out(self.policy.replaced(taken.reason))
+            return True
         self.policy.on_view(taken.view)
         self._carry_out(self.policy.rejoin(taken.incarnations))
         return True
+
+    def _adopt(self, order: AdoptNode) -> None:
+        """The controller gives this spare lost node ``order.node``: it becomes that node's agent and
+        takes over its ranks from their replicas on the next node."""
+        if not self.policy.spare:
+            log.warning("the controller gave node %d to this agent, which runs node %d: ignored", order.node,
+                        self.spec.node_rank)
+            return
+        self._say(f"this spare becomes node {order.node} (adoption {order.adoption}): {order.reason}")
+        spec = dataclasses.replace(self.spec, node_rank=order.node, spare=False)
+        self.policy.adopt(spec.local_ranks)
+        self.replication = start_replication(spec, self.keys)
+        if self.replication is not None:
+            spec = dataclasses.replace(spec, replica_endpoint=self.replication.endpoint)
+        self.spec = spec
+        self.workers.assign(spec)
+        if self.node_metrics is not None:
+            self.node_metrics.node, self.node_metrics.replication = str(order.node), self.replication
+        if not self._take_over_lost_node(order.adoption):
+            self._carry_out(self.policy.abort(f"node {order.node} was given to this spare, but the job no longer "
+                                              f"runs its ranks"))
+        self.write_job_file()
+
+    def _become_spare(self) -> None:
+        """This agent's node was given to another agent: stop what still runs of it, stop replicating
+        for it, and wait as a spare."""
+        running = self.workers.running()
+        if running:
+            self.workers.kill_worker(running, signal.SIGKILL, 0.0)
+            for rank, code in self.workers.exits().items():
+                self.policy.stopped(rank, code)
+        if self.replication is not None:
+            self.replication.close()
+            self.replication = None
+        self.spec = dataclasses.replace(self.spec, node_rank=-1, spare=True, replica_endpoint=None)
+        self.workers.assign(self.spec)
+        self.policy.spare_again()
+        self._say("this agent is a warm spare now: it takes a lost node's ranks when the controller says")
+        self.write_job_file()

@@ -13,12 +13,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Union
 
 from mindft.agent.plan import LaunchSpec
 from mindft.flow.agent import NodePolicy
 from mindft.net.channel import Client, ControllerUnreachable
-from mindft.protocol import JobState, JobView, NodeLost
+from mindft.protocol import JobState, JobView, NodeLost, Replaced
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +36,11 @@ class TakenOver:
 
 
 def take_over_lost_node(spec: LaunchSpec, keys: Any, client: Client, replicating: bool,
-                        say: Callable[[str], None]) -> Optional[TakenOver]:
+                        say: Callable[[str], None], adoption: int = 0) -> Union[TakenOver, Replaced, None]:
     """When the job already runs with this node's ranks: restore their replicas (``replicating``:
-    the node agents replicate) and report the lost node; None (nothing done) for a starting job."""
+    the node agents replicate) and report the lost node (``adoption``: the number of the spare's
+    :class:`~mindft.protocol.AdoptNode`, 0 for a launcher of the node); None (nothing done) for a
+    starting job; the controller's :class:`Replaced` when the node was given to a spare already."""
     try:
         status = Client(spec.controller_address, keys, timeout=TAKE_OVER_TIMEOUT).status()
     except ControllerUnreachable:
@@ -53,9 +55,13 @@ def take_over_lost_node(spec: LaunchSpec, keys: Any, client: Client, replicating
     topology = spec.topology
     report = NodeLost(node=spec.node_rank, ranks=tuple(local), steps=tuple(steps[rank] for rank in local),
                       replicas_of=tuple(topology.ranks_of(topology.kept_node(spec.node_rank))),
-                      reason=f"a new agent for node {spec.node_rank} started without its ranks' snapshots")
+                      reason=(f"node {spec.node_rank} given to a spare" if adoption else
+                              f"a new agent for node {spec.node_rank} started without its ranks' snapshots"),
+                      adoption=adoption)
     try:
         answer = client.request(report)
+        if isinstance(answer, Replaced):
+            return answer
         say(f"controller: {answer.detail}")
         status = client.status()
     except ControllerUnreachable as error:  # it answered, then ended the job and left

@@ -112,8 +112,14 @@ class WorkerProcesses:
         self.warm = warm
         self.events = events
         spec.log_dir.mkdir(parents=True, exist_ok=True)
-        self.workers: dict[int, WorkerProcess] = {
-            rank: WorkerProcess(rank, spec.log_dir / f"rank_{rank}.log") for rank in spec.local_ranks}
+        self.workers: dict[int, WorkerProcess] = {}
+        self.assign(spec)
+
+    def assign(self, spec: LaunchSpec) -> None:
+        """Run ``spec``'s ranks from now on (a spare that took a lost node's, or gave them up)."""
+        self.spec = spec
+        self.workers = {rank: self.workers.get(rank) or WorkerProcess(rank, spec.log_dir / f"rank_{rank}.log")
+                        for rank in spec.local_ranks}
 
     def start(self, rank: int, restarts: int) -> int:
         """Start ``rank``'s process, incarnation ``restarts`` (MINDFT_RESTART_COUNT); its pid."""

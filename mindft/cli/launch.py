@@ -112,6 +112,10 @@ def _fail(message: str) -> None:
               envvar=["MINDFT_NODE_RANK", "VC_TASK_INDEX"],
               help="This node's index; node 0 runs the controller and MindSpore's scheduler (-1, msrun's "
                    "default, means 0 on one node). [default: 0; env: MINDFT_NODE_RANK, VC_TASK_INDEX]")
+@click.option("--spare", is_flag=True,
+              help="Start a warm spare node for the job (same --nproc, --nnodes, --master-addr, --key-file; no "
+                   "--node-rank): its node agent and warm process wait, and when a node is lost the controller "
+                   "gives it that node's ranks, restored from their replicas on the next node.")
 @click.option("--master-addr", "--master_addr", "master_addr", default="127.0.0.1", show_default=True,
               envvar="MINDFT_MASTER_ADDR",
               help="Address of node 0 (IP or host name); the scheduler and the controller listen there.")

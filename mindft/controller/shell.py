@@ -21,13 +21,13 @@ import zmq
 
 from mindft.net import channel
 from mindft.config import MindftConfig
-from mindft.observe.events import EventLog, FaultSeen, JobFinished, JobMoved, LadderDecision, OrderSent
+from mindft.observe.events import EventLog, FaultSeen, JobFinished, JobMoved, LadderDecision, NodeGiven, OrderSent
 from mindft.exitcodes import ExitCode
 from mindft.flow.cadence import Budget
 from mindft.flow.inputs import SchedulerLost
 from mindft.flow.episode import DYING_GASP
-from mindft.flow import (RECOVERY_STATES, Broadcast, DeviceInput, Effect, Finish, Job, JobState, KillRank,
-                         Send, StartRank, Transition, phase_times)
+from mindft.flow import (RECOVERY_STATES, Broadcast, DeviceInput, Effect, Finish, GiveNode, Job, JobState,
+                         KillRank, Send, StartRank, Transition, phase_times)
 from mindft.protocol import AgentHello, Message
 from mindft.net.keys import job_keys, start_authenticator
 from mindft.observe.metrics import JobMetrics
@@ -270,6 +270,12 @@ class Controller:
                     self._deliver_locally(order)
                 else:
                     self._out.to(effect.agent, encode(order))
+            elif kind is GiveNode:
+                log.warning("node %d lost: given to a warm spare (adoption %d): %s", effect.node, effect.adoption,
+                            effect.reason)
+                if self.events is not None:
+                    self.events.append(NodeGiven(effect.node, effect.adoption, effect.reason))
+                self._out.to(effect.spare, encode(effect.order()))
             elif kind is Finish:
                 self.result = effect
                 if self.events is not None:

@@ -17,6 +17,12 @@ every worker restarts, as torchrun counts its group's restarts), but a hot reset
 plugin bounds those. What the controller knows decides the rest: a job that has not started
 (a rank that dies before every rank registered would die again: the job fails), or that ended.
 
+A warm spare (``mindft-launch --spare``) runs no rank until the controller gives it a lost node
+(:mod:`mindft.flow.spares`): it then becomes that node's agent (:meth:`NodePolicy.adopt`) and
+starts its ranks as a launcher started again for the node would. An agent whose node was given
+to another agent runs nothing of the job any more (:meth:`NodePolicy.replaced`) and waits as a
+spare. A spare ends with the job, or when the controller is gone.
+
 MindSpore's scheduler (node 0) is a member of the job: once it formed the cluster, its death
 while the ranks train is reported to the controller, which restarts every worker behind a new
 one (the agent starts it before the first worker), up to ``max_restarts`` losses; a scheduler
@@ -98,13 +104,21 @@ class AbortJob:
 
 
 @dataclass(frozen=True)
+class BecomeSpare:
+    """This agent's node was given to another agent: stop every process it still runs (SIGKILL: the
+    job has their state elsewhere), stop replicating, and wait as a spare (:meth:`NodePolicy.spare_again`)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class Say:
     """One line for the people watching the launcher."""
 
     text: str
 
 
-AgentEffect = Union[StartWorker, KillWorker, ProcessExit, SchedulerLost, AbortJob, Say]
+AgentEffect = Union[StartWorker, KillWorker, ProcessExit, SchedulerLost, AbortJob, BecomeSpare, Say]
 
 
 @dataclass(frozen=True)
@@ -155,6 +169,7 @@ class Worker:
 class NodePolicy:
     """The rules of one node agent (see the module docstring); what depends on time takes ``now``.
 
+    ``spare``: a warm spare, with no ranks until it adopts a lost node.
     ``protected``: fault tolerance is on (off: a failed rank ends the job, as under msrun).
     ``reports``: the controller wants exit reports (not with MindIO's controller, which notices a
     lost rank by its heartbeats). ``runs_controller``: the job's controller runs in this agent, so
@@ -166,6 +181,7 @@ class NodePolicy:
     protected: bool = True
     reports: bool = True
     runs_controller: bool = False
+    spare: bool = False
     view: Optional[JobView] = None  # the job as the controller last described it (None: not heard yet)
     interrupted: bool = False       # a signal asked this node to stop
     cluster_intact: bool = True     # MindSpore's scheduler still serves the workers it formed
@@ -202,7 +218,8 @@ class NodePolicy:
     @property
     def writes_dying_gasp(self) -> bool:
         """The job cannot continue: the agent writes what it holds (:mod:`mindft.flow.gasp`)."""
-        return self.protected and (self.orphaned or (self.view is not None and self.view.state is JobState.FAILED))
+        return self.protected and not self.spare and (self.orphaned or (self.view is not None
+                                                                         and self.view.state is JobState.FAILED))
 
     def resetting(self, rank: int) -> bool:
         """``rank``'s chip is being reset: however its process ended, a new one would sit on the
@@ -403,7 +420,31 @@ class NodePolicy:
         """The agent itself cannot go on (a dead watcher, a node that cannot rejoin)."""
         return self._abort(reason)
 
-    # ---- a node that replaces a lost one --------------------------------------------------------
+    # ---- a node that replaces a lost one, spares ------------------------------------------------
+
+    def adopt(self, ranks: Sequence[int]) -> None:
+        """This spare became the agent of a lost node that runs ``ranks`` (:class:`~mindft.protocol.AdoptNode`):
+        from now on the rules of that node's agent; its ranks start as :meth:`rejoin` says."""
+        self.ranks, self.spare = tuple(ranks), False
+        self.workers = {rank: Worker(rank) for rank in self.ranks}
+        self._hello_at = None  # say hello as the node at once
+
+    def replaced(self, reason: str) -> list[AgentEffect]:
+        """This agent's node was given to another agent (:class:`~mindft.protocol.Replaced`): it runs
+        nothing of the job any more and becomes a spare."""
+        return [] if self.spare else [Say(f"controller: {reason}"), BecomeSpare(reason)]
+
+    def spare_again(self) -> None:
+        """Every process of the node this agent ran is gone (:class:`BecomeSpare`): it is a spare now."""
+        self.ranks, self.spare, self.workers = (), True, {}
+        self._hello_at = None
+
+    def controller_silent(self, silent_for: float, limit: float) -> list[AgentEffect]:
+        """A spare whose controller said nothing for ``limit`` seconds leaves: no job will give it a node.
+        (An agent with ranks leaves with them: they give up on the controller and write their dying gasps.)"""
+        if not self.spare or silent_for <= limit:
+            return []
+        return self._abort(f"the controller said nothing for {silent_for:.0f} s (> {limit:g} s): this spare leaves")
 
     @property
     def may_replace_lost_node(self) -> bool:
@@ -444,6 +485,12 @@ class NodePolicy:
             if self.failure.exit_code is not None:
                 return Ending(stop_running=bool(running), reason=self.failure.reason, code=self.failure.exit_code)
             return Ending(ExitCode.FAILED, stop_running=bool(running), reason=self.failure.reason)
+        if self.spare:  # it waits for a node until the job ends
+            if not self.job_over or running:
+                return None
+            done = self.view.state is JobState.DONE
+            return Ending(ExitCode.OK if done else ExitCode.FAILED,
+                          reason="the job is done: this spare was not needed" if done else "")
         if controller is not None:
             if self._controller_done_at is None:
                 self._controller_done_at = now

@@ -10,7 +10,7 @@ from typing import Optional, Union
 
 from mindft.exitcodes import ExitCode
 from mindft.flow.states import JobState
-from mindft.protocol import Message, OrderKind, RankOrder
+from mindft.protocol import AdoptNode, Message, OrderKind, RankOrder
 
 Peer = bytes  # the shell's opaque address of a rank (a ZeroMQ identity)
 
@@ -70,6 +70,21 @@ class StartRank:
 
 
 @dataclass(frozen=True)
+class GiveNode:
+    """Give lost node ``node`` to the spare at ``spare`` (the ``adoption``-th adoption of the job):
+    :class:`~mindft.protocol.AdoptNode` on the spare's link (:mod:`mindft.flow.spares`)."""
+
+    node: int
+    spare: Peer
+    adoption: int
+    reason: str
+
+    def order(self) -> AdoptNode:
+        """The order as it travels to the spare."""
+        return AdoptNode(self.node, self.adoption, self.reason)
+
+
+@dataclass(frozen=True)
 class Transition:
     """The job moved from ``source`` to ``target`` (for logs and timelines)."""
 
@@ -89,4 +104,4 @@ class Finish:
     dump_step: int = -1
 
 
-Effect = Union[Send, Broadcast, KillRank, StartRank, Transition, Finish]
+Effect = Union[Send, Broadcast, KillRank, StartRank, GiveNode, Transition, Finish]

@@ -22,7 +22,7 @@ from mindft.config import Timeouts
 from mindft.exitcodes import ExitCode
 from mindft.flow import lost
 from mindft.flow.cadence import Budget, Tuner
-from mindft.flow.effects import Broadcast, Effect, Finish, Peer, Send, Transition
+from mindft.flow.effects import Broadcast, Effect, Finish, GiveNode, Peer, Send, Transition
 from mindft.flow.episode import Episode
 from mindft.flow.inputs import (DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, HoldRepairs, ProcessExited,
                                 RollbackAll, SchedulerLost, StopJob, from_wire)
@@ -30,10 +30,11 @@ from mindft.flow.ladder import Ladder
 from mindft.flow.ranks import RankRecord, RankState, RankTable
 from mindft.flow.rejoin import Survivors
 from mindft.flow.replicas import KeptSteps, ReplicaWatch, rank_list
+from mindft.flow.spares import Spares
 from mindft.flow.states import RECOVERY_STATES, TERMINAL_STATES, Event, JobState, next_state
 from mindft.protocol import (REPORT_SUFFIX, Ack, Action, ActionKind, AgentHello, Cadence, CostReport, DeviceEvent, Done,
                              FaultKind, FaultReport, Heartbeat, InjectRequest, JobView, Message, NodeLost,
-                             Progress, ProcessExit, RankStatus, Register, RegisterAck, ReplicaReport, Reply,
+                             Progress, ProcessExit, RankStatus, Register, RegisterAck, Replaced, ReplicaReport, Reply,
                              StatusReply, StatusRequest, StepReport)
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ class Job:
         self.replicas = ReplicaWatch()  # every rank's replica, from the node agents; LOST PROTECTION
         self.agents: dict[int, Peer] = {}  # rank → the link of the node agent that runs its process
         self.survivors = Survivors(world_size)  # what ranks and agents say while STARTING: is the job under way?
+        self.spares = Spares(timeouts.dead_after)  # warm spare nodes, and the lost nodes given to them
         self.ladder = Ladder(self, self.ranks, timeouts, self.agents, self.replicas, self.survivors, self.tuner)
 
     @property
@@ -128,8 +130,13 @@ class Job:
             detail = self._on_replicas(message)
             self.emit(Send(peer, Reply(not detail, detail, message.request_id)))
         elif kind is NodeLost:
-            ok, detail = lost.node_lost(self.ladder, message, now)
-            self.emit(Send(peer, Reply(ok, detail, message.request_id)))
+            given = self.spares.refuses(message)
+            if given is not None:
+                self.emit(Send(peer, Replaced(message.node, _given_away(given.node, given.number, given.reason),
+                                              message.request_id)))
+            else:
+                ok, detail = lost.node_lost(self.ladder, message, now)
+                self.emit(Send(peer, Reply(ok, detail, message.request_id)))
         elif kind is AgentHello:
             self._on_agent(peer, message, now)
         else:
@@ -192,6 +199,10 @@ class Job:
                     if self.state in TERMINAL_STATES:
                         break
                     lost.rank_silent(self.ladder, record, now)
+            if self.spares.waiting:
+                heard = {record.rank: record.last_seen for record in self.ranks}
+                for adoption in self.spares.adopt(self.state, now, heard, self.timeouts.repair):
+                    self.emit(GiveNode(adoption.node, adoption.peer, adoption.number, adoption.reason))
         lost.kill_late_leavers(self.ladder, now)
         if self.state not in TERMINAL_STATES and now >= self.deadline:
             self.ladder.phase_timeout(now)
@@ -316,6 +327,13 @@ class Job:
         view and, again, any order still pending for its ranks (one may have been lost with its
         previous connection). While STARTING, what it says it runs and holds may show that the
         job was under way before this controller (:mod:`mindft.flow.rejoin`)."""
+        given = self.spares.hello(peer, message.node, message.ranks, message.spare, now)
+        if given is not None:
+            self.emit(Send(peer, Replaced(message.node, _given_away(given.node, given.number, given.reason))))
+            return
+        if message.spare:
+            self.emit(Send(peer, self._view()))
+            return
         world = self.ranks.world_size
         ranks = [r for r in message.ranks if 0 <= r < world]
         if len(ranks) != len(message.ranks):
@@ -355,7 +373,7 @@ class Job:
         return record is None or record.state in (RankState.LOST, RankState.DEAD)
 
     def _tell_agents(self) -> None:
-        peers = tuple(dict.fromkeys(self.agents.values()))
+        peers = tuple(dict.fromkeys((*self.agents.values(), *self.spares.waiting)))
         if peers:
             self.emit(Broadcast(peers, self._view()))
 
@@ -488,6 +506,11 @@ class Job:
     def _flush(self) -> list[Effect]:
         out, self._out = self._out, []
         return out
+
+
+def _given_away(node: int, adoption: int, reason: str) -> str:
+    return (f"node {node} was given to a spare (adoption {adoption}: {reason}); this agent runs nothing of "
+            f"the job and waits as a spare")
 
 
 def phase_times(history: list[tuple[JobState, float]], since: float) -> dict[str, float]:

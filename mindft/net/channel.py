@@ -16,7 +16,7 @@ from typing import Optional, Tuple, Union
 import zmq
 
 from mindft.net.keys import CurveKeys, secure_client, secure_server
-from mindft.protocol import (MAX_FRAME, DeviceEvent, InjectRequest, NodeLost, ProcessExit, ProtocolError,
+from mindft.protocol import (MAX_FRAME, DeviceEvent, InjectRequest, NodeLost, ProcessExit, ProtocolError, Replaced,
                              ReplicaReport, Reply, StatusReply, StatusRequest, decode, encode)
 
 log = logging.getLogger(__name__)
@@ -171,7 +171,7 @@ def pipe(context: zmq.Context, name: str) -> Tuple[zmq.Socket, zmq.Socket]:
 
 
 def request(address: str, keys: Optional[CurveKeys], message: Request, timeout: float = REQUEST_TIMEOUT,
-            context: Optional[zmq.Context] = None) -> Union[Reply, StatusReply]:
+            context: Optional[zmq.Context] = None) -> Union[Reply, StatusReply, Replaced]:
     """Send one request and return the reply carrying its ``request_id``.
 
     A fresh socket per request (the guide's Lazy Pirate), and replies are matched by id, so a
@@ -198,7 +198,7 @@ def request(address: str, keys: Optional[CurveKeys], message: Request, timeout: 
             except ProtocolError as error:
                 log.debug("ignoring a bad frame from the controller: %s", error)
                 continue
-            if isinstance(reply, (Reply, StatusReply)) and reply.request_id == request_id:
+            if isinstance(reply, (Reply, StatusReply, Replaced)) and reply.request_id == request_id:
                 return reply
     finally:
         sock.close(0)
@@ -214,7 +214,7 @@ class Client:
         self.keys = keys
         self.timeout = timeout
 
-    def request(self, message: Request) -> Union[Reply, StatusReply]:
+    def request(self, message: Request) -> Union[Reply, StatusReply, Replaced]:
         """Send ``message``; the reply with its request id, or :class:`ControllerUnreachable`."""
         return request(self.address, self.keys, message, self.timeout)
 

@@ -34,8 +34,8 @@ MAX_BYTES = 8 * 1024 * 1024  # per file; one older generation (<name>.1) is kept
 
 
 def node_file(node: int) -> str:
-    """The name of node ``node``'s agent's event file in the run directory."""
-    return f"events-node{node}.jsonl"
+    """The name of node ``node``'s agent's event file in the run directory (-1: a spare's)."""
+    return f"events-node{node}.jsonl" if node >= 0 else "events-spare.jsonl"
 
 
 class EventError(ValueError):
@@ -92,6 +92,16 @@ class OrderSent:
 
 
 @dataclass(frozen=True)
+class NodeGiven:
+    """Lost node ``node`` given to a warm spare (the job's ``adoption``-th), and why."""
+
+    KIND = "node_given"
+    node: int
+    adoption: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class ProcessStartRecord:
     """A node agent started a process: ``role`` ``worker`` (``rank``, incarnation ``restarts``) or
     ``scheduler``; ``warm``: forked from the warm process (False: cold, also when the warm path
@@ -134,11 +144,11 @@ class JobFinished:
     reason: str
 
 
-Record = Union[JobMoved, FaultSeen, LadderDecision, OrderSent, ProcessStartRecord, ProcessExitRecord, ClusterFormed,
-               JobFinished]
+Record = Union[JobMoved, FaultSeen, LadderDecision, OrderSent, NodeGiven, ProcessStartRecord, ProcessExitRecord,
+               ClusterFormed, JobFinished]
 RECORDS: dict[str, type] = {cls.KIND: cls for cls in
-                            (JobMoved, FaultSeen, LadderDecision, OrderSent, ProcessStartRecord, ProcessExitRecord,
-                             ClusterFormed, JobFinished)}
+                            (JobMoved, FaultSeen, LadderDecision, OrderSent, NodeGiven, ProcessStartRecord,
+                             ProcessExitRecord, ClusterFormed, JobFinished)}
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
-from mindft.observe.events import (ClusterFormed, Event, FaultSeen, JobFinished, JobMoved, LadderDecision, OrderSent,
-                                   ProcessExitRecord, ProcessStartRecord)
+from mindft.observe.events import (ClusterFormed, Event, FaultSeen, JobFinished, JobMoved, LadderDecision, NodeGiven,
+                                   OrderSent, ProcessExitRecord, ProcessStartRecord)
 from mindft.flow.episode import DYING_GASP, IN_PLACE, RESTART_ALL
 
 RECOVERY_STATES = ("PAUSING", "REPAIRING", "ROLLBACK", "RESUMING")
@@ -63,6 +63,8 @@ def describe(event: Event) -> str:
     if isinstance(r, OrderSent):
         pid = f" (pid {r.pid})" if r.pid else ""
         return f"order: {r.order} rank {r.rank}{pid}: {r.reason}"
+    if isinstance(r, NodeGiven):
+        return f"node {r.node} given to a warm spare (adoption {r.adoption}): {r.reason}"
     if isinstance(r, ProcessStartRecord):
         who = f"rank {r.rank}" if r.role == "worker" else r.role
         how = "warm" if r.warm else "cold"
@@ -137,6 +139,8 @@ def recoveries(events: Iterable[Event]) -> list[Recovery]:
             groups.setdefault("exit", []).append((event.at, f"rank {r.rank} ({_how(r)})"))
         elif isinstance(r, ClusterFormed):
             current.marks.append((event.at, "MindSpore's cluster formed (init() returns on the ranks)"))
+        elif isinstance(r, NodeGiven):
+            current.marks.append((event.at, f"node {r.node} given to a warm spare"))
         elif isinstance(r, ProcessStartRecord) and r.role == "scheduler":
             current.marks.append((event.at, "new MindSpore scheduler started"))
         elif isinstance(r, ProcessStartRecord):

@@ -16,15 +16,15 @@ to the same result.
 from __future__ import annotations
 
 from mindft.protocol.codec import (MESSAGE_TYPES, decode, encode, encode_heartbeat, encode_step_report)
-from mindft.protocol.messages import (Ack, Action, ActionKind, AgentHello, Cadence, CostReport, DeviceEvent,
+from mindft.protocol.messages import (Ack, Action, ActionKind, AdoptNode, AgentHello, Cadence, CostReport, DeviceEvent,
                                       DeviceStatus, Done, FaultKind, FaultReport, Heartbeat, InjectRequest, JobState,
                                       JobView, MAX_FRAME, Message, NodeLost, OrderKind, PROTOCOL_VERSION, ProcessExit,
                                       Progress, ProtocolError, RankOrder, RankState, RankStatus, Register, RegisterAck,
-                                      REPORT_SUFFIX, ReplicaReport, Reply, StatusReply, StatusRequest, StepReport)
+                                      REPORT_SUFFIX, Replaced, ReplicaReport, Reply, StatusReply, StatusRequest, StepReport)
 
-__all__ = ['Ack', 'Action', 'ActionKind', 'AgentHello', 'Cadence', 'CostReport', 'DeviceEvent', 'DeviceStatus', 'Done',
+__all__ = ['Ack', 'Action', 'ActionKind', 'AdoptNode', 'AgentHello', 'Cadence', 'CostReport', 'DeviceEvent', 'DeviceStatus', 'Done',
            'FaultKind', 'FaultReport', 'Heartbeat', 'InjectRequest', 'JobState', 'JobView', 'MAX_FRAME',
            'MESSAGE_TYPES', 'Message', 'NodeLost', 'OrderKind', 'PROTOCOL_VERSION', 'ProcessExit', 'Progress',
            'ProtocolError', 'RankOrder', 'RankState', 'RankStatus', 'Register', 'RegisterAck', 'REPORT_SUFFIX',
-           'ReplicaReport', 'Reply', 'StatusReply', 'StatusRequest', 'StepReport', 'decode', 'encode',
+           'Replaced', 'ReplicaReport', 'Reply', 'StatusReply', 'StatusRequest', 'StepReport', 'decode', 'encode',
            'encode_heartbeat', 'encode_step_report']

@@ -23,7 +23,9 @@ from typing import ClassVar, Optional, Union
 # 11: a controller started again rebuilds the job from what survives: Register.progress (a rank that
 # reconnects says how far it got), AgentHello says what the agent runs and holds (pids,
 # incarnations, newest, keeper, kept, kept_steps), RankOrder.restore_from (start from a replica).
-PROTOCOL_VERSION = 11
+# 12: warm spare nodes: AgentHello.spare, AdoptNode (the controller gives a lost node to a spare),
+# NodeLost.adoption, Replaced (the answer to an agent whose node another agent runs now).
+PROTOCOL_VERSION = 12
 # Large enough for an endpoint map of ~20k ranks; bigger frames are refused unread.
 # A rank reports its steps from the training thread over a socket of its own, named after its
 # control socket with this suffix, so the per-step report never wakes the rank's I/O thread.
@@ -371,6 +373,7 @@ class NodeLost:
     replicas_of: tuple[int, ...] = ()
     reason: str = ""
     request_id: int = 0
+    adoption: int = 0  # the spare's: the number of the AdoptNode it carries out (0: a launcher for the node)
 
 
 @dataclass(frozen=True)
@@ -397,6 +400,31 @@ class AgentHello:
     keeper: str = ""
     kept: tuple[int, ...] = ()
     kept_steps: tuple[int, ...] = ()
+    spare: bool = False  # a warm spare (``mindft-launch --spare``): no ranks yet, ``node`` -1
+
+
+@dataclass(frozen=True)
+class AdoptNode:
+    """The controller gives lost node ``node`` to the spare it sends this to: the spare becomes
+    that node's agent, restores its ranks' replicas from the next node's keeper and reports the node
+    lost with ``adoption`` (:class:`NodeLost`), as a launcher started again for the node would."""
+
+    KIND: ClassVar[str] = "adopt_node"
+    node: int
+    adoption: int
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Replaced:
+    """Node ``node`` was given to another agent (a spare): the answer to a hello or a
+    :class:`NodeLost` of an agent that is not that node's any more. It runs nothing of the job: it
+    stops what it still runs and waits as a spare."""
+
+    KIND: ClassVar[str] = "replaced"
+    node: int
+    reason: str = ""
+    request_id: int = 0
 
 
 @dataclass(frozen=True)
@@ -449,4 +477,4 @@ class Reply:
 
 Message = Union[Register, RegisterAck, Heartbeat, StepReport, Progress, FaultReport, Action, Ack, Done,
                 StatusRequest, StatusReply, DeviceEvent, InjectRequest, ProcessExit, ReplicaReport, NodeLost, Reply,
-                CostReport, Cadence, AgentHello, JobView, RankOrder]
+                CostReport, Cadence, AgentHello, JobView, RankOrder, AdoptNode, Replaced]

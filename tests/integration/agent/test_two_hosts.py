@@ -23,8 +23,7 @@ from typing import Callable, Iterator, Optional
 
 import pytest
 
-from harness import (ROOT, Processes, TwoHosts, assert_ranks_identical, environment, free_port_pair,
-                     two_hosts_or_skip)
+from harness import ROOT, Hosts, Processes, assert_ranks_identical, environment, free_port_pair, hosts_or_skip
 from mindft.net.channel import Client, ControllerUnreachable
 from mindft.exitcodes import ExitCode
 from mindft.flow.gasp import Origin, manifest_name, read_manifest
@@ -82,7 +81,7 @@ def references(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path
 class TwoHostJob:
     """The job's launchers, one per host, each on an output file of its own."""
 
-    def __init__(self, hosts: TwoHosts, processes: Processes, tmp: Path, *script_args: str,
+    def __init__(self, hosts: Hosts, processes: Processes, tmp: Path, *script_args: str,
                  **changes: Optional[str]) -> None:
         self.hosts, self.processes, self.tmp = hosts, processes, tmp
         self.key_file = tmp / "keys.json"
@@ -97,7 +96,7 @@ class TwoHostJob:
 
     def start(self, name: str, node: int) -> None:
         argv = [sys.executable, "-m", "mindft.cli.launch", "--nproc", "1", "--nnodes", "2", "--node-rank", str(node),
-                "--master-addr", TwoHosts.ADDRESSES[0], "--master-port", str(PORT), "--key-file", str(self.key_file),
+                "--master-addr", Hosts.ADDRESSES[0], "--master-port", str(PORT), "--key-file", str(self.key_file),
                 "--run-dir", str(self.tmp / f"run-{name}"), "--cluster_time_out", "120",
                 str(DP_SCRIPT), *self.script_args]
         env = environment(self.tmp, MS_ENABLE_TFT="{RSC:1}", MINDFT_DUMP_DIR=str(self.dump_dir(node)),
@@ -122,7 +121,7 @@ class TwoHostJob:
 
     def status(self) -> Optional[StatusReply]:
         """The controller's status, asked from node 0's host (None: no answer)."""
-        client = Client(f"{TwoHosts.ADDRESSES[0]}:{PORT + 1}", self.keys, timeout=2.0)
+        client = Client(f"{Hosts.ADDRESSES[0]}:{PORT + 1}", self.keys, timeout=2.0)
         try:
             return self.hosts.call(0, client.status)
         except ControllerUnreachable:
@@ -159,16 +158,16 @@ class TwoHostJob:
 
 
 @pytest.fixture
-def hosts() -> Iterator[TwoHosts]:
-    two_hosts_or_skip()
-    made = TwoHosts()
+def hosts() -> Iterator[Hosts]:
+    hosts_or_skip()
+    made = Hosts()
     try:
         yield made
     finally:
         made.close()
 
 
-def assert_nothing_left(hosts: TwoHosts) -> None:
+def assert_nothing_left(hosts: Hosts) -> None:
     for node in (0, 1):
         assert hosts.pids(node) == [], f"processes left on node {node}: {hosts.pids(node)}"
 
@@ -177,7 +176,7 @@ def training(status: StatusReply) -> bool:
     return status.state == "NORMAL" and status.step >= 8
 
 
-def test_node_1_lost_and_back_3_s_later_ends_bit_identical(hosts: TwoHosts, processes: Processes, tmp_path: Path,
+def test_node_1_lost_and_back_3_s_later_ends_bit_identical(hosts: Hosts, processes: Processes, tmp_path: Path,
                                                            references) -> None:
     job = TwoHostJob(hosts, processes, tmp_path)
     job.start_training()
@@ -196,7 +195,7 @@ def test_node_1_lost_and_back_3_s_later_ends_bit_identical(hosts: TwoHosts, proc
     print(f"node 1 lost and back 3 s later: both nodes exited 0 {took:.1f} s after the loss")
 
 
-def test_a_partition_longer_than_every_timeout_ends_cleanly_with_dying_gasps(hosts: TwoHosts, processes: Processes,
+def test_a_partition_longer_than_every_timeout_ends_cleanly_with_dying_gasps(hosts: Hosts, processes: Processes,
                                                                               tmp_path: Path) -> None:
     job = TwoHostJob(hosts, processes, tmp_path, MINDFT_REPAIR_TIMEOUT=PARTITION_REPAIR_TIMEOUT)
     job.start_training()
@@ -225,7 +224,7 @@ def test_a_partition_longer_than_every_timeout_ends_cleanly_with_dying_gasps(hos
 
 
 def test_node_0_lost_for_good_leaves_every_ranks_state_at_one_step_and_a_resume_ends_bit_identical(
-        hosts: TwoHosts, processes: Processes, tmp_path: Path, references) -> None:
+        hosts: Hosts, processes: Processes, tmp_path: Path, references) -> None:
     """Node 0 (the controller, MindSpore's scheduler, rank 0) is lost and never comes back: node 1
     ends with a dying gasp of both ranks at one step, rank 0's from the replica node 1 kept, and
     the manifest says so; resuming from it on one host ends bit-identical to the fault-free run."""
@@ -250,7 +249,7 @@ def test_node_0_lost_for_good_leaves_every_ranks_state_at_one_step_and_a_resume_
     assert_ranks_identical(resumed, references("loop"), 2)
 
 
-def test_node_0_lost_and_back_3_s_later_ends_bit_identical(hosts: TwoHosts, processes: Processes, tmp_path: Path,
+def test_node_0_lost_and_back_3_s_later_ends_bit_identical(hosts: Hosts, processes: Processes, tmp_path: Path,
                                                            references) -> None:
     """Node 0 (the controller, MindSpore's scheduler, its agent's memory, rank 0) is lost and its
     launcher started again 3 s later: the new controller learns from rank 1 and node 1's agent that
@@ -277,7 +276,7 @@ def test_node_0_lost_and_back_3_s_later_ends_bit_identical(hosts: TwoHosts, proc
 
 
 def test_a_rank_killed_at_step_55_replays_no_more_than_the_cadence_its_budget_chose(
-        hosts: TwoHosts, processes: Processes, tmp_path: Path, references) -> None:
+        hosts: Hosts, processes: Processes, tmp_path: Path, references) -> None:
     """The job chooses its snapshot cadence within its overhead budget (1%) from warm samples only
     (the first, with the replica's connection set-up, would have set a cadence ten times too
     long): rank 1 killed at step 55 makes the job replay at most that cadence's steps."""

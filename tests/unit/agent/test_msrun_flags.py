@@ -131,3 +131,26 @@ def test_heartbeat_interval_keeps_mindspores_defaults_on_a_large_cluster_and_wit
     assert rank_environment(largest_short, 0, 0)["MS_RETRY_INTERVAL_LOWER"] == "1"
     no_cluster = plan(["--nproc", "2", "--no-scheduler", str(script)])
     assert not set(HEARTBEAT) & set(rank_environment(no_cluster, 0, 0))
+
+
+def test_a_spare_runs_no_rank_until_it_is_given_a_node(clean_environment: None, script: Path, tmp_path: Path) -> None:
+    keys = tmp_path / "keys.json"
+    generate_keys(keys)
+    spare = plan(["--spare", "--nproc", "2", "--nnodes", "2", "--master-port", "29700", "--key-file", str(keys),
+                  str(script)])
+    assert (spare.spare, spare.node_rank, list(spare.local_ranks), spare.runs_scheduler) == (True, -1, [], False)
+    assert spare.world_size == 4 and spare.controller_port == 29701
+
+
+@pytest.mark.parametrize("argv, environ, words", [
+    (["--node-rank", "1", "--nnodes", "2"], {}, ["--spare takes no --node-rank (got 1)"]),
+    (["--nnodes", "1"], {}, ["--spare needs a job on several nodes"]),
+    (["--nnodes", "2"], {"MS_ENABLE_TFT": ""}, ["--spare needs mindft's controller"]),
+])
+def test_a_spare_that_could_take_no_node_is_refused(clean_environment: None, script: Path, tmp_path: Path,
+                                                   argv: list[str], environ: dict, words: list[str]) -> None:
+    keys = tmp_path / "keys.json"
+    generate_keys(keys)
+    with pytest.raises(UsageError) as refused:
+        plan(["--spare", *argv, "--key-file", str(keys), str(script)], **environ)
+    assert all(word in str(refused.value) for word in words), str(refused.value)

@@ -418,3 +418,56 @@ def test_an_agent_says_hello_on_its_link_at_a_steady_pace_and_in_process_once() 
         True, False, False, True, False, True]
     local = NodePolicy((0, 1), 3, runs_controller=True)
     assert [local.hello_due(t, in_process=True, interval=2.0) for t in (0.0, 2.0, 100.0)] == [True, False, False]
+
+
+# ---- spares ----------------------------------------------------------------------------------
+
+def spare_policy(view: Optional[JobView] = JobView(S.NORMAL, restart_all=True)) -> NodePolicy:
+    node = NodePolicy((), 2, spare=True)
+    if view is not None:
+        node.on_view(view)
+    return node
+
+
+@pytest.mark.parametrize("view, ending", [
+    (None, None), (JobView(S.NORMAL), None), (JobView(S.REPAIRING), None),
+    (JobView(S.DONE), Ending(ExitCode.OK, reason="the job is done: this spare was not needed")),
+    (JobView(S.FAILED, reason="PAUSING timed out"), Ending(ExitCode.FAILED)),
+])
+def test_a_spare_waits_until_the_job_ends_and_writes_no_dying_gasp(view, ending) -> None:
+    node = spare_policy(view)
+    assert node.ending(10.0, None) == ending
+    assert not node.writes_dying_gasp
+    if ending is not None:
+        assert node.exit_code(ending) == ending.controller
+
+
+def test_a_spare_leaves_once_its_controller_was_silent_longer_than_a_rank_would_wait() -> None:
+    node = spare_policy()
+    assert node.controller_silent(30.0, 30.0) == []
+    (abort,) = decisions(node.controller_silent(30.5, 30.0))
+    assert isinstance(abort, AbortJob) and "said nothing for 30 s (> 30 s): this spare leaves" in abort.reason
+    assert node.ending(40.0, None) == Ending(ExitCode.FAILED, reason=abort.reason)
+    assert policy().controller_silent(100.0, 30.0) == []  # an agent with ranks leaves with them
+
+
+def test_a_spare_that_adopts_a_node_starts_its_ranks_with_every_worker() -> None:
+    node = spare_policy()
+    node.adopt(range(2, 4))
+    assert not node.spare and sorted(node.workers) == [2, 3] and node.hello_due(0.0, False, 2.0)
+    out = node.rejoin({2: 1, 3: 1})
+    assert decisions(out) == [] and all(w.awaiting_start for w in node.workers.values())
+    (start,) = decisions(node.on_order(RankOrder(2, OrderKind.START, "every worker restarts",
+                                                 restore_from="tcp://10.0.0.1:5")))
+    assert (start.rank, start.restarts, start.restore_from) == (2, 2, "tcp://10.0.0.1:5")
+
+
+def test_an_agent_whose_node_was_given_away_becomes_a_spare() -> None:
+    node = policy()
+    out = node.replaced("node 0 was given to a spare")
+    assert [type(e).__name__ for e in out] == ["Say", "BecomeSpare"]
+    node.spare_again()
+    assert node.spare and node.workers == {} and node.ranks == ()
+    assert node.replaced("again") == []  # a spare has nothing to give up
+    node.on_view(JobView(S.DONE))
+    assert node.ending(1.0, None) is not None
