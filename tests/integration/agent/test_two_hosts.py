@@ -13,172 +13,31 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Iterator
 
 import pytest
 
-from harness import ROOT, Hosts, Processes, assert_ranks_identical, environment, free_port_pair, hosts_or_skip
-from mindft.net.channel import Client, ControllerUnreachable
+from harness import Hosts, Processes, assert_ranks_identical
+from host_jobs import (PARTITION, PARTITION_REPAIR_TIMEOUT, STEPS, HostsJob, assert_nothing_left, launch_one_host,
+                       made_hosts, references)
 from mindft.exitcodes import ExitCode
 from mindft.flow.gasp import Origin, manifest_name, read_manifest
-from mindft.net.keys import load_keys
-from mindft.protocol import StatusReply
 
 pytestmark = [pytest.mark.slow, pytest.mark.mindspore, pytest.mark.timeout(900)]
 
-DP_SCRIPT = ROOT / "examples" / "train_dp.py"
-PORT = 29600  # each namespace has ports of its own: nothing else listens there
-WAIT = 240.0  # for a job's phase on 2 busy cores
-# 64 steps of 0.15 s leave time to act mid-training (and a fault at step 55); faults are found
-# within 2 s (dead_after), a rank gives up on a silent controller after 10 s, a lost rank may take
-# 60 s to come back (the restarted node imports MindSpore and joins a new cluster).
-EPOCHS = ("--epochs", "4")
-JOB_ARGS = (*EPOCHS, "--step-seconds", "0.15")
-STEPS = 64  # 4 epochs of 256 samples, batches of 8 per rank on 2 ranks
-TIMEOUTS = {"MINDFT_HEARTBEAT_INTERVAL": "0.2", "MINDFT_HEARTBEAT_MISSES": "10", "MINDFT_CONNECT_RETRIES": "5",
-            "MINDFT_STALL_TIMEOUT": "2", "MINDFT_PAUSE_TIMEOUT": "20", "MINDFT_RESUME_TIMEOUT": "20",
-            "MINDFT_REPAIR_TIMEOUT": "60", "MINDFT_SNAPSHOT_EVERY": "1"}
-PARTITION_REPAIR_TIMEOUT = "30"  # s, for the partition: timeouts.repair of 60 s would only make it longer
-PARTITION = 45.0  # s: longer than every timeout (that repair timeout included) and MCCL's own (~30 s)
-
-
-def launch_one_host(processes: Processes, tmp: Path, name: str, *script_args: str) -> Path:
-    """The same job, both ranks on one host, nothing acting mid-training, so its steps need no
-    sleep (a sleep changes no weight); returns its weights' directory."""
-    run_dir = tmp / name
-    argv = [sys.executable, "-m", "mindft.cli.launch", "--nproc", "2", "--master_port", str(free_port_pair()),
-            "--run-dir", str(run_dir), "--cluster_time_out", "120", str(DP_SCRIPT), *EPOCHS,
-            *script_args, "--out", str(run_dir / "out")]
-    env = environment(tmp, MS_ENABLE_TFT="{RSC:1}", MINDFT_DUMP_DIR=str(run_dir / "dump"), **TIMEOUTS)
-    code, output = processes.run(argv, env, tmp / f"{name}.out")
-    assert code == 0, output[-4000:]
-    return run_dir / "out"
-
-
-@pytest.fixture(scope="module")
-def references(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """Fault-free final weights per API (``model``, ``loop``), computed once."""
-    cache: dict[str, Path] = {}
-    tmp = tmp_path_factory.mktemp("two-hosts-reference")
-
-    def reference(api: str) -> Path:
-        if api not in cache:
-            tracker = Processes()
-            try:
-                cache[api] = launch_one_host(tracker, tmp, api, *(["--loop"] if api == "loop" else []))
-            finally:
-                tracker.kill_all()
-        return cache[api]
-    return reference
-
-
-class TwoHostJob:
-    """The job's launchers, one per host, each on an output file of its own."""
-
-    def __init__(self, hosts: Hosts, processes: Processes, tmp: Path, *script_args: str,
-                 **changes: Optional[str]) -> None:
-        self.hosts, self.processes, self.tmp = hosts, processes, tmp
-        self.key_file = tmp / "keys.json"
-        subprocess.run([sys.executable, "-m", "mindft.cli.main", "keygen", str(self.key_file)], check=True,
-                       env=environment(), capture_output=True, timeout=60)
-        self.keys = load_keys(self.key_file)
-        self.script_args = (*JOB_ARGS, *script_args, "--out", str(tmp / "out"))
-        # TIMEOUTS with ``changes`` (None: unset).
-        self.timeouts = {k: v for k, v in {**TIMEOUTS, **changes}.items() if v is not None}
-        self.launchers: dict[str, subprocess.Popen] = {}
-        self.started_at: dict[str, float] = {}
-
-    def start(self, name: str, node: int) -> None:
-        argv = [sys.executable, "-m", "mindft.cli.launch", "--nproc", "1", "--nnodes", "2", "--node-rank", str(node),
-                "--master-addr", Hosts.ADDRESSES[0], "--master-port", str(PORT), "--key-file", str(self.key_file),
-                "--run-dir", str(self.tmp / f"run-{name}"), "--cluster_time_out", "120",
-                str(DP_SCRIPT), *self.script_args]
-        env = environment(self.tmp, MS_ENABLE_TFT="{RSC:1}", MINDFT_DUMP_DIR=str(self.dump_dir(node)),
-                          MINDFT_RESET_FILE=str(self.tmp / f"reset-{name}.json"), **self.timeouts)
-        self.launchers[name] = self.processes.start(self.hosts.command(node, argv), env, self.tmp / f"{name}.out")
-        self.started_at[name] = time.monotonic()
-
-    def start_training(self) -> StatusReply:
-        """Both hosts' launchers, until the job trains on both; the job's status then."""
-        self.start("node0", 0)
-        self.start("node1", 1)
-        return self.until("training on both hosts", training)
-
-    def dump_dir(self, node: int) -> Path:
-        return self.tmp / f"dump-node{node}"
-
-    def output(self, name: str) -> str:
-        return (self.tmp / f"{name}.out").read_text(errors="replace")
-
-    def outputs(self) -> str:
-        return "\n".join(f"--- {name}\n{self.output(name)[-4000:]}" for name in self.launchers)
-
-    def status(self) -> Optional[StatusReply]:
-        """The controller's status, asked from node 0's host (None: no answer)."""
-        client = Client(f"{Hosts.ADDRESSES[0]}:{PORT + 1}", self.keys, timeout=2.0)
-        try:
-            return self.hosts.call(0, client.status)
-        except ControllerUnreachable:
-            return None
-
-    def until(self, what: str, ready: Callable[[StatusReply], bool]) -> StatusReply:
-        deadline = time.monotonic() + WAIT
-        while time.monotonic() < deadline:
-            for name, launcher in self.launchers.items():
-                assert launcher.poll() is None, f"{name} ended before {what}:\n{self.outputs()}"
-            status = self.status()
-            if status is not None and ready(status):
-                return status
-            time.sleep(0.2)
-        pytest.fail(f"no {what} within {WAIT:g} s:\n{self.outputs()}")
-
-    def lose(self, name: str, node: int) -> float:
-        """Host ``node`` dies: every process in it at once, and its agent's shared memory (a pod's
-        /dev/shm goes with it). Returns when it happened."""
-        victims = self.hosts.kill(node)
-        assert victims, f"nothing ran on node {node}"
-        lost_at = time.monotonic()
-        self.launchers[name].wait(10)
-        memory = re.search(r"the ranks' snapshots live in (\S+) \(shared memory", self.output(name))
-        assert memory, self.output(name)[-3000:]
-        shutil.rmtree(memory[1], ignore_errors=True)
-        return lost_at
-
-    def wait(self, name: str) -> int:
-        try:
-            return self.launchers[name].wait(WAIT)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"{name} still runs after {WAIT:g} s:\n{self.outputs()}")
+__all__ = ["references"]  # a fixture of host_jobs', used here
 
 
 @pytest.fixture
 def hosts() -> Iterator[Hosts]:
-    hosts_or_skip()
-    made = Hosts()
-    try:
-        yield made
-    finally:
-        made.close()
-
-
-def assert_nothing_left(hosts: Hosts) -> None:
-    for node in (0, 1):
-        assert hosts.pids(node) == [], f"processes left on node {node}: {hosts.pids(node)}"
-
-
-def training(status: StatusReply) -> bool:
-    return status.state == "NORMAL" and status.step >= 8
-
+    yield from made_hosts(2)
 
 def test_node_1_lost_and_back_3_s_later_ends_bit_identical(hosts: Hosts, processes: Processes, tmp_path: Path,
                                                            references) -> None:
-    job = TwoHostJob(hosts, processes, tmp_path)
+    job = HostsJob(hosts, processes, tmp_path)
     job.start_training()
     lost_at = job.lose("node1", 1)
     time.sleep(3.0)
@@ -197,7 +56,7 @@ def test_node_1_lost_and_back_3_s_later_ends_bit_identical(hosts: Hosts, process
 
 def test_a_partition_longer_than_every_timeout_ends_cleanly_with_dying_gasps(hosts: Hosts, processes: Processes,
                                                                               tmp_path: Path) -> None:
-    job = TwoHostJob(hosts, processes, tmp_path, MINDFT_REPAIR_TIMEOUT=PARTITION_REPAIR_TIMEOUT)
+    job = HostsJob(hosts, processes, tmp_path, MINDFT_REPAIR_TIMEOUT=PARTITION_REPAIR_TIMEOUT)
     job.start_training()
     cut_at = time.monotonic()
     hosts.link(0, up=False)
@@ -228,7 +87,7 @@ def test_node_0_lost_for_good_leaves_every_ranks_state_at_one_step_and_a_resume_
     """Node 0 (the controller, MindSpore's scheduler, rank 0) is lost and never comes back: node 1
     ends with a dying gasp of both ranks at one step, rank 0's from the replica node 1 kept, and
     the manifest says so; resuming from it on one host ends bit-identical to the fault-free run."""
-    job = TwoHostJob(hosts, processes, tmp_path, "--loop")
+    job = HostsJob(hosts, processes, tmp_path, "--loop")
     before = job.start_training()
     lost_at = job.lose("node0", 0)
     code = job.wait("node1")
@@ -255,7 +114,7 @@ def test_node_0_lost_and_back_3_s_later_ends_bit_identical(hosts: Hosts, process
     launcher started again 3 s later: the new controller learns from rank 1 and node 1's agent that
     the job was under way, every worker restarts behind a new scheduler, rank 0 from the replica
     node 1 kept, and the job ends bit-identical to the fault-free run."""
-    job = TwoHostJob(hosts, processes, tmp_path)
+    job = HostsJob(hosts, processes, tmp_path)
     job.start_training()
     lost_at = job.lose("node0", 0)
     time.sleep(3.0)
@@ -281,7 +140,7 @@ def test_a_rank_killed_at_step_55_replays_no_more_than_the_cadence_its_budget_ch
     (the first, with the replica's connection set-up, would have set a cadence ten times too
     long): rank 1 killed at step 55 makes the job replay at most that cadence's steps."""
     # No MINDFT_SNAPSHOT_EVERY: the job chooses the cadence.
-    job = TwoHostJob(hosts, processes, tmp_path, MINDFT_SNAPSHOT_EVERY=None)
+    job = HostsJob(hosts, processes, tmp_path, MINDFT_SNAPSHOT_EVERY=None)
     job.start_training()
     before = job.until("step 55", lambda status: status.step >= 55)
     victim = next(row for row in before.ranks if row.rank == 1)

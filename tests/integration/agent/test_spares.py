@@ -1,0 +1,63 @@
+"""Warm spares on three hosts (network namespaces on one bridge): node 0, node 1 and a spare
+(``mindft-launch --spare``), the data-parallel job of examples/train_dp.py across them.
+
+Node 1 is lost for good (every process of its host killed, its agent's memory gone): the
+controller gives it to the spare, which restores rank 1's replica from node 0's keeper and
+starts it; the job ends bit-identical to a fault-free run. Node 1's launcher, started again
+after that, finds its node given away and waits as a spare itself until the job is done.
+"""
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from harness import Hosts, Processes, assert_ranks_identical
+from host_jobs import HostsJob, assert_nothing_left, made_hosts, references
+from mindft.observe.events import NodeGiven, read
+
+pytestmark = [pytest.mark.slow, pytest.mark.mindspore, pytest.mark.timeout(900)]
+
+__all__ = ["references"]  # a fixture of host_jobs', used here
+
+SPARE_HOST = 2
+
+
+@pytest.fixture
+def hosts() -> Iterator[Hosts]:
+    yield from made_hosts(3)
+
+
+def test_node_1_lost_for_good_the_spare_takes_its_rank_and_the_job_ends_bit_identical(
+        hosts: Hosts, processes: Processes, tmp_path: Path, references) -> None:
+    job = HostsJob(hosts, processes, tmp_path)
+    job.start("spare", None, host=SPARE_HOST)
+    job.start_training()
+    lost_at = job.lose("node1", 1)
+    spare_line = "this spare becomes node 1 (adoption 1)"
+    while spare_line not in job.output("spare"):
+        assert time.monotonic() - lost_at < 60, job.outputs()
+        assert job.launchers["spare"].poll() is None, job.outputs()
+        time.sleep(0.2)
+    given_after = time.monotonic() - lost_at
+    job.start("node1-again", 1)  # the lost node's pod, back after its node was given away
+    codes = {name: job.wait(name) for name in ("node0", "spare", "node1-again")}
+    took = time.monotonic() - lost_at
+    assert codes == {"node0": 0, "spare": 0, "node1-again": 0}, job.outputs()
+    spare, again, node0 = job.output("spare"), job.output("node1-again"), job.output("node0")
+    restored = re.search(r"restored rank 1's replica of step (\d+) from the keeper at tcp://10\.77\.0\.1:", spare)
+    assert restored, spare[-4000:]
+    assert f"every rank holds step {restored[1]}" in node0, node0[-4000:]
+    assert "node 1 was given to a spare (adoption 1" in again and "this agent is a warm spare now" in again, again
+    assert "the job is done: this spare was not needed" in again
+    given = [e.record for e in read(tmp_path / "run-node0") if isinstance(e.record, NodeGiven)]
+    assert [(g.node, g.adoption) for g in given] == [(1, 1)] and "silent for" in given[0].reason
+    assert_ranks_identical(tmp_path / "out", references("model"), 2)
+    assert_nothing_left(hosts)
+    recovery = re.search(r"recovery 1 done in ([\d.]+) s", node0)
+    print(f"node 1 lost for good: given to the spare {given_after:.1f} s after the loss; the recovery took "
+          f"{recovery[1] if recovery else '?'} s (rollback to step {restored[1]}); every launcher exited 0 "
+          f"{took:.1f} s after the loss")
