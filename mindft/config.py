@@ -221,6 +221,7 @@ class MindftConfig:
     max_replay_steps: int = 100
     replica_buddy: Optional[int] = None  # None: the next rank; -1: no replica (the node agent holds the state)
     agent_replication: bool = True  # mindft-launch on several nodes: the node agents stream the replicas
+    standbys: int = 0  # nodes 1..standbys stand by for the controller (mindft.flow.standby)
     replica_endpoint: str = ""  # the node agent's replica keeper, announced by the rank when it registers
     restart_scope: str = "auto"  # "all": a lost process restarts every worker; auto: when a rank says so
     warm_start: bool = True  # mindft-launch forks the workers from a process that imported MindSpore
@@ -320,6 +321,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("MINDFT_REPLICA_BUDDY", "the rank whose process keeps this rank's replica (mindft-launch: the "
            "same local rank on the next node, -1 on one node, where the node agent's memory holds the state)",
            "the next rank", "-1..world size - 1"),
+    EnvVar("MINDFT_STANDBYS", "nodes after node 0 that stand by for the controller and take over when it is lost "
+           "(mindft-launch --standbys)", "0", "0..2"),
     EnvVar("MINDFT_AGENT_REPLICATION", "mindft-launch on several nodes: 1, the node agents stream each rank's "
            "newest snapshot to the next node's agent in the background (the ranks push nothing); 0, each rank "
            "streams its newest snapshot to its buddy rank in the background, as ranks started without "
@@ -414,6 +417,7 @@ def load_config(environ: Mapping[str, str] = os.environ) -> MindftConfig:
         restart_scope=restart_scope,
         replica_buddy=_replica_buddy(environ, world_size),
         agent_replication=_number(environ, "MINDFT_AGENT_REPLICATION", int, 1, 0, 1) == 1,
+        standbys=_number(environ, "MINDFT_STANDBYS", int, 0, 0, 2),
         replica_endpoint=_replica_endpoint(environ),
         warm_start=_number(environ, "MINDFT_WARM_START", int, 1, 0, 1) == 1,
         preload=_preload(environ),

@@ -70,8 +70,10 @@ class HostsJob:
     after them), each on an output file of its own. ``nodes``: the job's nodes (``--nnodes``)."""
 
     def __init__(self, hosts: Hosts, processes: Processes, tmp: Path, *script_args: str, nodes: int = 2,
-                 **changes: Optional[str]) -> None:
+                 launch_args: tuple[str, ...] = (), **changes: Optional[str]) -> None:
         self.hosts, self.processes, self.tmp, self.nodes = hosts, processes, tmp, nodes
+        self.launch_args = launch_args  # every launcher's, e.g. ("--standbys", "1")
+        self.controller_host = 0  # where the status is asked (a standby's host once it took over)
         self.key_file = tmp / "keys.json"
         subprocess.run([sys.executable, "-m", "mindft.cli.main", "keygen", str(self.key_file)], check=True,
                        env=environment(), capture_output=True, timeout=60)
@@ -87,7 +89,7 @@ class HostsJob:
         role = ["--spare"] if node is None else ["--node-rank", str(node)]
         argv = [sys.executable, "-m", "mindft.cli.launch", "--nproc", "1", "--nnodes", str(self.nodes), *role,
                 "--master-addr", Hosts.ADDRESSES[0], "--master-port", str(PORT), "--key-file", str(self.key_file),
-                "--run-dir", str(self.tmp / f"run-{name}"), "--cluster_time_out", "120",
+                "--run-dir", str(self.tmp / f"run-{name}"), "--cluster_time_out", "120", *self.launch_args,
                 str(DP_SCRIPT), *self.script_args]
         dump = self.dump_dir(node) if node is not None else self.tmp / f"dump-{name}"
         env = environment(self.tmp, MS_ENABLE_TFT="{RSC:1}", MINDFT_DUMP_DIR=str(dump),
@@ -113,10 +115,11 @@ class HostsJob:
         return "\n".join(f"--- {name}\n{self.output(name)[-4000:]}" for name in self.launchers)
 
     def status(self) -> Optional[StatusReply]:
-        """The controller's status, asked from node 0's host (None: no answer)."""
-        client = Client(f"{Hosts.ADDRESSES[0]}:{PORT + 1}", self.keys, timeout=2.0)
+        """The controller's status, asked from its host (None: no answer)."""
+        host = self.controller_host
+        client = Client(f"{Hosts.ADDRESSES[host]}:{PORT + 1}", self.keys, timeout=2.0)
         try:
-            return self.hosts.call(0, client.status)
+            return self.hosts.call(host, client.status)
         except ControllerUnreachable:
             return None
 

@@ -17,7 +17,6 @@ from mindft.exitcodes import ExitCode
 from mindft.flow.watcher import WatcherSupervision
 from mindft.flow.effects import Finish
 from mindft.flow.episode import PHASE_TIMEOUTS
-from mindft.flow.spares import HELLO_INTERVAL
 from mindft.agent.plan import LaunchSpec
 from mindft.protocol import JobState, Message, ProtocolError, StatusReply, decode, encode
 
@@ -43,7 +42,7 @@ class ControllerHost:
 
     def __init__(self, config: MindftConfig, controller_class: Optional[type] = None,
                  metrics_at: Optional[tuple[str, int]] = None, run_dir: Optional[Path] = None,
-                 node_metrics: Optional[Any] = None) -> None:
+                 node_metrics: Optional[Any] = None, node: int = 0, standby_term: Optional[int] = None) -> None:
         from mindft.controller import Controller  # imported late: only node 0 needs it
         from mindft.observe.metrics import JobMetrics, MetricsServer
         from mindft.device.watch import ResetWatcher
@@ -60,7 +59,8 @@ class ControllerHost:
             self.metrics_server = MetricsServer(metrics.registry, address, port, run_dir)
         try:
             # Binds now: port 0 becomes a real port.
-            self.controller = (controller_class or Controller)(config, metrics=metrics)
+            self.controller = (controller_class or Controller)(config, metrics=metrics, node=node,
+                                                               standby_term=standby_term)
         except zmq.ZMQError as error:
             self.close_metrics()
             if error.errno != zmq.EADDRINUSE:
@@ -135,7 +135,8 @@ class ControllerHost:
 
 class ControllerLink:
     """A node agent's own connection to the controller (nodes other than 0): it carries the agent's
-    hellos (every :data:`HELLO_INTERVAL`) and exit reports, and brings its ranks' orders and the job's view."""
+    hellos (every :data:`~mindft.flow.spares.HELLO_INTERVAL`) and exit reports, and brings its ranks'
+    orders and the job's view."""
 
     def __init__(self, spec: LaunchSpec, keys: Any) -> None:
         self._context = zmq.Context()

@@ -89,6 +89,11 @@ class LaunchSpec:
     metrics_ip: str = "127.0.0.1"
     # A warm spare (--spare): no ranks and node_rank -1 until the controller gives it a lost node.
     spare: bool = False
+    # Nodes 1..standbys stand by for the controller (--standbys, mindft.flow.standby).
+    standbys: int = 0
+    # The node whose host runs the controller and MindSpore's scheduler: 0, or the standby that took
+    # over (-1: another node's, which this agent followed; master_ip is that host).
+    controller_node: int = 0
 
     @property
     def world_size(self) -> int:
@@ -114,7 +119,7 @@ class LaunchSpec:
     @property
     def runs_scheduler(self) -> bool:
         """True when this node starts MindSpore's scheduler (node 0 of a job that uses it)."""
-        return self.scheduler_port is not None and self.node_rank == 0
+        return self.scheduler_port is not None and self.node_rank == self.controller_node
 
 
 def cluster_environment(spec: LaunchSpec) -> dict[str, str]:
@@ -369,6 +374,13 @@ def plan_launch(params: Mapping[str, Any], environ: Mapping[str, str]) -> Launch
                                 lambda: "Ascend" if ascend_present() else "CPU")
         mindio = choice.backend == "mindio"
         log.info("fault-tolerance backend: %s (%s)", choice.backend, choice.reason)
+    standbys = params.get("standbys", 0)
+    if standbys and (not protected or mindio):
+        raise UsageError("--standbys needs mindft's controller: fault tolerance on (MS_ENABLE_TFT) and the mindft "
+                         "backend (MINDFT_BACKEND), not MindIO's")
+    if standbys >= nnodes:
+        raise UsageError(f"--standbys {standbys} needs more nodes than that (--nnodes {nnodes}): nodes "
+                         f"1..{standbys} stand by for node 0's controller")
     if spare and (not protected or mindio):
         raise UsageError("--spare needs mindft's controller: fault tolerance on (MS_ENABLE_TFT) and the mindft "
                          "backend (MINDFT_BACKEND), not MindIO's")
@@ -402,6 +414,8 @@ def plan_launch(params: Mapping[str, Any], environ: Mapping[str, str]) -> Launch
         load_keys(key_file)
     env = dict(environ)
     env.setdefault("MINDFT_RESET_FILE", str(base.reset_file))
+    if standbys:
+        env["MINDFT_STANDBYS"] = str(standbys)  # the controllers' and the ranks' (their patience)
     run_dir = params["run_dir"] or Path()
     return LaunchSpec(command=command, nproc=nproc, nnodes=nnodes, node_rank=node_rank, master_ip=master_ip,
                       controller_port=controller_port, scheduler_port=scheduler_port,
@@ -410,4 +424,4 @@ def plan_launch(params: Mapping[str, Any], environ: Mapping[str, str]) -> Launch
                       insecure=insecure, grace_period=params["grace_period"],
                       progress_interval=params["progress_interval"], env=env,
                       prefix_output=not params["no_prefix"], protected=protected, mindio=mindio,
-                      metrics_port=metrics_port, metrics_ip=metrics_ip, spare=spare)
+                      metrics_port=metrics_port, metrics_ip=metrics_ip, spare=spare, standbys=standbys)

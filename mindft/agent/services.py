@@ -38,16 +38,19 @@ def controller_config(spec: LaunchSpec) -> MindftConfig:
     return dataclasses.replace(load_config(env), controller_port=spec.controller_port)
 
 
-def host_controller(spec: LaunchSpec, node_metrics: Optional[Any],
-                    deliver: Callable[[Message], None]) -> ControllerHost:
+def host_controller(spec: LaunchSpec, node_metrics: Optional[Any], deliver: Callable[[Message], None],
+                    standby_term: Optional[int] = None) -> ControllerHost:
     """Node 0: the job's controller (bound; serving the metrics too with ``--metrics-port``),
     its event log, and this node's agent attached in-process, its orders and views handed to
-    ``deliver``; started. With port 0 the controller chose its port: the host's ``port``."""
-    runner = ControllerHost(controller_config(spec), metrics_at=None if spec.metrics_port is None
+    ``deliver``; started. With port 0 the controller chose its port: the host's ``port``.
+    ``standby_term``: a standby's controller on this node, for that term (its metrics stay the node's)."""
+    standby = standby_term is not None
+    runner = ControllerHost(controller_config(spec), metrics_at=None if spec.metrics_port is None or standby
                             else (spec.metrics_ip, spec.metrics_port), run_dir=spec.run_dir,
-                            node_metrics=node_metrics)
+                            node_metrics=None if standby else node_metrics, node=spec.node_rank,
+                            standby_term=standby_term)
     runner.controller.events = EventLog(spec.run_dir / CONTROLLER_FILE, "controller")
-    runner.controller.attach_agent(0, tuple(spec.local_ranks), deliver)
+    runner.controller.attach_agent(spec.node_rank, tuple(spec.local_ranks), deliver)
     runner.start()
     return runner
 

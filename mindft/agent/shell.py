@@ -28,7 +28,7 @@ from mindft.snapshot.ckpt import atomic_write
 from mindft.config import TFT_VARIABLE
 from mindft.observe.events import EventLog, ProcessExitRecord, node_file
 from mindft.exitcodes import ExitCode, describe_exit
-from mindft.agent.links import HELLO_INTERVAL, ControllerHost, ControllerLink, recovery_progress
+from mindft.agent.links import ControllerHost, ControllerLink, recovery_progress
 from mindft.agent.memory import (agent_memory, dump_ranks_without_process, release_memory, start_replication,
                                  write_node_gasp)
 from mindft.agent.services import host_controller, serve_node_metrics, start_mindio, start_warm
@@ -36,10 +36,13 @@ from mindft.agent.takeover import restore_replica, take_over_lost_node
 from mindft.flow.agent import (AbortJob, AgentEffect, BecomeSpare, Ending, KillWorker, NodePolicy, Say,
                                StartWorker)
 from mindft.flow.inputs import SchedulerLost
+from mindft.flow.spares import HELLO_INTERVAL
+from mindft.flow.standby import Failover, Move, takeover_after
 from mindft.flow.states import RECOVERY_STATES
 from mindft.net.keys import load_keys
 from mindft.agent.plan import LaunchSpec, mindio_gate_address
-from mindft.net.address import port_listening
+from mindft.config import load_config
+from mindft.net.address import node_ip, port_listening
 from mindft.protocol import AdoptNode, AgentHello, JobView, Message, ProcessExit, RankOrder, Replaced, Reply
 from mindft.snapshot.store import newest_step
 from mindft.agent.workers import Console, Scheduler, WorkerProcesses
@@ -96,6 +99,10 @@ class NodeAgent:
         self._schedulers = 0  # MindSpore schedulers replaced by a new one
         self._phase_since = self._progress_last = 0.0  # when the job's current phase began; the last progress line
         self._from_memory: list[int] = []  # ranks whose dying gasp this agent wrote from its memory
+        # With standbys: the controllers this agent follows, and how long one may be silent.
+        self.failover: Optional[Failover] = None
+        timeouts = load_config(spec.env).timeouts
+        self._takeover_after = takeover_after(timeouts.dead_after, timeouts.connect_retries)
 
     # ---- carrying out the policy's effects ------------------------------------------------------
 
@@ -137,6 +144,11 @@ class NodeAgent:
         scheduler = self.scheduler
         if scheduler is None:
             return
+        if scheduler.pid is None:  # this node's first (its standby controller took over)
+            scheduler.start()
+            self.console.line("mindft-launch", f"MindSpore's scheduler (pid {scheduler.pid}) moved to this node: "
+                                               f"{scheduler.address}, for the workers that start again")
+            return
         scheduler.exit_seen = True  # stopping it is no failure
         scheduler.stop(0.0, 0.0)
         self._schedulers += 1
@@ -156,7 +168,14 @@ class NodeAgent:
                                            f"for the workers that start again; the previous one's log: {kept}")
 
     def _on_message(self, message: Message, now: float) -> None:
+        if self.failover is not None and isinstance(message, (JobView, RankOrder, AdoptNode)) and \
+                not self.failover.accepts(message.term):
+            self._say(f"refused a {type(message).__name__} of term {message.term}: this node follows the controller "
+                      f"of term {self.failover.term}")
+            return
         if isinstance(message, JobView):  # sent on every transition of the job, and in answer to each hello
+            if self.failover is not None:
+                self.failover.view(message)
             if self.policy.view is None or message.state is not self.policy.view.state:
                 self._phase_since = self._progress_last = now
             self.policy.on_view(message)
@@ -235,6 +254,10 @@ class NodeAgent:
                     self.policy.started(rank, self.workers.start(rank, 0))
             if spec.protected and not spec.mindio and self.runner is None:
                 self.link = ControllerLink(spec, self.keys)
+                if spec.standbys:
+                    standby = (f"tcp://{node_ip(spec.master_ip)}:{spec.controller_port}"
+                               if 1 <= spec.node_rank <= spec.standbys else "")
+                    self.failover = Failover(standby)
             self.write_job_file()
             code = self._supervise()
         finally:
@@ -277,6 +300,7 @@ class NodeAgent:
                 self._carry_out(self.policy.on_exit(rank, code))
             self._check_scheduler()
             self._check_controller_side(now)
+            self._check_failover(now)
             if self.link is not None:
                 self._carry_out(self.policy.controller_silent(self.link.silent_for(now), self.link.silence_limit))
             ending = self.policy.ending(now, controller)
@@ -299,7 +323,9 @@ class NodeAgent:
                            newest=tuple(newest_step(spec.state_dir / f"rank{r}") if spec.state_dir else -1
                                         for r in ranks),
                            keeper=self.replication.endpoint if self.replication is not None else "",
-                           kept=tuple(kept), kept_steps=tuple(kept.values()), spare=self.policy.spare)
+                           kept=tuple(kept), kept_steps=tuple(kept.values()), spare=self.policy.spare,
+                           address=self.failover.address if self.failover is not None else "",
+                           term=self.failover.term if self.failover is not None else 0)
         if self.runner is not None:
             self.runner.controller.from_local_agent(hello)
         else:
@@ -419,6 +445,50 @@ class NodeAgent:
             log.warning("MindSpore's scheduler (pid %d) %s after the job ended; see %s", scheduler.pid,
                         describe_exit(code) if code is not None else "did not stop", scheduler.log_path)
 
+    # ---- standby controllers --------------------------------------------------------------------
+
+    def _check_failover(self, now: float) -> None:
+        """Once the job trained, a controller silent for ``takeover_after`` is followed by the next
+        candidate (:class:`~mindft.flow.standby.Failover`); with none left, the ranks give up on it
+        as without standbys."""
+        failover, link = self.failover, self.link
+        if failover is None or link is None or not self.policy.under_way or self.policy.job_over:
+            return
+        silent = link.silent_for(now)
+        if silent <= self._takeover_after:
+            return
+        move = failover.silent()
+        if move is not None:
+            self._follow(move, silent)
+
+    def _follow(self, move: Move, silent: float) -> None:
+        """Move this agent's link to the next controller candidate; on the candidate's own node, start
+        its controller there (standing by, :mod:`mindft.flow.standby`), and MindSpore's scheduler
+        with the workers' next start."""
+        self._say(f"the controller at {self.spec.controller_address} said nothing for {silent:.1f} s "
+                  f"(> {self._takeover_after:g} s): following the standby at {move.address} (term {move.term})")
+        host = move.address[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+        self.link.close()
+        self.link = None
+        here = self.spec.node_rank if move.here else -1
+        self.spec = dataclasses.replace(self.spec, master_ip=host, controller_node=here)
+        self.workers.assign(self.spec)
+        if move.here:
+            self.runner = host_controller(self.spec, self.node_metrics, self.inbox.put, standby_term=move.term)
+            self.policy.runs_controller = True
+            if self.spec.scheduler_port is not None:
+                self.scheduler = Scheduler(self.spec, self.warm, self.events)
+                self.policy.scheduler_moved()
+            self._say(f"this node's standby controller listens on {self.spec.controller_address} (term {move.term}); "
+                      f"it takes command once half of the node agents follow it")
+        else:
+            self.link = ControllerLink(self.spec, self.keys)
+        self.client = Client(self.spec.controller_address, self.keys)
+        if self.replication is not None:
+            self.replication.follow(self.spec.controller_address)
+        self.policy.hello_again()
+        self.write_job_file()
+
     # ---- a node that replaces a lost one, spares ------------------------------------------------
 
     def _take_over_lost_node(self, adoption: int = 0) -> bool:
@@ -457,7 +527,12 @@ class NodeAgent:
         self.workers.assign(spec)
         if self.node_metrics is not None:
             self.node_metrics.node, self.node_metrics.replication = str(order.node), self.replication
-        if not self._take_over_lost_node(order.adoption):
+        if self.policy.rebuilding:
+            # A controller that took over rebuilds the job: it restarts every worker, this node's
+            # from the replicas it names, once this agent said it holds nothing of them.
+            self._carry_out(self.policy.rejoin({}))
+            self.policy.hello_again()
+        elif not self._take_over_lost_node(order.adoption):
             self._carry_out(self.policy.abort(f"node {order.node} was given to this spare, but the job no longer "
                                               f"runs its ranks"))
         self.write_job_file()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Union
 
 from mindft.agent.plan import LaunchSpec
 from mindft.flow.agent import NodePolicy

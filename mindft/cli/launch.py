@@ -116,6 +116,10 @@ def _fail(message: str) -> None:
               help="Start a warm spare node for the job (same --nproc, --nnodes, --master-addr, --key-file; no "
                    "--node-rank): its node agent and warm process wait, and when a node is lost the controller "
                    "gives it that node's ranks, restored from their replicas on the next node.")
+@click.option("--standbys", type=click.IntRange(0, 2), default=0, show_default=True, envvar="MINDFT_STANDBYS",
+              help="Nodes after node 0 (1, or 1 and 2) that stand by for the controller: when node 0 is lost, the "
+                   "first of them takes command, rebuilds the job from the agents' memory and runs MindSpore's "
+                   "scheduler (give every node the same value).")
 @click.option("--master-addr", "--master_addr", "master_addr", default="127.0.0.1", show_default=True,
               envvar="MINDFT_MASTER_ADDR",
               help="Address of node 0 (IP or host name); the scheduler and the controller listen there.")

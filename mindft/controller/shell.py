@@ -10,6 +10,7 @@ the agents of other nodes, by a call to the agent in this process (:data:`LOCAL_
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -21,13 +22,15 @@ import zmq
 
 from mindft.net import channel
 from mindft.config import MindftConfig
-from mindft.observe.events import EventLog, FaultSeen, JobFinished, JobMoved, LadderDecision, NodeGiven, OrderSent
+from mindft.observe.events import (EventLog, FaultSeen, JobFinished, JobMoved, LadderDecision, NodeGiven, OrderSent,
+                                   TookCommand)
 from mindft.exitcodes import ExitCode
 from mindft.flow.cadence import Budget
 from mindft.flow.inputs import SchedulerLost
 from mindft.flow.episode import DYING_GASP
 from mindft.flow import (RECOVERY_STATES, Broadcast, DeviceInput, Effect, Finish, GiveNode, Job, JobState,
-                         KillRank, Send, StartRank, Transition, phase_times)
+                         KillRank, Promoted, Send, StartRank, Transition, phase_times)
+from mindft.flow.standby import candidates
 from mindft.protocol import AgentHello, Message
 from mindft.net.keys import job_keys, start_authenticator
 from mindft.observe.metrics import JobMetrics
@@ -59,10 +62,15 @@ class Controller:
     :class:`~mindft.observe.metrics.JobMetrics`) counts the transitions it carries out and reads its status.
     :attr:`events` (``events``; set it before :meth:`serve` runs, None: no log) is the job's event
     log (:mod:`mindft.observe.events`): every transition, fault, ladder decision, order and the end.
+
+    ``node``: the node it runs on; ``standby_term`` (a standby that takes over: the term it would
+    command in; None: the first controller, term 0) makes it stand by until half of the node
+    agents said hello to it (:mod:`mindft.flow.standby`).
     """
 
     def __init__(self, config: MindftConfig, clock: Callable[[], float] = time.monotonic,
-                 metrics: Optional[JobMetrics] = None, events: Optional[EventLog] = None) -> None:
+                 metrics: Optional[JobMetrics] = None, events: Optional[EventLog] = None, node: int = 0,
+                 standby_term: Optional[int] = None) -> None:
         self._clock = clock
         self._wake_lock = threading.Lock()  # first: _close() needs it if the bind below fails
         self._local_agent: Optional[Callable[[Message], None]] = None
@@ -81,8 +89,11 @@ class Controller:
         self._wake_in, wake_out = channel.pipe(self._context, "controller-wake")
         self._wake_out: Optional[zmq.Socket] = wake_out
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.node = node
         self.job = Job(config.world_size, config.timeouts, clock(), snapshot_every=config.snapshot_every or 1,
-                       restart_scope=config.restart_scope, budget=job_budget(config))
+                       restart_scope=config.restart_scope, budget=job_budget(config),
+                       term=standby_term or 0, candidates=candidates(config.standbys, node),
+                       standing_by=standby_term is not None)
         self.result: Optional[Finish] = None
         self.metrics = metrics if metrics is not None else JobMetrics()
         self.metrics.watch(self.latest_status)
@@ -257,7 +268,7 @@ class Controller:
                               **({"leave": leave} if leave is not None else {})}
                     log.info("recovery phases: %s", {k: round(v, 4) for k, v in phases.items()})
             elif kind is KillRank or kind is StartRank:
-                order = effect.order()
+                order = dataclasses.replace(effect.order(), term=self.job.term)
                 log.log(logging.WARNING if kind is KillRank else logging.INFO, "rank=%d order %s: %s", effect.rank,
                         order.kind.value, effect.reason)
                 if self.events is not None:
@@ -275,7 +286,12 @@ class Controller:
                             effect.reason)
                 if self.events is not None:
                     self.events.append(NodeGiven(effect.node, effect.adoption, effect.reason))
-                self._out.to(effect.spare, encode(effect.order()))
+                self._out.to(effect.spare, encode(dataclasses.replace(effect.order(), term=self.job.term)))
+            elif kind is Promoted:
+                log.warning("this standby controller on node %d takes command of the job (term %d): %s", self.node,
+                            effect.term, effect.reason)
+                if self.events is not None:
+                    self.events.append(TookCommand(self.node, effect.term - 1, effect.term, effect.reason))
             elif kind is Finish:
                 self.result = effect
                 if self.events is not None:

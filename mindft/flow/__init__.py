@@ -5,7 +5,8 @@ input carries the time it happened, every decision comes back as a value.
 """
 from __future__ import annotations
 
-from mindft.flow.effects import Broadcast, Effect, Finish, GiveNode, KillRank, Peer, Send, StartRank, Transition
+from mindft.flow.effects import (Broadcast, Effect, Finish, GiveNode, KillRank, Peer, Promoted, Send, StartRank,
+                                 Transition)
 from mindft.flow.inputs import (DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, HoldRepairs, ProcessExited,
                                 RollbackAll, StopJob)
 from mindft.flow.follower import (ArmFault, Armed, Command, DumpAndExit, Finished, Follower, Ignore, Leave,
@@ -17,6 +18,6 @@ from mindft.flow.states import (RECOVERY_STATES, TERMINAL_STATES, TRANSITIONS, E
 
 __all__ = ["Armed", "Finished", "Outcome", "RankHooks", "Resumed", "ArmFault", "Broadcast", "Command", "DeviceFailed", "DeviceFaulty", "DeviceInput", "DeviceRecovered",
            "DumpAndExit", "Effect", "Event", "Finish", "GiveNode", "Follower", "HoldRepairs", "RollbackAll", "StartRank", "Ignore", "IllegalTransition", "Job", "JobState",
-           "KillRank", "Leave", "Peer", "ProcessExited", "RECOVERY_STATES", "RankRecord", "RankState", "RankTable",
+           "KillRank", "Leave", "Peer", "Promoted", "ProcessExited", "RECOVERY_STATES", "RankRecord", "RankState", "RankTable",
            "LeaveDevice", "Restore", "Resume", "Send", "Settle", "StopJob", "TERMINAL_STATES", "TRANSITIONS", "Transition",
            "held_after", "next_state", "phase_times"]

@@ -416,6 +416,15 @@ class NodePolicy:
         self._hello_at = now
         return True
 
+    def hello_again(self) -> None:
+        """Say hello at once (to a controller this agent just followed, or started)."""
+        self._hello_at = None
+
+    def scheduler_moved(self) -> None:
+        """MindSpore's scheduler runs on this node from now on (its standby controller took over): the
+        next start of a worker starts it first."""
+        self.scheduler_lost = True
+
     def abort(self, reason: str) -> list[AgentEffect]:
         """The agent itself cannot go on (a dead watcher, a node that cannot rejoin)."""
         return self._abort(reason)
@@ -465,13 +474,14 @@ class NodePolicy:
                 worker.phase = WorkerPhase.FINAL
             return self._abort(f"the job ended before this node's ranks could rejoin it: {self.view.reason}")
         out: list[AgentEffect] = []
+        together = self.restart_all or self.rebuilding
         for rank, worker in self.workers.items():
             worker.restarts = incarnations.get(rank, 0)
             worker.phase = WorkerPhase.AWAITING_START
-            if not self.restart_all:
+            if not together:
                 worker.restarts += 1
                 out.append(StartWorker(rank, worker.restarts, f"rank {rank} rejoins the job on this node"))
-        if self.restart_all:
+        if together:
             out.append(Say(f"rank(s) {list(self.workers)} start with every worker, when the controller says"))
         return out
 

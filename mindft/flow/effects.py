@@ -85,6 +85,14 @@ class GiveNode:
 
 
 @dataclass(frozen=True)
+class Promoted:
+    """This standby took command of the job in ``term`` (:mod:`mindft.flow.standby`), and why."""
+
+    term: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class Transition:
     """The job moved from ``source`` to ``target`` (for logs and timelines)."""
 
@@ -104,4 +112,4 @@ class Finish:
     dump_step: int = -1
 
 
-Effect = Union[Send, Broadcast, KillRank, StartRank, GiveNode, Transition, Finish]
+Effect = Union[Send, Broadcast, KillRank, StartRank, GiveNode, Promoted, Transition, Finish]

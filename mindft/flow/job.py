@@ -22,7 +22,7 @@ from mindft.config import Timeouts
 from mindft.exitcodes import ExitCode
 from mindft.flow import lost
 from mindft.flow.cadence import Budget, Tuner
-from mindft.flow.effects import Broadcast, Effect, Finish, GiveNode, Peer, Send, Transition
+from mindft.flow.effects import Broadcast, Effect, Finish, GiveNode, Peer, Promoted, Send, Transition
 from mindft.flow.episode import Episode
 from mindft.flow.inputs import (DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, HoldRepairs, ProcessExited,
                                 RollbackAll, SchedulerLost, StopJob, from_wire)
@@ -31,6 +31,7 @@ from mindft.flow.ranks import RankRecord, RankState, RankTable
 from mindft.flow.rejoin import Survivors
 from mindft.flow.replicas import KeptSteps, ReplicaWatch, rank_list
 from mindft.flow.spares import Spares
+from mindft.flow.standby import promotes
 from mindft.flow.states import RECOVERY_STATES, TERMINAL_STATES, Event, JobState, next_state
 from mindft.protocol import (REPORT_SUFFIX, Ack, Action, ActionKind, AgentHello, Cadence, CostReport, DeviceEvent, Done,
                              FaultKind, FaultReport, Heartbeat, InjectRequest, JobView, Message, NodeLost,
@@ -59,10 +60,15 @@ class Job:
 
     ``budget`` (None: the cadence stays ``snapshot_every``): the job chooses how often ranks
     snapshot from the costs they report (:meth:`_on_cost`), and announces each change.
+
+    ``term``: this controller's (:mod:`mindft.flow.standby`; 0: the first controller's);
+    ``candidates``: the nodes that stand by for it, in takeover order; ``standing_by``: a standby
+    that commands nothing until half of the node agents said hello to it.
     """
 
     def __init__(self, world_size: int, timeouts: Timeouts, now: float, snapshot_every: int = 1,
-                 restart_scope: str = "auto", budget: Optional[Budget] = None) -> None:
+                 restart_scope: str = "auto", budget: Optional[Budget] = None, term: int = 0,
+                 candidates: tuple[int, ...] = (), standing_by: bool = False) -> None:
         if snapshot_every < 1:
             raise ValueError(f"snapshot_every must be >= 1, got {snapshot_every}")
         self.timeouts = timeouts
@@ -81,6 +87,8 @@ class Job:
         self.agents: dict[int, Peer] = {}  # rank → the link of the node agent that runs its process
         self.survivors = Survivors(world_size)  # what ranks and agents say while STARTING: is the job under way?
         self.spares = Spares(timeouts.dead_after)  # warm spare nodes, and the lost nodes given to them
+        self.term, self.candidates, self.standing_by = term, candidates, standing_by
+        self._nproc = 0  # ranks per node, from the first node agent's hello
         self.ladder = Ladder(self, self.ranks, timeouts, self.agents, self.replicas, self.survivors, self.tuner)
 
     @property
@@ -327,13 +335,16 @@ class Job:
         view and, again, any order still pending for its ranks (one may have been lost with its
         previous connection). While STARTING, what it says it runs and holds may show that the
         job was under way before this controller (:mod:`mindft.flow.rejoin`)."""
-        given = self.spares.hello(peer, message.node, message.ranks, message.spare, now)
+        given = self.spares.hello(peer, message.node, message.ranks, message.spare, now, message.address)
         if given is not None:
             self.emit(Send(peer, Replaced(message.node, _given_away(given.node, given.number, given.reason))))
             return
         if message.spare:
             self.emit(Send(peer, self._view()))
+            if self.state is _S.STARTING and self.survivors.under_way:
+                self._rejoin_when_heard(now)  # a spare for the nodes no agent speaks for
             return
+        self._nproc = self._nproc or len(message.ranks)
         world = self.ranks.world_size
         ranks = [r for r in message.ranks if 0 <= r < world]
         if len(ranks) != len(message.ranks):
@@ -348,14 +359,38 @@ class Job:
             self.ladder.repeat_order(rank, peer)
         if self.state is _S.STARTING:
             self.survivors.hello(message)
-            if self.survivors.under_way:
+            if self.standing_by:
+                self._promote_when_heard(now)
+            elif self.survivors.under_way:
                 self._rejoin_when_heard(now)
 
+    def _promote_when_heard(self, now: float) -> None:
+        """A standby takes command once half of the job's node agents said hello to it."""
+        heard = sorted(node for node, seen in self.spares.nodes.items() if node >= 0)
+        nnodes = self.ranks.world_size // self._nproc if self._nproc else 0
+        if not promotes(len(heard), nnodes):
+            return
+        self.standing_by = False
+        self.emit(Promoted(self.term, f"node agents {heard} of {nnodes} said hello to this standby (at least half)"))
+        self._tell_agents()
+        if self.survivors.under_way:
+            self._rejoin_when_heard(now)
+
     def _rejoin_when_heard(self, now: float) -> None:
-        """The job was under way: rebuild it once every rank's node agent said what it holds
-        (until then, or timeouts.register, the job waits)."""
-        if not self.survivors.unheard():
-            lost.rejoin(self.ladder, now)
+        """The job was under way: rebuild it once every rank's node agent said what it holds (until
+        then, or timeouts.register, the job waits); the nodes no agent speaks for go to warm spares.
+        A standby waits for its promotion."""
+        if self.standing_by:
+            return
+        unheard = self.survivors.unheard()
+        if unheard and self._nproc and self.spares.waiting:
+            nodes = sorted({rank // self._nproc for rank in unheard})
+            for adoption in self.spares.give(nodes, {node: tuple(range(node * self._nproc, (node + 1) * self._nproc))
+                                                     for node in nodes}, now, self.timeouts.repair):
+                self.emit(GiveNode(adoption.node, adoption.peer, adoption.number, adoption.reason))
+        if not unheard:
+            lost.rejoin(self.ladder, now, f"the standby controller took command (term {self.term})" if self.term
+                        else "the controller started again while the job was under way")
 
     def _view(self) -> JobView:
         reason = self.result.reason if self.result is not None else ""
@@ -363,8 +398,10 @@ class Job:
             if self.state in RECOVERY_STATES else ()
         unreached = tuple(r for r in range(self.ranks.world_size) if self._unreached(r)) \
             if self.state is _S.FAILED else ()
+        known = self.spares.nodes
+        standbys = tuple(known[node].address if node in known else "" for node in self.candidates)
         return JobView(self.state, self.restart_all, self.ladder.dump_step, reason, resetting, self.ladder.verdict,
-                       unreached)
+                       unreached, self.term, standbys)
 
     def _unreached(self, rank: int) -> bool:
         """The job cannot tell ``rank`` to dump: it never registered (with this controller: one

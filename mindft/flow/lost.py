@@ -221,11 +221,12 @@ def scheduler_lost(ladder: Ladder, event: SchedulerLost, now: float) -> None:
     ladder.restart_every_worker(rec.scheduler.describe(SCHEDULER), now)
 
 
-def rejoin(ladder: Ladder, now: float) -> None:
-    """This controller was started again while the job was under way (:mod:`mindft.flow.rejoin`),
-    and every rank's agent has said what it runs and holds: every worker restarts from its
-    agent's memory (MindSpore's scheduler went with node 0, so no worker can go on in its
-    cluster), the lost node's ranks from their replicas, which bound the rollback step as for
+def rejoin(ladder: Ladder, now: float, why: str = "the controller started again while the job was under way") -> None:
+    """This controller was started again while the job was under way (:mod:`mindft.flow.rejoin`), or
+    a standby took command (``why`` says which: :mod:`mindft.flow.standby`), and every rank's agent
+    has said what it runs and holds: every worker restarts from its agent's memory (MindSpore's
+    scheduler went with node 0, so no worker can go on in its cluster), the lost node's ranks from
+    their replicas, which bound the rollback step as for
     :func:`node_lost`. A rank that never registered with this controller is known by what its
     agent said: a process to kill (pid 0 in the order: the job cannot address it), or none."""
     rec, survivors = ladder.recovery, ladder.survivors
@@ -255,6 +256,5 @@ def rejoin(ladder: Ladder, now: float) -> None:
             log.warning("rank=%d NODE LOST: %s", rank, fault.detail)
             rec.lost.add(rank)
     nodes = ", ".join(map(str, sorted({survivors.agents[r].node for r in lost})))
-    why = "the controller started again while the job was under way" + (
-        f" (node {nodes} lost with {rank_list(sorted(lost))})" if lost else "")
+    why += f" (node {nodes} lost with {rank_list(sorted(lost))})" if lost else ""
     ladder.restart_every_worker(why, now, Event.REJOIN)

@@ -36,11 +36,13 @@ def silent_after(dead_after: float) -> float:
 
 @dataclass
 class NodeSeen:
-    """A node agent as the controller hears it: its link (``peer``), its ranks, its last hello."""
+    """A node agent as the controller hears it: its link (``peer``), its ranks, its last hello, and
+    where its node's standby controller would listen (``address``)."""
 
     peer: bytes
     ranks: tuple[int, ...]
     last_seen: float
+    address: str = ""
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,8 @@ class Spares:
     def silent_after(self) -> float:
         return silent_after(self.dead_after)
 
-    def hello(self, peer: bytes, node: int, ranks: Sequence[int], spare: bool, now: float) -> Optional[Adoption]:
+    def hello(self, peer: bytes, node: int, ranks: Sequence[int], spare: bool, now: float,
+              address: str = "") -> Optional[Adoption]:
         """A node agent's hello; the adoption that gave its node to another agent (it is to be
         answered :class:`~mindft.protocol.Replaced`), or None."""
         if spare:
@@ -81,7 +84,7 @@ class Spares:
         if given is not None and given.peer != peer:
             return given
         self.waiting.pop(peer, None)  # a spare that adopted this node speaks for it now
-        self.nodes[node] = NodeSeen(peer, tuple(ranks), now)
+        self.nodes[node] = NodeSeen(peer, tuple(ranks), now, address)
         return None
 
     def live_spares(self, now: float) -> list[bytes]:
@@ -102,20 +105,32 @@ class Spares:
         replicas before it says hello as that node)."""
         if state in (JobState.STARTING, JobState.DONE, JobState.FAILED):
             return []
+        lost = self.lost_nodes(now, rank_heard)
+        return self._give({node: self.nodes[node].ranks for node in lost}, now, grace, {
+            node: (f"node {node}'s agent and ranks {list(self.nodes[node].ranks)} silent for "
+                   f"{now - self.nodes[node].last_seen:.1f} s (> {self.silent_after:g} s)") for node in lost})
+
+    def give(self, nodes: Sequence[int], ranks: dict[int, tuple[int, ...]], now: float,
+             grace: float) -> list[Adoption]:
+        """A controller that rebuilds the job (:mod:`mindft.flow.standby`) heard no agent of ``nodes``
+        (``ranks``: each one's ranks): give each, not given already, to a live spare; the adoptions made."""
+        wanted = {node: ranks[node] for node in nodes if node not in self.given}
+        return self._give(wanted, now, grace, {node: f"no agent of node {node} spoke to the controller that "
+                                                     f"rebuilds the job" for node in wanted})
+
+    def _give(self, nodes: dict[int, tuple[int, ...]], now: float, grace: float,
+              reasons: dict[int, str]) -> list[Adoption]:
         made: list[Adoption] = []
         spares = self.live_spares(now)
-        for node in self.lost_nodes(now, rank_heard):
+        for node, ranks in sorted(nodes.items()):
             if not spares:
                 break
             peer = spares.pop(0)
             del self.waiting[peer]
-            seen = self.nodes[node]
-            adoption = Adoption(node, peer, len(self.adoptions) + 1,
-                                f"node {node}'s agent and ranks {list(seen.ranks)} silent for "
-                                f"{now - seen.last_seen:.1f} s (> {self.silent_after:g} s)")
+            adoption = Adoption(node, peer, len(self.adoptions) + 1, reasons[node])
             self.adoptions.append(adoption)
             self.given[node] = adoption
-            self.nodes[node] = NodeSeen(peer, seen.ranks, now + grace)
+            self.nodes[node] = NodeSeen(peer, ranks, now + grace)
             made.append(adoption)
         return made
 

@@ -102,6 +102,17 @@ class NodeGiven:
 
 
 @dataclass(frozen=True)
+class TookCommand:
+    """The standby controller on ``node`` took command of the job: ``term`` after ``old_term``, and why."""
+
+    KIND = "took_command"
+    node: int
+    old_term: int
+    term: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class ProcessStartRecord:
     """A node agent started a process: ``role`` ``worker`` (``rank``, incarnation ``restarts``) or
     ``scheduler``; ``warm``: forked from the warm process (False: cold, also when the warm path
@@ -144,10 +155,10 @@ class JobFinished:
     reason: str
 
 
-Record = Union[JobMoved, FaultSeen, LadderDecision, OrderSent, NodeGiven, ProcessStartRecord, ProcessExitRecord,
-               ClusterFormed, JobFinished]
+Record = Union[JobMoved, FaultSeen, LadderDecision, OrderSent, NodeGiven, TookCommand, ProcessStartRecord,
+               ProcessExitRecord, ClusterFormed, JobFinished]
 RECORDS: dict[str, type] = {cls.KIND: cls for cls in
-                            (JobMoved, FaultSeen, LadderDecision, OrderSent, NodeGiven, ProcessStartRecord,
+                            (JobMoved, FaultSeen, LadderDecision, OrderSent, NodeGiven, TookCommand, ProcessStartRecord,
                              ProcessExitRecord, ClusterFormed, JobFinished)}
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
 from mindft.observe.events import (ClusterFormed, Event, FaultSeen, JobFinished, JobMoved, LadderDecision, NodeGiven,
-                                   OrderSent, ProcessExitRecord, ProcessStartRecord)
+                                   OrderSent, ProcessExitRecord, ProcessStartRecord, TookCommand)
 from mindft.flow.episode import DYING_GASP, IN_PLACE, RESTART_ALL
 
 RECOVERY_STATES = ("PAUSING", "REPAIRING", "ROLLBACK", "RESUMING")
@@ -65,6 +65,8 @@ def describe(event: Event) -> str:
         return f"order: {r.order} rank {r.rank}{pid}: {r.reason}"
     if isinstance(r, NodeGiven):
         return f"node {r.node} given to a warm spare (adoption {r.adoption}): {r.reason}"
+    if isinstance(r, TookCommand):
+        return f"the standby controller on node {r.node} took command: term {r.old_term} → {r.term} ({r.reason})"
     if isinstance(r, ProcessStartRecord):
         who = f"rank {r.rank}" if r.role == "worker" else r.role
         how = "warm" if r.warm else "cold"

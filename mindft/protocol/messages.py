@@ -25,6 +25,8 @@ from typing import ClassVar, Optional, Union
 # incarnations, newest, keeper, kept, kept_steps), RankOrder.restore_from (start from a replica).
 # 12: warm spare nodes: AgentHello.spare, AdoptNode (the controller gives a lost node to a spare),
 # NodeLost.adoption, Replaced (the answer to an agent whose node another agent runs now).
+# Within 12: standby controllers: a term on JobView, RankOrder and AdoptNode (an older term's are
+# refused), JobView.standbys (where the standbys listen), AgentHello.address and .term.
 PROTOCOL_VERSION = 12
 # Large enough for an endpoint map of ~20k ranks; bigger frames are refused unread.
 # A rank reports its steps from the training thread over a socket of its own, named after its
@@ -401,6 +403,8 @@ class AgentHello:
     kept: tuple[int, ...] = ()
     kept_steps: tuple[int, ...] = ()
     spare: bool = False  # a warm spare (``mindft-launch --spare``): no ranks yet, ``node`` -1
+    address: str = ""  # the host this agent's node is reached at (where its standby controller would listen)
+    term: int = 0  # the newest controller term it knows
 
 
 @dataclass(frozen=True)
@@ -413,6 +417,7 @@ class AdoptNode:
     node: int
     adoption: int
     reason: str = ""
+    term: int = 0
 
 
 @dataclass(frozen=True)
@@ -436,7 +441,9 @@ class JobView:
     ``exit_code``: the job's exit code whatever the ranks' (-1: from their codes), for a
     deterministic failure. ``unreached``: once FAILED, the ranks the job could not tell to dump
     (lost with their node, gone without a process, or never registered with this controller): the
-    agents keeping their replicas write them."""
+    agents keeping their replicas write them. ``term``: the controller's (an agent refuses the views
+    and orders of an older term); ``standbys``: where the standby controllers listen, in the order
+    they take over (:mod:`mindft.flow.standby`)."""
 
     KIND: ClassVar[str] = "job_view"
     state: JobState
@@ -446,6 +453,8 @@ class JobView:
     resetting: tuple[int, ...] = ()
     exit_code: int = -1
     unreached: tuple[int, ...] = ()
+    term: int = 0
+    standbys: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -463,6 +472,7 @@ class RankOrder:
     pid: int = 0
     restart: bool = False
     restore_from: str = ""
+    term: int = 0  # the controller's: an order of an older term is refused
 
 
 @dataclass(frozen=True)

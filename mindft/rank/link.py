@@ -16,6 +16,7 @@ import zmq
 
 from mindft.config import MindftConfig
 from mindft.flow.liveness import Liveness, Verdict
+from mindft.flow.standby import rank_retries
 from mindft.net.channel import DEALER_LINGER_MS, UNREACHABLE_CAUSES, dealer
 from mindft.net.keys import CurveKeys
 from mindft.protocol import Message, ProtocolError, decode
@@ -53,8 +54,9 @@ def run_link(context: zmq.Context, keys: Optional[CurveKeys], config: MindftConf
     """
     timeouts, monotonic, rank, address = config.timeouts, time.monotonic, config.rank, config.controller_address
     # A rank started by hand (not by mindft-launch) has nobody to wait for: one silent period.
-    live = Liveness(timeouts.heartbeat_interval, timeouts.dead_after, timeouts.connect_retries,
-                    timeouts.connect_retries if config.launcher_pid else 1, monotonic())
+    retries = rank_retries(timeouts.connect_retries, config.standbys)
+    live = Liveness(timeouts.heartbeat_interval, timeouts.dead_after, retries, retries if config.launcher_pid else 1,
+                    monotonic())
     sock = dealer(context, keys, address, identity)
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)

@@ -129,6 +129,10 @@ class NodeReplication:
         """This node's keeper: the ranks announce it when they register."""
         return self.keeper.endpoint
 
+    def follow(self, controller_address: str) -> None:
+        """The job's controller moved there (a standby took over): ask and report to it from now on."""
+        self._address = controller_address
+
     def _find_keeper(self) -> Optional[str]:
         try:
             status = self._request(self._address, self._keys, self._status_request(), FIND_INTERVAL * 2)

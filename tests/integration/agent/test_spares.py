@@ -17,7 +17,7 @@ import pytest
 
 from harness import Hosts, Processes, assert_ranks_identical
 from host_jobs import HostsJob, assert_nothing_left, made_hosts, references
-from mindft.observe.events import NodeGiven, read
+from mindft.observe.events import NodeGiven, TookCommand, read
 
 pytestmark = [pytest.mark.slow, pytest.mark.mindspore, pytest.mark.timeout(900)]
 
@@ -60,4 +60,34 @@ def test_node_1_lost_for_good_the_spare_takes_its_rank_and_the_job_ends_bit_iden
     recovery = re.search(r"recovery 1 done in ([\d.]+) s", node0)
     print(f"node 1 lost for good: given to the spare {given_after:.1f} s after the loss; the recovery took "
           f"{recovery[1] if recovery else '?'} s (rollback to step {restored[1]}); every launcher exited 0 "
+          f"{took:.1f} s after the loss")
+
+
+def test_node_0_lost_for_good_the_standby_takes_command_the_spare_takes_rank_0_and_the_job_ends_bit_identical(
+        hosts: Hosts, processes: Processes, tmp_path: Path, references) -> None:
+    """Node 0 (the controller, MindSpore's scheduler, rank 0) is lost for good: node 1's standby
+    controller takes command in term 1, gives node 0 to the spare, which restores rank 0's replica
+    from node 1's keeper, and every worker restarts behind a scheduler on node 1."""
+    job = HostsJob(hosts, processes, tmp_path, launch_args=("--standbys", "1"))
+    job.start("spare", None, host=SPARE_HOST)
+    job.start_training()
+    lost_at = job.lose("node0", 0)
+    codes = {name: job.wait(name) for name in ("node1", "spare")}
+    took = time.monotonic() - lost_at
+    assert codes == {"node1": 0, "spare": 0}, job.outputs()
+    node1, spare = job.output("node1"), job.output("spare")
+    assert "this standby controller on node 1 takes command of the job (term 1)" in node1, node1[-4000:]
+    assert "this spare becomes node 0 (adoption 1)" in spare, spare[-4000:]
+    restored = re.search(r"restored rank 0's replica of step (\d+) from the keeper at tcp://10\.77\.0\.2:", spare)
+    assert restored and f"every rank holds step {restored[1]}" in node1, (spare[-3000:], node1[-3000:])
+    assert "MindSpore's scheduler" in node1 and "moved to this node: 10.77.0.2:" in node1
+    records = [e.record for e in read(tmp_path / "run-node1")]
+    took_command = [r for r in records if isinstance(r, TookCommand)]
+    assert [(r.node, r.old_term, r.term) for r in took_command] == [(1, 0, 1)], records
+    assert [(r.node, r.adoption) for r in records if isinstance(r, NodeGiven)] == [(0, 1)]
+    assert_ranks_identical(tmp_path / "out", references("model"), 2)
+    assert_nothing_left(hosts)
+    recovery = re.search(r"recovery 1 done in ([\d.]+) s", node1)
+    print(f"node 0 lost for good: node 1's standby took command, the spare took rank 0; the rebuild took "
+          f"{recovery[1] if recovery else '?'} s (rollback to step {restored[1]}); node 1 and the spare exited 0 "
           f"{took:.1f} s after the loss")
