@@ -42,7 +42,8 @@ class ControllerHost:
 
     def __init__(self, config: MindftConfig, controller_class: Optional[type] = None,
                  metrics_at: Optional[tuple[str, int]] = None, run_dir: Optional[Path] = None,
-                 node_metrics: Optional[Any] = None, node: int = 0, standby_term: Optional[int] = None) -> None:
+                 node_metrics: Optional[Any] = None, node: int = 0, standby_term: Optional[int] = None,
+                 supersedes: str = "") -> None:
         from mindft.controller import Controller  # imported late: only node 0 needs it
         from mindft.observe.metrics import JobMetrics, MetricsServer
         from mindft.device.watch import ResetWatcher
@@ -60,7 +61,7 @@ class ControllerHost:
         try:
             # Binds now: port 0 becomes a real port.
             self.controller = (controller_class or Controller)(config, metrics=metrics, node=node,
-                                                               standby_term=standby_term)
+                                                               standby_term=standby_term, supersedes=supersedes)
         except zmq.ZMQError as error:
             self.close_metrics()
             if error.errno != zmq.EADDRINUSE:

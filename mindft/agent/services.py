@@ -39,16 +39,17 @@ def controller_config(spec: LaunchSpec) -> MindftConfig:
 
 
 def host_controller(spec: LaunchSpec, node_metrics: Optional[Any], deliver: Callable[[Message], None],
-                    standby_term: Optional[int] = None) -> ControllerHost:
+                    standby_term: Optional[int] = None, supersedes: str = "") -> ControllerHost:
     """Node 0: the job's controller (bound; serving the metrics too with ``--metrics-port``),
     its event log, and this node's agent attached in-process, its orders and views handed to
     ``deliver``; started. With port 0 the controller chose its port: the host's ``port``.
-    ``standby_term``: a standby's controller on this node, for that term (its metrics stay the node's)."""
+    ``standby_term``: a standby's controller on this node, for that term (its metrics stay the node's),
+    which took over from the controller at ``supersedes``."""
     standby = standby_term is not None
     runner = ControllerHost(controller_config(spec), metrics_at=None if spec.metrics_port is None or standby
                             else (spec.metrics_ip, spec.metrics_port), run_dir=spec.run_dir,
                             node_metrics=None if standby else node_metrics, node=spec.node_rank,
-                            standby_term=standby_term)
+                            standby_term=standby_term, supersedes=supersedes)
     runner.controller.events = EventLog(spec.run_dir / CONTROLLER_FILE, "controller")
     runner.controller.attach_agent(spec.node_rank, tuple(spec.local_ranks), deliver)
     runner.start()

@@ -126,7 +126,7 @@ class NodeAgent:
                 self._announced = effect.reason
                 self.console.line("mindft-launch", f"job failed: {effect.reason}")
             elif isinstance(effect, BecomeSpare):
-                self._become_spare()
+                self._become_spare(effect.controller)
 
     def _report(self, message: ProcessExit | SchedulerLost) -> None:
         if self.runner is not None:
@@ -184,7 +184,7 @@ class NodeAgent:
         elif isinstance(message, AdoptNode):
             self._adopt(message)
         elif isinstance(message, Replaced):
-            self._carry_out(self.policy.replaced(message.reason))
+            self._carry_out(self.policy.replaced(message.reason, message.controller))
         elif isinstance(message, Reply) and not message.ok:
             log.warning("controller: %s", message.detail)
 
@@ -468,13 +468,15 @@ class NodeAgent:
         self._say(f"the controller at {self.spec.controller_address} said nothing for {silent:.1f} s "
                   f"(> {self._takeover_after:g} s): following the standby at {move.address} (term {move.term})")
         host = move.address[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+        replaced = self.spec.controller_address
         self.link.close()
         self.link = None
         here = self.spec.node_rank if move.here else -1
         self.spec = dataclasses.replace(self.spec, master_ip=host, controller_node=here)
         self.workers.assign(self.spec)
         if move.here:
-            self.runner = host_controller(self.spec, self.node_metrics, self.inbox.put, standby_term=move.term)
+            self.runner = host_controller(self.spec, self.node_metrics, self.inbox.put, standby_term=move.term,
+                                          supersedes=replaced)
             self.policy.runs_controller = True
             if self.spec.scheduler_port is not None:
                 self.scheduler = Scheduler(self.spec, self.warm, self.events)
@@ -537,19 +539,39 @@ class NodeAgent:
                                               f"runs its ranks"))
         self.write_job_file()
 
-    def _become_spare(self) -> None:
-        """This agent's node was given to another agent: stop what still runs of it, stop replicating
-        for it, and wait as a spare."""
+    def _become_spare(self, controller: str) -> None:
+        """This agent's node was given to another agent, or the controller it ran stood down for the
+        one at ``controller``: stop what still runs of the node (its ranks, its controller, MindSpore's
+        scheduler, its replication), and wait as a spare of the job's controller."""
         running = self.workers.running()
         if running:
-            self.workers.kill_worker(running, signal.SIGKILL, 0.0)
+            self.workers.kill_worker(running, signal.SIGKILL, self.spec.grace_period)
             for rank, code in self.workers.exits().items():
                 self.policy.stopped(rank, code)
+        if self.runner is not None:
+            self.runner.stop()
+            self.runner = None
+        if self.scheduler is not None:
+            self.scheduler.exit_seen = True  # stopping it is no failure
+            self.scheduler.stop(0.0, self.spec.grace_period)
+            self.scheduler = None
         if self.replication is not None:
             self.replication.close()
             self.replication = None
-        self.spec = dataclasses.replace(self.spec, node_rank=-1, spare=True, replica_endpoint=None)
-        self.workers.assign(self.spec)
+        spec = dataclasses.replace(self.spec, node_rank=-1, spare=True, replica_endpoint=None)
+        if controller:
+            host = controller[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+            spec = dataclasses.replace(spec, master_ip=host, controller_node=-1)
+        self.spec = spec
+        self.workers.assign(spec)
+        if self.link is None or controller:
+            if self.link is not None:
+                self.link.close()
+            self.link = ControllerLink(spec, self.keys)
+        self.client = Client(spec.controller_address, self.keys)
+        if self.failover is None and spec.standbys:
+            self.failover = Failover("")
         self.policy.spare_again()
-        self._say("this agent is a warm spare now: it takes a lost node's ranks when the controller says")
+        self._say(f"this agent is a warm spare now, of the controller at {spec.controller_address}: it takes a lost "
+                  f"node's ranks when the controller says")
         self.write_job_file()

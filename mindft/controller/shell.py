@@ -28,14 +28,14 @@ from mindft.exitcodes import ExitCode
 from mindft.flow.cadence import Budget
 from mindft.flow.inputs import SchedulerLost
 from mindft.flow.episode import DYING_GASP
-from mindft.flow import (RECOVERY_STATES, Broadcast, DeviceInput, Effect, Finish, GiveNode, Job, JobState,
+from mindft.flow import (RECOVERY_STATES, Broadcast, DeviceInput, Effect, Fence, Finish, GiveNode, Job, JobState,
                          KillRank, Promoted, Send, StartRank, Transition, phase_times)
 from mindft.flow.standby import candidates
 from mindft.protocol import AgentHello, Message
 from mindft.net.keys import job_keys, start_authenticator
 from mindft.observe.metrics import JobMetrics
 from mindft.preflight import ato_failure_rate
-from mindft.protocol import ProtocolError, StatusReply, decode, encode
+from mindft.protocol import ProtocolError, StatusReply, Superseded, decode, encode
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +65,13 @@ class Controller:
 
     ``node``: the node it runs on; ``standby_term`` (a standby that takes over: the term it would
     command in; None: the first controller, term 0) makes it stand by until half of the node
-    agents said hello to it (:mod:`mindft.flow.standby`).
+    agents said hello to it (:mod:`mindft.flow.standby`); once in command it tells the controller
+    it replaced, at ``supersedes``, so (:class:`~mindft.protocol.Superseded`).
     """
 
     def __init__(self, config: MindftConfig, clock: Callable[[], float] = time.monotonic,
                  metrics: Optional[JobMetrics] = None, events: Optional[EventLog] = None, node: int = 0,
-                 standby_term: Optional[int] = None) -> None:
+                 standby_term: Optional[int] = None, supersedes: str = "") -> None:
         self._clock = clock
         self._wake_lock = threading.Lock()  # first: _close() needs it if the bind below fails
         self._local_agent: Optional[Callable[[Message], None]] = None
@@ -93,7 +94,8 @@ class Controller:
         self.job = Job(config.world_size, config.timeouts, clock(), snapshot_every=config.snapshot_every or 1,
                        restart_scope=config.restart_scope, budget=job_budget(config),
                        term=standby_term or 0, candidates=candidates(config.standbys, node),
-                       standing_by=standby_term is not None)
+                       standing_by=standby_term is not None, supersedes=supersedes)
+        self._fence: Optional[zmq.Socket] = None  # to the controller it replaced
         self.result: Optional[Finish] = None
         self.metrics = metrics if metrics is not None else JobMetrics()
         self.metrics.watch(self.latest_status)
@@ -287,6 +289,13 @@ class Controller:
                 if self.events is not None:
                     self.events.append(NodeGiven(effect.node, effect.adoption, effect.reason))
                 self._out.to(effect.spare, encode(dataclasses.replace(effect.order(), term=self.job.term)))
+            elif kind is Fence:
+                if self._fence is None:
+                    self._fence = channel.dealer(self._context, self._keys, effect.address)
+                try:
+                    self._fence.send(encode(Superseded(effect.term, self.endpoint)), _NOBLOCK)
+                except zmq.Again:  # it is not there yet: the frames queued already say the same
+                    pass
             elif kind is Promoted:
                 log.warning("this standby controller on node %d takes command of the job (term %d): %s", self.node,
                             effect.term, effect.reason)
@@ -337,7 +346,8 @@ class Controller:
     def _close(self) -> None:
         with self._wake_lock:
             wake_out, self._wake_out = getattr(self, "_wake_out", None), None
-        for sock in (getattr(self, "_socket", None), getattr(self, "_wake_in", None), wake_out):
+        for sock in (getattr(self, "_socket", None), getattr(self, "_wake_in", None), wake_out,
+                     getattr(self, "_fence", None)):
             if sock is not None:
                 sock.close(channel.ROUTER_LINGER_MS if sock is getattr(self, "_socket", None) else 0)
         if self._authenticator is not None:

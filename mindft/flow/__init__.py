@@ -5,7 +5,7 @@ input carries the time it happened, every decision comes back as a value.
 """
 from __future__ import annotations
 
-from mindft.flow.effects import (Broadcast, Effect, Finish, GiveNode, KillRank, Peer, Promoted, Send, StartRank,
+from mindft.flow.effects import (Broadcast, Effect, Fence, Finish, GiveNode, KillRank, Peer, Promoted, Send, StartRank,
                                  Transition)
 from mindft.flow.inputs import (DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, HoldRepairs, ProcessExited,
                                 RollbackAll, StopJob)
@@ -17,7 +17,7 @@ from mindft.flow.states import (RECOVERY_STATES, TERMINAL_STATES, TRANSITIONS, E
                                 next_state)
 
 __all__ = ["Armed", "Finished", "Outcome", "RankHooks", "Resumed", "ArmFault", "Broadcast", "Command", "DeviceFailed", "DeviceFaulty", "DeviceInput", "DeviceRecovered",
-           "DumpAndExit", "Effect", "Event", "Finish", "GiveNode", "Follower", "HoldRepairs", "RollbackAll", "StartRank", "Ignore", "IllegalTransition", "Job", "JobState",
+           "DumpAndExit", "Effect", "Event", "Fence", "Finish", "GiveNode", "Follower", "HoldRepairs", "RollbackAll", "StartRank", "Ignore", "IllegalTransition", "Job", "JobState",
            "KillRank", "Leave", "Peer", "Promoted", "ProcessExited", "RECOVERY_STATES", "RankRecord", "RankState", "RankTable",
            "LeaveDevice", "Restore", "Resume", "Send", "Settle", "StopJob", "TERMINAL_STATES", "TRANSITIONS", "Transition",
            "held_after", "next_state", "phase_times"]

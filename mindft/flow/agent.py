@@ -105,10 +105,13 @@ class AbortJob:
 
 @dataclass(frozen=True)
 class BecomeSpare:
-    """This agent's node was given to another agent: stop every process it still runs (SIGKILL: the
-    job has their state elsewhere), stop replicating, and wait as a spare (:meth:`NodePolicy.spare_again`)."""
+    """This agent's node was given to another agent, or its controller stood down for a newer term's
+    at ``controller`` (""): stop every process it still runs (SIGKILL: the job has their state
+    elsewhere), its controller and MindSpore's scheduler, stop replicating, and wait as a spare of
+    the job's controller (:meth:`NodePolicy.spare_again`)."""
 
     reason: str
+    controller: str = ""
 
 
 @dataclass(frozen=True)
@@ -438,14 +441,17 @@ class NodePolicy:
         self.workers = {rank: Worker(rank) for rank in self.ranks}
         self._hello_at = None  # say hello as the node at once
 
-    def replaced(self, reason: str) -> list[AgentEffect]:
-        """This agent's node was given to another agent (:class:`~mindft.protocol.Replaced`): it runs
-        nothing of the job any more and becomes a spare."""
-        return [] if self.spare else [Say(f"controller: {reason}"), BecomeSpare(reason)]
+    def replaced(self, reason: str, controller: str = "") -> list[AgentEffect]:
+        """This agent's node was given to another agent, or the controller it ran stood down for the
+        one at ``controller`` (:class:`~mindft.protocol.Replaced`): it runs nothing of the job any more
+        and becomes a spare."""
+        return [] if self.spare else [Say(f"controller: {reason}"), BecomeSpare(reason, controller)]
 
     def spare_again(self) -> None:
-        """Every process of the node this agent ran is gone (:class:`BecomeSpare`): it is a spare now."""
+        """Every process of the node this agent ran is gone (:class:`BecomeSpare`): it is a spare now,
+        and learns the job anew from the controller it follows."""
         self.ranks, self.spare, self.workers = (), True, {}
+        self.runs_controller, self.view, self.under_way = False, None, False
         self._hello_at = None
 
     def controller_silent(self, silent_for: float, limit: float) -> list[AgentEffect]:

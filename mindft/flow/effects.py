@@ -93,6 +93,15 @@ class Promoted:
 
 
 @dataclass(frozen=True)
+class Fence:
+    """Tell the controller this one replaced, at ``address``, that the job is commanded here now in
+    ``term`` (:class:`~mindft.protocol.Superseded`; :mod:`mindft.flow.standby`)."""
+
+    address: str
+    term: int
+
+
+@dataclass(frozen=True)
 class Transition:
     """The job moved from ``source`` to ``target`` (for logs and timelines)."""
 
@@ -112,4 +121,4 @@ class Finish:
     dump_step: int = -1
 
 
-Effect = Union[Send, Broadcast, KillRank, StartRank, GiveNode, Promoted, Transition, Finish]
+Effect = Union[Send, Broadcast, KillRank, StartRank, GiveNode, Promoted, Fence, Transition, Finish]

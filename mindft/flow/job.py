@@ -22,7 +22,7 @@ from mindft.config import Timeouts
 from mindft.exitcodes import ExitCode
 from mindft.flow import lost
 from mindft.flow.cadence import Budget, Tuner
-from mindft.flow.effects import Broadcast, Effect, Finish, GiveNode, Peer, Promoted, Send, Transition
+from mindft.flow.effects import Broadcast, Effect, Fence, Finish, GiveNode, Peer, Promoted, Send, Transition
 from mindft.flow.episode import Episode
 from mindft.flow.inputs import (DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, HoldRepairs, ProcessExited,
                                 RollbackAll, SchedulerLost, StopJob, from_wire)
@@ -30,12 +30,12 @@ from mindft.flow.ladder import Ladder
 from mindft.flow.ranks import RankRecord, RankState, RankTable
 from mindft.flow.rejoin import Survivors
 from mindft.flow.replicas import KeptSteps, ReplicaWatch, rank_list
-from mindft.flow.spares import Spares
+from mindft.flow.spares import HELLO_INTERVAL, Spares
 from mindft.flow.standby import promotes
 from mindft.flow.states import RECOVERY_STATES, TERMINAL_STATES, Event, JobState, next_state
 from mindft.protocol import (REPORT_SUFFIX, Ack, Action, ActionKind, AgentHello, Cadence, CostReport, DeviceEvent, Done,
                              FaultKind, FaultReport, Heartbeat, InjectRequest, JobView, Message, NodeLost,
-                             Progress, ProcessExit, RankStatus, Register, RegisterAck, Replaced, ReplicaReport, Reply,
+                             Progress, ProcessExit, RankStatus, Register, RegisterAck, Replaced, ReplicaReport, Reply, Superseded,
                              StatusReply, StatusRequest, StepReport)
 
 log = logging.getLogger(__name__)
@@ -63,12 +63,13 @@ class Job:
 
     ``term``: this controller's (:mod:`mindft.flow.standby`; 0: the first controller's);
     ``candidates``: the nodes that stand by for it, in takeover order; ``standing_by``: a standby
-    that commands nothing until half of the node agents said hello to it.
+    that commands nothing until half of the node agents said hello to it; ``supersedes``: the address
+    of the controller it took over from, told so once it commands (:class:`Fence`).
     """
 
     def __init__(self, world_size: int, timeouts: Timeouts, now: float, snapshot_every: int = 1,
                  restart_scope: str = "auto", budget: Optional[Budget] = None, term: int = 0,
-                 candidates: tuple[int, ...] = (), standing_by: bool = False) -> None:
+                 candidates: tuple[int, ...] = (), standing_by: bool = False, supersedes: str = "") -> None:
         if snapshot_every < 1:
             raise ValueError(f"snapshot_every must be >= 1, got {snapshot_every}")
         self.timeouts = timeouts
@@ -88,6 +89,8 @@ class Job:
         self.survivors = Survivors(world_size)  # what ranks and agents say while STARTING: is the job under way?
         self.spares = Spares(timeouts.dead_after)  # warm spare nodes, and the lost nodes given to them
         self.term, self.candidates, self.standing_by = term, candidates, standing_by
+        self.supersedes, self._next_fence = supersedes, math.inf
+        self.superseded: Optional[Superseded] = None  # a newer term commands the job: this controller stood down
         self._nproc = 0  # ranks per node, from the first node agent's hello
         self.ladder = Ladder(self, self.ranks, timeouts, self.agents, self.replicas, self.survivors, self.tuner)
 
@@ -106,6 +109,8 @@ class Job:
     def handle(self, peer: Peer, message: Message, now: float) -> list[Effect]:
         """A message from a rank or a client."""
         kind = type(message)
+        if self.superseded is not None and kind is not StatusRequest:
+            return self._flush()  # it stood down: it commands nothing any more
         if kind is StepReport:
             self._on_step(peer, message, now)
         elif kind is Heartbeat:
@@ -147,6 +152,8 @@ class Job:
                 self.emit(Send(peer, Reply(ok, detail, message.request_id)))
         elif kind is AgentHello:
             self._on_agent(peer, message, now)
+        elif kind is Superseded:
+            self._stand_down(message)
         else:
             log.warning("dropped %s from peer %r: not addressed to the controller", kind.__name__, peer[:32])
         return self._flush()
@@ -198,7 +205,10 @@ class Job:
 
     def tick(self, now: float) -> list[Effect]:
         """Hang detection and phase deadlines due at ``now`` (no heartbeats: see :meth:`_on_heartbeat`)."""
-        if self.state in TERMINAL_STATES:
+        if now >= self._next_fence:
+            self._next_fence = now + HELLO_INTERVAL
+            self.emit(Fence(self.supersedes, self.term))
+        if self.state in TERMINAL_STATES or self.superseded is not None:
             return self._flush()
         if now >= self._next_check:
             self._next_check = now + self.timeouts.heartbeat_interval
@@ -218,9 +228,9 @@ class Job:
 
     def next_wakeup(self) -> float:
         """When :meth:`tick` must be called next (inf once the job ended)."""
-        if self.state in TERMINAL_STATES:
-            return math.inf
-        return min(self._next_check, self.deadline)
+        if self.state in TERMINAL_STATES or self.superseded is not None:
+            return self._next_fence
+        return min(self._next_check, self.deadline, self._next_fence)
 
     def status(self, now: float, request_id: int = 0) -> StatusReply:
         """The job as ``mindft status`` shows it."""
@@ -372,9 +382,23 @@ class Job:
             return
         self.standing_by = False
         self.emit(Promoted(self.term, f"node agents {heard} of {nnodes} said hello to this standby (at least half)"))
+        if self.supersedes:
+            self._next_fence = now
         self._tell_agents()
         if self.survivors.under_way:
             self._rejoin_when_heard(now)
+
+    def _stand_down(self, message: Superseded) -> None:
+        """A controller of a newer term commands the job: this one stands down for good, and tells its
+        own node agent to join the job there as a spare."""
+        if message.term <= self.term or self.superseded is not None:
+            return
+        self.superseded = message
+        node = next((n for n, seen in self.spares.nodes.items() if seen.peer == self.spares.local), 0)
+        reason = (f"the job is commanded in term {message.term} at {message.controller}; this controller (term "
+                  f"{self.term}) stands down")
+        log.warning("%s", reason)
+        self.emit(Send(self.spares.local, Replaced(node, reason, controller=message.controller)))
 
     def _rejoin_when_heard(self, now: float) -> None:
         """The job was under way: rebuild it once every rank's node agent said what it holds (until

@@ -26,7 +26,8 @@ from typing import ClassVar, Optional, Union
 # 12: warm spare nodes: AgentHello.spare, AdoptNode (the controller gives a lost node to a spare),
 # NodeLost.adoption, Replaced (the answer to an agent whose node another agent runs now).
 # Within 12: standby controllers: a term on JobView, RankOrder and AdoptNode (an older term's are
-# refused), JobView.standbys (where the standbys listen), AgentHello.address and .term.
+# refused), JobView.standbys (where the standbys listen), AgentHello.address and .term; Superseded (a
+# controller that took command tells the one it replaced), Replaced.controller.
 PROTOCOL_VERSION = 12
 # Large enough for an endpoint map of ~20k ranks; bigger frames are refused unread.
 # A rank reports its steps from the training thread over a socket of its own, named after its
@@ -430,6 +431,19 @@ class Replaced:
     node: int
     reason: str = ""
     request_id: int = 0
+    controller: str = ""  # where the job's controller is now ("": the one that answers)
+
+
+@dataclass(frozen=True)
+class Superseded:
+    """A standby that took command of the job in ``term`` tells the controller it replaced (at that
+    controller's address, again every few seconds: a node 0 that comes back hears it): the job is
+    commanded at ``controller`` now. A controller of an older term stands down, and its node agent
+    joins the job as a spare."""
+
+    KIND: ClassVar[str] = "superseded"
+    term: int
+    controller: str
 
 
 @dataclass(frozen=True)
@@ -487,4 +501,4 @@ class Reply:
 
 Message = Union[Register, RegisterAck, Heartbeat, StepReport, Progress, FaultReport, Action, Ack, Done,
                 StatusRequest, StatusReply, DeviceEvent, InjectRequest, ProcessExit, ReplicaReport, NodeLost, Reply,
-                CostReport, Cadence, AgentHello, JobView, RankOrder, AdoptNode, Replaced]
+                CostReport, Cadence, AgentHello, JobView, RankOrder, AdoptNode, Replaced, Superseded]

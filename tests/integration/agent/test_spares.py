@@ -91,3 +91,29 @@ def test_node_0_lost_for_good_the_standby_takes_command_the_spare_takes_rank_0_a
     print(f"node 0 lost for good: node 1's standby took command, the spare took rank 0; the rebuild took "
           f"{recovery[1] if recovery else '?'} s (rollback to step {restored[1]}); node 1 and the spare exited 0 "
           f"{took:.1f} s after the loss")
+
+
+def test_node_0_back_on_its_old_address_after_the_takeover_is_fenced_and_waits_as_a_spare(
+        hosts: Hosts, processes: Processes, tmp_path: Path, references) -> None:
+    """Node 0 is lost, node 1's standby takes command (term 1) and the spare takes rank 0; then node
+    0's launcher starts again on its old address, with a controller of term 0 that knows nothing.
+    The controller in command tells it so (Superseded): it stands down before it commands anything
+    of the job, its agent waits as a spare of term 1, and the job ends bit-identical."""
+    job = HostsJob(hosts, processes, tmp_path, launch_args=("--standbys", "1"))
+    job.start("spare", None, host=SPARE_HOST)
+    job.start_training()
+    lost_at = job.lose("node0", 0)
+    while "takes command of the job (term 1)" not in job.output("node1"):
+        assert time.monotonic() - lost_at < 60, job.outputs()
+        time.sleep(0.2)
+    job.start("node0-again", 0)
+    codes = {name: job.wait(name) for name in ("node1", "spare", "node0-again")}
+    assert codes == {"node1": 0, "spare": 0, "node0-again": 0}, job.outputs()
+    again = job.output("node0-again")
+    assert "the job is commanded in term 1 at tcp://10.77.0.2:29601; this controller (term 0) stands down" in again
+    assert "this agent is a warm spare now, of the controller at tcp://10.77.0.2:29601" in again, again[-4000:]
+    assert "the job is done: this spare was not needed" in again
+    # The returning controller ordered nothing: no order in its event log.
+    assert not [e for e in read(tmp_path / "run-node0-again") if e.kind == "order"]
+    assert_ranks_identical(tmp_path / "out", references("model"), 2)
+    assert_nothing_left(hosts)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from mindft.flow import GiveNode, JobState, KillRank, Promoted, StartRank
+from mindft.flow import Fence, GiveNode, JobState, KillRank, Promoted, StartRank
 from mindft.flow.standby import (Failover, Move, candidates, promotes, rank_retries, takeover_after)
-from mindft.protocol import AgentHello, JobView, ProcessExit, Register
+from mindft.protocol import AgentHello, JobView, ProcessExit, Register, Replaced, Superseded
 from test_job import T
 from mindft.flow.job import Job
 
@@ -109,3 +109,26 @@ def test_a_standby_without_a_spare_waits_for_node_0s_agent() -> None:
     job.handle(LOCAL, AgentHello(1, (1,)), 1.0)
     out = job.handle(LOCAL, AgentHello(1, (1,), pids=(501,), incarnations=(0,), newest=(7,)), 1.1)
     assert not [e for e in out if isinstance(e, (GiveNode, KillRank))] and job.state is S.STARTING
+
+
+def test_once_in_command_a_standby_tells_the_controller_it_replaced_every_hello_interval() -> None:
+    job = Job(2, T, 0.0, term=1, standing_by=True, supersedes="tcp://10.0.0.1:29601")
+    assert not [e for e in job.tick(5.0) if isinstance(e, Fence)]  # standing by: it says nothing
+    job.handle(LOCAL, AgentHello(1, (1,)), 5.0)  # half of two nodes: it commands
+    assert job.next_wakeup() <= 5.0
+    assert [e for e in job.tick(5.0) if isinstance(e, Fence)] == [Fence("tcp://10.0.0.1:29601", 1)]
+    assert not [e for e in job.tick(6.0) if isinstance(e, Fence)]
+    assert [e for e in job.tick(7.0) if isinstance(e, Fence)] == [Fence("tcp://10.0.0.1:29601", 1)]
+
+
+def test_a_controller_told_of_a_newer_term_stands_down_and_makes_its_agent_a_spare_there() -> None:
+    job = Job(2, T, 0.0)  # node 0 back on its old address: a controller of term 0, knowing nothing
+    job.handle(LOCAL, AgentHello(0, (0,)), 0.0)
+    assert job.handle(b"x", Superseded(0, "tcp://elsewhere:1"), 0.1) == []  # not newer: nothing
+    out = job.handle(b"fence", Superseded(1, "tcp://10.0.0.2:29601"), 0.2)
+    (told,) = [e for e in out if isinstance(e.message, Replaced)]
+    assert told.peer == LOCAL and told.message.controller == "tcp://10.0.0.2:29601" and told.message.node == 0
+    assert "stands down" in told.message.reason
+    # From now on it commands nothing: a rank that registers hears nothing, the clock does nothing.
+    assert job.handle(b"rank0.inc0", Register(0, 0, 10), 0.3) == [] and job.tick(500.0) == []
+    assert job.state is S.STARTING

@@ -11,7 +11,7 @@ from mindft.protocol import (MAX_FRAME, MESSAGE_TYPES, PROTOCOL_VERSION, Ack, Ac
                              JobView, OrderKind, RankOrder, RankState,
                              Cadence, CostReport, DeviceEvent, DeviceStatus, Done, FaultKind, FaultReport, Heartbeat,
                              InjectRequest, NodeLost, ProcessExit, ProtocolError, RankStatus, Register,
-                             Progress, RegisterAck, Replaced, ReplicaReport, Reply, StatusReply, StatusRequest, StepReport,
+                             Progress, RegisterAck, Replaced, ReplicaReport, Superseded, Reply, StatusReply, StatusRequest, StepReport,
                              decode, encode)
 
 SAMPLES = [
@@ -54,6 +54,8 @@ SAMPLES = [
     AgentHello(node=-1, ranks=(), spare=True),
     AdoptNode(node=1, adoption=1, reason="node 1's agent and ranks [1] silent for 6.2 s"),
     Replaced(node=1, reason="node 1 was given to a spare", request_id=11),
+    Replaced(node=0, reason="stands down", controller="tcp://10.0.0.2:29601"),
+    Superseded(term=1, controller="tcp://10.0.0.2:29601"),
 ]
 
 
