@@ -117,3 +117,37 @@ def test_node_0_back_on_its_old_address_after_the_takeover_is_fenced_and_waits_a
     assert not [e for e in read(tmp_path / "run-node0-again") if e.kind == "order"]
     assert_ranks_identical(tmp_path / "out", references("model"), 2)
     assert_nothing_left(hosts)
+
+
+def test_a_partition_that_cuts_node_0_off_with_its_controller_leaves_one_controller_in_command(
+        hosts: Hosts, processes: Processes, tmp_path: Path, references) -> None:
+    """Node 0's link goes down (node 0, its controller and rank 0 on one side; node 1 and the spare
+    on the other) and stays down until the other side trains again: node 1's standby takes command
+    (half of the node agents follow it), the spare takes rank 0, the job goes on; once the link is
+    back, node 0's controller hears that term 1 commands and stands down. The event logs show the
+    two controllers' orders one after the other, never interleaved; the job ends bit-identical."""
+    job = HostsJob(hosts, processes, tmp_path, launch_args=("--standbys", "1"))
+    job.start("spare", None, host=SPARE_HOST)
+    job.start_training()
+    hosts.link(0, up=False)
+    cut_at, cut_wall = time.monotonic(), time.time()
+    while not re.search(r"takes command of the job \(term 1\)[\s\S]*RESUMING → NORMAL", job.output("node1")):
+        assert time.monotonic() - cut_at < 120, job.outputs()
+        time.sleep(0.2)
+    hosts.link(0, up=True)
+    healed_after = time.monotonic() - cut_at
+    codes = {name: job.wait(name) for name in ("node0", "node1", "spare")}
+    assert codes == {"node0": 0, "node1": 0, "spare": 0}, job.outputs()
+    node0 = job.output("node0")
+    assert "the job is commanded in term 1 at tcp://10.77.0.2:29601; this controller (term 0) stands down" in node0
+    old = read(tmp_path / "run-node0")
+    new = read(tmp_path / "run-node1")
+    took = next(e.at for e in new if isinstance(e.record, TookCommand))
+    old_orders = [e.at for e in old if e.kind in ("order", "node_given")]
+    new_orders = [e.at for e in new if e.kind in ("order", "node_given")]
+    assert new_orders and all(at < took for at in old_orders), (old_orders, took)
+    assert all(at >= took for at in new_orders)
+    assert_ranks_identical(tmp_path / "out", references("model"), 2)
+    assert_nothing_left(hosts)
+    print(f"partition around node 0: node 1's standby took command {took - cut_wall:.1f} s after the cut; the link "
+          f"came back {healed_after:.1f} s after it; node 0 stood down, every launcher exited 0")
