@@ -46,14 +46,15 @@ def random_job(seed: int) -> SimJob:
                                seconds=pick.uniform(0.1, 3.0))
         if job.nodes > 1 and pick.random() < 0.3:  # a node lost in the middle of a recovery (node 0: the controller)
             job.fault_in_phase(pick.choice(PHASES), pick.randrange(world), "node", seconds=pick.uniform(0.5, 6.0))
+    job.standby = pick.random() < 0.5  # drawn last: who rebuilds the job when node 0 is lost
     return job
 
 
 def explore(seeds: range) -> dict[str, int]:
     """Run every seed and check its end; returns how the jobs ended. Raises on a violation,
     naming the seed so it can be replayed with ``random_job(seed).run()``."""
-    ends = {"done": 0, "failed": 0, "nodes lost": 0, "controllers lost": 0, "schedulers lost": 0,
-            **dict.fromkeys(PHASES, 0)}
+    ends = {"done": 0, "failed": 0, "nodes lost": 0, "controllers lost": 0, "standbys in command": 0,
+            "schedulers lost": 0, **dict.fromkeys(PHASES, 0)}
     for seed in seeds:
         job = random_job(seed)
         try:
@@ -64,6 +65,7 @@ def explore(seeds: range) -> dict[str, int]:
         ends["done" if job.outcome.exit_code == 0 else "failed"] += 1
         ends["nodes lost"] += job.node_lost
         ends["controllers lost"] += job.controllers > 1
+        ends["standbys in command"] += job.controllers > 1 and job.standby
         ends["schedulers lost"] += job.schedulers_lost > 0
         for phase, hits in job.phase_hits.items():
             ends[phase] += hits
@@ -78,5 +80,6 @@ def check_explored(seeds: range) -> None:
     assert ends["failed"] > 0               # and the failing ones are explored too
     assert ends["nodes lost"] > len(seeds) * 0.05  # and lost nodes, recovered or not
     assert ends["controllers lost"] > len(seeds) * 0.02  # node 0 with the controller among them
+    assert ends["standbys in command"] > len(seeds) * 0.01  # rebuilt by a standby in some
     assert ends["schedulers lost"] > len(seeds) * 0.05  # and MindSpore's scheduler lost mid-training
     assert all(ends[phase] > len(seeds) * 0.01 for phase in PHASES), ends  # and faults in every phase of an episode

@@ -296,6 +296,9 @@ class SimJob:
     node_losses: dict[tuple[int, int], float] = field(default_factory=dict)  # (node, step) -> replace after s
     scheduler_losses: set[int] = field(default_factory=set)  # steps whose first entry kills MindSpore's scheduler
     phase_faults: list[tuple[str, int, str, float]] = field(default_factory=list)  # (phase, rank, kind, reset s)
+    # Node 0 lost with the controller: the one that rebuilds the job is a standby on another node
+    # (a term higher, commanding nothing until half of the node agents said hello), not node 0's own.
+    standby: bool = False
 
     def __post_init__(self) -> None:
         if self.world_size % self.nodes:
@@ -560,7 +563,8 @@ class SimJob:
         started afresh with nothing in memory; the others' agents and live ranks find it."""
         self.controller_lost = False
         self.controllers += 1
-        self.job = Job(self.world_size, self.timeouts, self.now, self.snapshot_every, budget=self.budget)
+        self.job = Job(self.world_size, self.timeouts, self.now, self.snapshot_every, budget=self.budget,
+                       term=self.controllers - 1 if self.standby else 0, standing_by=self.standby)
         self.up.clear()  # sent to the lost controller
         self.last_round, self.recovery_started, self.watch_pending = 0, None, True
         self.scheduler_down, self.schedulers = False, self.schedulers + 1
