@@ -43,12 +43,12 @@ def host_controller(spec: LaunchSpec, node_metrics: Optional[Any], deliver: Call
     """Node 0: the job's controller (bound; serving the metrics too with ``--metrics-port``),
     its event log, and this node's agent attached in-process, its orders and views handed to
     ``deliver``; started. With port 0 the controller chose its port: the host's ``port``.
-    ``standby_term``: a standby's controller on this node, for that term (its metrics stay the node's),
-    which took over from the controller at ``supersedes``."""
-    standby = standby_term is not None
-    runner = ControllerHost(controller_config(spec), metrics_at=None if spec.metrics_port is None or standby
+    ``standby_term``: a standby's controller on this node, for that term, which took over from the
+    controller at ``supersedes`` (the node's own metrics server must be closed first: this one
+    serves them with the job's, and the status page)."""
+    runner = ControllerHost(controller_config(spec), metrics_at=None if spec.metrics_port is None
                             else (spec.metrics_ip, spec.metrics_port), run_dir=spec.run_dir,
-                            node_metrics=None if standby else node_metrics, node=spec.node_rank,
+                            node_metrics=node_metrics, node=spec.node_rank,
                             standby_term=standby_term, supersedes=supersedes)
     runner.controller.events = EventLog(spec.run_dir / CONTROLLER_FILE, "controller")
     runner.controller.attach_agent(spec.node_rank, tuple(spec.local_ranks), deliver)

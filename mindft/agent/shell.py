@@ -475,6 +475,9 @@ class NodeAgent:
         self.spec = dataclasses.replace(self.spec, master_ip=host, controller_node=here)
         self.workers.assign(self.spec)
         if move.here:
+            if self.metrics_server is not None:  # the controller serves them from now on, with the status page
+                self.metrics_server.close()
+                self.metrics_server = None
             self.runner = host_controller(self.spec, self.node_metrics, self.inbox.put, standby_term=move.term,
                                           supersedes=replaced)
             self.policy.runs_controller = True

@@ -33,6 +33,8 @@ def status(job: Optional[Path], address: Optional[str], key_file: Optional[Path]
                f"recoveries: {reply.recoveries}   snapshots: {_cadence_text(reply)}")
     if reply.reason:
         click.echo(f"reason: {reply.reason}")
+    if reply.term or reply.standbys or reply.spares:
+        click.echo(f"controller: {_controller_text(reply)}")
     header = ("RANK", "STATE", "STEP", "LAST HEARTBEAT", "RESTARTS", "PID")
     rows = [(str(r.rank), r.state, str(r.step), _age(r.last_heartbeat_age), str(r.restarts), str(r.pid))
             for r in reply.ranks]
@@ -66,6 +68,13 @@ def _cadence_text(reply: Any) -> str:
         return f"{every} (no cost measured yet, {budget})"
     over = " OVER BUDGET: MINDFT_MAX_REPLAY_STEPS bounds the cadence" if reply.over_budget else ""
     return f"{every} (~{100 * reply.snapshot_cost:.1f}% of a step, {budget}){over}"
+
+
+def _controller_text(reply: Any) -> str:
+    """The controller's term, whether it commands yet, its standbys and the spares waiting."""
+    what = f"term {reply.term}" + (" (a standby, not in command yet)" if reply.standing_by else "")
+    standbys = ", ".join(s or "(not heard yet)" for s in reply.standbys) or "none"
+    return f"{what}; standbys: {standbys}; warm spares waiting: {reply.spares}"
 
 
 def _replica_cell(row: Any) -> str:

@@ -251,7 +251,9 @@ class Job:
                            step_time=round(tuner.step_time(), 6),
                            overhead_budget=tuner.budget.overhead if tuner.budget is not None else 0.0,
                            over_budget=tuner.over_budget, waiting=self.ladder.waiting_for(),
-                           deadline_in=round(max(0.0, self.deadline - now), 3) if self.deadline < math.inf else -1.0)
+                           deadline_in=round(max(0.0, self.deadline - now), 3) if self.deadline < math.inf else -1.0,
+                           term=self.term, standbys=self._standby_addresses(), spares=len(self.spares.live_spares(now)),
+                           standing_by=self.standing_by)
 
     # ---- rank messages ----------------------------------------------------------------------
 
@@ -422,10 +424,12 @@ class Job:
             if self.state in RECOVERY_STATES else ()
         unreached = tuple(r for r in range(self.ranks.world_size) if self._unreached(r)) \
             if self.state is _S.FAILED else ()
-        known = self.spares.nodes
-        standbys = tuple(known[node].address if node in known else "" for node in self.candidates)
         return JobView(self.state, self.restart_all, self.ladder.dump_step, reason, resetting, self.ladder.verdict,
-                       unreached, self.term, standbys)
+                       unreached, self.term, self._standby_addresses())
+
+    def _standby_addresses(self) -> tuple[str, ...]:
+        known = self.spares.nodes
+        return tuple(known[node].address if node in known else "" for node in self.candidates)
 
     def _unreached(self, rank: int) -> bool:
         """The job cannot tell ``rank`` to dump: it never registered (with this controller: one

@@ -36,7 +36,9 @@ def status_document(status: StatusReply, past: Iterable[list[str]]) -> dict[str,
                 "round": status.round, "restart_all": status.restart_all, "reason": status.reason,
                 "snapshot_every": status.snapshot_every, "snapshot_cost_seconds": status.snapshot_cost,
                 "step_seconds": status.step_time,
-                "overhead_budget": status.overhead_budget, "over_budget": status.over_budget},
+                "overhead_budget": status.overhead_budget, "over_budget": status.over_budget,
+                "term": status.term, "standing_by": status.standing_by, "standbys": list(status.standbys),
+                "spares": status.spares},
         "recovery": ({"state": status.state.value, "waiting_for": status.waiting,
                       "deadline_in_seconds": status.deadline_in} if waiting else None),
         "ranks": [{"rank": r.rank, "state": r.state.value, "step": r.step, "pid": r.pid, "restarts": r.restarts,
@@ -106,6 +108,7 @@ pre { background: #fff; border: 1px solid #e1e4e8; padding: .6em; overflow-x: au
 <body>
 <h1>mindft job <span id="state" class="state">…</span></h1>
 <div id="job" class="muted">waiting for the controller…</div>
+<div id="controller" class="muted"></div>
 <div id="error"></div>
 <h2>Recovery in progress</h2><div id="recovery" class="muted">none</div>
 <h2>Ranks</h2>
@@ -125,6 +128,9 @@ function draw(doc) {
        ` · ${job.recoveries} recover${job.recoveries === 1 ? "y" : "ies"} · ` +
        `snapshot every ${job.snapshot_every} step(s)` + (job.over_budget ? " (over budget)" : "") +
        (job.reason ? ` · ${job.reason}` : ""));
+  text("controller", `term ${job.term}` + (job.standing_by ? " (a standby, not in command yet)" : "") +
+       ` · standbys: ${job.standbys.map(s => s || "(not heard yet)").join(", ") || "none"}` +
+       ` · warm spares waiting: ${job.spares}`);
   const recovery = document.getElementById("recovery");
   recovery.textContent = doc.recovery ? `round ${job.round}, ${doc.recovery.state}: waiting for ` +
       `${doc.recovery.waiting_for || "nobody"}; ${Math.round(doc.recovery.deadline_in_seconds)} s to its deadline`

@@ -303,6 +303,10 @@ class StatusReply:
     over_budget: bool = False  # even every MINDFT_MAX_REPLAY_STEPS steps, snapshots cost more than the budget
     waiting: str = ""  # who the current phase waits for, and why ("": nobody)
     deadline_in: float = -1.0  # seconds until the current phase times out (-1: no deadline)
+    term: int = 0  # the controller's (0: node 0's first; a standby in command: higher)
+    standbys: tuple[str, ...] = ()  # where the standby controllers listen, in takeover order ("": not heard yet)
+    spares: int = 0  # warm spares waiting for a node
+    standing_by: bool = False  # this controller is a standby that does not command yet
 
 
 @dataclass(frozen=True)

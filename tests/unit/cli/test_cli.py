@@ -445,3 +445,28 @@ def test_the_launchers_lines_keep_their_tags_wherever_the_module_lives(logger: s
     from mindft.cli.launch import log_tag
 
     assert log_tag(logger) == tag
+
+
+def test_status_shows_the_controllers_term_its_standbys_and_the_spares_waiting(
+        runner: CliRunner, tmp_path: Path, controller: tuple[Controller, Path]) -> None:
+    from mindft.net.channel import Client
+    from mindft.protocol import AgentHello
+
+    ctl, key_file = controller
+    keys = load_keys(key_file)
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.linger = 0
+    secure_client(sock, keys)
+    sock.connect(ctl.endpoint)
+    try:
+        sock.send(encode(AgentHello(-1, (), spare=True)))
+        client = Client(ctl.endpoint, keys, timeout=5.0)
+        deadline = time.monotonic() + 10
+        while client.status().spares != 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        result = runner.invoke(main, ["status", "--address", ctl.endpoint, "--key-file", str(key_file)])
+    finally:
+        sock.close()
+    assert result.exit_code == 0, result.output
+    assert "controller: term 0; standbys: none; warm spares waiting: 1" in result.output

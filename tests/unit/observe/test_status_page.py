@@ -81,3 +81,15 @@ def test_a_controller_that_does_not_answer_is_said_not_hidden() -> None:
 def test_the_page_fetches_nothing_from_elsewhere() -> None:
     # Clusters are often offline: no external script, style sheet, font or image.
     assert not re.search(r"https?://|<script[^>]+src=|<link[^>]+href=|@import|url\(", PAGE)
+
+
+def test_the_page_says_which_term_commands_where_the_standbys_are_and_the_spares_waiting() -> None:
+    from mindft.flow.job import Job
+    from mindft.protocol import AgentHello
+
+    job = Job(4, Timeouts(), 0.0, term=1, candidates=(2,), standing_by=True)  # 1 of 4 node agents: not yet
+    job.handle(b"agent/2/1", AgentHello(2, (2,), address="tcp://10.0.0.3:29601"), 1.0)
+    job.handle(b"agent/-1/9", AgentHello(-1, (), spare=True), 1.0)
+    document = status_document(job.status(2.0), [])["job"]
+    assert (document["term"], document["standing_by"], document["standbys"], document["spares"]) == \
+        (1, True, ["tcp://10.0.0.3:29601"], 1)
