@@ -26,7 +26,7 @@ from typing import Any, Optional
 from mindft.net.channel import Client
 from mindft.snapshot.ckpt import atomic_write
 from mindft.config import TFT_VARIABLE
-from mindft.observe.events import EventLog, ProcessExitRecord, node_file
+from mindft.observe.events import ControllerFollowed, EventLog, ProcessExitRecord, node_file
 from mindft.exitcodes import ExitCode, describe_exit
 from mindft.agent.links import ControllerHost, ControllerLink, recovery_progress
 from mindft.agent.memory import (agent_memory, dump_ranks_without_process, release_memory, start_replication,
@@ -469,6 +469,7 @@ class NodeAgent:
                   f"(> {self._takeover_after:g} s): following the standby at {move.address} (term {move.term})")
         host = move.address[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
         replaced = self.spec.controller_address
+        self.events.append(ControllerFollowed(replaced, move.address, move.term, round(silent, 3), move.here))
         self.link.close()
         self.link = None
         here = self.spec.node_rank if move.here else -1

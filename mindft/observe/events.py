@@ -113,6 +113,19 @@ class TookCommand:
 
 
 @dataclass(frozen=True)
+class ControllerFollowed:
+    """A node agent's controller at ``old`` said nothing for ``silent`` seconds: it follows the standby
+    at ``new`` (term ``term``); ``here``: that standby is this node's own, started now."""
+
+    KIND = "controller_followed"
+    old: str
+    new: str
+    term: int
+    silent: float
+    here: bool = False
+
+
+@dataclass(frozen=True)
 class ProcessStartRecord:
     """A node agent started a process: ``role`` ``worker`` (``rank``, incarnation ``restarts``) or
     ``scheduler``; ``warm``: forked from the warm process (False: cold, also when the warm path
@@ -155,11 +168,11 @@ class JobFinished:
     reason: str
 
 
-Record = Union[JobMoved, FaultSeen, LadderDecision, OrderSent, NodeGiven, TookCommand, ProcessStartRecord,
-               ProcessExitRecord, ClusterFormed, JobFinished]
+Record = Union[JobMoved, FaultSeen, LadderDecision, OrderSent, NodeGiven, TookCommand, ControllerFollowed,
+               ProcessStartRecord, ProcessExitRecord, ClusterFormed, JobFinished]
 RECORDS: dict[str, type] = {cls.KIND: cls for cls in
-                            (JobMoved, FaultSeen, LadderDecision, OrderSent, NodeGiven, TookCommand, ProcessStartRecord,
-                             ProcessExitRecord, ClusterFormed, JobFinished)}
+                            (JobMoved, FaultSeen, LadderDecision, OrderSent, NodeGiven, TookCommand, ControllerFollowed,
+                             ProcessStartRecord, ProcessExitRecord, ClusterFormed, JobFinished)}
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
 from mindft.observe.events import (ClusterFormed, Event, FaultSeen, JobFinished, JobMoved, LadderDecision, NodeGiven,
-                                   OrderSent, ProcessExitRecord, ProcessStartRecord, TookCommand)
+                                   OrderSent, ProcessExitRecord, ProcessStartRecord, TookCommand, ControllerFollowed)
 from mindft.flow.episode import DYING_GASP, IN_PLACE, RESTART_ALL
 
 RECOVERY_STATES = ("PAUSING", "REPAIRING", "ROLLBACK", "RESUMING")
@@ -65,6 +65,9 @@ def describe(event: Event) -> str:
         return f"order: {r.order} rank {r.rank}{pid}: {r.reason}"
     if isinstance(r, NodeGiven):
         return f"node {r.node} given to a warm spare (adoption {r.adoption}): {r.reason}"
+    if isinstance(r, ControllerFollowed):
+        return (f"{event.source}: the controller at {r.old} said nothing for {r.silent:.1f} s; following the "
+                f"standby at {r.new} (term {r.term}{', this node' if r.here else ''})")
     if isinstance(r, TookCommand):
         return f"the standby controller on node {r.node} took command: term {r.old_term} → {r.term} ({r.reason})"
     if isinstance(r, ProcessStartRecord):

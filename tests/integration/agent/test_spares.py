@@ -17,7 +17,7 @@ import pytest
 
 from harness import Hosts, Processes, assert_ranks_identical
 from host_jobs import HostsJob, assert_nothing_left, made_hosts, references
-from mindft.observe.events import NodeGiven, TookCommand, read
+from mindft.observe.events import ControllerFollowed, NodeGiven, TookCommand, read
 
 pytestmark = [pytest.mark.slow, pytest.mark.mindspore, pytest.mark.timeout(900)]
 
@@ -85,6 +85,9 @@ def test_node_0_lost_for_good_the_standby_takes_command_the_spare_takes_rank_0_a
     took_command = [r for r in records if isinstance(r, TookCommand)]
     assert [(r.node, r.old_term, r.term) for r in took_command] == [(1, 0, 1)], records
     assert [(r.node, r.adoption) for r in records if isinstance(r, NodeGiven)] == [(0, 1)]
+    followed = [r for r in records if isinstance(r, ControllerFollowed)]
+    assert [(r.old, r.new, r.term, r.here) for r in followed] == \
+        [("tcp://10.77.0.1:29601", "tcp://10.77.0.2:29601", 1, True)] and followed[0].silent > 4
     assert_ranks_identical(tmp_path / "out", references("model"), 2)
     assert_nothing_left(hosts)
     recovery = re.search(r"recovery 1 done in ([\d.]+) s", node1)

@@ -11,9 +11,9 @@ from click.testing import CliRunner
 
 from mindft.observe import events
 from mindft.cli.main import EXIT_CONFIG_ERROR, main
-from mindft.observe.events import (CONTROLLER_FILE, ClusterFormed, Event, EventError, EventLog, EventTail, FaultSeen,
-                                   JobFinished, JobMoved, LadderDecision, OrderSent, ProcessExitRecord, ProcessStartRecord,
-                                   decode, encode, node_file)
+from mindft.observe.events import (CONTROLLER_FILE, ClusterFormed, ControllerFollowed, Event, EventError, EventLog,
+                                   EventTail, FaultSeen, JobFinished, JobMoved, LadderDecision, NodeGiven, OrderSent,
+                                   ProcessExitRecord, ProcessStartRecord, TookCommand, decode, encode, node_file)
 from mindft.observe.timeline import describe, recoveries, render
 
 T0 = 1_800_000_000.0
@@ -25,7 +25,10 @@ RECORDS = [JobMoved("NORMAL", "PAUSING", "rank 1 DEVICE_RESET", 1, 8),
            ProcessStartRecord("worker", 5151, 1, 2, True, ""),
            ProcessExitRecord("scheduler", 77, -9),
            ClusterFormed(78),
-           JobFinished(0, "all 2 ranks finished")]
+           JobFinished(0, "all 2 ranks finished"),
+           NodeGiven(1, 1, "node 1's agent and ranks [1] silent for 6.1 s (> 6 s)"),
+           TookCommand(1, 0, 1, "node agents [1] of 2 said hello to this standby (at least half)"),
+           ControllerFollowed("tcp://10.0.0.1:29601", "tcp://10.0.0.2:29601", 1, 4.2, True)]
 
 
 @pytest.mark.parametrize("record", RECORDS, ids=lambda r: r.KIND)
@@ -42,7 +45,7 @@ def test_every_record_survives_its_line(record: events.Record) -> None:
     ("{not json", "not JSON"),
     ("[1, 2]", "not a JSON object"),
     ('{"v": 99, "kind": "finish", "at": 1}', "version 99 is not supported"),
-    ('{"v": 1, "kind": "bogus", "at": 1}', "unknown event kind 'bogus'; known kinds: cluster_formed, fault, finish"),
+    ('{"v": 1, "kind": "bogus", "at": 1}', "unknown event kind 'bogus'; known kinds: cluster_formed, controller_followed, fault, finish"),
     ('{"v": 1, "kind": "finish", "at": 1, "reason": "x"}', "bad finish event"),
 ])
 def test_decode_rejects_what_is_not_an_event(line: str, message: str) -> None:
@@ -177,6 +180,11 @@ def test_render_prints_seconds_after_the_fault() -> None:
     (RECORDS[5], "node 0: scheduler (pid 77) killed by signal 9"),
     (ClusterFormed(78), "node 0: MindSpore's cluster formed (scheduler pid 78)"),
     (FaultSeen(-1, "scheduler_lost", 3, "", node=-1), "fault: MindSpore's scheduler scheduler_lost at step 3"),
+    (RECORDS[8], "node 1 given to a warm spare (adoption 1): node 1's agent and ranks [1] silent for 6.1 s (> 6 s)"),
+    (RECORDS[9], "the standby controller on node 1 took command: term 0 → 1 (node agents [1] of 2 said hello to "
+                 "this standby (at least half))"),
+    (RECORDS[10], "node 0: the controller at tcp://10.0.0.1:29601 said nothing for 4.2 s; following the standby "
+                  "at tcp://10.0.0.2:29601 (term 1, this node)"),
 ])
 def test_describe(record: events.Record, text: str) -> None:
     assert describe(Event(T0, "node 0", record)) == text
