@@ -20,7 +20,7 @@ from typing import Any, Mapping, Optional, Sequence
 from mindft.config import MINDX_TASK_VARIABLE, STEP_GATE_VARIABLE, ConfigError, load_config
 from mindft.flow.topology import Topology
 from mindft.net.keys import load_keys
-from mindft.net.address import node_ip, port_in_use
+from mindft.net.address import host_address, node_ip, port_in_use
 from mindft.preflight import check_launchable, choose_backend
 
 log = logging.getLogger(__name__)
@@ -42,10 +42,10 @@ SHORT_HEARTBEAT_MAX_WORKERS = 256
 
 def resolve_ip(address: str, option: str = "--master-addr") -> str:
     """The IP address of ``address`` (a host name such as a Volcano pod name, or an IP), given as ``option``."""
-    try:
-        return socket.getaddrinfo(address, None, proto=socket.IPPROTO_TCP)[0][4][0]
-    except socket.gaierror as error:
-        raise ConfigError(f"{option}: cannot resolve {address!r} ({error})") from None
+    ip = host_address(address)
+    if ip is None:
+        raise ConfigError(f"{option}: cannot resolve {address!r}") from None
+    return ip
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,9 @@ class LaunchSpec:
     # controller's and its own, the other nodes their own.
     metrics_port: Optional[int] = None
     metrics_ip: str = "127.0.0.1"
+    # --master-addr as given: a host name is resolved again when the controller falls silent (a pod
+    # rescheduled onto another host keeps its name, not its address); "": master_ip itself.
+    master_addr: str = ""
     # A warm spare (--spare): no ranks and node_rank -1 until the controller gives it a lost node.
     spare: bool = False
     # Nodes 1..standbys stand by for the controller (--standbys, mindft.flow.standby).
@@ -424,4 +427,5 @@ def plan_launch(params: Mapping[str, Any], environ: Mapping[str, str]) -> Launch
                       insecure=insecure, grace_period=params["grace_period"],
                       progress_interval=params["progress_interval"], env=env,
                       prefix_output=not params["no_prefix"], protected=protected, mindio=mindio,
-                      metrics_port=metrics_port, metrics_ip=metrics_ip, spare=spare, standbys=standbys)
+                      metrics_port=metrics_port, metrics_ip=metrics_ip, spare=spare, standbys=standbys,
+                      master_addr=params["master_addr"])

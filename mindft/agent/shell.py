@@ -10,7 +10,8 @@ feeds the policy and carries out its effects; nothing here decides.
 
 What it runs beside its ranks is :mod:`mindft.agent.services`'; the node's memory, from its
 start to its dying gasps and its removal, :mod:`mindft.agent.memory`'s; the start of an agent
-that replaces a lost node, :mod:`mindft.agent.takeover`'s.
+that replaces a lost node, :mod:`mindft.agent.takeover`'s; its changes of role (a standby that
+takes over, a spare that adopts a node, a node that becomes a spare), :mod:`mindft.agent.roles`'.
 """
 from __future__ import annotations
 
@@ -26,18 +27,19 @@ from typing import Any, Optional
 from mindft.net.channel import Client
 from mindft.snapshot.ckpt import atomic_write
 from mindft.config import TFT_VARIABLE
-from mindft.observe.events import ControllerFollowed, EventLog, ProcessExitRecord, node_file
+from mindft.observe.events import EventLog, ProcessExitRecord, node_file
 from mindft.exitcodes import ExitCode, describe_exit
 from mindft.agent.links import ControllerHost, ControllerLink, recovery_progress
 from mindft.agent.memory import (agent_memory, dump_ranks_without_process, release_memory, start_replication,
                                  write_node_gasp)
 from mindft.agent.services import host_controller, serve_node_metrics, start_mindio, start_warm
-from mindft.agent.takeover import restore_replica, take_over_lost_node
+from mindft.agent.roles import RoleChanges
+from mindft.agent.takeover import restore_replica
 from mindft.flow.agent import (AbortJob, AgentEffect, BecomeSpare, Ending, KillWorker, NodePolicy, Say,
                                StartWorker)
 from mindft.flow.inputs import SchedulerLost
 from mindft.flow.spares import HELLO_INTERVAL
-from mindft.flow.standby import Failover, Move, takeover_after
+from mindft.flow.standby import Failover, takeover_after
 from mindft.flow.states import RECOVERY_STATES
 from mindft.net.keys import load_keys
 from mindft.agent.plan import LaunchSpec, mindio_gate_address
@@ -63,7 +65,7 @@ def unprotected_notice(tft_value: str) -> str:
             f"restarts; turn it on with e.g. {TFT_VARIABLE}='{{RSC:1}}'")
 
 
-class NodeAgent:
+class NodeAgent(RoleChanges):
     """Run one node of a job to completion and return its exit code."""
 
     def __init__(self, spec: LaunchSpec, console: Optional[Console] = None) -> None:
@@ -103,6 +105,8 @@ class NodeAgent:
         self.failover: Optional[Failover] = None
         timeouts = load_config(spec.env).timeouts
         self._takeover_after = takeover_after(timeouts.dead_after, timeouts.connect_retries)
+        self._dead_after = timeouts.dead_after
+        self._resolve_at = 0.0  # when the controller's name (--master-addr) may be resolved again
 
     # ---- carrying out the policy's effects ------------------------------------------------------
 
@@ -300,6 +304,7 @@ class NodeAgent:
                 self._carry_out(self.policy.on_exit(rank, code))
             self._check_scheduler()
             self._check_controller_side(now)
+            self._check_controller_name(now)
             self._check_failover(now)
             if self.link is not None:
                 self._carry_out(self.policy.controller_silent(self.link.silent_for(now), self.link.silence_limit))
@@ -444,138 +449,3 @@ class NodeAgent:
         if wait and code != ExitCode.OK and not scheduler.exit_seen:
             log.warning("MindSpore's scheduler (pid %d) %s after the job ended; see %s", scheduler.pid,
                         describe_exit(code) if code is not None else "did not stop", scheduler.log_path)
-
-    # ---- standby controllers --------------------------------------------------------------------
-
-    def _check_failover(self, now: float) -> None:
-        """Once the job trained, a controller silent for ``takeover_after`` is followed by the next
-        candidate (:class:`~mindft.flow.standby.Failover`); with none left, the ranks give up on it
-        as without standbys."""
-        failover, link = self.failover, self.link
-        if failover is None or link is None or not self.policy.under_way or self.policy.job_over:
-            return
-        silent = link.silent_for(now)
-        if silent <= self._takeover_after:
-            return
-        move = failover.silent()
-        if move is not None:
-            self._follow(move, silent)
-
-    def _follow(self, move: Move, silent: float) -> None:
-        """Move this agent's link to the next controller candidate; on the candidate's own node, start
-        its controller there (standing by, :mod:`mindft.flow.standby`), and MindSpore's scheduler
-        with the workers' next start."""
-        self._say(f"the controller at {self.spec.controller_address} said nothing for {silent:.1f} s "
-                  f"(> {self._takeover_after:g} s): following the standby at {move.address} (term {move.term})")
-        host = move.address[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
-        replaced = self.spec.controller_address
-        self.events.append(ControllerFollowed(replaced, move.address, move.term, round(silent, 3), move.here))
-        self.link.close()
-        self.link = None
-        here = self.spec.node_rank if move.here else -1
-        self.spec = dataclasses.replace(self.spec, master_ip=host, controller_node=here)
-        self.workers.assign(self.spec)
-        if move.here:
-            if self.metrics_server is not None:  # the controller serves them from now on, with the status page
-                self.metrics_server.close()
-                self.metrics_server = None
-            self.runner = host_controller(self.spec, self.node_metrics, self.inbox.put, standby_term=move.term,
-                                          supersedes=replaced)
-            self.policy.runs_controller = True
-            if self.spec.scheduler_port is not None:
-                self.scheduler = Scheduler(self.spec, self.warm, self.events)
-                self.policy.scheduler_moved()
-            self._say(f"this node's standby controller listens on {self.spec.controller_address} (term {move.term}); "
-                      f"it takes command once half of the node agents follow it")
-        else:
-            self.link = ControllerLink(self.spec, self.keys)
-        self.client = Client(self.spec.controller_address, self.keys)
-        if self.replication is not None:
-            self.replication.follow(self.spec.controller_address)
-        self.policy.hello_again()
-        self.write_job_file()
-
-    # ---- a node that replaces a lost one, spares ------------------------------------------------
-
-    def _take_over_lost_node(self, adoption: int = 0) -> bool:
-        """On a node other than 0: when the job already runs with this node's ranks (this agent
-        replaces a lost node, started again without its memory, or a spare the node was given to
-        by ``adoption``), restore their replicas, report the lost node (:mod:`mindft.agent.takeover`)
-        and start them as the policy says. False (nothing done) for a starting job. A node given
-        to a spare already makes this agent a spare."""
-        if not self.policy.may_replace_lost_node:
-            return False
-        taken = take_over_lost_node(self.spec, self.keys, self.client, self.replication is not None, self._say,
-                                    adoption)
-        if taken is None:
-            return False
-        if isinstance(taken, Replaced):
-            self._carry_out(self.policy.replaced(taken.reason))
-            return True
-        self.policy.on_view(taken.view)
-        self._carry_out(self.policy.rejoin(taken.incarnations))
-        return True
-
-    def _adopt(self, order: AdoptNode) -> None:
-        """The controller gives this spare lost node ``order.node``: it becomes that node's agent and
-        takes over its ranks from their replicas on the next node."""
-        if not self.policy.spare:
-            log.warning("the controller gave node %d to this agent, which runs node %d: ignored", order.node,
-                        self.spec.node_rank)
-            return
-        self._say(f"this spare becomes node {order.node} (adoption {order.adoption}): {order.reason}")
-        spec = dataclasses.replace(self.spec, node_rank=order.node, spare=False)
-        self.policy.adopt(spec.local_ranks)
-        self.replication = start_replication(spec, self.keys)
-        if self.replication is not None:
-            spec = dataclasses.replace(spec, replica_endpoint=self.replication.endpoint)
-        self.spec = spec
-        self.workers.assign(spec)
-        if self.node_metrics is not None:
-            self.node_metrics.node, self.node_metrics.replication = str(order.node), self.replication
-        if self.policy.rebuilding:
-            # A controller that took over rebuilds the job: it restarts every worker, this node's
-            # from the replicas it names, once this agent said it holds nothing of them.
-            self._carry_out(self.policy.rejoin({}))
-            self.policy.hello_again()
-        elif not self._take_over_lost_node(order.adoption):
-            self._carry_out(self.policy.abort(f"node {order.node} was given to this spare, but the job no longer "
-                                              f"runs its ranks"))
-        self.write_job_file()
-
-    def _become_spare(self, controller: str) -> None:
-        """This agent's node was given to another agent, or the controller it ran stood down for the
-        one at ``controller``: stop what still runs of the node (its ranks, its controller, MindSpore's
-        scheduler, its replication), and wait as a spare of the job's controller."""
-        running = self.workers.running()
-        if running:
-            self.workers.kill_worker(running, signal.SIGKILL, self.spec.grace_period)
-            for rank, code in self.workers.exits().items():
-                self.policy.stopped(rank, code)
-        if self.runner is not None:
-            self.runner.stop()
-            self.runner = None
-        if self.scheduler is not None:
-            self.scheduler.exit_seen = True  # stopping it is no failure
-            self.scheduler.stop(0.0, self.spec.grace_period)
-            self.scheduler = None
-        if self.replication is not None:
-            self.replication.close()
-            self.replication = None
-        spec = dataclasses.replace(self.spec, node_rank=-1, spare=True, replica_endpoint=None)
-        if controller:
-            host = controller[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
-            spec = dataclasses.replace(spec, master_ip=host, controller_node=-1)
-        self.spec = spec
-        self.workers.assign(spec)
-        if self.link is None or controller:
-            if self.link is not None:
-                self.link.close()
-            self.link = ControllerLink(spec, self.keys)
-        self.client = Client(spec.controller_address, self.keys)
-        if self.failover is None and spec.standbys:
-            self.failover = Failover("")
-        self.policy.spare_again()
-        self._say(f"this agent is a warm spare now, of the controller at {spec.controller_address}: it takes a lost "
-                  f"node's ranks when the controller says")
-        self.write_job_file()

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from mindft.agent.shell import JOB_FILE, NodeAgent
 from mindft.config import ConfigError
@@ -162,6 +163,8 @@ def _fail(message: str) -> None:
 def main(**params: Any) -> None:
     """``mindft-launch``: plan the launch from the command line, run the node agent, exit with the job's code."""
     _setup_logging(params["verbose"])
+    if params["spare"] and click.get_current_context().get_parameter_source("node_rank") is ParameterSource.ENVIRONMENT:
+        params["node_rank"] = None  # a spare pod's VC_TASK_INDEX (its own task's) names no node of the job
     try:
         spec = plan_launch(params, os.environ)
     except UsageError as error:

@@ -43,6 +43,15 @@ def port_in_use(ip: str, port: int) -> Optional[str]:
     return ""
 
 
+def host_address(name: str) -> Optional[str]:
+    """The IP address ``name`` (a host name, such as a Volcano pod's, or an IP) resolves to now; None
+    when it does not resolve."""
+    try:
+        return socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)[0][4][0]
+    except socket.gaierror:
+        return None
+
+
 def node_ip(toward: str) -> str:
     """The local address this node uses to reach ``toward`` (no packet is sent)."""
     family = socket.AF_INET6 if ":" in toward else socket.AF_INET

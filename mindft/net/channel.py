@@ -70,6 +70,11 @@ def normalize_address(address: str) -> str:
     return f"tcp://{host}:{int(port)}"
 
 
+def endpoint_host(endpoint: str) -> str:
+    """The host of a ``tcp://HOST:PORT`` endpoint (an IPv6 address without its brackets)."""
+    return endpoint[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+
+
 def router(context: zmq.Context, keys: Optional[CurveKeys], address: str) -> zmq.Socket:
     """The controller's socket, bound to ``address`` (port ``*`` picks a free one)."""
     sock = context.socket(zmq.ROUTER)

@@ -154,3 +154,31 @@ def test_a_spare_that_could_take_no_node_is_refused(clean_environment: None, scr
     with pytest.raises(UsageError) as refused:
         plan(["--spare", *argv, "--key-file", str(keys), str(script)], **environ)
     assert all(word in str(refused.value) for word in words), str(refused.value)
+
+
+def test_a_spare_pod_ignores_the_task_index_volcano_gives_it(clean_environment: None, script: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    import mindft.cli.launch as launch
+
+    keys = tmp_path / "keys.json"
+    generate_keys(keys)
+    seen = {}
+
+    class Agent:
+        def __init__(self, spec) -> None:
+            seen["spec"] = spec
+
+        def run(self) -> int:
+            return 0
+
+    monkeypatch.setattr(launch, "NodeAgent", Agent)
+    result = CliRunner().invoke(launch.main, ["--spare", "--nnodes", "2", "--master-port", "29700", "--key-file",
+                                              str(keys), "--run-dir", str(tmp_path / "run"), str(script)],
+                                env={"VC_TASK_INDEX": "0", "MS_ENABLE_TFT": "{RSC:1}"})
+    assert result.exit_code == 0, result.output
+    assert seen["spec"].spare and seen["spec"].node_rank == -1
+    refused = CliRunner().invoke(launch.main, ["--spare", "--node-rank", "1", "--nnodes", "2", "--key-file",
+                                               str(keys), str(script)], env={"MS_ENABLE_TFT": "{RSC:1}"})
+    assert refused.exit_code == 2 and "--spare takes no --node-rank (got 1)" in refused.output
