@@ -425,15 +425,27 @@ class Hosts:
             raise value
         return value
 
+    def name(self, node: int, name: str, address: str) -> None:
+        """Host ``node`` resolves ``name`` to ``address`` from now on (``ip netns exec`` binds
+        /etc/netns/NAMESPACE/hosts over /etc/hosts: the file is rewritten in place, so processes
+        already started read the new address too), as a cluster's DNS after a pod moved."""
+        hosts = Path("/etc/netns") / self.names[node] / "hosts"
+        hosts.parent.mkdir(parents=True, exist_ok=True)
+        with open(hosts, "w") as handle:  # the same file: a bind mount follows its inode
+            handle.write(f"127.0.0.1 localhost\n{address} {name}\n")
+
     def link(self, node: int, up: bool) -> None:
         """Bring host ``node``'s end of the link up or down (down: a partition; nothing crosses)."""
         _ip("-n", self.names[node], "link", "set", self.links[node], "up" if up else "down")
 
     def close(self) -> None:
+        import shutil
+
         for node, name in enumerate(self.created):
             if node < len(self.names):
                 self.kill(node)
             _ip("netns", "delete", name)
+            shutil.rmtree(Path("/etc/netns") / name, ignore_errors=True)
         self.created = []
 
 

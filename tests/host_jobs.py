@@ -70,8 +70,10 @@ class HostsJob:
     after them), each on an output file of its own. ``nodes``: the job's nodes (``--nnodes``)."""
 
     def __init__(self, hosts: Hosts, processes: Processes, tmp: Path, *script_args: str, nodes: int = 2,
-                 launch_args: tuple[str, ...] = (), **changes: Optional[str]) -> None:
+                 launch_args: tuple[str, ...] = (), master_addr: str = Hosts.ADDRESSES[0],
+                 **changes: Optional[str]) -> None:
         self.hosts, self.processes, self.tmp, self.nodes = hosts, processes, tmp, nodes
+        self.master_addr = master_addr  # node 0's --master-addr: its address, or a name (Hosts.name)
         self.launch_args = launch_args  # every launcher's, e.g. ("--standbys", "1")
         self.controller_host = 0  # where the status is asked (a standby's host once it took over)
         self.key_file = tmp / "keys.json"
@@ -88,7 +90,7 @@ class HostsJob:
         """Launcher ``name`` for node ``node`` (None: a warm spare) on host ``host`` (default: ``node``'s)."""
         role = ["--spare"] if node is None else ["--node-rank", str(node)]
         argv = [sys.executable, "-m", "mindft.cli.launch", "--nproc", "1", "--nnodes", str(self.nodes), *role,
-                "--master-addr", Hosts.ADDRESSES[0], "--master-port", str(PORT), "--key-file", str(self.key_file),
+                "--master-addr", self.master_addr, "--master-port", str(PORT), "--key-file", str(self.key_file),
                 "--run-dir", str(self.tmp / f"run-{name}"), "--cluster_time_out", "120", *self.launch_args,
                 str(DP_SCRIPT), *self.script_args]
         dump = self.dump_dir(node) if node is not None else self.tmp / f"dump-{name}"

@@ -1,10 +1,13 @@
-"""Warm spares on three hosts (network namespaces on one bridge): node 0, node 1 and a spare
-(``mindft-launch --spare``), the data-parallel job of examples/train_dp.py across them.
+"""No node is indispensable, on three hosts (network namespaces on one bridge): node 0, node 1
+and a warm spare (``mindft-launch --spare``), the data-parallel job of examples/train_dp.py across
+them, each scenario ending bit-identical to a fault-free run with nothing left running:
 
-Node 1 is lost for good (every process of its host killed, its agent's memory gone): the
-controller gives it to the spare, which restores rank 1's replica from node 0's keeper and
-starts it; the job ends bit-identical to a fault-free run. Node 1's launcher, started again
-after that, finds its node given away and waits as a spare itself until the job is done.
+- node 1 lost for good: the controller gives it to the spare; its launcher, started again after
+  that, finds its node given away and waits as a spare itself;
+- node 0 lost for good, ``--standbys 1``: node 1's standby takes command in term 1 and the spare
+  takes rank 0; node 0 back on its old address after that is fenced and waits as a spare;
+- a partition around node 0 and its controller: one controller in command at any time;
+- node 0 back on another host under the same name (``--master-addr`` a name): found there.
 """
 from __future__ import annotations
 
@@ -154,3 +157,28 @@ def test_a_partition_that_cuts_node_0_off_with_its_controller_leaves_one_control
     assert_nothing_left(hosts)
     print(f"partition around node 0: node 1's standby took command {took - cut_wall:.1f} s after the cut; the link "
           f"came back {healed_after:.1f} s after it; node 0 stood down, every launcher exited 0")
+
+
+def test_node_0_back_on_another_host_under_its_name_is_found_there(
+        hosts: Hosts, processes: Processes, tmp_path: Path, references) -> None:
+    """``--master-addr`` is a name (a Volcano pod's): node 0 is lost and its pod comes back on
+    another host, with another address, under the same name. Node 1's agent looks the name up again
+    while the controller is silent, finds the new controller there, and the job is rebuilt behind
+    it: bit-identical."""
+    for host in range(3):
+        hosts.name(host, "mindft-master", Hosts.ADDRESSES[0])
+    job = HostsJob(hosts, processes, tmp_path, master_addr="mindft-master", MINDFT_CONNECT_RETRIES="10")
+    job.start_training()
+    job.lose("node0", 0)
+    for host in range(3):
+        hosts.name(host, "mindft-master", Hosts.ADDRESSES[2])
+    job.controller_host = 2
+    job.start("node0-moved", 0, host=2)
+    codes = {name: job.wait(name) for name in ("node1", "node0-moved")}
+    assert codes == {"node1": 0, "node0-moved": 0}, job.outputs()
+    node1, moved = job.output("node1"), job.output("node0-moved")
+    assert "mindft-master now resolves to 10.77.0.3 (was 10.77.0.1): the controller moved there" in node1, node1[-3000:]
+    assert "the controller started again while the job was under way (node 0 lost with rank 0)" in moved
+    assert re.search(r"restored rank 0's replica of step \d+ from the keeper at tcp://10\.77\.0\.2:", moved)
+    assert_ranks_identical(tmp_path / "out", references("model"), 2)
+    assert_nothing_left(hosts)
