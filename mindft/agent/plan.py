@@ -25,6 +25,7 @@ from mindft.preflight import check_launchable, choose_backend
 
 log = logging.getLogger(__name__)
 
+JOB_FILE = "job.json"  # in the run directory: what `mindft status --job` and the demo need to find the job
 DEFAULT_GRACE_PERIOD = 10.0     # after forwarding SIGINT/SIGTERM, before SIGKILL
 DEFAULT_PROGRESS_INTERVAL = 5.0  # between progress lines while a recovery waits
 DEFAULT_CLUSTER_TIME_OUT = 600  # msrun's --cluster_time_out: MS_TOPO_TIMEOUT, for the cluster to form

@@ -42,7 +42,7 @@ from mindft.flow.spares import HELLO_INTERVAL
 from mindft.flow.standby import Failover, takeover_after
 from mindft.flow.states import RECOVERY_STATES
 from mindft.net.keys import load_keys
-from mindft.agent.plan import LaunchSpec, mindio_gate_address
+from mindft.agent.plan import JOB_FILE, LaunchSpec, mindio_gate_address
 from mindft.config import load_config
 from mindft.net.address import node_ip, port_listening
 from mindft.protocol import AdoptNode, AgentHello, JobView, Message, ProcessExit, RankOrder, Replaced, Reply
@@ -51,7 +51,6 @@ from mindft.agent.workers import Console, Scheduler, WorkerProcesses
 
 log = logging.getLogger(__name__)
 
-JOB_FILE = "job.json"
 MONITOR_INTERVAL = 0.1
 SCHEDULER_EXIT_GRACE = 30.0     # after this node's ranks finished, for the scheduler to finish on its own
 SCHEDULER_PORT_WAIT = 10.0      # for the scheduler's port to be free before a new scheduler binds it

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any, Optional
 
 import click
 
+from mindft.agent.plan import JOB_FILE
 from mindft.config import ConfigError, load_config
 from mindft.exitcodes import ExitCode
 
@@ -111,12 +113,30 @@ def config_error(error: ConfigError) -> CommandError:
 
 @dataclass(frozen=True)
 class Target:
-    """Where the job's controller is and how to talk to it."""
+    """Where the job's controller is and how to talk to it; from a job file, also the job's world
+    size and the pid of the launcher that wrote it (0: not known)."""
 
     address: str
     key_file: Optional[Path]
     insecure: bool
     reset_file: Path
+    world_size: int = 0
+    launcher_pid: int = 0
+
+
+def job_file(job: Path) -> Path:
+    """``--job``: mindft-launch's run directory or its job.json, as job.json; a job that ended (its
+    launcher removed job.json, its event log stays) is said so, pointing to ``mindft events``."""
+    path = job / JOB_FILE if job.is_dir() else job
+    if path.is_file():
+        return path
+    run_dir = path.parent
+    if path.name == JOB_FILE and any(run_dir.glob("events*.jsonl")):
+        raise CommandError(f"the job in {run_dir} has ended (its launcher removed {JOB_FILE}); its story: "
+                           f"mindft events --job {run_dir}", EXIT_CONFIG_ERROR, "--job",
+                           "RUN_DIR or RUN_DIR/job.json of a running mindft-launch")
+    raise CommandError(f"--job {job}: no {JOB_FILE} there", EXIT_CONFIG_ERROR, "--job",
+                       "RUN_DIR or RUN_DIR/job.json of a running mindft-launch")
 
 
 def resolve_target(job: Optional[Path], address: Optional[str], key_file: Optional[Path], insecure: bool) -> Target:
@@ -127,10 +147,12 @@ def resolve_target(job: Optional[Path], address: Optional[str], key_file: Option
         raise config_error(error) from None
     found = Target(config.controller_address, config.key_file, config.insecure, config.reset_file)
     if job is not None:
+        job = job_file(job)
         try:
             info = json.loads(job.read_text())
             found = Target(info["controller"], Path(info["key_file"]) if info.get("key_file") else None,
-                           bool(info.get("insecure")), Path(info.get("reset_file") or found.reset_file))
+                           bool(info.get("insecure")), Path(info.get("reset_file") or found.reset_file),
+                           int(info.get("world_size") or 0), int(info.get("launcher_pid") or 0))
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise CommandError(f"--job {job}: not a job file written by mindft-launch ({error})", EXIT_CONFIG_ERROR,
                                "--job", "RUN_DIR/job.json of a running mindft-launch") from None
@@ -186,9 +208,8 @@ def controller_options(function: Any) -> Any:
     """The options that find the job's controller (``--job``, ``--address``, ``--key-file``,
     ``--insecure``, ``--timeout``), for :func:`resolve_target`."""
     options = [
-        click.option("--job", type=click.Path(dir_okay=False, exists=True, path_type=Path),
-                     envvar="MINDFT_JOB_FILE",
-                     help="job.json in mindft-launch's run directory (address, key, reset file). "
+        click.option("--job", type=click.Path(path_type=Path), envvar="MINDFT_JOB_FILE",
+                     help="mindft-launch's run directory, or its job.json (address, key, reset file). "
                           "[env: MINDFT_JOB_FILE]"),
         click.option("--address", help="Controller address, HOST:PORT or tcp://HOST:PORT "
                                        "(e.g. 127.0.0.1:29600). Default: MS_TFT_IP/MS_TFT_PORT."),
@@ -214,6 +235,21 @@ def status_reply(target: Target, timeout: float) -> Any:
 
 
 def unreachable(error: Exception, target: Target) -> CommandError:
-    """The controller did not answer (exit 5), naming where it was looked for."""
-    return CommandError(str(error), EXIT_UNREACHABLE, "--address",
+    """The controller did not answer (exit 5), naming where it was looked for, and saying when the
+    launcher that wrote the job file is gone."""
+    message = str(error)
+    if target.launcher_pid and not _running(target.launcher_pid):
+        message += (f"; the launcher that wrote the job file (pid {target.launcher_pid}) is not running: the job "
+                    f"ended without removing it (its launcher was killed?)")
+    return CommandError(message, EXIT_UNREACHABLE, "--address",
                         f"a running job's controller, with its key (--job RUN_DIR/job.json; tried {target.address})")
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

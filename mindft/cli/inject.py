@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 
 import click
 
-from mindft.cli._common import (EXIT_CONFIG_ERROR, EXIT_FAILED, EXIT_OK, CommandError, MindftCommand,
+from mindft.cli._common import (EXIT_CONFIG_ERROR, EXIT_FAILED, EXIT_OK, CommandError, MindftCommand, Target,
                                 controller_client, controller_options, resolve_target, status_reply, unreachable)
 from mindft.device.simulator import device_script
 
@@ -48,15 +48,41 @@ def _error_code(value: str) -> int:
                            "--error-code", "a number, e.g. 0x80E01801") from None
 
 
-def _reset_file_to_write(path: Path, job: Optional[Path], job_reset_file: Path) -> Path:
-    """``path``, unless its directory does not exist and no job (--job) watches it: then no job can
-    see what would be written there (the default is the device plugin's mount), so refuse (exit 2)
-    rather than create directories nobody asked for."""
-    if path.parent.exists() or (job is not None and path == job_reset_file):
+def _reset_file_to_write(path: Path, watched: bool) -> Path:
+    """``path``, where a device plugin would write: in a directory that exists (the plugin's mount,
+    or the one ``MINDFT_RESET_FILE`` names). A missing directory is never created (exit 2):
+    ``watched``, the job watches a reset file nothing mounted (a job on CPU: start it with
+    ``MINDFT_RESET_FILE`` in an existing directory to inject hot resets)."""
+    if path.parent.exists():
         return path
+    if watched:
+        raise CommandError(f"the job watches the reset file {path}, but nothing mounted its directory {path.parent} "
+                           f"(on Ascend the device plugin does): start the job with MINDFT_RESET_FILE in an existing "
+                           f"directory (e.g. RUN_DIR/reset.json) to inject hot resets", EXIT_CONFIG_ERROR,
+                           "--reset-file", "the reset file of a job that has one mounted")
     raise CommandError(f"the reset file's directory {path.parent} does not exist, so no job watches {path}; "
-                       f"pass --job RUN_DIR/job.json of the running job, or --reset-file in an existing directory",
-                       EXIT_CONFIG_ERROR, "--reset-file", "a path in an existing directory, or --job RUN_DIR/job.json")
+                       f"pass --job RUN_DIR of the running job, or --reset-file in an existing directory",
+                       EXIT_CONFIG_ERROR, "--reset-file", "a path in an existing directory, or --job RUN_DIR")
+
+
+def _check_rank(rank: int, target: Target, timeout: float, ask: bool) -> None:
+    """Refuse (exit 2) a rank the job does not have: from the job file's world size, else from the
+    ranks the controller named by ``--address`` (``ask``) knows, when it answers."""
+    from mindft.net.channel import ControllerUnreachable
+
+    if target.world_size:
+        known = range(target.world_size)
+    elif not ask:
+        return
+    else:
+        try:
+            known = [row.rank for row in controller_client(target, timeout).status().ranks]
+        except (ControllerUnreachable, CommandError):
+            return  # nobody to ask: the reset file says what it says
+    if rank not in known:
+        valid = f"0..{len(known) - 1}" if known else "none registered yet"
+        raise CommandError(f"--rank {rank}: the job has no rank {rank} (its ranks: {valid})", EXIT_CONFIG_ERROR,
+                           "--rank", f"a rank of the job: {valid}")
 
 
 @click.command("inject", cls=MindftCommand)
@@ -81,7 +107,9 @@ def inject(rank: int, fault: str, reset_file: Optional[Path], recover_after: flo
     """Inject a fault into a running job (for demos and drills)."""
     target = resolve_target(job, address, key_file, insecure)
     if fault == "hot-reset":
-        path = _reset_file_to_write(reset_file or target.reset_file, job, target.reset_file)
+        _check_rank(rank, target, timeout, ask=address is not None)
+        path = _reset_file_to_write(reset_file or target.reset_file,
+                                    watched=reset_file is None and job is not None)
         try:
             device_script(path, [rank], 0.0, recover_after, None if no_recover else "recovered",
                           _error_code(error_code), policy, functools.partial(_emit, as_json))
@@ -157,8 +185,10 @@ def simulate_device_plugin(ranks: Sequence[int], reset_file: Optional[Path], job
     with kubelet's atomic ..data swap and a checkCode when the file is a configMap
     volume's symlink. A job's ResetWatcher reacts exactly as on a real device fault.
     """
-    job_reset_file = resolve_target(job, None, None, False).reset_file
-    path = _reset_file_to_write(reset_file or job_reset_file, job, job_reset_file)
+    target = resolve_target(job, None, None, False)
+    for rank in set(ranks):
+        _check_rank(rank, target, 0.0, ask=False)
+    path = _reset_file_to_write(reset_file or target.reset_file, watched=reset_file is None and job is not None)
     try:
         device_script(path, sorted(set(ranks)), delay, hold, None if outcome == "none" else outcome,
                       _error_code(error_code), policy, functools.partial(_emit, as_json), _job_pids(job),

@@ -26,12 +26,12 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from mindft.agent.shell import JOB_FILE, NodeAgent
+from mindft.agent.shell import NodeAgent
 from mindft.config import ConfigError
 from mindft.exitcodes import ExitCode, describe, help_block
 from mindft.net.keys import generate_keys
-from mindft.agent.plan import (DEFAULT_CLUSTER_TIME_OUT, DEFAULT_GRACE_PERIOD, DEFAULT_PROGRESS_INTERVAL, LaunchSpec,
-                                UsageError, plan_launch)
+from mindft.agent.plan import (DEFAULT_CLUSTER_TIME_OUT, DEFAULT_GRACE_PERIOD, DEFAULT_PROGRESS_INTERVAL, JOB_FILE,
+                               LaunchSpec, UsageError, plan_launch)
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,9 @@ from mindft.flow.ranks import RankRecord, RankState, RankTable
 from mindft.flow.states import (RECOVERY_STATES, TERMINAL_STATES, TRANSITIONS, Event, IllegalTransition, JobState,
                                 next_state)
 
-__all__ = ["Armed", "Finished", "Outcome", "RankHooks", "Resumed", "ArmFault", "Broadcast", "Command", "DeviceFailed", "DeviceFaulty", "DeviceInput", "DeviceRecovered",
-           "DumpAndExit", "Effect", "Event", "Fence", "Finish", "GiveNode", "Follower", "HoldRepairs", "RollbackAll", "StartRank", "Ignore", "IllegalTransition", "Job", "JobState",
-           "KillRank", "Leave", "Peer", "Promoted", "ProcessExited", "RECOVERY_STATES", "RankRecord", "RankState", "RankTable",
-           "LeaveDevice", "Restore", "Resume", "Send", "Settle", "StopJob", "TERMINAL_STATES", "TRANSITIONS", "Transition",
-           "held_after", "next_state", "phase_times"]
+__all__ = ["Armed", "Finished", "Outcome", "RankHooks", "Resumed", "ArmFault", "Broadcast", "Command", "DeviceFailed",
+           "DeviceFaulty", "DeviceInput", "DeviceRecovered", "DumpAndExit", "Effect", "Event", "Fence", "Finish",
+           "GiveNode", "Follower", "HoldRepairs", "RollbackAll", "StartRank", "Ignore", "IllegalTransition", "Job",
+           "JobState", "KillRank", "Leave", "Peer", "Promoted", "ProcessExited", "RECOVERY_STATES", "RankRecord",
+           "RankState", "RankTable", "LeaveDevice", "Restore", "Resume", "Send", "Settle", "StopJob",
+           "TERMINAL_STATES", "TRANSITIONS", "Transition", "held_after", "next_state", "phase_times"]

@@ -35,8 +35,8 @@ from mindft.flow.standby import promotes
 from mindft.flow.states import RECOVERY_STATES, TERMINAL_STATES, Event, JobState, next_state
 from mindft.protocol import (REPORT_SUFFIX, Ack, Action, ActionKind, AgentHello, Cadence, CostReport, DeviceEvent, Done,
                              FaultKind, FaultReport, Heartbeat, InjectRequest, JobView, Message, NodeLost,
-                             Progress, ProcessExit, RankStatus, Register, RegisterAck, Replaced, ReplicaReport, Reply, Superseded,
-                             StatusReply, StatusRequest, StepReport)
+                             Progress, ProcessExit, RankStatus, Register, RegisterAck, Replaced, ReplicaReport, Reply,
+                             StatusReply, StatusRequest, StepReport, Superseded)
 
 log = logging.getLogger(__name__)
 

@@ -470,3 +470,47 @@ def test_status_shows_the_controllers_term_its_standbys_and_the_spares_waiting(
         sock.close()
     assert result.exit_code == 0, result.output
     assert "controller: term 0; standbys: none; warm spares waiting: 1" in result.output
+
+
+def _job_dir(tmp_path: Path, reset_file: str, launcher_pid: int = 0) -> Path:
+    """A run directory whose job.json is mindft-launch's, for a 2-rank job whose controller is gone."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    key_file = run_dir / "keys.json"
+    generate_keys(key_file)
+    (run_dir / "job.json").write_text(json.dumps({
+        "controller": "tcp://127.0.0.1:1", "key_file": str(key_file), "insecure": False, "reset_file": reset_file,
+        "world_size": 2, "node_rank": 0, "launcher_pid": launcher_pid, "ranks": {"0": 0, "1": 0}}))
+    return run_dir
+
+
+def test_inject_never_creates_the_device_plugins_mount_and_refuses_a_rank_the_job_lacks(
+        runner: CliRunner, tmp_path: Path) -> None:
+    plugin_mount = tmp_path / "user" / "restore" / "reset" / "config" / "reset.json"  # nothing mounted it
+    run_dir = _job_dir(tmp_path, str(plugin_mount))
+    for job in (run_dir, run_dir / "job.json"):
+        refused = runner.invoke(main, ["inject", "--job", str(job), "--rank", "1", "--fault", "hot-reset"])
+        assert refused.exit_code == EXIT_CONFIG_ERROR, refused.output
+        assert "nothing mounted its directory" in refused.output and "MINDFT_RESET_FILE" in refused.output
+    assert not (tmp_path / "user").exists()
+    for fault in ("hot-reset", "uce", "kill", "hang"):
+        unknown = runner.invoke(main, ["inject", "--job", str(run_dir), "--rank", "5", "--fault", fault,
+                                       "--timeout", "0.2"])
+        assert unknown.exit_code != 0, (fault, unknown.output)
+    unknown = runner.invoke(main, ["inject", "--job", str(run_dir), "--rank", "5", "--fault", "hot-reset"])
+    assert unknown.exit_code == EXIT_CONFIG_ERROR and "the job has no rank 5 (its ranks: 0..1)" in unknown.output
+
+
+def test_status_takes_the_run_directory_and_says_when_the_job_ended_or_its_launcher_is_gone(
+        runner: CliRunner, tmp_path: Path) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    run_dir = _job_dir(tmp_path, str(tmp_path / "reset.json"), launcher_pid=gone.pid)
+    dead = runner.invoke(main, ["status", "--job", str(run_dir), "--timeout", "0.2"])
+    assert dead.exit_code == EXIT_UNREACHABLE
+    assert f"the launcher that wrote the job file (pid {gone.pid}) is not running" in dead.output
+    (run_dir / "job.json").unlink()
+    (run_dir / "events.jsonl").write_text("")
+    ended = runner.invoke(main, ["status", "--job", str(run_dir)])
+    assert ended.exit_code == EXIT_CONFIG_ERROR
+    assert f"the job in {run_dir} has ended" in ended.output and f"mindft events --job {run_dir}" in ended.output

@@ -45,7 +45,8 @@ def test_every_record_survives_its_line(record: events.Record) -> None:
     ("{not json", "not JSON"),
     ("[1, 2]", "not a JSON object"),
     ('{"v": 99, "kind": "finish", "at": 1}', "version 99 is not supported"),
-    ('{"v": 1, "kind": "bogus", "at": 1}', "unknown event kind 'bogus'; known kinds: cluster_formed, controller_followed, fault, finish"),
+    ('{"v": 1, "kind": "bogus", "at": 1}',
+     "unknown event kind 'bogus'; known kinds: cluster_formed, controller_followed, fault, finish"),
     ('{"v": 1, "kind": "finish", "at": 1, "reason": "x"}', "bad finish event"),
 ])
 def test_decode_rejects_what_is_not_an_event(line: str, message: str) -> None:

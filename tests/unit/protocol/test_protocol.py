@@ -7,11 +7,11 @@ import json
 import pytest
 
 from mindft import protocol
-from mindft.protocol import (MAX_FRAME, MESSAGE_TYPES, PROTOCOL_VERSION, Ack, Action, ActionKind, AdoptNode, AgentHello, JobState,
-                             JobView, OrderKind, RankOrder, RankState,
-                             Cadence, CostReport, DeviceEvent, DeviceStatus, Done, FaultKind, FaultReport, Heartbeat,
-                             InjectRequest, NodeLost, ProcessExit, ProtocolError, RankStatus, Register,
-                             Progress, RegisterAck, Replaced, ReplicaReport, Superseded, Reply, StatusReply, StatusRequest, StepReport,
+from mindft.protocol import (MAX_FRAME, MESSAGE_TYPES, PROTOCOL_VERSION, Ack, Action, ActionKind, AdoptNode,
+                             AgentHello, JobState, JobView, OrderKind, RankOrder, RankState, Cadence, CostReport,
+                             DeviceEvent, DeviceStatus, Done, FaultKind, FaultReport, Heartbeat, InjectRequest,
+                             NodeLost, ProcessExit, ProtocolError, RankStatus, Register, Progress, RegisterAck,
+                             Replaced, ReplicaReport, Superseded, Reply, StatusReply, StatusRequest, StepReport,
                              decode, encode)
 
 SAMPLES = [
