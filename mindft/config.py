@@ -369,6 +369,21 @@ def _one_of(environ: Mapping[str, str], preferred: str, alias: str) -> str:
     return alias if second and not first else preferred
 
 
+# The variable each setting of MindftConfig comes from (``mindft config check`` names rows by them);
+# the timeouts' are _TIMEOUT_VARS'.
+FIELD_VARIABLES: dict[str, str] = {
+    "rank": "MS_NODE_ID", "world_size": "MS_WORKER_NUM", "controller_ip": "MS_TFT_IP", "controller_port": "MS_TFT_PORT",
+    "reset_file": "MINDFT_RESET_FILE", "key_file": "MINDFT_KEY_FILE", "insecure": "MINDFT_INSECURE",
+    "dump_dir": "MINDFT_DUMP_DIR", "state_dir": "MINDFT_STATE_DIR", "restart_count": "MINDFT_RESTART_COUNT",
+    "launcher_pid": "MINDFT_LAUNCHER_PID", "backend": "MINDFT_BACKEND", "snapshot_every": "MINDFT_SNAPSHOT_EVERY",
+    "overhead_budget": "MINDFT_OVERHEAD_BUDGET", "max_replay_steps": "MINDFT_MAX_REPLAY_STEPS",
+    "replica_buddy": "MINDFT_REPLICA_BUDDY", "agent_replication": "MINDFT_AGENT_REPLICATION",
+    "standbys": "MINDFT_STANDBYS", "replica_endpoint": "MINDFT_REPLICA_ENDPOINT", "restart_scope": "MINDFT_RESTART_SCOPE",
+    "warm_start": "MINDFT_WARM_START", "preload": "MINDFT_PRELOAD",
+    **{t.attribute: t.variable for t in _TIMEOUT_VARS},
+}
+
+
 def load_config(environ: Mapping[str, str] = os.environ) -> MindftConfig:
     """Read and validate every variable mindft uses (see :data:`ENV_VARS`)."""
     tft = parse_tft(environ.get(TFT_VARIABLE, ""))

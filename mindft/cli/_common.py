@@ -10,6 +10,7 @@ import enum
 import json
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -81,6 +82,10 @@ class MindftCommand(click.Command):
             if ctx.params.get("as_json"):
                 raise json_error(error) from None
             raise
+        except BrokenPipeError:
+            # The reader left (``mindft config check | head -2``): what it wanted was printed; not a failure.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            ctx.exit(EXIT_OK)
 
 
 class MindftGroup(click.Group):

@@ -24,7 +24,7 @@ from mindft.cli._common import (CLI_CODES, EXIT_CONFIG_ERROR, EXIT_FAILED, EXIT_
 from mindft.cli.events import events_command
 from mindft.cli.inject import inject, simulate_device_plugin
 from mindft.cli.status import status
-from mindft.config import TFT_VARIABLE, ConfigError, MindftConfig, TFTOptions, load_config
+from mindft.config import FIELD_VARIABLES, TFT_VARIABLE, ConfigError, MindftConfig, TFTOptions, load_config
 from mindft.exitcodes import help_block
 from mindft.preflight import BackendChoice, check_launchable, choose_backend
 
@@ -64,14 +64,14 @@ def _config_rows(config: MindftConfig, tft_text: Optional[str],
             ("fault tolerance enabled", _shown(config.tft.enabled)),
             ("needs mindio-ttp (in MindSpore)", _shown(config.tft.needs_mindio))]
     if choice is not None:
-        rows += [("backend", choice.backend), ("backend because", choice.reason)]
+        rows += [("backend chosen", choice.backend), ("backend chosen because", choice.reason)]
     for field in dataclasses.fields(config):
         if field.name in ("tft", "timeouts"):
             continue
-        rows.append((field.name, _shown(getattr(config, field.name))))
+        rows.append((FIELD_VARIABLES[field.name], _shown(getattr(config, field.name))))
     rows.append(("controller address", config.controller_address))
     for field in dataclasses.fields(config.timeouts):
-        rows.append((f"timeouts.{field.name}", _shown(getattr(config.timeouts, field.name))))
+        rows.append((FIELD_VARIABLES[field.name], _shown(getattr(config.timeouts, field.name))))
     return rows
 
 
@@ -124,6 +124,9 @@ def keygen(path: Path, force: bool) -> None:
     if path.exists() and not force:
         raise CommandError(f"{path} exists; use --force to replace it (every node of a running job "
                            f"would lose access)", EXIT_FAILED, "PATH")
+    if not path.parent.is_dir():
+        raise CommandError(f"{path.parent} is not a directory: create it first (a key's directory is yours to "
+                           f"choose and to protect)", EXIT_CONFIG_ERROR, "PATH", "a file in an existing directory")
     keys = generate_keys(path)
     click.echo(f"wrote a job key pair to {path} (mode 600); public key {keys.public.decode()}")
     click.echo(f"use it with: mindft-launch --key-file {path} ...  or  export MINDFT_KEY_FILE={path}")

@@ -367,12 +367,32 @@ def test_config_check_prints_values_as_a_user_writes_them(runner: CliRunner, mon
     assert result.exit_code == 0, result.output
     rows = _config_table(result.output)
     assert rows["MS_ENABLE_TFT"] == "'{RSC:0}'" and rows["options in effect"] == "-"
-    assert rows["fault tolerance enabled"] == "no" and rows["insecure"] == "no" and rows["warm_start"] == "yes"
-    assert rows["key_file"] == "-" and rows["snapshot_every"] == "-" and rows["replica_endpoint"] == "-"
-    assert rows["timeouts.register"] == "120" and rows["timeouts.heartbeat_interval"] == "0.5"
+    # Rows are named by the variables a user sets; one row per setting.
+    assert rows["fault tolerance enabled"] == "no" and rows["MINDFT_INSECURE"] == "no"
+    assert rows["MINDFT_WARM_START"] == "yes" and rows["MINDFT_DUMP_DIR"] == "mindft_dump"
+    assert rows["MINDFT_KEY_FILE"] == "-" and rows["MINDFT_SNAPSHOT_EVERY"] == "-" and rows["MINDFT_REPLICA_ENDPOINT"] == "-"
+    assert rows["MINDFT_REGISTER_TIMEOUT"] == "120" and rows["MINDFT_HEARTBEAT_INTERVAL"] == "0.5"
+    assert not [name for name in rows if "_" in name and not name.isupper()], rows  # no internal names (dump_dir)
     assert not {"None", "True", "False", "{}", ""} & set(rows.values()), rows
     monkeypatch.delenv("MS_ENABLE_TFT")
     assert _config_table(runner.invoke(main, ["config", "check"]).output)["MS_ENABLE_TFT"] == "-"
+    monkeypatch.setenv("MS_ENABLE_TFT", "{RSC:1}")
+    monkeypatch.setenv("MINDFT_INSECURE", "1")
+    rows = _config_table(runner.invoke(main, ["config", "check"]).output)
+    assert rows["MINDFT_BACKEND"] == "auto" and rows["backend chosen"] == "mindft" and "backend" not in rows
+
+
+def test_config_check_read_in_part_ends_quietly(tmp_path: Path) -> None:
+    """``mindft config check | head -2``: the reader leaving early is no failure."""
+    done = subprocess.run(f"{sys.executable} -m mindft.cli.main config check | head -2; exit ${{PIPESTATUS[0]}}",
+                          shell=True, executable="/bin/bash", capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and len(done.stdout.splitlines()) == 2 and done.stderr == "", done
+
+
+def test_keygen_refuses_a_directory_that_does_not_exist(runner: CliRunner, tmp_path: Path) -> None:
+    result = runner.invoke(main, ["keygen", str(tmp_path / "nowhere" / "keys.json")])
+    assert result.exit_code == EXIT_CONFIG_ERROR and "is not a directory: create it first" in result.output
+    assert not (tmp_path / "nowhere").exists()
 
 
 def _json_commands(group: click.Group = main) -> list[tuple[str, ...]]:
