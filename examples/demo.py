@@ -320,13 +320,23 @@ def _demo(argv: Optional[list[str]]) -> int:
     for line in lines[-1:]:
         if line.strip().startswith("phases:"):
             print(line, flush=True)
-    if code != 0 or recovery is None or recovery.outcome != "recovered":
-        say("the faulted run did not recover; last lines:")
+    recovered = recovery is not None and recovery.outcome == "recovered"
+    if code != 0 or not recovered:
+        what = (f"its launcher exited {code}" if code != 0 else "") + (", and " if code != 0 and not recovered
+                                                                      else "")
+        what += "" if recovered else ("no recovery ended in its event log" if recovery is None
+                                      else f"its recovery {recovery.outcome}")
+        say(f"the faulted run did not end as it should: {what}; its last lines:")
         print("".join(faulted.lines[-40:]), end="")
-        return 1
+        if not load_weights(work / "fault"):
+            return 1
+        say("it wrote its final weights all the same; comparing them:")
 
     say(f"stage 3 of 3, the final weights of all {args.nproc} ranks, reference vs faulted run:")
     identical = compare(work / "ref", work / "fault")
+    if code != 0 or not recovered:
+        say(f"weights {'bit-identical' if identical else 'DIFFER'}; the run's verdict stands (exit 1)")
+        return 1
     if identical:
         what = "hot reset of" if args.fault == "hot-reset" else "killed process of"
         say(f"bit-identical: the {what} rank {args.fault_rank} cost a pause, not a single bit "

@@ -24,6 +24,7 @@ Options (after the prefix):
   CRASH_ALWAYS       "RANK": that rank exits with code 9 at step 2 in every incarnation
   GIVE_UP            "RANK:STEP[:CODE]": that rank exits CODE (default 3, as after its own dying gasp) inside STEP
   IGNORE_TERM        "1": ignore SIGTERM (the launcher must escalate to SIGKILL)
+  SEGFAULT_AT_EXIT   "RANK": that rank kills itself with SIGSEGV once it finished (as MindSpore's teardown may)
   LEAVE_SECONDS      seconds a rank takes to leave its device once told (default 0; a real one tears down)
   NO_FILE_REPLICA    "1": a restarted rank finds its state only in its node agent's memory
   DATA_PARALLEL      "1": every rank's weights are the same, as data-parallel ranks' are
@@ -98,6 +99,7 @@ class Options:
         self.model_rank = 0 if get("DATA_PARALLEL") == "1" else rank
         self.hold = int(get("HOLD")) if get("HOLD") else None
         self.leave_seconds = float(get("LEAVE_SECONDS", "0"))
+        self.segfault_at_exit = get("SEGFAULT_AT_EXIT") != "" and int(get("SEGFAULT_AT_EXIT")) == rank
 
 
 class Fake:
@@ -159,6 +161,8 @@ class Fake:
         self.event("done", state=int(self.total[0]), uniform=uniform)
         np.save(self.dir / f"final-{self.rank}.npy", self.weights)
         self.say(f"done at step {self.position}")
+        if self.options.segfault_at_exit:
+            os.kill(os.getpid(), signal.SIGSEGV)
 
     @property
     def position(self) -> int:

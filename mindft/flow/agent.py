@@ -212,6 +212,11 @@ class NodePolicy:
         return self.view is not None and self.view.state in _TERMINAL
 
     @property
+    def finished(self) -> bool:
+        """Every rank finished training: the controller said the job is DONE."""
+        return self.view is not None and self.view.state is JobState.DONE
+
+    @property
     def orphaned(self) -> bool:
         """The controller is gone: this node's ranks ended with their dying gasps (they gave up on
         it) while it never said that the job ended. The controller runs on node 0: that node is gone or cut off."""
@@ -266,6 +271,12 @@ class NodePolicy:
         if code == ExitCode.OK or self.interrupted:
             worker.phase = WorkerPhase.FINAL
             return out
+        if self.finished:
+            # Every rank finished (its final state written and acknowledged): a death now is in
+            # MindSpore's own teardown, not a failure of the job.
+            worker.phase, worker.returncode = WorkerPhase.FINAL, ExitCode.OK
+            return out + [Say(f"rank {rank} died after the job finished (in MindSpore's teardown): not a failure "
+                              f"of the job")]
         if not self.protected:
             # Nothing can restore an unprotected rank: stop the job as msrun does.
             worker.phase = WorkerPhase.FINAL

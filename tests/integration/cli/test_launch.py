@@ -52,6 +52,16 @@ def test_killed_rank_is_restarted_and_training_is_bit_identical(launch: Callable
     assert not (job.run_dir / "keys.json").exists()          # the generated secret does not outlive the job
 
 
+def test_a_rank_that_crashes_after_the_job_finished_leaves_the_exit_code_0(launch: Callable[..., Job]) -> None:
+    """Rank 1 finishes (its final state written, the job DONE), then dies of SIGSEGV, as MindSpore's
+    own teardown sometimes does: the job finished, and the launcher says so."""
+    job = launch(nproc=2, steps=10, LAUNCH_SEGFAULT_AT_EXIT="1")
+    assert job.wait() == 0, job.text()
+    out = job.text()
+    assert "rank 1 died after the job finished (in MindSpore's teardown): not a failure of the job" in out
+    job.assert_bit_identical()
+
+
 def test_corrupted_reset_file_then_hot_reset(launch: Callable[..., Job], tmp_path: Path) -> None:
     reset = tmp_path / "reset" / "reset.json"
     reset.parent.mkdir()

@@ -471,3 +471,18 @@ def test_an_agent_whose_node_was_given_away_becomes_a_spare() -> None:
     assert node.replaced("again") == []  # a spare has nothing to give up
     node.on_view(JobView(S.DONE))
     assert node.ending(1.0, None) is not None
+
+
+def test_a_rank_that_dies_in_mindspores_teardown_after_the_job_finished_is_no_failure() -> None:
+    """The controller said DONE (every rank's final state written and acknowledged); a rank then
+    killed by SIGSEGV inside MindSpore's teardown leaves the node's exit code 0, said as what it is."""
+    node = policy(JobView(S.DONE))
+    out = node.on_exit(1, -11)
+    assert decisions(out) == [] and any("after the job finished (in MindSpore's teardown)" in e.text
+                                        for e in out if isinstance(e, Say))
+    node.on_exit(0, 0)
+    ending = node.ending(1.0, None)
+    assert ending is not None and node.exit_code(ending) == ExitCode.OK
+    failing = policy(JobView(S.NORMAL))
+    failing.on_exit(1, -11)  # while the job trains, the same death is a fault
+    assert failing.workers[1].returncode == -11
