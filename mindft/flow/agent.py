@@ -32,11 +32,15 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence, Union
+from typing import Iterable, Optional, Sequence
 
 from mindft.exitcodes import ExitCode, describe_exit
+from mindft.flow.agent_effects import AbortJob, AgentEffect, BecomeSpare, Ending, KillWorker, Say, StartWorker
 from mindft.flow.inputs import SchedulerLost
 from mindft.protocol import JobState, JobView, OrderKind, ProcessExit, RankOrder
+
+__all__ = ["AbortJob", "AgentEffect", "BecomeSpare", "Ending", "KillWorker", "NodePolicy", "Say", "StartWorker",
+           "Worker", "WorkerPhase", "job_exit_code", "CONTROLLER_FINISH_TIMEOUT", "DUMP_GRACE_PERIOD"]
 
 _TERMINAL = (JobState.DONE, JobState.FAILED)
 _STOPPED_ON_PURPOSE = (ExitCode.DUMPED, ExitCode.DUMP_FAILED)
@@ -68,73 +72,6 @@ def job_exit_code(controller_code: Optional[int], final_codes: Iterable[Optional
     if ExitCode.DUMPED in codes:
         return ExitCode.DUMPED
     return ExitCode.OK
-
-
-# ---- what the policy asks the agent to do ----------------------------------------------------
-
-@dataclass(frozen=True)
-class StartWorker:
-    """Start ``rank``'s process (incarnation ``restarts``). ``renew_cluster``: first start a new
-    MindSpore scheduler, as processes that restart together cannot join the old cluster.
-    ``restore_from``: first put the rank's replica from the keeper there into the agent's memory."""
-
-    rank: int
-    restarts: int
-    reason: str
-    renew_cluster: bool = False
-    restore_from: str = ""
-
-
-@dataclass(frozen=True)
-class KillWorker:
-    """Kill ``rank``'s process ``pid`` (SIGKILL: it is not asked, its state is in the agent's memory)."""
-
-    rank: int
-    pid: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class AbortJob:
-    """This node fails the job: every rank is stopped and the node exits with ``exit_code`` (None:
-    from the controller's verdict and the ranks' codes, as :func:`job_exit_code` combines them)."""
-
-    reason: str
-    exit_code: Optional[int] = None
-
-
-@dataclass(frozen=True)
-class BecomeSpare:
-    """This agent's node was given to another agent, or its controller stood down for a newer term's
-    at ``controller`` (""): stop every process it still runs (SIGKILL: the job has their state
-    elsewhere), its controller and MindSpore's scheduler, stop replicating, and wait as a spare of
-    the job's controller (:meth:`NodePolicy.spare_again`)."""
-
-    reason: str
-    controller: str = ""
-
-
-@dataclass(frozen=True)
-class Say:
-    """One line for the people watching the launcher."""
-
-    text: str
-
-
-AgentEffect = Union[StartWorker, KillWorker, ProcessExit, SchedulerLost, AbortJob, BecomeSpare, Say]
-
-
-@dataclass(frozen=True)
-class Ending:
-    """The node's part of the job is over: stop what still runs (``stop_running``), write the
-    dying-gasp checkpoints of ranks without a process, then exit with :meth:`NodePolicy.exit_code`.
-    ``controller``: the verdict the exit code starts from (None: the ranks' codes alone);
-    ``code``: the exit code regardless of the ranks' (an unprotected job's failed rank)."""
-
-    controller: Optional[int] = None
-    stop_running: bool = False
-    reason: str = ""
-    code: Optional[int] = None
 
 
 class WorkerPhase(enum.Enum):
