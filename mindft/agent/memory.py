@@ -9,11 +9,15 @@ writing it, :mod:`mindft.agent.gasp`'s.
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional
+
+import psutil
 
 from mindft.agent.plan import LaunchSpec, rank_environment
 from mindft.config import load_config
@@ -23,10 +27,60 @@ from mindft.observe.units import size_text
 log = logging.getLogger(__name__)
 
 
-def agent_memory() -> Path:
-    """A fresh directory for the ranks' snapshots: on /dev/shm (memory, not disk) where it exists."""
+MEMORY_PREFIX = "mindft-state-"  # a node agent's shared memory: its ranks' snapshots, the replicas it keeps
+KEY_PREFIX = "mindft-key-"  # the job key a launcher generated (never in the run directory)
+OWNER_FILE = "owner.json"  # which launcher holds the directory: its pid and when that process started
+
+
+def _memory_base() -> Path:
     base = Path("/dev/shm")
-    return Path(tempfile.mkdtemp(prefix="mindft-state-", dir=base if base.is_dir() else None))
+    return base if base.is_dir() else Path(tempfile.gettempdir())
+
+
+def private_memory(prefix: str) -> Path:
+    """A fresh directory (mode 700) in memory (/dev/shm, where it exists), marked as this launcher's:
+    removed at its end, or by the next launcher on the host once this one is gone
+    (:func:`remove_stale_memory`)."""
+    directory = Path(tempfile.mkdtemp(prefix=prefix, dir=_memory_base()))
+    owner = {"pid": os.getpid(), "started": psutil.Process().create_time()}
+    (directory / OWNER_FILE).write_text(json.dumps(owner))
+    return directory
+
+
+def agent_memory() -> Path:
+    """A fresh directory for the ranks' snapshots (:func:`private_memory`)."""
+    return private_memory(MEMORY_PREFIX)
+
+
+def remove_stale_memory() -> list[tuple[Path, int]]:
+    """Remove this user's memory directories (snapshots, generated keys) of launchers on this host that
+    are gone (killed, or their node lost and the pod's container restarted: /dev/shm survives both);
+    each removed directory with the bytes it held. A directory that names no owner is left alone."""
+    removed: list[tuple[Path, int]] = []
+    for directory in sorted(_memory_base().glob("mindft-*-*")):
+        if not directory.name.startswith((MEMORY_PREFIX, KEY_PREFIX)) or not directory.is_dir():
+            continue
+        try:
+            if directory.stat().st_uid != os.getuid():
+                continue
+            owner = json.loads((directory / OWNER_FILE).read_text())
+            pid, started = int(owner["pid"]), float(owner["started"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if _running(pid, started):
+            continue
+        size = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+        shutil.rmtree(directory, ignore_errors=True)
+        removed.append((directory, size))
+    return removed
+
+
+def _running(pid: int, started: float) -> bool:
+    """Whether process ``pid`` that started at ``started`` still runs (not another process given its pid)."""
+    try:
+        return abs(psutil.Process(pid).create_time() - started) < 1.0
+    except psutil.Error:
+        return False
 
 
 def agent_memory_report(state_dir: Path) -> str:

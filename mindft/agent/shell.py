@@ -30,8 +30,8 @@ from mindft.config import TFT_VARIABLE
 from mindft.observe.events import EventLog, ProcessExitRecord, node_file
 from mindft.exitcodes import ExitCode, describe_exit
 from mindft.agent.links import ControllerHost, ControllerLink, recovery_progress
-from mindft.agent.memory import (agent_memory, dump_ranks_without_process, release_memory, start_replication,
-                                 write_node_gasp)
+from mindft.agent.memory import (agent_memory, dump_ranks_without_process, release_memory, remove_stale_memory,
+                                 start_replication, write_node_gasp)
 from mindft.agent.services import host_controller, serve_node_metrics, start_mindio, start_warm
 from mindft.agent.roles import RoleChanges
 from mindft.agent.takeover import restore_replica
@@ -44,6 +44,7 @@ from mindft.flow.states import RECOVERY_STATES
 from mindft.net.keys import load_keys
 from mindft.agent.plan import JOB_FILE, LaunchSpec, mindio_gate_address
 from mindft.config import load_config
+from mindft.observe.units import size_text
 from mindft.net.address import node_ip, port_listening
 from mindft.protocol import AdoptNode, AgentHello, JobView, Message, ProcessExit, RankOrder, Replaced, Reply
 from mindft.snapshot.store import newest_step
@@ -242,6 +243,11 @@ class NodeAgent(RoleChanges):
         code: Optional[int] = None
         try:
             if spec.protected:
+                stale = remove_stale_memory()
+                if stale:
+                    self._say(f"removed {len(stale)} memory director{'y' if len(stale) == 1 else 'ies'} of launchers on "
+                              f"this host that are gone ({size_text(sum(size for _, size in stale))}): "
+                              f"{', '.join(str(path) for path, _ in stale)}")
                 spec = self.spec = self.workers.spec = dataclasses.replace(spec, state_dir=agent_memory())
                 log.info("the ranks' snapshots live in %s (shared memory held for the job)", spec.state_dir)
                 self.replication = start_replication(spec, self.keys)

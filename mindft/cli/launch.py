@@ -26,6 +26,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from mindft.agent.memory import KEY_PREFIX, private_memory
 from mindft.agent.shell import NodeAgent
 from mindft.config import ConfigError
 from mindft.exitcodes import ExitCode, describe, help_block
@@ -185,7 +186,9 @@ def main(**params: Any) -> None:
     generated_key = spec.protected and not spec.insecure and spec.key_file is None
     key_file = spec.key_file
     if generated_key:
-        key_file = run_dir / "keys.json"
+        # In memory, marked as this launcher's: a launcher that is killed leaves no usable key on disk,
+        # and the next launcher on the host removes it (mindft.agent.memory.remove_stale_memory).
+        key_file = private_memory(KEY_PREFIX) / "keys.json"
         generate_keys(key_file)
     spec = dataclasses.replace(spec, run_dir=run_dir, log_dir=params["log_dir"] or run_dir / "logs",
                                key_file=key_file)
@@ -202,17 +205,17 @@ def main(**params: Any) -> None:
 def clean_run_dir(spec: LaunchSpec, made_run_dir: bool, generated_key: bool) -> None:
     """After the job: keep the logs, drop what only a running job needs.
 
-    The generated key (a secret) and job.json (it names a controller that is gone) are
+    The generated key (a secret, in memory) and job.json (it names a controller that is gone) are
     removed; a run directory this launcher created is removed whole when it holds no log.
     """
-    removable = [spec.run_dir / JOB_FILE] + ([spec.run_dir / "keys.json"] if generated_key else [])
-    for path in removable:
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            pass
-        except OSError as error:
-            log.warning("could not remove %s: %s", path, error)
+    if generated_key and spec.key_file is not None:
+        shutil.rmtree(spec.key_file.parent, ignore_errors=True)
+    try:
+        (spec.run_dir / JOB_FILE).unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as error:
+        log.warning("could not remove %s: %s", spec.run_dir / JOB_FILE, error)
     logs = [p for p in spec.log_dir.glob("*") if p.is_file()] if spec.log_dir.is_dir() else []
     if logs:
         print(f"[mindft-launch] logs kept in {spec.log_dir}", flush=True)

@@ -424,3 +424,35 @@ def test_ctrl_c_on_the_demo_stops_its_launcher_and_every_rank(tmp_path: Path) ->
             except (ProcessLookupError, PermissionError):
                 pass
         process.wait()
+
+
+def test_a_killed_launcher_leaves_no_key_on_disk_and_the_next_one_frees_its_memory(tmp_path: Path) -> None:
+    """The generated job key is in memory, not in the run directory; a launcher killed with SIGKILL
+    cannot clean up, and the next launcher on the host removes its key and its shared memory."""
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "MS_ENABLE_TFT": "{RSC:1}", "MINDFT_RESET_FILE": str(tmp_path / "reset.json"),
+           "PLAIN_SLEEP": "120", "MINDFT_WARM_START": "0"}
+    for name in ("MINDFT_KEY_FILE", "MINDFT_INSECURE"):
+        env.pop(name, None)
+    killed = subprocess.Popen([sys.executable, "-m", "mindft.cli.launch", "--nproc", "1", "--no-scheduler",
+                               "--run-dir", str(run_dir), str(PLAIN_SCRIPT)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (run_dir / "job.json").exists():
+            assert time.monotonic() < deadline and killed.poll() is None, "the launcher wrote no job.json"
+            time.sleep(0.1)
+        key_file = Path(json.loads((run_dir / "job.json").read_text())["key_file"])
+        assert key_file.is_file() and run_dir not in key_file.parents and not list(run_dir.glob("*key*"))
+        os.killpg(killed.pid, signal.SIGKILL)
+        killed.wait(10)
+        memory = next(d for d in key_file.parent.parent.glob("mindft-state-*")
+                      if '"pid": %d' % killed.pid in (d / "owner.json").read_text())
+        assert key_file.exists() and memory.is_dir()  # nobody could remove them
+        result = run_plain(tmp_path, "--nproc", "1", "--no-scheduler", str(PLAIN_SCRIPT), MS_ENABLE_TFT="{RSC:1}")
+        out = result.stdout + result.stderr
+        assert "memory directories of launchers on this host that are gone" in out, out
+        assert not key_file.parent.exists() and not memory.exists()
+    finally:
+        if killed.poll() is None:
+            os.killpg(killed.pid, signal.SIGKILL)
