@@ -149,8 +149,9 @@ def run_mindft(kind: str, args: argparse.Namespace, run_dir: Path) -> dict:
 
 # ---- (c): what TaskD does, played by this file ----------------------------------------------------
 
-def checkpoint_worker(argv: list[str]) -> None:
-    """One rank of the unprotected job: checkpoints to disk every N steps, resumes from one if told."""
+def checkpoint_parser() -> argparse.ArgumentParser:
+    """The options of one rank of the unprotected job: every one examples/train_dp.py's build and
+    fault drill read, and the checkpoints'."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=8)
@@ -165,6 +166,13 @@ def checkpoint_worker(argv: list[str]) -> None:
     parser.add_argument("--checkpoint-dir", type=Path, required=True)
     parser.add_argument("--resume-step", type=int, default=0)
     parser.add_argument("--out", type=Path)
+    parser.set_defaults(mindspore_tft=False)  # a job without mindft: no TrainFaultTolerance in it
+    return parser
+
+
+def checkpoint_worker(argv: list[str]) -> None:
+    """One rank of the unprotected job: checkpoints to disk every N steps, resumes from one if told."""
+    parser = checkpoint_parser()
     args = parser.parse_args(argv)
     # Not bench/ on the path: MindSpore's save_checkpoint imports a module named mindio if it
     # can, and bench/mindio.py is one.

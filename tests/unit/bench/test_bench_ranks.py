@@ -45,3 +45,23 @@ def test_the_ranks_benchmark_sets_each_mode_against_plain_of_the_same_round() ->
                                                              2 * 103 / 198])
     assert row["coordination_ratio"] == pytest.approx([1.0, 1.005, 1.01])
     assert row["mindft_over_coordination"] == pytest.approx([1.01, (103 / 101 + 1.01) / 2, 103 / 101])
+
+
+def test_the_recovery_benchmarks_disk_checkpoint_ranks_define_every_option_train_dp_reads() -> None:
+    """bench/recovery.py's (c) runs examples/train_dp.py's build and fault drill with a parser of its
+    own: every ``args.X`` they read must be one of its options (``mindspore_tft`` once was not)."""
+    import ast
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import recovery
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    tree = ast.parse((ROOT / "examples" / "train_dp.py").read_text())
+    used = {node.attr for function in tree.body if isinstance(function, ast.FunctionDef)
+            and function.name in ("build", "fault_drill", "fault_after_update", "loop_step")
+            for node in ast.walk(function)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "args"}
+    assert "mindspore_tft" in used and "fault_step" in used
+    args = recovery.checkpoint_parser().parse_args(["--checkpoint-every", "10", "--checkpoint-dir", "/tmp/x"])
+    assert not [name for name in used if not hasattr(args, name)]
