@@ -89,6 +89,7 @@ def serve() -> None:
             importlib.import_module(name)
         except Exception as error:  # the workers will import it themselves, and fail there if they must
             log.warning("warm process: cannot preload %s (%s: %s)", name, type(error).__name__, error)
+    _title(f"mindft warm process (preloaded: {', '.join(preload) or 'nothing'}; forks this node's workers)")
     control.sendall(READY)
     wakeup_read, wakeup_write = os.pipe()
     os.set_blocking(wakeup_write, False)
@@ -164,6 +165,7 @@ def _fork_waiter(data: bytes, fds: Sequence[int], control: socket.socket, wakeup
         os.close(status)
         return request, output
     os.close(output)
+    _title(f"mindft warm waiter of pid {worker} ({_role(dict(request.env)) or 'a process'})")
     os.write(status, f"pid {worker}\n".encode())
     if not _wait_for_exit(worker, agent):
         os._exit(0)  # the agent is gone: nobody to report to, and nothing of the job may outlive it
@@ -208,10 +210,29 @@ def _become(request: ForkRequest, output: int) -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
         _fresh_stdio()
         _fresh_random()
+        # ps, top and tools that find a job's processes by their command line see what a cold start
+        # shows (not the warm process's), and which of the job's processes it is.
+        role = _role(os.environ)
+        _title(" ".join(request.argv) + (f"  [mindft {role}]" if role else ""))
     except BaseException as error:
         os.write(2, f"mindft warm start: cannot become the worker: {error!r}\n".encode())
         os._exit(1)
     _run(request.argv)
+
+
+def _role(env: Any) -> str:
+    """Which of a job's processes ``env`` (a process's environment, as msrun sets it) starts: a rank, or
+    MindSpore's scheduler ("": neither)."""
+    if env.get("MS_ROLE") == "MS_SCHED":
+        return "MindSpore's scheduler"
+    return f"rank {env['RANK_ID']}" if env.get("RANK_ID") else ""
+
+
+def _title(text: str) -> None:
+    """This process's title in ps, top and /proc/PID/cmdline."""
+    from setproctitle import setproctitle
+
+    setproctitle(text)
 
 
 def _fresh_stdio() -> None:

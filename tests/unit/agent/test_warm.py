@@ -169,3 +169,26 @@ def test_a_large_environment_arrives_whole(warm: WarmStarter) -> None:
     _, output, code = run((sys.executable, "-c", "import os; print(len(os.environ['BIG']))"),
                           environment(PYTHONUNBUFFERED="1", BIG=big), warm)
     assert (output, code) == (b"100000\n", 0)
+
+
+def test_a_forked_worker_shows_its_own_command_line_and_which_process_of_the_job_it_is(warm: WarmStarter) -> None:
+    """ps, top and /proc/PID/cmdline show a warm-started rank as a cold start would show it, and
+    which rank it is (or that it is MindSpore's scheduler), not the warm process's command line."""
+    command = (sys.executable, "-c", "import time; time.sleep(60)")
+    shown = {}
+    for role, env in (("rank 3", {"RANK_ID": "3", "MS_ROLE": "MS_WORKER"}),
+                      ("MindSpore's scheduler", {"MS_ROLE": "MS_SCHED", "RANK_ID": "0"})):
+        process = start_process(command, environment(PYTHONUNBUFFERED="1", **env), None, warm)
+        try:
+            assert isinstance(process, WarmProcess)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                shown[role] = Path(f"/proc/{process.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+                if "[mindft" in shown[role]:
+                    break
+                time.sleep(0.05)
+        finally:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+        assert shown[role] == f"{' '.join(command)}  [mindft {role}]", shown
+    assert "mindft warm process" in Path(f"/proc/{warm.pid}/cmdline").read_bytes().decode(), "the warm process"
