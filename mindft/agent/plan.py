@@ -72,6 +72,8 @@ class LaunchSpec:
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL
     env: Mapping[str, str] = field(default_factory=dict)
     prefix_output: bool = True
+    # MindSpore's own INFO/WARNING log lines on the console too (default: only in each rank's log file).
+    console_mindspore_logs: bool = False
     # False when MS_ENABLE_TFT asks for no fault tolerance: the ranks run as under msrun,
     # with no controller, no keys and no restarts.
     protected: bool = True
@@ -428,5 +430,6 @@ def plan_launch(params: Mapping[str, Any], environ: Mapping[str, str]) -> Launch
                       insecure=insecure, grace_period=params["grace_period"],
                       progress_interval=params["progress_interval"], env=env,
                       prefix_output=not params["no_prefix"], protected=protected, mindio=mindio,
+                      console_mindspore_logs=params.get("console_mindspore_logs", False),
                       metrics_port=metrics_port, metrics_ip=metrics_ip, spare=spare, standbys=standbys,
                       master_addr=params["master_addr"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -57,6 +58,17 @@ class Console:
 
 
 Process = Union[subprocess.Popen, WarmProcess]
+
+# MindSpore's own log lines ("[WARNING] ME(pid:tid,MainProcess):date [file:line] text", its C++
+# modules' too: DISTRIBUTED, DEVICE, ...) below ERROR: the rank's log file keeps them, the console
+# shows them only with --console-mindspore-logs, as msrun keeps them in its workers' log files.
+# Errors, and whatever else a rank prints (its own lines, a traceback), reach the console.
+_MINDSPORE_LOG_LINE = re.compile(rb"^\[(?:DEBUG|INFO|WARNING)\] [A-Z_]+\(\d+[:,]")
+
+
+def for_the_console(line: bytes, mindspore_logs: bool) -> bool:
+    """Whether a rank's output ``line`` goes to the console as well as to its log file."""
+    return mindspore_logs or not _MINDSPORE_LOG_LINE.match(line)
 
 
 def start_process(command: Sequence[str], env: Mapping[str, str], output: Optional[int],
@@ -151,8 +163,9 @@ class WorkerProcesses:
         failed: set[str] = set()
         try:
             for raw in iter(process.stdout.readline, b""):
+                console = for_the_console(raw, self.spec.console_mindspore_logs)
                 for where, write in (("log file", lambda: (log_file.write(raw), log_file.flush())),
-                                     ("console", lambda: self.console.line(
+                                     ("console", lambda: console and self.console.line(
                                          f"rank {rank}", raw.decode("utf-8", "replace").rstrip("\n")))):
                     try:
                         write()

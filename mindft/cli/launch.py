@@ -157,6 +157,9 @@ def _fail(message: str) -> None:
 @click.option("--metrics-addr", default=None, envvar="MINDFT_METRICS_ADDR",
               help="Address the metrics are served on (0.0.0.0: every interface). [default: --master-addr on node 0, elsewhere the address that reaches it]")
 @click.option("--no-prefix", is_flag=True, help="Do not prefix rank output with [rank N].")
+@click.option("--console-mindspore-logs", is_flag=True, envvar="MINDFT_CONSOLE_MINDSPORE_LOGS",
+              help="Show MindSpore's own INFO and WARNING log lines on the console too; by default they go "
+                   "only to each rank's log file (LOG_DIR/rank_N.log), as msrun's do. Its errors always show.")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging of mindft itself.")
 @click.version_option(package_name="mindft", message="mindft %(version)s")
 @click.argument("script")

@@ -67,6 +67,11 @@ def test_a_rank_killed_mid_step_restarts_every_worker_from_memory(api: str, warm
     # step 12, which no longer waits for the peers at its start but before its all-reduce).
     assert re.search(r"every rank holds step 1[01]\b", out), out[-4000:]
     assert "the node agent held" in out and "for 2 rank(s)" in out  # reported, then freed
+    # MindSpore's own INFO/WARNING lines stay in the ranks' log files, off the console.
+    mindspore_line = re.compile(r"^\[(?:INFO|WARNING)\] [A-Z_]+\(\d+[:,]", re.MULTILINE)
+    assert not re.search(r"^\[rank \d+\] \[(?:INFO|WARNING)\] [A-Z_]+\(\d+[:,]", out, re.MULTILINE), out[-4000:]
+    logs = "".join(path.read_text(errors="replace") for path in (tmp_path / "run" / "logs").glob("rank_*.log"))
+    assert mindspore_line.search(logs), "MindSpore logged nothing to the ranks' log files"
     assert_ranks_identical(tmp_path / "run" / "out", references(api, 2), 2)
     assert processes.leftovers() == []
 

@@ -95,3 +95,21 @@ def test_output_pump_survives_a_console_that_fails(tmp_path: Path) -> None:
     worker.pump.join(10)
     text = (tmp_path / "logs" / "rank_0.log").read_text()
     assert "line 1999" in text and text.rstrip().endswith("end")
+
+
+@pytest.mark.parametrize("line, shown", [
+    (b"[WARNING] RUNTIME_FRAMEWORK(8652,7f4a1f606b80,python):2026-12-07-06:45:36.168.932 [mindspore/ccsrc/x.cc:1] y\n",
+     False),
+    (b"[WARNING] ME(11900:139771605142400,MainProcess):2026-12-07-06:11:29.624.000 [mindspore/x.py:275] Waiting\n",
+     False),
+    (b"[INFO] DISTRIBUTED(123,7f00,python):2026-12-07 [x.cc:12] Topology build timed out., retry(1/1200)\n", False),
+    (b"[ERROR] ME(1:2,MainProcess):2026-12-07 [x.py:1] Worker process exit with exception\n", True),
+    (b"epoch 1 step 3 loss 0.125\n", True),
+    (b"Traceback (most recent call last):\n", True),
+    (b"[WARNING] something a script printed itself\n", True),
+])
+def test_mindspores_own_log_lines_go_to_the_log_file_only_unless_asked(line: bytes, shown: bool) -> None:
+    from mindft.agent.workers import for_the_console
+
+    assert for_the_console(line, mindspore_logs=False) is shown
+    assert for_the_console(line, mindspore_logs=True)
