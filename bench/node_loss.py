@@ -2,7 +2,7 @@
 lost with a standby controller and a spare; and what a standby costs while nothing is lost.
 
 Three hosts made of network namespaces on one bridge (needs root and iproute2's ``ip``; the
-harness of tests/integration/agent/test_spares.py), examples/train_dp.py data-parallel with MCCL
+harness of tests/integration/agent/test_three_hosts.py), examples/train_dp.py data-parallel with MCCL
 across the links, one rank per node, in one run:
 
 * (a) **node 1 restarted in place**: every process of host 1 killed, its launcher started again

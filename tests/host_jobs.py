@@ -1,7 +1,7 @@
 """A data-parallel job over hosts made of network namespaces (:class:`harness.Hosts`): each node's
 mindft-launch, and each warm spare's, in a namespace of its own; examples/train_dp.py with MCCL
 all-reducing across the link; the job's key made by ``mindft keygen`` and shared by every node.
-Used by tests/integration/agent/test_two_hosts.py and test_spares.py."""
+Used by tests/integration/agent/test_two_hosts.py and test_three_hosts.py."""
 from __future__ import annotations
 
 import re

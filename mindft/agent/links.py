@@ -30,7 +30,8 @@ def recovery_progress(status: StatusReply, seconds_in_state: float) -> Optional[
     who = f"waiting for {status.waiting}" if status.waiting else "waiting"
     left = f"; {status.deadline_in:.0f}s left (timeouts.{name})" if status.deadline_in >= 0 else ""
     faults = f"; faults: {status.reason}" if status.reason else ""
-    return f"recovery round {status.round}: {status.state} for {seconds_in_state:.0f}s, {who}{left}{faults}"
+    # Numbered as "recovery N done in ..." numbers them: the recoveries so far, this one included.
+    return f"recovery {status.recoveries + 1}: {status.state} for {seconds_in_state:.0f}s, {who}{left}{faults}"
 
 
 class ControllerHost:

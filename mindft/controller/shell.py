@@ -259,7 +259,11 @@ class Controller:
                     peers = tuple(p for p in peers if p != LOCAL_AGENT)
                 self._out.to_all(peers, encode(effect.message))
             elif kind is Transition:
-                log.info("controller state %s → %s (%s)", effect.source.value, effect.target.value, effect.reason)
+                if effect.source is effect.target:  # a further fault: a new round of the same recovery
+                    log.info("controller state %s again, round %d (%s)", effect.target.value, self.job.recovery.round,
+                             effect.reason)
+                else:
+                    log.info("controller state %s → %s (%s)", effect.source.value, effect.target.value, effect.reason)
                 self.metrics.transition(self.job, effect)
                 if self.events is not None:
                     self._log_transition(effect)
@@ -271,7 +275,10 @@ class Controller:
                     log.info("recovery phases: %s", {k: round(v, 4) for k, v in phases.items()})
             elif kind is KillRank or kind is StartRank:
                 order = dataclasses.replace(effect.order(), term=self.job.term)
-                log.log(logging.WARNING if kind is KillRank else logging.INFO, "rank=%d order %s: %s", effect.rank,
+                # A kill that answers a fault of that rank (a hang: restart it) needs attention; the
+                # kills and starts of a restart of every worker are routine.
+                routine = not (kind is KillRank and effect.restart)
+                log.log(logging.INFO if routine else logging.WARNING, "rank=%d order %s: %s", effect.rank,
                         order.kind.value, effect.reason)
                 if self.events is not None:
                     self.events.append(OrderSent(effect.rank, order.kind.value, effect.reason, order.pid,

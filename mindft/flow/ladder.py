@@ -437,8 +437,9 @@ class Ladder:
             self.job.deadline = math.inf
             return
         if state is _S.PAUSING and self.job.restart_all:
+            # The cause first: the ranks that did not pause are blocked in a collective with it.
             stalled = ", ".join(f"rank {r}" for r in sorted(rec.waiting))
-            self.restart_every_worker(f"{stalled} did not pause within {self.timeouts.stall:g} s "
+            self.restart_every_worker(f"{rec.summary()}; {stalled} did not pause within {self.timeouts.stall:g} s "
                                       f"(timeouts.stall): blocked in a collective", now)
             return
         limit = getattr(self.timeouts, name)

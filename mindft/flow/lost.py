@@ -45,7 +45,7 @@ def rank_silent(ladder: Ladder, record: RankRecord, now: float) -> None:
     leave its device, which it then left (a launcher may not have said so)."""
     fault = ladder.recovery.faults.get(record.rank)
     if fault is not None and fault.left_at >= 0:
-        record.state, fault.exited = RankState.OFF_DEVICE, True
+        record.state, fault.exited = _stopped(fault), True
         ladder.stopped(record.rank, fault, now)
         return
     dead_after = ladder.timeouts.dead_after
@@ -80,7 +80,7 @@ def process_exited(ladder: Ladder, record: RankRecord, event: ProcessExited, wil
         # It left its device as told: it comes back when the device does.
         if fault.exited:
             return True, f"rank {event.rank} had stopped as told"
-        record.state, fault.exited = RankState.OFF_DEVICE, True
+        record.state, fault.exited = _stopped(fault), True
         log.info("rank=%d process exited %.2f s after it was told to stop (exit code %d)", event.rank,
                  now - fault.left_at, event.returncode)
         ladder.stopped(event.rank, fault, now)
@@ -92,6 +92,13 @@ def process_exited(ladder: Ladder, record: RankRecord, event: ProcessExited, wil
                      f"process {event.pid} exited with code {event.returncode}", now, dead=True, exited=True,
                      at=record.last_seen)
     return True, f"rank {event.rank} marked dead"
+
+
+def _stopped(fault: Fault) -> RankState:
+    """A rank's state once its process stopped as told: off its device while the chip is reset,
+    otherwise dead until its new process registers (a process killed so every worker restarts is
+    not off its device)."""
+    return RankState.OFF_DEVICE if fault.device_pending else RankState.DEAD
 
 
 def process_registered(ladder: Ladder, record: RankRecord, old: Optional[RankRecord], incarnation: int,

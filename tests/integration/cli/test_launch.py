@@ -375,7 +375,7 @@ def test_progress_is_shown_while_waiting_for_a_repair(launch: Callable[..., Job]
     before_recovered = job.text()  # afterwards the rank's new process is waited for, not the device
     write_reset_file(job.reset_file, fault_state([1], "recovered", policy="reset"))
     assert job.wait() == 0, job.text()
-    lines = [line for line in before_recovered.splitlines() if "recovery round 1: REPAIRING for" in line]
+    lines = [line for line in before_recovered.splitlines() if "recovery 1: REPAIRING for" in line]
     assert len(lines) >= 3
     assert all("waiting for rank 1 (its chip is being reset); " in line for line in lines)
     lefts = [int(line.split("; ")[1].split("s left")[0]) for line in lines]

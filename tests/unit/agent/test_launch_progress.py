@@ -7,14 +7,14 @@ from mindft.protocol import JobState, StatusReply
 
 
 def _status(state: JobState, waiting: str = "", deadline_in: float = -1.0, reason: str = "") -> StatusReply:
-    return StatusReply(state=state, step=41, round=1, reason=reason, waiting=waiting, deadline_in=deadline_in)
+    return StatusReply(state=state, step=41, round=3, reason=reason, waiting=waiting, deadline_in=deadline_in)
 
 
 def test_progress_names_state_who_is_waited_on_and_time_left() -> None:
     status = _status(JobState.REPAIRING, "rank 1 (device not recovered), rank 2 (not re-registered)", 167.6,
                      reason="rank 1 DEVICE_RESET at step 42")
     assert recovery_progress(status, 12.4) == (
-        "recovery round 1: REPAIRING for 12s, waiting for rank 1 (device not recovered), rank 2 (not re-registered); "
+        "recovery 1: REPAIRING for 12s, waiting for rank 1 (device not recovered), rank 2 (not re-registered); "
         "168s left (timeouts.repair); faults: rank 1 DEVICE_RESET at step 42")
 
 

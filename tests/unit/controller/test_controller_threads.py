@@ -172,3 +172,25 @@ def test_a_large_broadcast_reaches_every_rank_whole(tmp_path: Path) -> None:
     finally:
         context.destroy(0)
         controller.stop()
+
+
+def test_routine_orders_are_info_a_hangs_kill_a_warning_and_a_new_round_is_no_self_transition(caplog) -> None:
+    import logging
+
+    from mindft.flow import JobState, KillRank, StartRank, Transition
+
+    controller = Controller(MindftConfig(world_size=2, controller_port=0, insecure=True))
+    try:
+        with caplog.at_level(logging.INFO, logger="mindft.controller"):
+            controller._apply([KillRank(0, 100, "every worker restarts: rank 1 UCE in step 9", restart=False),
+                               StartRank(0, "every worker restarts"),
+                               KillRank(1, 101, "HANG: no message for 3.10 s", restart=True),
+                               Transition(JobState.PAUSING, JobState.PAUSING, "rank 0 UCE in step 10")])
+    finally:
+        controller._close()
+    levels = {record.getMessage(): record.levelname for record in caplog.records}
+    assert levels["rank=0 order kill: every worker restarts: rank 1 UCE in step 9"] == "INFO"
+    assert levels["rank=0 order start: every worker restarts"] == "INFO"
+    assert levels["rank=1 order kill: HANG: no message for 3.10 s"] == "WARNING"
+    assert "controller state PAUSING again, round 0 (rank 0 UCE in step 10)" in levels
+    assert not [message for message in levels if "PAUSING → PAUSING" in message]

@@ -385,3 +385,29 @@ def test_the_status_says_who_a_recovery_waits_for_and_when_it_times_out() -> Non
     d.job.process_exit(ProcessExited(1, ExitCode.LEFT_DEVICE, 101), d.now)
     d.job.device(DeviceRecovered(1), d.now)
     assert d.job.status(d.now).waiting.startswith("rank 1 (its new process is starting: importing, joining")
+
+
+def test_a_process_killed_so_every_worker_restarts_is_dead_not_off_its_device() -> None:
+    d = Driver(world=2)
+    for rank in range(2):
+        d.send(rank, Register(rank, 0, 100 + rank, (0,), collectives=True))
+    d.steps(4)
+    d.job.process_exit(ProcessExited(1, -9, 101), d.now)  # rank 1 killed: rank 0 is stopped too
+    d.job.process_exit(ProcessExited(0, -9, 100), d.now)
+    assert [row.state for row in d.job.status(d.now).ranks] == ["dead", "dead"]
+
+
+def test_a_stall_names_the_fault_that_caused_it_before_the_ranks_blocked_by_it() -> None:
+    d = Driver(world=2)
+    for rank in range(2):
+        d.send(rank, Register(rank, 0, 100 + rank, (0,), collectives=True))
+    d.steps(8)
+    d.send(1, FaultReport(1, 9, FaultKind.UCE, "injected"))
+    d.ack_all(ActionKind.PAUSE, 8, held=(7, 8), ranks=(1,))  # the faulted rank paused at its boundary
+    d.now = T.stall - 0.5
+    for rank in (0, 1):  # both alive; rank 0 never pauses: blocked in step 9's all-reduce with rank 1
+        d.send(rank, Heartbeat(rank, 0, 8))
+    d.at(T.stall + 0.1)
+    reason = next(e.reason for e in d.effects if isinstance(e, Transition) and e.target is S.REPAIRING
+                  or isinstance(e, Transition) and "restarting every worker" in e.reason)
+    assert reason.startswith("rank 1 UCE in step 9 (injected); rank 0 did not pause within"), reason

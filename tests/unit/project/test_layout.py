@@ -31,6 +31,15 @@ def test_no_test_module_passes_600_lines() -> None:
     assert not too_long, f"split these, one module per concern (a helpers module beside them if they share): {too_long}"
 
 
+def test_every_test_module_has_a_name_of_its_own() -> None:
+    # The tiers' folders are no packages: pytest imports each test module by its file name, so two
+    # of one name make the second a collection error (only in the run that collects both).
+    seen: dict[str, list[str]] = {}
+    for path in sorted(TESTS.rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert not {name: paths for name, paths in seen.items() if len(paths) > 1}
+
+
 def test_the_top_of_mindft_holds_only_the_face_and_the_ground() -> None:
     extra = sorted(path.name for path in PACKAGE.glob("*.py") if path.name not in TOP_LEVEL)
     assert not extra, f"move these into their role's package (docs/architecture.md): {extra}"
