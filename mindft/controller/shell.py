@@ -320,8 +320,9 @@ class Controller:
         events, job = self.events, self.job
         assert events is not None
         recovery = job.recovery
+        starts = effect.source not in RECOVERY_STATES and effect.target in RECOVERY_STATES
         events.append(JobMoved(effect.source.value, effect.target.value, effect.reason, recovery.round,
-                               job.ranks.slowest))
+                               job.ranks.slowest, round(recovery.detect_seconds(), 4) if starts else -1.0))
         if effect.source not in RECOVERY_STATES:  # a new recovery (or none): nothing of it is logged yet
             self._logged_faults.clear()
             self._logged_rung = None

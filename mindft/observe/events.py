@@ -45,7 +45,9 @@ class EventError(ValueError):
 @dataclass(frozen=True)
 class JobMoved:
     """The job moved from ``from_state`` to ``to_state`` (:class:`~mindft.flow.Transition`);
-    ``round``: the recovery's round, ``step``: the step every rank finished."""
+    ``round``: the recovery's round, ``step``: the step every rank finished; ``detect``: on the move
+    that starts a recovery, the seconds from its first fault to that move, as the controller measured
+    them (the figure it logs; -1 on other moves)."""
 
     KIND = "transition"
     from_state: str
@@ -53,6 +55,7 @@ class JobMoved:
     reason: str
     round: int = 0
     step: int = -1
+    detect: float = -1.0
 
 
 @dataclass(frozen=True)

@@ -106,6 +106,8 @@ def recoveries(events: Iterable[Event]) -> list[Recovery]:
                 current.phases[name] = current.phases.get(name, 0.0) + (event.at - since)
             if current is None and r.to_state == "PAUSING":
                 current = Recovery(event.at)
+                if r.detect >= 0:  # the controller's own figure: the one its log says
+                    current.phases["detect"], current.start = r.detect, event.at - r.detect
                 found.append(current)
                 groups = {}
             state, since = r.to_state, event.at
@@ -130,10 +132,11 @@ def recoveries(events: Iterable[Event]) -> list[Recovery]:
                 current.marks.append((event.at, describe(event)))
             exit_ = exits.pop(r.rank, None)
             if exit_ is not None and not r.collateral and current.start - exit_.at <= FAULT_LEAD:
-                # The node agent saw the process exit before the controller heard of it: the
-                # recovery's fault is that exit, and telling the controller took the detect phase.
-                current.phases["detect"] = current.phases.get("detect", 0.0) + current.start - exit_.at
-                current.start = exit_.at
+                # The node agent saw the process exit before the controller heard of it; a log
+                # without the controller's figure takes that exit as the fault.
+                if "detect" not in current.phases:
+                    current.phases["detect"] = current.start - exit_.at
+                    current.start = exit_.at
                 groups.setdefault("exit", []).append((exit_.at, f"rank {r.rank} ({_how(exit_.record)})"))
         elif isinstance(r, LadderDecision):
             current.rung = r.rung

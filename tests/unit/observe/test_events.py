@@ -258,3 +258,16 @@ def test_the_scheduler_logs_its_formed_cluster_once_reading_only_new_bytes(tmp_p
     assert scheduler.cluster_formed() and scheduler.cluster_formed()
     log.close()
     assert [e.kind for e in events.read(tmp_path)] == ["cluster_formed"]
+
+
+def test_the_timeline_takes_the_controllers_detect_figure_the_one_its_log_says() -> None:
+    """The controller logs ``detect 0.27 s`` (from the fault to the recovery's start, as it measured
+    it); ``mindft events`` says the same, not a figure of its own."""
+    log = [Event(T0 + 1.0, "node 0", ProcessExitRecord("worker", 21, -9, 1)),
+           Event(T0 + 1.2, "controller", JobMoved("NORMAL", "PAUSING", "rank 1 PROCESS_DIED in step 5", 1, 4,
+                                                   detect=0.27)),
+           Event(T0 + 1.2, "controller", FaultSeen(1, "process_died", 5, "process 21 exited with code -9")),
+           Event(T0 + 2.0, "controller", JobMoved("PAUSING", "NORMAL", "recovered", 1, 4))]
+    (recovery,) = recoveries(log)
+    assert recovery.phases["detect"] == pytest.approx(0.27) and recovery.start == pytest.approx(T0 + 1.2 - 0.27)
+    assert "detect 0.27s" in render(recovery)[-1]
