@@ -367,6 +367,13 @@ def test_readme_quick_start_is_what_ci_runs() -> None:
     assert (ROOT / "examples" / "demo.py").exists()
 
 
+def test_readme_lists_every_page_of_the_docs() -> None:
+    text = README.read_text(encoding="utf-8")
+    listed = set(re.findall(r"^\| \[docs/([a-z_]+\.md)\]\(docs/\1\) \|", text, re.MULTILINE))
+    pages = {path.name for path in (ROOT / "docs").glob("*.md")}
+    assert listed == pages, f"README.md's table of the docs misses {sorted(pages - listed)}, names gone {sorted(listed - pages)}"
+
+
 def test_readme_is_short() -> None:
     lines = README.read_text(encoding="utf-8").count("\n")
     assert lines <= 250, f"README.md has {lines} lines; keep it to ~250 and move the rest into docs/"
