@@ -30,7 +30,7 @@ def events_command(job: Path, follow: bool, as_json: bool) -> None:
     run directory holds no event log (without --follow).
     """
     from mindft.observe import events
-    from mindft.observe.timeline import recoveries, render
+    from mindft.observe.timeline import goodput_text, recoveries, render
 
     run_dir = job if job.is_dir() else job.parent
     if not run_dir.is_dir():
@@ -57,6 +57,9 @@ def events_command(job: Path, follow: bool, as_json: bool) -> None:
     finished = [e for e in found if isinstance(e.record, events.JobFinished)]
     if finished:
         click.echo(f"job finished: exit code {finished[-1].record.exit_code}: {finished[-1].record.reason}")
+        seconds = finished[-1].record.seconds
+        if seconds:
+            click.echo(f"goodput: {goodput_text(seconds)}")
 
 
 def _follow_events(run_dir: Path, as_json: bool) -> None:

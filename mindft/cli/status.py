@@ -9,6 +9,8 @@ from typing import Any, Optional, Sequence
 import click
 
 from mindft.cli._common import MindftCommand, controller_options, jsonable, resolve_target, status_reply
+from mindft.flow.goodput import PRODUCTIVE
+from mindft.observe.timeline import goodput_text
 from mindft.protocol import RankState
 
 
@@ -33,8 +35,6 @@ def status(job: Optional[Path], address: Optional[str], key_file: Optional[Path]
                f"recoveries: {reply.recoveries}   snapshots: {_cadence_text(reply)}")
     if reply.reason:
         click.echo(f"reason: {reply.reason}")
-    if reply.term or reply.standbys or reply.spares:
-        click.echo(f"controller: {_controller_text(reply)}")
     header = ("RANK", "STATE", "STEP", "LAST HEARTBEAT", "RESTARTS", "PID")
     rows = [(str(r.rank), r.state, str(r.step), _age(r.last_heartbeat_age), str(r.restarts), str(r.pid))
             for r in reply.ranks]
@@ -56,6 +56,11 @@ def status(job: Optional[Path], address: Optional[str], key_file: Optional[Path]
     if lost:
         click.echo(f"NODE LOST: {_rank_list(lost)} can roll back only to the step of "
                    f"{'its replica' if len(lost) == 1 else 'their replicas'}, restored on the node that replaces it")
+    if reply.wall_seconds > 0:
+        click.echo("goodput: " + goodput_text({PRODUCTIVE: reply.productive_seconds,
+                                                **dict(zip(reply.badput, reply.badput_seconds))}))
+    if reply.term or reply.standbys or reply.spares:
+        click.echo(f"controller: {_controller_text(reply)}")
 
 
 def _cadence_text(reply: Any) -> str:

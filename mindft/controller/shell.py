@@ -311,7 +311,8 @@ class Controller:
             elif kind is Finish:
                 self.result = effect
                 if self.events is not None:
-                    self.events.append(JobFinished(int(effect.exit_code), effect.reason))
+                    seconds = {name: round(value, 3) for name, value in self.job.goodput.at(self._clock()).items()}
+                    self.events.append(JobFinished(int(effect.exit_code), effect.reason, seconds))
                 if effect.exit_code != ExitCode.OK:
                     log.error("job failed: %s", effect.reason)
 

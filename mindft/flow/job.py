@@ -24,6 +24,7 @@ from mindft.flow import lost
 from mindft.flow.cadence import Budget, Tuner
 from mindft.flow.effects import Broadcast, Effect, Fence, Finish, GiveNode, Peer, Promoted, Send, Transition
 from mindft.flow.episode import Episode
+from mindft.flow.goodput import BADPUT, PRODUCTIVE, Goodput
 from mindft.flow.inputs import (DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, HoldRepairs, ProcessExited,
                                 RollbackAll, SchedulerLost, StopJob, from_wire)
 from mindft.flow.ladder import Ladder
@@ -92,6 +93,7 @@ class Job:
         self.supersedes, self._next_fence = supersedes, math.inf
         self.superseded: Optional[Superseded] = None  # a newer term commands the job: this controller stood down
         self._nproc = 0  # ranks per node, from the first node agent's hello
+        self.goodput = Goodput(now)  # every second of the job's wall time, by bucket
         self.ladder = Ladder(self, self.ranks, timeouts, self.agents, self.replicas, self.survivors, self.tuner)
 
     @property
@@ -245,6 +247,7 @@ class Job:
         else:
             reason = self.recovery.summary() if self.state in RECOVERY_STATES else ""
         tuner = self.tuner
+        seconds = self.goodput.at(now)
         return StatusReply(state=self.state, step=self.ranks.slowest, ranks=rows, reason=reason,
                            round=self.recovery.round, recoveries=len(self.recoveries), request_id=request_id,
                            restart_all=self.restart_all, snapshot_every=tuner.every, snapshot_cost=round(tuner.cost(), 6),
@@ -252,8 +255,10 @@ class Job:
                            overhead_budget=tuner.budget.overhead if tuner.budget is not None else 0.0,
                            over_budget=tuner.over_budget, waiting=self.ladder.waiting_for(),
                            deadline_in=round(max(0.0, self.deadline - now), 3) if self.deadline < math.inf else -1.0,
-                           term=self.term, standbys=self._standby_addresses(), spares=len(self.spares.live_spares(now)),
-                           standing_by=self.standing_by)
+                           term=self.term, standbys=self._standby_addresses(),
+                           spares=len(self.spares.live_spares(now)), standing_by=self.standing_by, wall_seconds=round(sum(seconds.values()), 3),
+                           productive_seconds=round(seconds[PRODUCTIVE], 3), badput=BADPUT,
+                           badput_seconds=tuple(round(seconds[name], 3) for name in BADPUT))
 
     # ---- rank messages ----------------------------------------------------------------------
 
@@ -284,6 +289,7 @@ class Job:
         if message.round != self.recovery.round:
             return  # sent before this rank saw the current round: its progress was reset since
         if self.ranks.advance(record, message.step) and self.state is _S.NORMAL:
+            self.goodput.progress(self.ranks.slowest, self.tuner.cost(), now)
             if self.tuner.retune_due:
                 self._retune()  # before the Progress that lets ranks past the switch point
             self.emit(Broadcast(self.ranks.peers(), Progress(self.ranks.slowest)))
@@ -559,6 +565,7 @@ class Job:
         """A transition of the table, told to the node agents."""
         source = self.state
         self.state = next_state(source, event)
+        self.goodput.moved(self.state, self.ranks.slowest, now)
         self.history.append((self.state, now))
         del self.history[:-256]
         self.emit(Transition(source, self.state, reason))

@@ -164,11 +164,13 @@ class ClusterFormed:
 
 @dataclass(frozen=True)
 class JobFinished:
-    """The controller's verdict: the job is over with ``exit_code``."""
+    """The controller's verdict: the job is over with ``exit_code``; ``seconds``: its wall time by
+    bucket, productive training and badput (:mod:`mindft.flow.goodput`)."""
 
     KIND = "finish"
     exit_code: int
     reason: str
+    seconds: dict = dataclasses.field(default_factory=dict)
 
 
 Record = Union[JobMoved, FaultSeen, LadderDecision, OrderSent, NodeGiven, TookCommand, ControllerFollowed,

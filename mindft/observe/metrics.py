@@ -103,7 +103,17 @@ def _status_families(status: Optional[StatusReply] = None) -> Iterator[Metric]:
     lost = GaugeMetricFamily("mindft_rank_lost_protection",
                              "1 when a rank's replica is behind the steps every rank keeps (LOST PROTECTION): "
                              "a loss of its node now could not be recovered.", labels=["rank"])
+    goodput = GaugeMetricFamily("mindft_goodput_ratio", "The productive share of the job's wall time so far "
+                                                        "(effective training time).")
+    spent = CounterMetricFamily("mindft_job_seconds", "The job's wall time so far by where it went: productive "
+                                                      "training or a badput bucket (mindft.flow.goodput).",
+                                labels=["bucket"])
     if status is not None:
+        if status.wall_seconds > 0:
+            goodput.add_metric([], status.productive_seconds / status.wall_seconds)
+        spent.add_metric(["productive"], status.productive_seconds)
+        for bucket, seconds in zip(status.badput, status.badput_seconds):
+            spent.add_metric([bucket], seconds)
         for candidate in JobState:
             state.add_metric([candidate.value], 1.0 if candidate is status.state else 0.0)
         step.add_metric([], status.step)
@@ -123,7 +133,7 @@ def _status_families(status: Optional[StatusReply] = None) -> Iterator[Metric]:
         if status.overhead_budget > 0:
             budget.add_metric([], status.overhead_budget)
         over.add_metric([], 1.0 if status.over_budget else 0.0)
-    yield from (state, step, step_seconds, ranks, every, overhead, budget, over, lag, lost)
+    yield from (state, step, step_seconds, ranks, every, overhead, budget, over, lag, lost, goodput, spent)
 
 
 class JobMetrics:

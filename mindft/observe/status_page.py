@@ -38,7 +38,9 @@ def status_document(status: StatusReply, past: Iterable[list[str]]) -> dict[str,
                 "step_seconds": status.step_time,
                 "overhead_budget": status.overhead_budget, "over_budget": status.over_budget,
                 "term": status.term, "standing_by": status.standing_by, "standbys": list(status.standbys),
-                "spares": status.spares},
+                "spares": status.spares, "wall_seconds": status.wall_seconds,
+                "productive_seconds": status.productive_seconds,
+                "badput_seconds": dict(zip(status.badput, status.badput_seconds))},
         "recovery": ({"state": status.state.value, "waiting_for": status.waiting,
                       "deadline_in_seconds": status.deadline_in} if waiting else None),
         "ranks": [{"rank": r.rank, "state": r.state.value, "step": r.step, "pid": r.pid, "restarts": r.restarts,
@@ -108,6 +110,7 @@ pre { background: #fff; border: 1px solid #e1e4e8; padding: .6em; overflow-x: au
 <body>
 <h1>mindft job <span id="state" class="state">…</span></h1>
 <div id="job" class="muted">waiting for the controller…</div>
+<div id="goodput" class="muted"></div>
 <div id="controller" class="muted"></div>
 <div id="error"></div>
 <h2>Recovery in progress</h2><div id="recovery" class="muted">none</div>
@@ -128,6 +131,9 @@ function draw(doc) {
        ` · ${job.recoveries} recover${job.recoveries === 1 ? "y" : "ies"} · ` +
        `snapshot every ${job.snapshot_every} step(s)` + (job.over_budget ? " (over budget)" : "") +
        (job.reason ? ` · ${job.reason}` : ""));
+  text("goodput", job.wall_seconds > 0 ? `goodput ${(100 * job.productive_seconds / job.wall_seconds).toFixed(1)}% ` +
+       `of ${job.wall_seconds.toFixed(1)} s; the rest: ` + (Object.entries(job.badput_seconds)
+       .filter(([, s]) => s >= 0.05).map(([name, s]) => `${name} ${s.toFixed(1)} s`).join(", ") || "none") : "");
   text("controller", `term ${job.term}` + (job.standing_by ? " (a standby, not in command yet)" : "") +
        ` · standbys: ${job.standbys.map(s => s || "(not heard yet)").join(", ") || "none"}` +
        ` · warm spares waiting: ${job.spares}`);

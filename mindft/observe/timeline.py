@@ -13,6 +13,7 @@ from typing import Iterable, Optional
 from mindft.observe.events import (ClusterFormed, Event, FaultSeen, JobFinished, JobMoved, LadderDecision, NodeGiven,
                                    OrderSent, ProcessExitRecord, ProcessStartRecord, TookCommand, ControllerFollowed)
 from mindft.flow.episode import DYING_GASP, IN_PLACE, RESTART_ALL
+from mindft.flow.goodput import PRODUCTIVE
 
 RECOVERY_STATES = ("PAUSING", "REPAIRING", "ROLLBACK", "RESUMING")
 PHASE_NAMES = {"PAUSING": "pause", "REPAIRING": "repair", "ROLLBACK": "rollback", "RESUMING": "resume"}
@@ -83,6 +84,16 @@ def describe(event: Event) -> str:
     if isinstance(r, JobFinished):
         return f"job finished: exit code {r.exit_code}: {r.reason}"
     return event.kind  # pragma: no cover - every record kind is above
+
+
+def goodput_text(seconds: dict[str, float]) -> str:
+    """A job's wall time by bucket (:mod:`mindft.flow.goodput`) in one line: the productive share, then
+    the badput buckets that hold any."""
+    wall = sum(seconds.values())
+    productive = seconds.get(PRODUCTIVE, 0.0)
+    rest = ", ".join(f"{name} {value:.1f} s" for name, value in seconds.items() if name != PRODUCTIVE and value >= 0.05)
+    share = 100.0 * productive / wall if wall > 0 else 0.0
+    return f"{share:.1f}% of {wall:.1f} s productive ({productive:.1f} s)" + (f"; the rest: {rest}" if rest else "")
 
 
 def _how(record: ProcessExitRecord) -> str:

@@ -192,6 +192,12 @@ def _int_tuple(value: Any, where: str, name: str) -> tuple[int, ...]:
     return tuple(value)
 
 
+def _float_tuple(value: Any, where: str, name: str) -> tuple[float, ...]:
+    if type(value) is not list or any(type(v) not in (int, float) or not math.isfinite(v) for v in value):
+        raise _bad(where, name, "a list of finite numbers", value)
+    return tuple(float(v) for v in value)
+
+
 def _str_tuple(value: Any, where: str, name: str) -> tuple[str, ...]:
     if type(value) is not list or any(type(v) is not str for v in value):
         raise _bad(where, name, "a list of strings", value)
@@ -239,7 +245,7 @@ def _converter(hint: Any) -> Any:
         inner = [a for a in typing.get_args(hint) if a is not type(None)]
         return _optional(_converter(inner[0]))
     simple = {int: _int, str: _str, bool: _bool, float: _float, tuple[int, ...]: _int_tuple,
-              tuple[str, ...]: _str_tuple,
+              tuple[str, ...]: _str_tuple, tuple[float, ...]: _float_tuple,
               dict[int, str]: _endpoint_map, tuple[RankStatus, ...]: _status_rows}
     if hint in simple:
         return simple[hint]

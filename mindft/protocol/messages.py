@@ -307,6 +307,10 @@ class StatusReply:
     standbys: tuple[str, ...] = ()  # where the standby controllers listen, in takeover order ("": not heard yet)
     spares: int = 0  # warm spares waiting for a node
     standing_by: bool = False  # this controller is a standby that does not command yet
+    wall_seconds: float = 0.0  # the job's time so far on the controller's clock (mindft.flow.goodput)
+    productive_seconds: float = 0.0  # of which productive training
+    badput: tuple[str, ...] = ()  # the rest, by bucket: names ...
+    badput_seconds: tuple[float, ...] = ()  # ... and seconds, pairwise
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import re
 import os
 import signal
 import stat
@@ -490,6 +491,8 @@ def test_status_shows_the_controllers_term_its_standbys_and_the_spares_waiting(
         sock.close()
     assert result.exit_code == 0, result.output
     assert "controller: term 0; standbys: none; warm spares waiting: 1" in result.output
+    # Still starting: none of it productive (the rest is start-up, shown once it reaches 0.05 s).
+    assert re.search(r"^goodput: 0\.0% of [\d.]+ s productive \(0\.0 s\)", result.output, re.MULTILINE), result.output
 
 
 def _job_dir(tmp_path: Path, reset_file: str, launcher_pid: int = 0) -> Path:

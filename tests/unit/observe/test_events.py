@@ -271,3 +271,15 @@ def test_the_timeline_takes_the_controllers_detect_figure_the_one_its_log_says()
     (recovery,) = recoveries(log)
     assert recovery.phases["detect"] == pytest.approx(0.27) and recovery.start == pytest.approx(T0 + 1.2 - 0.27)
     assert "detect 0.27s" in render(recovery)[-1]
+
+
+def test_mindft_events_prints_the_finished_jobs_goodput(tmp_path: Path) -> None:
+    seconds = {"productive": 54.0, "start-up": 4.0, "snapshots": 0.5, "pause": 0.2, "repair": 1.0, "rollback": 0.1,
+               "resume": 0.0, "replayed": 0.2}
+    write_run(tmp_path / "run", [Event(T0, "controller", JobMoved("STARTING", "NORMAL", "all 2 ranks registered")),
+                                 Event(T0 + 60, "controller", JobFinished(0, "all 2 ranks finished", seconds))])
+    result = CliRunner().invoke(main, ["events", "--job", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[-1] == ("goodput: 90.0% of 60.0 s productive (54.0 s); the rest: start-up 4.0 s, "
+                                              "snapshots 0.5 s, pause 0.2 s, repair 1.0 s, rollback 0.1 s, "
+                                              "replayed 0.2 s")

@@ -109,6 +109,20 @@ def test_status_gauges_show_the_job_and_its_ranks() -> None:
     assert d.value("mindft_rank_replica_lag_steps", rank="1") == 0.0
 
 
+def test_the_jobs_wall_time_is_exported_by_bucket_and_its_goodput_ratio() -> None:
+    d = Driver(world=2)
+    d.now = 2.0
+    d.start()  # 2 s of start-up
+    d.steps(1, 5)
+    _recover_from_uce(d)  # 3 s of recovery phases
+    d.now += 5.0
+    buckets = {labels[0][1]: value for (name, labels), value in d.samples().items()
+               if name == "mindft_job_seconds_total"}
+    assert buckets["start-up"] == pytest.approx(2.0) and buckets["pause"] + buckets["rollback"] + buckets["resume"] > 0
+    assert sum(buckets.values()) == pytest.approx(d.now)  # every second counted once
+    assert d.value("mindft_goodput_ratio") == pytest.approx(buckets["productive"] / d.now)
+
+
 def test_a_recovery_is_counted_with_its_kind_rung_phases_and_lost_steps() -> None:
     d = Driver(world=2).start()
     d.steps(1, 5)
