@@ -245,8 +245,9 @@ class NodeAgent(RoleChanges):
             if spec.protected:
                 stale = remove_stale_memory()
                 if stale:
-                    self._say(f"removed {len(stale)} memory director{'y' if len(stale) == 1 else 'ies'} of launchers on "
-                              f"this host that are gone ({size_text(sum(size for _, size in stale))}): "
+                    what = "directory" if len(stale) == 1 else "directories"
+                    self._say(f"removed {len(stale)} memory {what} of launchers on this host that are gone "
+                              f"({size_text(sum(size for _, size in stale))}): "
                               f"{', '.join(str(path) for path, _ in stale)}")
                 spec = self.spec = self.workers.spec = dataclasses.replace(spec, state_dir=agent_memory())
                 log.info("the ranks' snapshots live in %s (shared memory held for the job)", spec.state_dir)

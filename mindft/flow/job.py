@@ -256,7 +256,8 @@ class Job:
                            over_budget=tuner.over_budget, waiting=self.ladder.waiting_for(),
                            deadline_in=round(max(0.0, self.deadline - now), 3) if self.deadline < math.inf else -1.0,
                            term=self.term, standbys=self._standby_addresses(),
-                           spares=len(self.spares.live_spares(now)), standing_by=self.standing_by, wall_seconds=round(sum(seconds.values()), 3),
+                           spares=len(self.spares.live_spares(now)), standing_by=self.standing_by,
+                           wall_seconds=round(sum(seconds.values()), 3),
                            productive_seconds=round(seconds[PRODUCTIVE], 3), badput=BADPUT,
                            badput_seconds=tuple(round(seconds[name], 3) for name in BADPUT))
 
