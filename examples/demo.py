@@ -161,6 +161,8 @@ def hot_reset(job_file: Path, rank: int, seconds: float, events: dict[str, float
     assert plugin.stdout is not None
     for line in plugin.stdout:
         event = json.loads(line)
+        if "event" not in event:  # mindft's error object: {"error": MESSAGE, ...}
+            raise SystemExit(f"[demo] the device plugin simulation failed: {event.get('error', line.strip())}")
         events.setdefault(event["event"], time.time())  # wall clock, as the event log
         say(f"device plugin: rank {rank} {event['event']}"
             + (f" (pid {event['pid']})" if "pid" in event else "")
@@ -285,6 +287,7 @@ def _demo(argv: Optional[list[str]]) -> int:
         return 1
 
     reset_file = work / "reset" / "reset.json"
+    reset_file.parent.mkdir(parents=True, exist_ok=True)  # on Ascend, the device plugin's mount
     if args.fault == "hot-reset":
         say(f"stage 2 of 3, the same training; at step {args.fault_step} the device plugin hot-resets rank "
             f"{args.fault_rank}'s chip (writing {reset_file})")

@@ -132,6 +132,7 @@ def hot_reset(tmp: Path, outcome: str) -> tuple[int, str, str]:
     simulate-device-plugin --job`` resets rank 1's chip (it waits, as the plugin does, for the
     chip's process to exit) and writes ``outcome``. (launcher exit code, its output, the plugin's)."""
     reset_file = tmp / "reset" / "reset.json"
+    reset_file.parent.mkdir()  # the device plugin's mount
     env = _env(MINDFT_BACKEND="mindio", MS_ENABLE_TFT="{RSC:1}", MINDFT_DUMP_DIR=str(tmp / "dump"),
                MINDFT_RESET_FILE=str(reset_file), MINDFT_RESET_POLL_INTERVAL="0.1")
     command = [sys.executable, "-m", "mindft.cli.launch", "--nproc", "2", "--run-dir", str(tmp / "run"),
