@@ -226,6 +226,9 @@ class MindftConfig:
     restart_scope: str = "auto"  # "all": a lost process restarts every worker; auto: when a rank says so
     warm_start: bool = True  # mindft-launch forks the workers from a process that imported MindSpore
     preload: str = "mindspore"  # what that process imports, comma-separated
+    slow_threshold: float = 0.3  # a rank whose own work per step is this much over its peers' median is slow...
+    slow_windows: int = 3  # ...in this many windows in a row (mindft.flow.slow)...
+    slow_window: float = 30.0  # ...of this many seconds
     timeouts: Timeouts = field(default_factory=Timeouts)
 
     @property
@@ -323,6 +326,11 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "the next rank", "-1..world size - 1"),
     EnvVar("MINDFT_STANDBYS", "nodes after node 0 that stand by for the controller and take over when it is lost "
            "(mindft-launch --standbys)", "0", "0..2"),
+    EnvVar("MINDFT_SLOW_THRESHOLD", "a rank whose own work per step (up to its collectives) exceeds its peers' "
+           "median by this share is slow in a window (0.3: 30%)", "0.3", "0.05..10"),
+    EnvVar("MINDFT_SLOW_WINDOWS", "slow windows in a row that flag a rank (and its node) slow, and healthy ones that "
+           "clear it", "3", "1..100"),
+    EnvVar("MINDFT_SLOW_WINDOW", "seconds of training in one window of the slow-rank detection", "30", "1..3600"),
     EnvVar("MINDFT_AGENT_REPLICATION", "mindft-launch on several nodes: 1, the node agents stream each rank's "
            "newest snapshot to the next node's agent in the background (the ranks push nothing); 0, each rank "
            "streams its newest snapshot to its buddy rank in the background, as ranks started without "
@@ -379,7 +387,8 @@ FIELD_VARIABLES: dict[str, str] = {
     "overhead_budget": "MINDFT_OVERHEAD_BUDGET", "max_replay_steps": "MINDFT_MAX_REPLAY_STEPS",
     "replica_buddy": "MINDFT_REPLICA_BUDDY", "agent_replication": "MINDFT_AGENT_REPLICATION",
     "standbys": "MINDFT_STANDBYS", "replica_endpoint": "MINDFT_REPLICA_ENDPOINT", "restart_scope": "MINDFT_RESTART_SCOPE",
-    "warm_start": "MINDFT_WARM_START", "preload": "MINDFT_PRELOAD",
+    "warm_start": "MINDFT_WARM_START", "preload": "MINDFT_PRELOAD", "slow_threshold": "MINDFT_SLOW_THRESHOLD",
+    "slow_windows": "MINDFT_SLOW_WINDOWS", "slow_window": "MINDFT_SLOW_WINDOW",
     **{t.attribute: t.variable for t in _TIMEOUT_VARS},
 }
 
@@ -436,6 +445,9 @@ def load_config(environ: Mapping[str, str] = os.environ) -> MindftConfig:
         replica_endpoint=_replica_endpoint(environ),
         warm_start=_number(environ, "MINDFT_WARM_START", int, 1, 0, 1) == 1,
         preload=_preload(environ),
+        slow_threshold=_number(environ, "MINDFT_SLOW_THRESHOLD", float, 0.3, 0.05, 10),
+        slow_windows=_number(environ, "MINDFT_SLOW_WINDOWS", int, 3, 1, 100),
+        slow_window=_number(environ, "MINDFT_SLOW_WINDOW", float, 30.0, 1, 3600),
         timeouts=timeouts,
     )
 

@@ -13,15 +13,18 @@ from typing import Iterator
 
 import pytest
 
+from mindft.agent.memory import stale_memory
 from mindft.snapshot.store import SnapshotStore
 
 from harness import ExampleReferences, Processes, free_port_pair
+from readme_figures import TIME_TOLERANCE, off_by, readme_figures
 
 # Variables that configure mindft or MindSpore's cluster: a developer's shell must not leak into tests.
 _ISOLATED = re.compile(r"^(MS_|MINDFT_|MINDIO_|MINDX_|RANK_|DEVICE_ID$|RANK_ID$|RANK_SIZE$|VC_TASK_INDEX$)")
 _GRACE = 5.0  # seconds a test's threads and processes get to finish after it
 _FAST = 2.0  # seconds a test of the fast tier may take (a test that takes longer belongs in the slow tier)
 _slow_but_unmarked: list[tuple[str, float]] = []
+_session_started = time.monotonic()
 
 
 def _children() -> set[int]:
@@ -106,13 +109,34 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _slow_but_unmarked.append((report.nodeid, report.duration))
 
 
-def pytest_terminal_summary(terminalreporter) -> None:
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     # Not a failure: on a busy machine a fast test can take longer. A test that always does
     # belongs in the slow tier.
     if _slow_but_unmarked:
         terminalreporter.write_sep("-", f"not marked slow but took over {_FAST:g} s")
         for nodeid, seconds in sorted(_slow_but_unmarked, key=lambda row: -row[1]):
             terminalreporter.write_line(f"{seconds:6.2f}s {nodeid}")
+    _compare_with_the_readme(terminalreporter, config)
+    if not hasattr(config, "workerinput"):
+        # What the suite's SIGKILLed agents left in /dev/shm: the next launcher on the host removes it.
+        left = stale_memory()
+        terminalreporter.write_sep("-", f"memory directories of dead launchers left in shared memory: {len(left)}"
+                                        + (f" ({', '.join(d.name for d in left)})" if left else ""))
+
+
+def _compare_with_the_readme(terminalreporter, config: pytest.Config) -> None:
+    """After the whole suite or the fast tier, unfiltered: its time against the README's figure. Said,
+    not failed: a machine's speed is no test's verdict (the counts are a test's: test_docs_figures.py)."""
+    tier = {("tests",): "whole suite", (): "whole suite", ("tests/unit",): "fast tier"}.get(
+        tuple(a.rstrip("/") for a in config.args if a != str(config.rootpath)))
+    if tier is None or config.option.keyword or config.option.markexpr:
+        return
+    figures = readme_figures()
+    stated = figures.suite_seconds if tier == "whole suite" else figures.fast_seconds
+    took = time.monotonic() - _session_started
+    verdict = "within" if off_by(stated, took) <= TIME_TOLERANCE else "OUTSIDE: update the README's figure, or say why"
+    terminalreporter.write_sep("-", f"the README says the {tier} takes ~{stated:g} s on 2 cores; this run took "
+                                    f"{took:.0f} s ({verdict} {100 * TIME_TOLERANCE:.0f}%)")
 
 
 def _isolate(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -52,11 +52,11 @@ def agent_memory() -> Path:
     return private_memory(MEMORY_PREFIX)
 
 
-def remove_stale_memory() -> list[tuple[Path, int]]:
-    """Remove this user's memory directories (snapshots, generated keys) of launchers on this host that
-    are gone (killed, or their node lost and the pod's container restarted: /dev/shm survives both);
-    each removed directory with the bytes it held. A directory that names no owner is left alone."""
-    removed: list[tuple[Path, int]] = []
+def stale_memory() -> list[Path]:
+    """This user's memory directories (snapshots, generated keys) of launchers on this host that are
+    gone (killed, or their node lost and the pod's container restarted: /dev/shm survives both). A
+    directory that names no owner is left out."""
+    stale: list[Path] = []
     for directory in sorted(_memory_base().glob("mindft-*-*")):
         if not directory.name.startswith((MEMORY_PREFIX, KEY_PREFIX)) or not directory.is_dir():
             continue
@@ -67,8 +67,15 @@ def remove_stale_memory() -> list[tuple[Path, int]]:
             pid, started = int(owner["pid"]), float(owner["started"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if _running(pid, started):
-            continue
+        if not _running(pid, started):
+            stale.append(directory)
+    return stale
+
+
+def remove_stale_memory() -> list[tuple[Path, int]]:
+    """Remove the :func:`stale_memory` directories; each with the bytes it held."""
+    removed: list[tuple[Path, int]] = []
+    for directory in stale_memory():
         size = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
         shutil.rmtree(directory, ignore_errors=True)
         removed.append((directory, size))

@@ -54,6 +54,9 @@ def events_command(job: Path, follow: bool, as_json: bool) -> None:
     if not found_recoveries:
         click.echo(f"no recovery ({len(found)} events, {events.iso_time(found[0].at)} to "
                    f"{events.iso_time(found[-1].at)})")
+    for event in found:
+        if isinstance(event.record, events.RankSlow):
+            click.echo(f"{events.iso_time(event.at)} {event.record.reason}")
     finished = [e for e in found if isinstance(e.record, events.JobFinished)]
     if finished:
         click.echo(f"job finished: exit code {finished[-1].record.exit_code}: {finished[-1].record.reason}")

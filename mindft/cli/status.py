@@ -42,6 +42,10 @@ def status(job: Optional[Path], address: Optional[str], key_file: Optional[Path]
         # Replicas are streamed (by the node agents or the ranks): the newest step held elsewhere, and lost protection.
         header += ("REPLICA",)
         rows = [row + (_replica_cell(r),) for row, r in zip(rows, reply.ranks)]
+    if any(r.work_ratio > 0 for r in reply.ranks):
+        # Slow ranks are measured: each rank's own work per step against its peers' median (mindft.flow.slow).
+        header += ("OWN WORK",)
+        rows = [row + (_work_cell(r),) for row, r in zip(rows, reply.ranks)]
     widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
     for row in (header, *rows):
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
@@ -56,6 +60,11 @@ def status(job: Optional[Path], address: Optional[str], key_file: Optional[Path]
     if lost:
         click.echo(f"NODE LOST: {_rank_list(lost)} can roll back only to the step of "
                    f"{'its replica' if len(lost) == 1 else 'their replicas'}, restored on the node that replaces it")
+    slow = [r.rank for r in reply.ranks if r.slow]
+    if slow:
+        click.echo(f"SLOW: {_rank_list(slow)}: {'its' if len(slow) == 1 else 'their'} own work per step is over "
+                   f"{'its' if len(slow) == 1 else 'their'} peers' median by more than MINDFT_SLOW_THRESHOLD, "
+                   f"window after window; every data-parallel step waits for {'it' if len(slow) == 1 else 'them'}")
     if reply.wall_seconds > 0:
         click.echo("goodput: " + goodput_text({PRODUCTIVE: reply.productive_seconds,
                                                 **dict(zip(reply.badput, reply.badput_seconds))}))
@@ -86,6 +95,12 @@ def _replica_cell(row: Any) -> str:
     """A status row's REPLICA cell: the newest replicated step and whether protection is lost."""
     step = str(row.replicated) if row.replicated >= 0 else "none yet"
     return f"{step} LOST PROTECTION" if row.replica_lost else step
+
+
+def _work_cell(row: Any) -> str:
+    """A status row's OWN WORK cell: its work per step against its peers' median, SLOW when flagged."""
+    ratio = f"{row.work_ratio:.2f}×" if row.work_ratio > 0 else "–"
+    return f"{ratio} SLOW" if row.slow else ratio
 
 
 def _rank_list(ranks: Sequence[int], limit: int = 16) -> str:

@@ -23,13 +23,14 @@ import zmq
 from mindft.net import channel
 from mindft.config import MindftConfig
 from mindft.observe.events import (EventLog, FaultSeen, JobFinished, JobMoved, LadderDecision, NodeGiven, OrderSent,
-                                   TookCommand)
+                                   RankSlow, TookCommand)
 from mindft.exitcodes import ExitCode
 from mindft.flow.cadence import Budget
 from mindft.flow.inputs import SchedulerLost
 from mindft.flow.episode import DYING_GASP
 from mindft.flow import (RECOVERY_STATES, Broadcast, DeviceInput, Effect, Fence, Finish, GiveNode, Job, JobState,
-                         KillRank, Promoted, Send, StartRank, Transition, phase_times)
+                         KillRank, Promoted, Send, SlowRank, StartRank, Transition, phase_times)
+from mindft.flow.slow import policy_of
 from mindft.flow.standby import candidates
 from mindft.protocol import AgentHello, Message
 from mindft.net.keys import job_keys, start_authenticator
@@ -94,7 +95,7 @@ class Controller:
         self.job = Job(config.world_size, config.timeouts, clock(), snapshot_every=config.snapshot_every or 1,
                        restart_scope=config.restart_scope, budget=job_budget(config),
                        term=standby_term or 0, candidates=candidates(config.standbys, node),
-                       standing_by=standby_term is not None, supersedes=supersedes)
+                       standing_by=standby_term is not None, supersedes=supersedes, slow=policy_of(config))
         self._fence: Optional[zmq.Socket] = None  # to the controller it replaced
         self.result: Optional[Finish] = None
         self.metrics = metrics if metrics is not None else JobMetrics()
@@ -296,6 +297,10 @@ class Controller:
                 if self.events is not None:
                     self.events.append(NodeGiven(effect.node, effect.adoption, effect.reason))
                 self._out.to(effect.spare, encode(dataclasses.replace(effect.order(), term=self.job.term)))
+            elif kind is SlowRank:
+                log.log(logging.WARNING if effect.slow else logging.INFO, "%s", effect.reason)
+                if self.events is not None:
+                    self.events.append(RankSlow(effect.rank, effect.node, effect.slow, effect.ratio, effect.reason))
             elif kind is Fence:
                 if self._fence is None:
                     self._fence = channel.dealer(self._context, self._keys, effect.address)

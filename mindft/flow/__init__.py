@@ -5,13 +5,14 @@ input carries the time it happened, every decision comes back as a value.
 """
 from __future__ import annotations
 
-from mindft.flow.effects import (Broadcast, Effect, Fence, Finish, GiveNode, KillRank, Peer, Promoted, Send, StartRank,
-                                 Transition)
+from mindft.flow.effects import (Broadcast, Effect, Fence, Finish, GiveNode, KillRank, Peer, Promoted, Send, SlowRank,
+                                 StartRank, Transition)
 from mindft.flow.inputs import (DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, HoldRepairs, ProcessExited,
                                 RollbackAll, StopJob)
 from mindft.flow.follower import (ArmFault, Armed, Command, DumpAndExit, Finished, Follower, Ignore, Leave,
                                   LeaveDevice, Outcome, RankHooks, Restore, Resume, Resumed, Settle)
-from mindft.flow.job import Job, held_after, phase_times
+from mindft.flow.episode import phase_times
+from mindft.flow.job import Job, held_after
 from mindft.flow.ranks import RankRecord, RankState, RankTable
 from mindft.flow.states import (RECOVERY_STATES, TERMINAL_STATES, TRANSITIONS, Event, IllegalTransition, JobState,
                                 next_state)
@@ -20,5 +21,5 @@ __all__ = ["Armed", "Finished", "Outcome", "RankHooks", "Resumed", "ArmFault", "
            "DeviceFaulty", "DeviceInput", "DeviceRecovered", "DumpAndExit", "Effect", "Event", "Fence", "Finish",
            "GiveNode", "Follower", "HoldRepairs", "RollbackAll", "StartRank", "Ignore", "IllegalTransition", "Job",
            "JobState", "KillRank", "Leave", "Peer", "Promoted", "ProcessExited", "RECOVERY_STATES", "RankRecord",
-           "RankState", "RankTable", "LeaveDevice", "Restore", "Resume", "Send", "Settle", "StopJob",
+           "RankState", "RankTable", "LeaveDevice", "Restore", "Resume", "Send", "Settle", "SlowRank", "StopJob",
            "TERMINAL_STATES", "TRANSITIONS", "Transition", "held_after", "next_state", "phase_times"]

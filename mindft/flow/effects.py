@@ -102,6 +102,18 @@ class Fence:
 
 
 @dataclass(frozen=True)
+class SlowRank:
+    """Rank ``rank`` on node ``node`` (-1: not known yet) was flagged slow (``slow``) or cleared; its own
+    work per step over its peers' median was ``ratio`` in the deciding window (:mod:`mindft.flow.slow`)."""
+
+    rank: int
+    node: int
+    slow: bool
+    ratio: float
+    reason: str
+
+
+@dataclass(frozen=True)
 class Transition:
     """The job moved from ``source`` to ``target`` (for logs and timelines)."""
 
@@ -121,4 +133,4 @@ class Finish:
     dump_step: int = -1
 
 
-Effect = Union[Send, Broadcast, KillRank, StartRank, GiveNode, Promoted, Fence, Transition, Finish]
+Effect = Union[Send, Broadcast, KillRank, StartRank, GiveNode, Promoted, Fence, SlowRank, Transition, Finish]

@@ -133,3 +133,12 @@ def retried(kind: FaultKind) -> bool:
     """Whether a fault of ``kind`` is worth a recovery: not an exception from the training script,
     which would raise again in the same step."""
     return kind is not FaultKind.USER_ERROR
+
+
+def phase_times(history: list[tuple[JobState, float]], since: float) -> dict[str, float]:
+    """Seconds spent in each state from ``since`` on (for logs and benchmarks)."""
+    marks = [(state, at) for state, at in history if at >= since]
+    phases: dict[str, float] = {}
+    for (state, at), (_, until) in zip(marks, marks[1:]):
+        phases[state.value] = phases.get(state.value, 0.0) + (until - at)
+    return phases

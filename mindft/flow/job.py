@@ -22,21 +22,23 @@ from mindft.config import Timeouts
 from mindft.exitcodes import ExitCode
 from mindft.flow import lost
 from mindft.flow.cadence import Budget, Tuner
-from mindft.flow.effects import Broadcast, Effect, Fence, Finish, GiveNode, Peer, Promoted, Send, Transition
+from mindft.flow.effects import Broadcast, Effect, Fence, Finish, GiveNode, Peer, Promoted, Send, SlowRank, Transition
 from mindft.flow.episode import Episode
-from mindft.flow.goodput import BADPUT, PRODUCTIVE, Goodput
+from mindft.flow.goodput import Goodput
 from mindft.flow.inputs import (DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, HoldRepairs, ProcessExited,
                                 RollbackAll, SchedulerLost, StopJob, from_wire)
 from mindft.flow.ladder import Ladder
 from mindft.flow.ranks import RankRecord, RankState, RankTable
 from mindft.flow.rejoin import Survivors
 from mindft.flow.replicas import KeptSteps, ReplicaWatch, rank_list
-from mindft.flow.spares import HELLO_INTERVAL, Spares
+from mindft.flow.slow import SlowChange, SlowPolicy, SlowRanks
+from mindft.flow.spares import HELLO_INTERVAL, Spares, given_away
 from mindft.flow.standby import promotes
+from mindft.flow.status import job_status
 from mindft.flow.states import RECOVERY_STATES, TERMINAL_STATES, Event, JobState, next_state
-from mindft.protocol import (REPORT_SUFFIX, Ack, Action, ActionKind, AgentHello, Cadence, CostReport, DeviceEvent, Done,
-                             FaultKind, FaultReport, Heartbeat, InjectRequest, JobView, Message, NodeLost,
-                             Progress, ProcessExit, RankStatus, Register, RegisterAck, Replaced, ReplicaReport, Reply,
+from mindft.protocol import (REPORT_SUFFIX, Ack, Action, ActionKind, AgentHello, Cadence, CostReport, DeviceEvent,
+                             Done, FaultKind, FaultReport, Heartbeat, InjectRequest, JobView, Message, NodeLost, Pace,
+                             Progress, ProcessExit, Register, RegisterAck, Replaced, ReplicaReport, Reply,
                              StatusReply, StatusRequest, StepReport, Superseded)
 
 log = logging.getLogger(__name__)
@@ -66,11 +68,14 @@ class Job:
     ``candidates``: the nodes that stand by for it, in takeover order; ``standing_by``: a standby
     that commands nothing until half of the node agents said hello to it; ``supersedes``: the address
     of the controller it took over from, told so once it commands (:class:`Fence`).
+
+    ``slow``: when a rank is flagged slow (:mod:`mindft.flow.slow`; the job only reports it).
     """
 
     def __init__(self, world_size: int, timeouts: Timeouts, now: float, snapshot_every: int = 1,
                  restart_scope: str = "auto", budget: Optional[Budget] = None, term: int = 0,
-                 candidates: tuple[int, ...] = (), standing_by: bool = False, supersedes: str = "") -> None:
+                 candidates: tuple[int, ...] = (), standing_by: bool = False, supersedes: str = "",
+                 slow: SlowPolicy = SlowPolicy()) -> None:
         if snapshot_every < 1:
             raise ValueError(f"snapshot_every must be >= 1, got {snapshot_every}")
         self.timeouts = timeouts
@@ -94,6 +99,7 @@ class Job:
         self.superseded: Optional[Superseded] = None  # a newer term commands the job: this controller stood down
         self._nproc = 0  # ranks per node, from the first node agent's hello
         self.goodput = Goodput(now)  # every second of the job's wall time, by bucket
+        self.slow = SlowRanks(slow, now)  # every rank's own work per step, and the ranks flagged slow
         self.ladder = Ladder(self, self.ranks, timeouts, self.agents, self.replicas, self.survivors, self.tuner)
 
     @property
@@ -141,13 +147,17 @@ class Job:
             self._on_wire_device_event(peer, message, now)
         elif kind is CostReport:
             self._on_cost(peer, message, now)
+        elif kind is Pace:
+            record = self._sender(peer, message.rank, now, "pace")
+            if record is not None and self.state is _S.NORMAL:
+                self.slow.pace(record.rank, message.steps, message.seconds)
         elif kind is ReplicaReport:
             detail = self._on_replicas(message)
             self.emit(Send(peer, Reply(not detail, detail, message.request_id)))
         elif kind is NodeLost:
             given = self.spares.refuses(message)
             if given is not None:
-                self.emit(Send(peer, Replaced(message.node, _given_away(given.node, given.number, given.reason),
+                self.emit(Send(peer, Replaced(message.node, given_away(given.node, given.number, given.reason),
                                               message.request_id)))
             else:
                 ok, detail = lost.node_lost(self.ladder, message, now)
@@ -223,6 +233,9 @@ class Job:
                 heard = {record.rank: record.last_seen for record in self.ranks}
                 for adoption in self.spares.adopt(self.state, now, heard, self.timeouts.repair):
                     self.emit(GiveNode(adoption.node, adoption.peer, adoption.number, adoption.reason))
+        if self.state is _S.NORMAL:
+            for change in self.slow.due(now):
+                self._slow_changed(change)
         lost.kill_late_leavers(self.ladder, now)
         if self.state not in TERMINAL_STATES and now >= self.deadline:
             self.ladder.phase_timeout(now)
@@ -232,34 +245,12 @@ class Job:
         """When :meth:`tick` must be called next (inf once the job ended)."""
         if self.state in TERMINAL_STATES or self.superseded is not None:
             return self._next_fence
-        return min(self._next_check, self.deadline, self._next_fence)
+        slow_window = self.slow.window_end if self.state is _S.NORMAL else math.inf
+        return min(self._next_check, self.deadline, self._next_fence, slow_window)
 
     def status(self, now: float, request_id: int = 0) -> StatusReply:
-        """The job as ``mindft status`` shows it."""
-        rows = tuple(RankStatus(rank=r.rank, state=r.state, step=r.progress,
-                                last_heartbeat_age=round(max(0.0, now - r.last_seen), 3), restarts=r.restarts,
-                                pid=r.pid, incarnation=r.incarnation, replica_endpoint=r.replica_endpoint,
-                                order=self.ladder.order(r.rank), replicated=self.replicas.step(r.rank),
-                                replica_lost=r.rank in self.replicas.unprotected)
-                     for r in sorted(self.ranks, key=lambda r: r.rank))
-        if self.result is not None:
-            reason = self.result.reason
-        else:
-            reason = self.recovery.summary() if self.state in RECOVERY_STATES else ""
-        tuner = self.tuner
-        seconds = self.goodput.at(now)
-        return StatusReply(state=self.state, step=self.ranks.slowest, ranks=rows, reason=reason,
-                           round=self.recovery.round, recoveries=len(self.recoveries), request_id=request_id,
-                           restart_all=self.restart_all, snapshot_every=tuner.every, snapshot_cost=round(tuner.cost(), 6),
-                           step_time=round(tuner.step_time(), 6),
-                           overhead_budget=tuner.budget.overhead if tuner.budget is not None else 0.0,
-                           over_budget=tuner.over_budget, waiting=self.ladder.waiting_for(),
-                           deadline_in=round(max(0.0, self.deadline - now), 3) if self.deadline < math.inf else -1.0,
-                           term=self.term, standbys=self._standby_addresses(),
-                           spares=len(self.spares.live_spares(now)), standing_by=self.standing_by,
-                           wall_seconds=round(sum(seconds.values()), 3),
-                           productive_seconds=round(seconds[PRODUCTIVE], 3), badput=BADPUT,
-                           badput_seconds=tuple(round(seconds[name], 3) for name in BADPUT))
+        """The job as ``mindft status`` shows it (:func:`mindft.flow.status.job_status`)."""
+        return job_status(self, now, request_id)
 
     # ---- rank messages ----------------------------------------------------------------------
 
@@ -356,7 +347,7 @@ class Job:
         job was under way before this controller (:mod:`mindft.flow.rejoin`)."""
         given = self.spares.hello(peer, message.node, message.ranks, message.spare, now, message.address)
         if given is not None:
-            self.emit(Send(peer, Replaced(message.node, _given_away(given.node, given.number, given.reason))))
+            self.emit(Send(peer, Replaced(message.node, given_away(given.node, given.number, given.reason))))
             return
         if message.spare:
             self.emit(Send(peer, self._view()))
@@ -432,9 +423,9 @@ class Job:
         unreached = tuple(r for r in range(self.ranks.world_size) if self._unreached(r)) \
             if self.state is _S.FAILED else ()
         return JobView(self.state, self.restart_all, self.ladder.dump_step, reason, resetting, self.ladder.verdict,
-                       unreached, self.term, self._standby_addresses())
+                       unreached, self.term, self.standby_addresses())
 
-    def _standby_addresses(self) -> tuple[str, ...]:
+    def standby_addresses(self) -> tuple[str, ...]:
         known = self.spares.nodes
         return tuple(known[node].address if node in known else "" for node in self.candidates)
 
@@ -554,6 +545,10 @@ class Job:
             self.tuner.report(record.rank, message.step_time, message.capture_time)
             self._retune()
 
+    def _slow_changed(self, change: SlowChange) -> None:
+        node = change.rank // self._nproc if self._nproc else -1
+        self.emit(SlowRank(change.rank, node, change.slow, round(change.ratio, 3), change.reason(node, self.slow.policy)))
+
     def _retune(self) -> None:
         if self.state is _S.NORMAL:
             wire = self.tuner.retune(self.ranks.slowest)
@@ -567,6 +562,7 @@ class Job:
         source = self.state
         self.state = next_state(source, event)
         self.goodput.moved(self.state, self.ranks.slowest, now)
+        self.slow.discard(now)  # a window measures training only: the one under way ends here
         self.history.append((self.state, now))
         del self.history[:-256]
         self.emit(Transition(source, self.state, reason))
@@ -581,16 +577,4 @@ class Job:
         return out
 
 
-def _given_away(node: int, adoption: int, reason: str) -> str:
-    return (f"node {node} was given to a spare (adoption {adoption}: {reason}); this agent runs nothing of "
-            f"the job and waits as a spare")
-
-
-def phase_times(history: list[tuple[JobState, float]], since: float) -> dict[str, float]:
-    """Seconds spent in each state from ``since`` on (for logs and benchmarks)."""
-    marks = [(state, at) for state, at in history if at >= since]
-    phases: dict[str, float] = {}
-    for (state, at), (_, until) in zip(marks, marks[1:]):
-        phases[state.value] = phases.get(state.value, 0.0) + (until - at)
-    return phases
 

@@ -139,3 +139,9 @@ class Spares:
         adoption's own (a launcher for the node, started after it was given away); else None."""
         given = self.given.get(message.node)
         return given if given is not None and message.adoption != given.number else None
+
+
+def given_away(node: int, adoption: int, reason: str) -> str:
+    """What an agent whose node was given to a spare is told (:class:`~mindft.protocol.Replaced`)."""
+    return (f"node {node} was given to a spare (adoption {adoption}: {reason}); this agent runs nothing of "
+            f"the job and waits as a spare")

@@ -257,6 +257,7 @@ class Session(RankEngine):
         if self._gate_seen or self.processor is None:
             return None  # once per step (a network called again in the same step passes)
         self._gate_seen = True
+        self.reached_collectives()
         started = time.perf_counter()
         action = self.processor.wait_peers(self.step)
         self._hook_wait += time.perf_counter() - started

@@ -129,6 +129,19 @@ class ControllerFollowed:
 
 
 @dataclass(frozen=True)
+class RankSlow:
+    """Rank ``rank`` (node ``node``, -1: unknown) flagged slow (``slow``) or cleared; ``ratio``: its own work
+    per step over its peers' median in the deciding window (:mod:`mindft.flow.slow`)."""
+
+    KIND = "rank_slow"
+    rank: int
+    node: int
+    slow: bool
+    ratio: float
+    reason: str
+
+
+@dataclass(frozen=True)
 class ProcessStartRecord:
     """A node agent started a process: ``role`` ``worker`` (``rank``, incarnation ``restarts``) or
     ``scheduler``; ``warm``: forked from the warm process (False: cold, also when the warm path
@@ -173,11 +186,11 @@ class JobFinished:
     seconds: dict = dataclasses.field(default_factory=dict)
 
 
-Record = Union[JobMoved, FaultSeen, LadderDecision, OrderSent, NodeGiven, TookCommand, ControllerFollowed,
+Record = Union[JobMoved, FaultSeen, LadderDecision, OrderSent, NodeGiven, TookCommand, ControllerFollowed, RankSlow,
                ProcessStartRecord, ProcessExitRecord, ClusterFormed, JobFinished]
 RECORDS: dict[str, type] = {cls.KIND: cls for cls in
                             (JobMoved, FaultSeen, LadderDecision, OrderSent, NodeGiven, TookCommand, ControllerFollowed,
-                             ProcessStartRecord, ProcessExitRecord, ClusterFormed, JobFinished)}
+                             RankSlow, ProcessStartRecord, ProcessExitRecord, ClusterFormed, JobFinished)}
 
 
 @dataclass(frozen=True)

@@ -103,6 +103,12 @@ def _status_families(status: Optional[StatusReply] = None) -> Iterator[Metric]:
     lost = GaugeMetricFamily("mindft_rank_lost_protection",
                              "1 when a rank's replica is behind the steps every rank keeps (LOST PROTECTION): "
                              "a loss of its node now could not be recovered.", labels=["rank"])
+    slow = GaugeMetricFamily("mindft_rank_slow", "1 while a rank is flagged slow: its own work per step over its "
+                                                 "peers' median beyond MINDFT_SLOW_THRESHOLD for MINDFT_SLOW_WINDOWS "
+                                                 "windows in a row.", labels=["rank"])
+    work = GaugeMetricFamily("mindft_rank_work_ratio", "A rank's own work per step (up to its collectives) over its "
+                                                       "peers' median in the newest window; absent until measured.",
+                             labels=["rank"])
     goodput = GaugeMetricFamily("mindft_goodput_ratio", "The productive share of the job's wall time so far "
                                                         "(effective training time).")
     spent = CounterMetricFamily("mindft_job_seconds", "The job's wall time so far by where it went: productive "
@@ -125,6 +131,9 @@ def _status_families(status: Optional[StatusReply] = None) -> Iterator[Metric]:
             if row.replicated >= 0:
                 lag.add_metric([str(row.rank)], max(0, row.step - row.replicated))
             lost.add_metric([str(row.rank)], 1.0 if row.replica_lost else 0.0)
+            slow.add_metric([str(row.rank)], 1.0 if row.slow else 0.0)
+            if row.work_ratio > 0:
+                work.add_metric([str(row.rank)], row.work_ratio)
         for rank_state, count in counts.items():
             ranks.add_metric([rank_state.value], count)
         every.add_metric([], status.snapshot_every)
@@ -133,7 +142,7 @@ def _status_families(status: Optional[StatusReply] = None) -> Iterator[Metric]:
         if status.overhead_budget > 0:
             budget.add_metric([], status.overhead_budget)
         over.add_metric([], 1.0 if status.over_budget else 0.0)
-    yield from (state, step, step_seconds, ranks, every, overhead, budget, over, lag, lost, goodput, spent)
+    yield from (state, step, step_seconds, ranks, every, overhead, budget, over, lag, lost, slow, work, goodput, spent)
 
 
 class JobMetrics:

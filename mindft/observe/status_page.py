@@ -45,7 +45,8 @@ def status_document(status: StatusReply, past: Iterable[list[str]]) -> dict[str,
                       "deadline_in_seconds": status.deadline_in} if waiting else None),
         "ranks": [{"rank": r.rank, "state": r.state.value, "step": r.step, "pid": r.pid, "restarts": r.restarts,
                    "incarnation": r.incarnation, "heartbeat_age_seconds": r.last_heartbeat_age,
-                   "replicated_step": r.replicated, "lost_protection": r.replica_lost}
+                   "replicated_step": r.replicated, "lost_protection": r.replica_lost, "work_ratio": r.work_ratio,
+                   "slow": r.slow}
                   for r in status.ranks],
         "timelines": [list(lines) for lines in past],
     }
@@ -116,7 +117,8 @@ pre { background: #fff; border: 1px solid #e1e4e8; padding: .6em; overflow-x: au
 <h2>Recovery in progress</h2><div id="recovery" class="muted">none</div>
 <h2>Ranks</h2>
 <table><thead><tr><th>rank</th><th class="text">state</th><th>step</th><th>pid</th><th>restarts</th>
-<th>heartbeat age (s)</th><th>replicated step</th><th class="text">protection</th></tr></thead>
+<th>heartbeat age (s)</th><th>replicated step</th><th class="text">protection</th>
+<th class="text">own work per step</th></tr></thead>
 <tbody id="ranks"></tbody></table>
 <h2>Recoveries, newest first</h2><div id="timelines" class="muted">none yet</div>
 <script>
@@ -147,6 +149,7 @@ function draw(doc) {
     cell(row, r.rank); cell(row, r.state, "text"); cell(row, r.step); cell(row, r.pid); cell(row, r.restarts);
     cell(row, r.heartbeat_age_seconds.toFixed(1)); cell(row, r.replicated_step < 0 ? "–" : r.replicated_step);
     cell(row, r.lost_protection ? "LOST PROTECTION" : "ok", "text");
+    cell(row, (r.work_ratio > 0 ? `${r.work_ratio.toFixed(2)}× peers'` : "–") + (r.slow ? " SLOW" : ""), "text");
   }
   const past = document.getElementById("timelines"); past.replaceChildren();
   if (!doc.timelines.length) past.textContent = "none yet";

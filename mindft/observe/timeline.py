@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
 from mindft.observe.events import (ClusterFormed, Event, FaultSeen, JobFinished, JobMoved, LadderDecision, NodeGiven,
-                                   OrderSent, ProcessExitRecord, ProcessStartRecord, TookCommand, ControllerFollowed)
+                                   OrderSent, ProcessExitRecord, ProcessStartRecord, RankSlow, TookCommand,
+                                   ControllerFollowed)
 from mindft.flow.episode import DYING_GASP, IN_PLACE, RESTART_ALL
 from mindft.flow.goodput import PRODUCTIVE
 
@@ -71,6 +72,8 @@ def describe(event: Event) -> str:
                 f"standby at {r.new} (term {r.term}{', this node' if r.here else ''})")
     if isinstance(r, TookCommand):
         return f"the standby controller on node {r.node} took command: term {r.old_term} → {r.term} ({r.reason})"
+    if isinstance(r, RankSlow):
+        return r.reason
     if isinstance(r, ProcessStartRecord):
         who = f"rank {r.rank}" if r.role == "worker" else r.role
         how = "warm" if r.warm else "cold"

@@ -18,14 +18,14 @@ from __future__ import annotations
 from mindft.protocol.codec import (MESSAGE_TYPES, decode, encode, encode_heartbeat, encode_step_report)
 from mindft.protocol.messages import (Ack, Action, ActionKind, AdoptNode, AgentHello, Cadence, CostReport,
                                       DeviceEvent, DeviceStatus, Done, FaultKind, FaultReport, Heartbeat,
-                                      InjectRequest, JobState, JobView, MAX_FRAME, Message, NodeLost, OrderKind,
+                                      InjectRequest, JobState, JobView, MAX_FRAME, Message, NodeLost, OrderKind, Pace,
                                       PROTOCOL_VERSION, ProcessExit, Progress, ProtocolError, RankOrder, RankState,
                                       RankStatus, Register, RegisterAck, REPORT_SUFFIX, Replaced, ReplicaReport,
                                       Reply, StatusReply, StatusRequest, StepReport, Superseded)
 
 __all__ = ['Ack', 'Action', 'ActionKind', 'AdoptNode', 'AgentHello', 'Cadence', 'CostReport', 'DeviceEvent',
            'DeviceStatus', 'Done', 'FaultKind', 'FaultReport', 'Heartbeat', 'InjectRequest', 'JobState', 'JobView',
-           'MAX_FRAME', 'MESSAGE_TYPES', 'Message', 'NodeLost', 'OrderKind', 'PROTOCOL_VERSION', 'ProcessExit',
+           'MAX_FRAME', 'MESSAGE_TYPES', 'Message', 'NodeLost', 'OrderKind', 'Pace', 'PROTOCOL_VERSION', 'ProcessExit',
            'Progress', 'ProtocolError', 'RankOrder', 'RankState', 'RankStatus', 'Register', 'RegisterAck',
            'REPORT_SUFFIX', 'Replaced', 'ReplicaReport', 'Reply', 'StatusReply', 'StatusRequest', 'StepReport',
            'Superseded', 'decode', 'encode', 'encode_heartbeat', 'encode_step_report']

@@ -28,7 +28,8 @@ from typing import ClassVar, Optional, Union
 # Within 12: standby controllers: a term on JobView, RankOrder and AdoptNode (an older term's are
 # refused), JobView.standbys (where the standbys listen), AgentHello.address and .term; Superseded (a
 # controller that took command tells the one it replaced), Replaced.controller.
-PROTOCOL_VERSION = 12
+# 13: slow ranks: Pace (a rank's own work per step, a few times per window), RankStatus.work_ratio and .slow.
+PROTOCOL_VERSION = 13
 # Large enough for an endpoint map of ~20k ranks; bigger frames are refused unread.
 # A rank reports its steps from the training thread over a socket of its own, named after its
 # control socket with this suffix, so the per-step report never wakes the rank's I/O thread.
@@ -195,6 +196,17 @@ class CostReport:
 
 
 @dataclass(frozen=True)
+class Pace:
+    """A rank's own work per step since its last Pace: the median ``seconds`` over ``steps`` steps, each
+    from its start to its collectives (the whole step where it has none) (:mod:`mindft.flow.slow`)."""
+
+    KIND: ClassVar[str] = "pace"
+    rank: int
+    steps: int
+    seconds: float
+
+
+@dataclass(frozen=True)
 class Cadence:
     """The snapshot schedule every rank follows: ``schedule`` is start/every pairs (from step
     ``start`` on, every ``every``-th step is a capture step), the newest starting past any
@@ -281,6 +293,8 @@ class RankStatus:
     replicated: int = -1  # the newest step of this rank the buddy node's agent confirmed holding (-1: none)
     replica_lost: bool = False  # LOST PROTECTION: its replica is behind the steps every rank keeps (or its
     # agent says so), so a loss of its node now could not be recovered
+    work_ratio: float = 0.0  # its own work per step over its peers' median in the newest window (0: not measured)
+    slow: bool = False  # flagged slow (mindft.flow.slow)
 
 
 @dataclass(frozen=True)
@@ -509,4 +523,4 @@ class Reply:
 
 Message = Union[Register, RegisterAck, Heartbeat, StepReport, Progress, FaultReport, Action, Ack, Done,
                 StatusRequest, StatusReply, DeviceEvent, InjectRequest, ProcessExit, ReplicaReport, NodeLost, Reply,
-                CostReport, Cadence, AgentHello, JobView, RankOrder, AdoptNode, Replaced, Superseded]
+                CostReport, Pace, Cadence, AgentHello, JobView, RankOrder, AdoptNode, Replaced, Superseded]

@@ -32,6 +32,7 @@ from mindft.exitcodes import ExitCode
 from mindft.rank.faults import DeviceFault, classify, describe
 from mindft.flow.follower import CostMeter
 from mindft.flow.episode import retried
+from mindft.flow.slow import PaceMeter, policy_of
 from mindft.flow.topology import rank_buddy
 from mindft.net.keys import job_keys
 from mindft.rank.loop import Coordinator, GivenUp, RankLoop
@@ -93,6 +94,7 @@ class RankEngine:
         self.store: Optional[SnapshotStore] = None
         self.overlap = False
         self.costs = CostMeter()  # the loop's once joined (it reports what this measures)
+        self.pace = PaceMeter(policy_of(self.config).report_every)  # own work per step, for slow ranks; the loop's
         self._keeper: Optional[Keeper] = None  # holds the replica of the rank whose buddy this one is
         self._replication: Optional[RankReplication] = None  # streams this rank's snapshots to its buddy
         self._replication_cpu = ThreadCpu()  # the keeper's and the replication's threads: the budget counts them
@@ -101,6 +103,7 @@ class RankEngine:
         self._armed: Optional[DeviceFault] = None
         self._step_exit: Optional[float] = None  # when end_step last returned (training resumed)
         self._hook_wait = 0.0  # seconds this step waited for a capture or for its peers (not the step's cost)
+        self._work_end: Optional[float] = None  # when this step reached its collectives (None: not yet, or none)
         self._overlapped_capture = 0.0  # the synchronous part of an overlapped capture still copying
         self._rollback_started = 0.0
         self._agent_watch: Optional[AgentWatch] = None
@@ -142,7 +145,7 @@ class RankEngine:
         if config.launcher_pid:
             self._agent_watch = AgentWatch(config.launcher_pid, self._agent_gone)
         self.loop = loop = RankLoop(self.processor, self)
-        loop.costs = self.costs
+        loop.costs, loop.pace = self.costs, self.pace
         loop.lockstep = collectives  # a fault at a boundary then rolls back in place
         try:
             ack = loop.register(self.store.steps, collectives)
@@ -232,6 +235,7 @@ class RankEngine:
     def begin_step(self) -> None:
         """Called before the step ``self.step + 1`` runs; raises an injected fault there, or
         what the coordinator raises when it stops the rank (hand either to :meth:`fault`)."""
+        self._work_end = None
         if self._armed is not None:
             fault, self._armed = self._armed, None
             raise fault
@@ -254,13 +258,21 @@ class RankEngine:
         if self._step_exit is not None:
             # The step's own time: training, not the wait for a capture (that is the capture's cost).
             self.costs.step(entered - self._step_exit - self._hook_wait)
-        self._hook_wait = 0.0
+            # Its own work: up to its collectives, where its peers start waiting for it (mindft.flow.slow).
+            work_end = self._work_end if self._work_end is not None else entered - self._hook_wait
+            self.pace.work(work_end - self._step_exit)
+        self._hook_wait, self._work_end = 0.0, None
         try:
             resumed = loop.end_step(self.step, self._capture)
         finally:
             self._step_exit = time.perf_counter()
             loop.report_costs(self._step_exit)
         return resumed if resumed is not None and resumed != before else None
+
+    def reached_collectives(self) -> None:
+        """This step's own work is done: its collectives come next (the collective gate calls it)."""
+        if self._work_end is None:
+            self._work_end = time.perf_counter()
 
     def fault(self, error: BaseException) -> int:
         """An exception escaped step ``self.step + 1``: report it, wait, and return the step rolled back to.

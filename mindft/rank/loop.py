@@ -19,6 +19,7 @@ from typing import Callable, NoReturn, Optional, Protocol, Sequence
 
 from mindft.exitcodes import ExitCode
 from mindft.flow.follower import CostMeter, Finished, RankHooks, Resumed, joins_recovery
+from mindft.flow.slow import PaceMeter
 from mindft.protocol import Action, FaultKind, RegisterAck
 from mindft.rank.processor import Processor, ProcessorError
 
@@ -91,6 +92,7 @@ class RankLoop:
         self.finished_job = False  # FINISH received: every rank is done
         self.interruption: Optional[Action] = None
         self.costs = CostMeter()
+        self.pace: Optional[PaceMeter] = None  # own work per step, reported for slow ranks (the engine's)
 
     def join(self, held: Sequence[int], restarted: bool, adopted: bool = True, collectives: bool = False) -> bool:
         """:meth:`register`, then :meth:`rejoin`: True when the rank followed a recovery."""
@@ -216,15 +218,17 @@ class RankLoop:
         return None
 
     def report_costs(self, now: float) -> None:
-        """Report the measured costs when the job chooses the cadence and they are worth it."""
-        if not self.processor.reports_costs:
-            return
-        figures = self.costs.due(now)
-        if figures is not None:
-            try:
+        """Report the measured costs when the job chooses the cadence and they are worth it, and
+        this rank's pace when due."""
+        figures = self.costs.due(now) if self.processor.reports_costs else None
+        pace = self.pace.due(now) if self.pace is not None else None
+        try:
+            if figures is not None:
                 self.processor.report_cost(*figures)
-            except ProcessorError:
-                pass  # the next end_step finds the controller lost
+            if pace is not None:
+                self.processor.report_pace(*pace)
+        except ProcessorError:
+            pass  # the next end_step finds the controller lost
 
     def close(self) -> None:
         """Close the processor (idempotent)."""

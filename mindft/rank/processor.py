@@ -24,8 +24,9 @@ from mindft.config import MindftConfig
 from mindft.flow.cadence import Schedule, ScheduleError
 from mindft.flow.follower import Follower
 from mindft.net.keys import CurveKeys, job_keys
-from mindft.protocol import (REPORT_SUFFIX, Action, ActionKind, Cadence, CostReport, Done, FaultKind, FaultReport, Heartbeat, Message, Progress,
-                             Register, RegisterAck, ReplicaReport, Reply, encode, encode_heartbeat, encode_step_report)
+from mindft.protocol import (REPORT_SUFFIX, Action, ActionKind, Cadence, CostReport, Done, FaultKind, FaultReport,
+                             Heartbeat, Message, Pace, Progress, Register, RegisterAck, ReplicaReport, Reply, encode,
+                             encode_heartbeat, encode_step_report)
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +209,10 @@ class Processor:
     def report_cost(self, step_time: float, capture_time: float) -> None:
         """Tell the job what a step and a snapshot cost this rank (seconds), for its cadence."""
         self.send(CostReport(self.rank, round(step_time, 6), round(capture_time, 6)))
+
+    def report_pace(self, steps: int, seconds: float) -> None:
+        """Tell the job this rank's own work over its last ``steps`` steps (:mod:`mindft.flow.slow`)."""
+        self.send(Pace(self.rank, steps, round(seconds, 6)))
 
     def _set_cadence(self, wire: tuple[int, ...]) -> None:
         if not wire or self._own_cadence:

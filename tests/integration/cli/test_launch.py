@@ -444,14 +444,15 @@ def test_a_killed_launcher_leaves_no_key_on_disk_and_the_next_one_frees_its_memo
             time.sleep(0.1)
         key_file = Path(json.loads((run_dir / "job.json").read_text())["key_file"])
         assert key_file.is_file() and run_dir not in key_file.parents and not list(run_dir.glob("*key*"))
+        memory = next(d for d in key_file.parent.parent.glob("mindft-state-*")  # found while its owner runs
+                      if '"pid": %d' % killed.pid in (d / "owner.json").read_text())
         os.killpg(killed.pid, signal.SIGKILL)
         killed.wait(10)
-        memory = next(d for d in key_file.parent.parent.glob("mindft-state-*")
-                      if '"pid": %d' % killed.pid in (d / "owner.json").read_text())
-        assert key_file.exists() and memory.is_dir()  # nobody could remove them
+        # Nobody but the next launcher on the host removes them: this test's, or another test's started meanwhile.
+        left = key_file.exists() and memory.is_dir()
         result = run_plain(tmp_path, "--nproc", "1", "--no-scheduler", str(PLAIN_SCRIPT), MS_ENABLE_TFT="{RSC:1}")
         out = result.stdout + result.stderr
-        assert "memory directories of launchers on this host that are gone" in out, out
+        assert not left or "memory directories of launchers on this host that are gone" in out, out
         assert not key_file.parent.exists() and not memory.exists()
     finally:
         if killed.poll() is None:

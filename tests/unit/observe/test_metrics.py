@@ -20,8 +20,8 @@ from mindft.cli.launch import main
 from mindft.agent.plan import LaunchSpec, UsageError, plan_launch
 from mindft.observe.metrics import FAULT_KINDS, JobMetrics, MetricsServer
 from mindft.rank.processor import Processor
-from mindft.protocol import (Ack, ActionKind, CostReport, FaultKind, FaultReport, Heartbeat, NodeLost, ProcessExit,
-                             Register, ReplicaReport, StepReport)
+from mindft.protocol import (Ack, ActionKind, CostReport, FaultKind, FaultReport, Heartbeat, NodeLost, Pace,
+                             ProcessExit, Register, ReplicaReport, StepReport)
 
 T = Timeouts(heartbeat_interval=1.0, heartbeat_misses=3, register=10.0, pause=5.0, repair=20.0, rollback=5.0,
              resume=5.0, leave=8.0)
@@ -123,6 +123,19 @@ def test_the_jobs_wall_time_is_exported_by_bucket_and_its_goodput_ratio() -> Non
     assert d.value("mindft_goodput_ratio") == pytest.approx(buckets["productive"] / d.now)
 
 
+def test_a_slow_rank_is_exported_with_every_ranks_work_ratio() -> None:
+    d = Driver(world=3).start()
+    assert d.value("mindft_rank_slow", rank="2") == 0.0 and d.value("mindft_rank_work_ratio", rank="2") is None
+    for number in range(1, 4):  # three windows of 30 s (the defaults), rank 2 twice as slow
+        d.now = 30.0 * number - 0.5
+        for rank in range(3):
+            d.send(rank, Pace(rank, 50, 0.2 if rank == 2 else 0.1))
+        d.feed(d.job.tick(30.0 * number))
+    assert d.value("mindft_rank_slow", rank="2") == 1.0 and d.value("mindft_rank_slow", rank="0") == 0.0
+    assert d.value("mindft_rank_work_ratio", rank="2") == 2.0
+    assert d.value("mindft_rank_work_ratio", rank="0") == pytest.approx(0.667)
+
+
 def test_a_recovery_is_counted_with_its_kind_rung_phases_and_lost_steps() -> None:
     d = Driver(world=2).start()
     d.steps(1, 5)
@@ -212,7 +225,8 @@ def test_every_series_follows_the_naming_conventions() -> None:
     assert types["mindft_ranks"] == "gauge" and types["mindft_job_step"] == "gauge"
     # rank is a label of the per-rank gauges only.
     with_rank = {name for name, labels in d.samples() if any(key == "rank" for key, _ in labels)}
-    assert with_rank <= {"mindft_rank_replica_lag_steps", "mindft_rank_lost_protection"}
+    assert with_rank <= {"mindft_rank_replica_lag_steps", "mindft_rank_lost_protection", "mindft_rank_slow",
+                         "mindft_rank_work_ratio"}
     kinds = {dict(labels)["kind"] for name, labels in d.samples() if name == "mindft_recoveries_total"}
     assert kinds == set(FAULT_KINDS)
 

@@ -10,7 +10,7 @@ from mindft import protocol
 from mindft.protocol import (MAX_FRAME, MESSAGE_TYPES, PROTOCOL_VERSION, Ack, Action, ActionKind, AdoptNode,
                              AgentHello, JobState, JobView, OrderKind, RankOrder, RankState, Cadence, CostReport,
                              DeviceEvent, DeviceStatus, Done, FaultKind, FaultReport, Heartbeat, InjectRequest,
-                             NodeLost, ProcessExit, ProtocolError, RankStatus, Register, Progress, RegisterAck,
+                             NodeLost, Pace, ProcessExit, ProtocolError, RankStatus, Register, Progress, RegisterAck,
                              Replaced, ReplicaReport, Superseded, Reply, StatusReply, StatusRequest, StepReport,
                              decode, encode)
 
@@ -33,7 +33,7 @@ SAMPLES = [
     StatusReply(state=JobState.REPAIRING, step=8,
                 ranks=(RankStatus(0, RankState.PAUSED, 8, 0.25, 0, 11),
                        RankStatus(1, RankState.DEAD, 9, 3.5, 1, 12, incarnation=1, order=OrderKind.START,
-                                  replicated=7, replica_lost=True)),
+                                  replicated=7, replica_lost=True, work_ratio=1.52, slow=True)),
                 reason="rank 1 HANG at step 9", round=2, recoveries=1, request_id=12345,
                 waiting="rank 1 (not re-registered)", deadline_in=12.5),
     DeviceEvent(rank=1, status=DeviceStatus.FAULTY, error_code="0x80E01801", policy="reset"),
@@ -47,6 +47,7 @@ SAMPLES = [
     RankOrder(rank=2, kind=OrderKind.START),
     CostReport(rank=2, step_time=0.142, capture_time=0.025),
     CostReport(rank=0, step_time=1, capture_time=0),
+    Pace(rank=3, steps=41, seconds=2.05),
     Cadence(schedule=(0, 1, 30, 18)),
     ReplicaReport(node=1, ranks=(2, 3), steps=(8, -1), lost=(3,), request_id=9),
     NodeLost(node=1, ranks=(2, 3), steps=(8, -1), replicas_of=(0, 1), reason="new node", request_id=10),
@@ -169,7 +170,7 @@ def test_enum_values_are_stable_wire_names() -> None:
                                            "FAILED", "DONE"]
     assert [k.value for k in RankState] == ["registered", "running", "faulty", "dead", "off_device", "lost",
                                             "paused", "restored", "resumed", "done"]
-    assert protocol.PROTOCOL_VERSION == 12
+    assert protocol.PROTOCOL_VERSION == 13
 
 
 def test_wire_enums_print_as_their_values() -> None:
@@ -206,19 +207,19 @@ def test_hot_frames_are_decoded_without_json(message, monkeypatch: pytest.Monkey
 
 
 @pytest.mark.parametrize("text, error", [
-    ('{"v":12,"msg":"heartbeat","rank":1,"incarnation":0,"step":01}', "not JSON"),  # JSON has no leading zeros
-    ('{"v":12,"msg":"heartbeat","rank":1,"incarnation":0,"step":1,"x":2}', "unknown field"),
-    ('{"v":12,"msg":"heartbeat","rank":1,"incarnation":0}', "missing field 'step'"),
-    ('{"v":12,"msg":"step_report","rank":1,"step":1.5,"round":0}', "expected an integer"),
-    ('{"v":12,"msg":"step_report","rank":1,"step":true,"round":0}', "expected an integer"),
-    ('{"v":12,"msg":"cost_report","rank":1,"step_time":NaN,"capture_time":0.1}', "expected a finite number"),
-    ('{"v":12,"msg":"replica_report","node":0,"ranks":[0],"steps":[1],"cpu_seconds":-Infinity}',
+    ('{"v":13,"msg":"heartbeat","rank":1,"incarnation":0,"step":01}', "not JSON"),  # JSON has no leading zeros
+    ('{"v":13,"msg":"heartbeat","rank":1,"incarnation":0,"step":1,"x":2}', "unknown field"),
+    ('{"v":13,"msg":"heartbeat","rank":1,"incarnation":0}', "missing field 'step'"),
+    ('{"v":13,"msg":"step_report","rank":1,"step":1.5,"round":0}', "expected an integer"),
+    ('{"v":13,"msg":"step_report","rank":1,"step":true,"round":0}', "expected an integer"),
+    ('{"v":13,"msg":"cost_report","rank":1,"step_time":NaN,"capture_time":0.1}', "expected a finite number"),
+    ('{"v":13,"msg":"replica_report","node":0,"ranks":[0],"steps":[1],"cpu_seconds":-Infinity}',
      "expected a finite number"),
     ('{"v":2,"msg":"step_report","rank":1,"step":1,"round":0}', "unsupported protocol version 2"),
-    ('{"v":12,"msg":"ack","rank":1,"action":"self_destruct","step":1,"held_steps":[1],"round":1}',
+    ('{"v":13,"msg":"ack","rank":1,"action":"self_destruct","step":1,"held_steps":[1],"round":1}',
      "not one of pause, rollback"),
-    ('{"v":12,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[1,"2"],"round":1}', "a list of integers"),
-    ('{"v":12,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[1,],"round":1}', "not JSON"),
+    ('{"v":13,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[1,"2"],"round":1}', "a list of integers"),
+    ('{"v":13,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[1,],"round":1}', "not JSON"),
 ])
 def test_near_misses_of_the_hot_templates_get_the_full_checks(text: str, error: str) -> None:
     with pytest.raises(ProtocolError, match=error):
@@ -226,11 +227,11 @@ def test_near_misses_of_the_hot_templates_get_the_full_checks(text: str, error: 
 
 
 @pytest.mark.parametrize("text, message", [
-    ('{"msg":"heartbeat","v":12,"rank":1,"incarnation":0,"step":2}', protocol.Heartbeat(1, 0, 2)),
-    ('{"v":12,"msg":"step_report","rank":1,"step":2}', protocol.StepReport(1, 2, 0)),
-    ('{"v":12,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[0, 1],"round":1}',
+    ('{"msg":"heartbeat","v":13,"rank":1,"incarnation":0,"step":2}', protocol.Heartbeat(1, 0, 2)),
+    ('{"v":13,"msg":"step_report","rank":1,"step":2}', protocol.StepReport(1, 2, 0)),
+    ('{"v":13,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[0, 1],"round":1}',
      Ack(1, ActionKind.PAUSE, 1, (0, 1), 1)),
-    ('{"v": 12, "msg": "step_report", "rank": -0, "step": 12345678901234567890123, "round": 1}',
+    ('{"v": 13, "msg": "step_report", "rank": -0, "step": 12345678901234567890123, "round": 1}',
      protocol.StepReport(0, 12345678901234567890123, 1)),
 ])
 def test_other_spellings_of_hot_messages_decode_the_same(text: str, message) -> None:
