@@ -20,10 +20,12 @@ across the links, one rank per node, in one run:
 "exited" is every launcher's exit.
 
     sudo python bench/node_loss.py           # (a), (b), (c), (d) once (~4 min on 2 cores)
+    sudo python bench/node_loss.py --quick   # (c) and (d) with a standby and a spare: every path once
 Writes bench/results/node_loss.json.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import resource
@@ -94,20 +96,27 @@ def run_steady(tmp: Path, standbys: bool, spare: bool) -> dict:
         hosts.close()
 
 
+LOSSES = (("(a) node 1 restarted in place after 3 s", 1, False, 3.0, False),
+          ("(b) node 1 given to a spare", 1, True, 0.0, False),
+          ("(c) node 0 lost: standby + spare", 0, True, 0.0, True))
+STEADY = ((False, False, "plain"), (True, False, "--standbys 1"), (True, True, "--standbys 1 and a spare"))
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="only (c) and (d) with a standby and a spare")
+    parser.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "node_loss.json")
+    args = parser.parse_args()
     hosts_or_skip()
     results: dict = {"benchmark": "node_loss", "machine": platform.node(), "losses": [], "steady": []}
     with tempfile.TemporaryDirectory(prefix="mindft-bench-node-loss-") as tmp:
         root = Path(tmp)
-        for name, node, spare, again, standbys in (("(a) node 1 restarted in place after 3 s", 1, False, 3.0, False),
-                                                   ("(b) node 1 given to a spare", 1, True, 0.0, False),
-                                                   ("(c) node 0 lost: standby + spare", 0, True, 0.0, True)):
+        for name, node, spare, again, standbys in LOSSES[-1:] if args.quick else LOSSES:
             result = run_loss(name, root / f"loss{len(results['losses'])}", node, spare, again, standbys)
             results["losses"].append(result)
             print(f"{name}: training resumed {result['resumed_s']:.1f} s after the loss, every launcher exited "
                   f"{result['exited_s']:.1f} s after it {result['codes']}", flush=True)
-        for standbys, spare, what in ((False, False, "plain"), (True, False, "--standbys 1"),
-                                      (True, True, "--standbys 1 and a spare")):
+        for standbys, spare, what in STEADY[-1:] if args.quick else STEADY:
             result = run_steady(root / f"steady{len(results['steady'])}", standbys, spare)
             results["steady"].append(result)
             print(f"(d) no fault, {what}: {result['wall_s']:.1f} s, {result['cpu_s']:.1f} CPU s {result['codes']}",
@@ -117,10 +126,9 @@ def main() -> None:
                                     address="tcp://10.77.0.2:29601", term=0)))
     results["hello_bytes"] = {"plain": plain, "standby": standby, "every_s": 2.0}
     print(f"(d) a node agent's hello: {plain} bytes, {standby} with the standby's address and term, one every 2 s")
-    out = REPO / "bench" / "results" / "node_loss.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
-    print(f"wrote {out}")
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(results, indent=2))
+    print(f"wrote {args.output}")
 
 
 if __name__ == "__main__":

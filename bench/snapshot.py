@@ -8,10 +8,12 @@ For 25M and 100M float32 parameters with Adam state (parameters + two moments =
 * the checksum candidates on their own (zlib.crc32, xxh3_64, xxh64);
 * how long a simulated training step is blocked per capture at one capture per step.
 
-Run: ``python bench/snapshot.py``; prints a table and writes bench/results/snapshot.json.
+Run: ``python bench/snapshot.py``; prints a table and writes bench/results/snapshot.json
+(``--quick``: 1M parameters only, every measurement once; the suite's smoke run).
 """
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import os
@@ -220,9 +222,16 @@ def run(params: int) -> dict:
 
 
 def main() -> None:
+    global REPEATS
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1M parameters, each measurement once")
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    if args.quick:
+        REPEATS = 1
     started = time.perf_counter()
     results = []
-    for params in (25_000_000, 100_000_000):
+    for params in (1_000_000,) if args.quick else (25_000_000, 100_000_000):
         results.append(run(params))
         gc.collect()
     report = {
@@ -234,8 +243,8 @@ def main() -> None:
         "results": results,
         "runtime_s": time.perf_counter() - started,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=1))
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=1))
 
     print(f"mindft snapshot benchmark: checksum {report['checksum']}, {report['cpus']} CPUs, "
           f"median of {REPEATS}, GB/s = 1e9 bytes/s")
