@@ -56,7 +56,8 @@ RUN_TIMEOUT = 300.0
 HEARTBEAT = ("MS_RETRY_INTERVAL_LOWER", "MS_RETRY_INTERVAL_UPPER")
 VARIANTS = {"default": ("MindSpore's 3..5 s", dict(zip(HEARTBEAT, ("3", "5")))),
             "short": ("mindft's 1 s", {})}
-FORMED = re.compile(r"\[WARNING\] DISTRIBUTED\(\d+,\w+,python\):(\d{4}-\d\d-\d\d-\d\d:\d\d:\d\d)\.(\d{3})\.(\d{3}) "
+# The third field is the process's name: "python", or the title a warm-forked worker sets ("... [mindft rank 0]").
+FORMED = re.compile(r"\[WARNING\] DISTRIBUTED\(\d+,\w+,[^)]*\):(\d{4}-\d\d-\d\d-\d\d:\d\d:\d\d)\.(\d{3})\.(\d{3}) "
                     r"\S+ BuildCluster\] Cluster is successfully initialized")
 GRAPH_STEP = """
 import time

@@ -58,6 +58,7 @@ def children_cpu() -> float:
 
 
 def run_loss(name: str, tmp: Path, node: int, spare: bool, again_after: float, standbys: bool) -> dict:
+    tmp.mkdir(parents=True)
     hosts, processes = Hosts(3), Processes()
     try:
         job = HostsJob(hosts, processes, tmp, launch_args=("--standbys", "1") if standbys else ())
@@ -80,6 +81,7 @@ def run_loss(name: str, tmp: Path, node: int, spare: bool, again_after: float, s
 
 
 def run_steady(tmp: Path, standbys: bool, spare: bool) -> dict:
+    tmp.mkdir(parents=True)
     hosts, processes = Hosts(3), Processes()
     try:
         job = HostsJob(hosts, processes, tmp, launch_args=("--standbys", "1") if standbys else ())

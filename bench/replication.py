@@ -140,8 +140,9 @@ def run_hand(mode: str, args: argparse.Namespace, keys: Path, out: Path, work: P
         env.update(MS_ENABLE_TFT="{RSC:1}", MS_TFT_PORT=str(port))
         logs.append(out / "controller.out")
         with open(logs[-1], "wb") as handle:
+            # cwd: `python -m` puts it first on sys.path, before PYTHONPATH: the tree's own controller.
             processes.append(subprocess.Popen([sys.executable, "-m", "mindft.controller"],
-                                              env=dict(env, MINDFT_LOG_LEVEL="WARNING"), stdout=handle,
+                                              env=dict(env, MINDFT_LOG_LEVEL="WARNING"), stdout=handle, cwd=tree,
                                               stderr=subprocess.STDOUT, start_new_session=True))
     for rank in (0, 1):
         logs.append(out / f"rank{rank}.out")

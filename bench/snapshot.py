@@ -278,7 +278,7 @@ def main() -> None:
 
     for label, cell in rows:
         print(f"{label:34}" + "".join(f"{cell(r):>17}" for r in results))
-    print(f"runtime {report['runtime_s']:.0f} s; wrote {RESULTS}")
+    print(f"runtime {report['runtime_s']:.0f} s; wrote {args.output}")
 
 
 if __name__ == "__main__":

@@ -82,9 +82,11 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
 # while the other has nothing left to do. A module that grows past ~4 minutes is split instead.
 _LONGEST_FIRST = tuple(_INTEGRATION / path for path in (
     "mindformers/test_mindformers.py", "agent/test_two_hosts.py", "agent/test_three_hosts.py",
-    "mindspore/test_dp_recovery.py", "cli/test_launch.py", "mindio/test_mindio_backend.py",
+    "mindspore/test_dp_recovery.py", "bench/test_bench_costs.py", "bench/test_bench_recoveries.py",
+    "cli/test_launch.py", "mindio/test_mindio_backend.py",
     "mindspore/test_dp_failures.py", "mindio/test_mindio_recovery.py", "mindspore/test_mindspore_recovery.py",
-    "controller/test_coordination.py", "agent/test_cluster.py", "flow/test_explore_seeds.py",
+    "controller/test_coordination.py", "agent/test_cluster.py", "mindspore/test_slow_ranks.py",
+    "flow/test_explore_seeds.py",
 ))
 assert all(path.is_file() for path in _LONGEST_FIRST), \
     f"tests/conftest.py's _LONGEST_FIRST names a module that is gone: {[str(p) for p in _LONGEST_FIRST if not p.is_file()]}"
