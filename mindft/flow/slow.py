@@ -2,8 +2,8 @@
 
 In data parallelism every rank waits for the slowest at each all-reduce, so its step time says
 nothing of which rank is slow; its own work does: the step up to its collectives (PyNative: the
-collective gate of :mod:`mindft.mindspore`), or the whole step where it has none. Each rank sums its
-own work per step (:class:`PaceMeter`) and reports its median a few times per window
+collective gate of :mod:`mindft.mindspore`), or the whole step where it has none. Each rank measures
+its own work per step (:class:`PaceMeter`) and reports its median a few times per window
 (:class:`~mindft.protocol.Pace`): a median, for a step the scheduler preempted on a busy host is
 no slow rank. At the end of each window of the controller's clock (:class:`SlowRanks`), a rank is
 slow in it when its work per step (the median of its reports) exceeds the median of its peers' by

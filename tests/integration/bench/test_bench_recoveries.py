@@ -27,7 +27,7 @@ def test_recovery_runs_its_three_ways_to_identical_weights(tmp_path: Path) -> No
 
 
 def test_goodput_runs_mindft_and_kill_all_under_one_schedule(tmp_path: Path) -> None:
-    out = run_bench("goodput.py", "--minutes", "0.3", "--mtbf", "5", "--step-seconds", "0.03", "--checkpoint-every", "20",
+    out = run_bench("goodput.py", "--minutes", "0.15", "--mtbf", "3", "--step-seconds", "0.02", "--checkpoint-every", "20",
                 "--output", str(tmp_path / "g.json"))
     result = json.loads((tmp_path / "g.json").read_text())
     kinds = {fault[1] for fault in result["config"]["faults"]}
