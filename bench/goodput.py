@@ -19,12 +19,12 @@ the same job under the same schedule, one after the other:
 A fault due while the job is not training (a recovery, a restart) waits until it trains again.
 Goodput is the same yardstick for both: the job's steps × the bare job's step time (the median
 interval between two steps of (b) with no checkpoint between them: no mindft, no save) over the wall
-time from the launch to the last step. Where the rest went: (a) the controller's own buckets (its event log, mindft.flow.goodput);
-(b) from the ranks' timelines: start-ups (a start to the first step after it), steps replayed, and
-the rest (checkpoint saves, detection, the kills). The final weights of (a) are compared with a
-fault-free run's (bit-identical, as every test of mindft requires).
+time from the launch to the last step. Where the rest went: (a) the controller's own buckets (its
+event log, mindft.flow.goodput); (b) from the ranks' timelines: start-ups (a start to the first
+step after it), steps replayed, and the rest (checkpoint saves, detection, the kills). The final
+weights of (a) and (b) are compared: both must be those of a run without faults.
 
-    python bench/goodput.py              # 3 minutes of training per way (~10 min on 2 cores)
+    python bench/goodput.py              # 3 minutes of training per way (~9 min on 2 cores)
     python bench/goodput.py --quick      # 40 s per way
 Writes bench/results/goodput.json.
 """
