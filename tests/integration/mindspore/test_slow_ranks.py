@@ -1,7 +1,7 @@
 """Slow ranks in a real data-parallel MindSpore job (examples/train_dp.py, MCCL all-reduce): rank 1
 held to two thirds of the CPU (SIGSTOP/SIGCONT, a CPU quota any kernel has) is flagged within the
 windows set, shown by `mindft status` and logged, and cleared once it runs freely again; a healthy job
-on a busy machine (a busy process per core beside the job) raises no flag (MINDFT_SOAK_SECONDS: how
+on a busy machine (a busy process per core beside the job) raises no flag (SLOW_RANKS_SOAK_SECONDS: how
 long, 60 by default; the issue's 10 minutes with 600). One busy process beside two ranks on two cores
 is another matter: the kernel keeps it on one rank's core for tens of seconds, that rank works at half
 speed, and it is flagged, as a noisy neighbour should be.
@@ -90,7 +90,7 @@ def test_a_rank_held_to_two_thirds_of_the_cpu_is_flagged_then_cleared(tmp_path: 
 
 
 def test_a_healthy_job_on_a_busy_machine_raises_no_flag(tmp_path: Path, processes: Processes) -> None:
-    soak = float(os.environ.get("MINDFT_SOAK_SECONDS", "60"))
+    soak = float(os.environ.get("SLOW_RANKS_SOAK_SECONDS", "60"))
     burners = [processes.start([sys.executable, "-c", "while True: pass"], environment(tmp_path),
                                tmp_path / f"busy-{core}.out") for core in range(os.cpu_count() or 1)]
     # MindCluster's defaults (windows of 30 s) for a soak of 5 minutes or more; 6 windows of 10 s in a minute.
