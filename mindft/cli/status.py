@@ -62,9 +62,9 @@ def status(job: Optional[Path], address: Optional[str], key_file: Optional[Path]
                    f"{'its replica' if len(lost) == 1 else 'their replicas'}, restored on the node that replaces it")
     slow = [r.rank for r in reply.ranks if r.slow]
     if slow:
-        click.echo(f"SLOW: {_rank_list(slow)}: {'its' if len(slow) == 1 else 'their'} own work per step is over "
-                   f"{'its' if len(slow) == 1 else 'their'} peers' median by more than MINDFT_SLOW_THRESHOLD, "
-                   f"window after window; every data-parallel step waits for {'it' if len(slow) == 1 else 'them'}")
+        its, it = ("its", "it") if len(slow) == 1 else ("their", "them")
+        click.echo(f"SLOW: {_rank_list(slow)}: {its} own work per step is over {its} peers' median by more than "
+                   f"MINDFT_SLOW_THRESHOLD, window after window; every data-parallel step waits for {it}")
     if reply.wall_seconds > 0:
         click.echo("goodput: " + goodput_text({PRODUCTIVE: reply.productive_seconds,
                                                 **dict(zip(reply.badput, reply.badput_seconds))}))

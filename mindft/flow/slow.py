@@ -98,7 +98,7 @@ class SlowRanks:
     def __init__(self, policy: SlowPolicy, now: float) -> None:
         self.policy = policy
         self.window_end = now + policy.window
-        self.flagged: dict[int, float] = {}  # rank → its ratio in the newest window
+        self.flagged: set[int] = set()  # the ranks flagged slow
         self.ratios: dict[int, float] = {}  # rank → its ratio in the newest window that measured it
         self._work: dict[int, list[tuple[int, float]]] = {}  # rank → its reports in the window under way
         self._streak: dict[int, int] = {}  # rank → slow windows in a row (> 0), or healthy ones (< 0)
@@ -131,13 +131,10 @@ class SlowRanks:
             streak = self._streak.get(rank, 0)
             streak = max(streak, 0) + 1 if slow else min(streak, 0) - 1
             self._streak[rank] = streak
-            if rank in self.flagged:
-                if slow:
-                    self.flagged[rank] = ratio
-                elif -streak >= self.policy.windows:
-                    del self.flagged[rank]
-                    changes.append(SlowChange(rank, False, ratio))
-            elif streak >= self.policy.windows:
-                self.flagged[rank] = ratio
+            if rank in self.flagged and -streak >= self.policy.windows:
+                self.flagged.discard(rank)
+                changes.append(SlowChange(rank, False, ratio))
+            elif rank not in self.flagged and streak >= self.policy.windows:
+                self.flagged.add(rank)
                 changes.append(SlowChange(rank, True, ratio))
         return changes

@@ -235,7 +235,6 @@ class RankEngine:
     def begin_step(self) -> None:
         """Called before the step ``self.step + 1`` runs; raises an injected fault there, or
         what the coordinator raises when it stops the rank (hand either to :meth:`fault`)."""
-        self._work_end = None
         if self._armed is not None:
             fault, self._armed = self._armed, None
             raise fault
@@ -284,7 +283,7 @@ class RankEngine:
         if loop is None:
             raise error
         caught = time.monotonic()  # the job's detect phase starts here, not once the report is written
-        self._step_exit = None  # the time until training resumes is no step's
+        self._step_exit = self._work_end = None  # the time until training resumes is no step's
         if loop.stops(error):
             resumed = loop.recover()
             return self.step if resumed is None else resumed

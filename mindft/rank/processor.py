@@ -211,7 +211,8 @@ class Processor:
         self.send(CostReport(self.rank, round(step_time, 6), round(capture_time, 6)))
 
     def report_pace(self, steps: int, seconds: float) -> None:
-        """Tell the job this rank's own work over its last ``steps`` steps (:mod:`mindft.flow.slow`)."""
+        """Tell the job this rank's median own work per step, ``seconds``, over its last ``steps`` steps
+        (:mod:`mindft.flow.slow`)."""
         self.send(Pace(self.rank, steps, round(seconds, 6)))
 
     def _set_cadence(self, wire: tuple[int, ...]) -> None:
