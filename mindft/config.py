@@ -229,6 +229,11 @@ class MindftConfig:
     slow_threshold: float = 0.3  # a rank whose own work per step is this much over its peers' median is slow...
     slow_windows: int = 3  # ...in this many windows in a row (mindft.flow.slow)...
     slow_window: float = 30.0  # ...of this many seconds
+    # MINDFT_ELASTIC (mindft-launch --nnodes MIN:MAX): the job may go on with no fewer than
+    # elastic_min nodes (0: not elastic) and take nodes back up to elastic_max (mindft.flow.elastic).
+    elastic_min: int = 0
+    elastic_max: int = 0
+    shrink_after: float = 30.0  # seconds a lost node is waited for (its launcher, a spare) before the job shrinks
     timeouts: Timeouts = field(default_factory=Timeouts)
 
     @property
@@ -331,6 +336,11 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("MINDFT_SLOW_WINDOWS", "slow windows in a row that flag a rank (and its node) slow, and healthy ones that "
            "clear it", "3", "1..100"),
     EnvVar("MINDFT_SLOW_WINDOW", "seconds of training in one window of the slow-rank detection", "30", "1..3600"),
+    EnvVar("MINDFT_ELASTIC", "a data-parallel job that goes on with fewer nodes when one is lost for good, down to "
+           "MIN, and takes nodes back up to MAX (mindft-launch --nnodes MIN:MAX)", "'' (not elastic)",
+           "MIN:MAX, 1 <= MIN <= MAX"),
+    EnvVar("MINDFT_SHRINK_AFTER", "seconds an elastic job waits for a lost node (its launcher again, or a spare) "
+           "before it goes on without it (mindft-launch --shrink-after)", "30", "0..86400"),
     EnvVar("MINDFT_AGENT_REPLICATION", "mindft-launch on several nodes: 1, the node agents stream each rank's "
            "newest snapshot to the next node's agent in the background (the ranks push nothing); 0, each rank "
            "streams its newest snapshot to its buddy rank in the background, as ranks started without "
@@ -389,6 +399,7 @@ FIELD_VARIABLES: dict[str, str] = {
     "standbys": "MINDFT_STANDBYS", "replica_endpoint": "MINDFT_REPLICA_ENDPOINT", "restart_scope": "MINDFT_RESTART_SCOPE",
     "warm_start": "MINDFT_WARM_START", "preload": "MINDFT_PRELOAD", "slow_threshold": "MINDFT_SLOW_THRESHOLD",
     "slow_windows": "MINDFT_SLOW_WINDOWS", "slow_window": "MINDFT_SLOW_WINDOW",
+    "elastic_min": "MINDFT_ELASTIC", "elastic_max": "MINDFT_ELASTIC", "shrink_after": "MINDFT_SHRINK_AFTER",
     **{t.attribute: t.variable for t in _TIMEOUT_VARS},
 }
 
@@ -420,6 +431,7 @@ def load_config(environ: Mapping[str, str] = os.environ) -> MindftConfig:
     restart_scope = environ.get("MINDFT_RESTART_SCOPE", "").strip() or "auto"
     if restart_scope not in RESTART_SCOPES:
         raise ConfigError(f"MINDFT_RESTART_SCOPE: unknown scope {restart_scope!r}; valid: {', '.join(RESTART_SCOPES)}")
+    elastic = parse_node_range(environ.get("MINDFT_ELASTIC", ""), "MINDFT_ELASTIC") or (0, 0)
     return MindftConfig(
         tft=tft,
         backend=backend,
@@ -448,8 +460,26 @@ def load_config(environ: Mapping[str, str] = os.environ) -> MindftConfig:
         slow_threshold=_number(environ, "MINDFT_SLOW_THRESHOLD", float, 0.3, 0.05, 10),
         slow_windows=_number(environ, "MINDFT_SLOW_WINDOWS", int, 3, 1, 100),
         slow_window=_number(environ, "MINDFT_SLOW_WINDOW", float, 30.0, 1, 3600),
+        elastic_min=elastic[0],
+        elastic_max=elastic[1],
+        shrink_after=_number(environ, "MINDFT_SHRINK_AFTER", float, 30.0, 0, 86400),
         timeouts=timeouts,
     )
+
+
+def parse_node_range(text: str, name: str) -> Optional[tuple[int, int]]:
+    """``MIN:MAX`` nodes (torchrun's and DLRover's ``--nnodes`` syntax) as (MIN, MAX); None for ""."""
+    text = text.strip()
+    if not text:
+        return None
+    low, sep, high = text.partition(":")
+    try:
+        nodes = (int(low), int(high)) if sep else (int(low), int(low))
+    except ValueError:
+        nodes = (0, 0)
+    if not 1 <= nodes[0] <= nodes[1] <= 100000:
+        raise ConfigError(f"{name}: {text!r} is not MIN:MAX nodes with 1 <= MIN <= MAX <= 100000; e.g. 2:4")
+    return nodes
 
 
 def _preload(environ: Mapping[str, str]) -> str:

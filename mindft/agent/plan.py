@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from mindft.config import MINDX_TASK_VARIABLE, STEP_GATE_VARIABLE, ConfigError, load_config
+from mindft.config import MINDX_TASK_VARIABLE, STEP_GATE_VARIABLE, ConfigError, load_config, parse_node_range
+from mindft.flow.spares import silent_after
 from mindft.flow.topology import Topology
 from mindft.net.keys import load_keys
 from mindft.net.address import host_address, node_ip, port_in_use
@@ -346,7 +347,9 @@ def plan_launch(params: Mapping[str, Any], environ: Mapping[str, str]) -> Launch
     the job key are made afterwards by :func:`main`. Raises :class:`UsageError` or
     :class:`~mindft.config.ConfigError`.
     """
-    nproc, nnodes = resolve_world(params["nproc"], params["nnodes"], params["worker_num"])
+    elastic = parse_node_range(str(params["nnodes"] or ""), "--nnodes")
+    nproc, nnodes = resolve_world(params["nproc"], elastic[1] if elastic else None, params["worker_num"])
+    elastic = elastic if elastic is not None and elastic[0] < elastic[1] else None
     node_rank, spare = params["node_rank"], params.get("spare", False)
     if spare and node_rank is not None:
         raise UsageError(f"--spare takes no --node-rank (got {node_rank}): a spare becomes whichever node is lost")
@@ -387,6 +390,9 @@ def plan_launch(params: Mapping[str, Any], environ: Mapping[str, str]) -> Launch
     if standbys >= nnodes:
         raise UsageError(f"--standbys {standbys} needs more nodes than that (--nnodes {nnodes}): nodes "
                          f"1..{standbys} stand by for node 0's controller")
+    if elastic and (not protected or mindio):
+        raise UsageError(f"--nnodes {elastic[0]}:{elastic[1]} needs mindft's controller: fault tolerance on "
+                         f"(MS_ENABLE_TFT) and the mindft backend (MINDFT_BACKEND), not MindIO's")
     if spare and (not protected or mindio):
         raise UsageError("--spare needs mindft's controller: fault tolerance on (MS_ENABLE_TFT) and the mindft "
                          "backend (MINDFT_BACKEND), not MindIO's")
@@ -422,6 +428,16 @@ def plan_launch(params: Mapping[str, Any], environ: Mapping[str, str]) -> Launch
     env.setdefault("MINDFT_RESET_FILE", str(base.reset_file))
     if standbys:
         env["MINDFT_STANDBYS"] = str(standbys)  # the controllers' and the ranks' (their patience)
+    if elastic:  # the controller's (when to shrink) and the ranks' (whether their data path allows it)
+        env["MINDFT_ELASTIC"] = f"{elastic[0]}:{elastic[1]}"
+        if params.get("shrink_after") is not None:
+            env["MINDFT_SHRINK_AFTER"] = f"{params['shrink_after']:g}"
+        rules = load_config(env)
+        waited = rules.shrink_after + silent_after(rules.timeouts.dead_after)
+        if waited >= rules.timeouts.repair:
+            raise UsageError(f"--shrink-after {rules.shrink_after:g}: a lost node would be waited for {waited:g} s, "
+                             f"past MINDFT_REPAIR_TIMEOUT ({rules.timeouts.repair:g} s), when the job ends instead; "
+                             f"give a shorter --shrink-after or a longer MINDFT_REPAIR_TIMEOUT")
     run_dir = params["run_dir"] or Path()
     return LaunchSpec(command=command, nproc=nproc, nnodes=nnodes, node_rank=node_rank, master_ip=master_ip,
                       controller_port=controller_port, scheduler_port=scheduler_port,

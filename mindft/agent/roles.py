@@ -25,7 +25,8 @@ from mindft.flow.standby import Failover, Move
 from mindft.net.address import host_address
 from mindft.net.channel import Client, endpoint_host
 from mindft.observe.events import ControllerFollowed, EventLog
-from mindft.protocol import AdoptNode, Replaced
+from mindft.flow.elastic import new_node
+from mindft.protocol import AdoptNode, Replaced, WorldResize
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class RoleChanges:
     _takeover_after: float
     _dead_after: float
     _resolve_at: float
+    term: int
 
     def _say(self, text: str) -> None:
         raise NotImplementedError
@@ -184,6 +186,48 @@ class RoleChanges:
         elif not self._take_over_lost_node(order.adoption):
             self._carry_out(self.policy.abort(f"node {order.node} was given to this spare, but the job no longer "
                                               f"runs its ranks"))
+        self.write_job_file()
+
+    # ---- elastic data parallelism ---------------------------------------------------------------
+
+    def _resize(self, order: WorldResize) -> None:
+        """The job goes on with ``order.members`` (:mod:`mindft.flow.elastic`): stop this node's ranks,
+        renumber the node, its ranks and their memory (each rank's snapshots in ``state_dir/rank<R>``
+        move to its new number), replicate anew along the new ring, and say hello as the new node; the
+        controller starts every worker from here. A node left out of the world waits as a spare."""
+        self.term = max(self.term, order.term)
+        if self.failover is not None:
+            self.failover.term, self.failover.moved = max(self.failover.term, order.term), 0
+        running = self.workers.running()
+        if running:
+            self.workers.kill_worker(running, signal.SIGKILL, self.spec.grace_period)
+            for rank, code in self.workers.exits().items():
+                self.policy.stopped(rank, code)
+        node = new_node(order.members, self.spec.node_rank)
+        if node < 0:
+            self._become_spare("")
+            return
+        old = self.spec
+        spec = dataclasses.replace(old, nproc=order.nproc, nnodes=len(order.members), node_rank=node,
+                                   controller_node=new_node(order.members, old.controller_node))
+        if spec.state_dir is not None:
+            moves = list(zip(old.local_ranks, spec.local_ranks))
+            for before, after in sorted(moves, reverse=node > old.node_rank):
+                if before != after and (spec.state_dir / f"rank{before}").exists():
+                    (spec.state_dir / f"rank{before}").rename(spec.state_dir / f"rank{after}")
+        if self.replication is not None:
+            self.replication.close()
+            self.replication = start_replication(spec, self.keys)
+            if self.replication is not None:
+                spec = dataclasses.replace(spec, replica_endpoint=self.replication.endpoint)
+        self.spec = spec
+        self.workers.assign(spec)
+        if self.scheduler is not None:
+            self.scheduler.spec = spec
+        if self.node_metrics is not None:
+            self.node_metrics.node, self.node_metrics.replication = str(node), self.replication
+        self._carry_out(self.policy.resize(spec.local_ranks, f"node {old.node_rank} is node {node} of "
+                                                               f"{spec.nnodes} now: {order.reason}"))
         self.write_job_file()
 
     def _become_spare(self, controller: str) -> None:

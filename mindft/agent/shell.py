@@ -46,7 +46,8 @@ from mindft.agent.plan import JOB_FILE, LaunchSpec, mindio_gate_address
 from mindft.config import load_config
 from mindft.observe.units import size_text
 from mindft.net.address import node_ip, port_listening
-from mindft.protocol import AdoptNode, AgentHello, JobView, Message, ProcessExit, RankOrder, Replaced, Reply
+from mindft.protocol import (AdoptNode, AgentHello, JobView, Message, ProcessExit, RankOrder, Replaced, Reply,
+                             WorldResize)
 from mindft.snapshot.store import newest_step
 from mindft.agent.workers import Console, Scheduler, WorkerProcesses
 
@@ -107,6 +108,7 @@ class NodeAgent(RoleChanges):
         self._takeover_after = takeover_after(timeouts.dead_after, timeouts.connect_retries)
         self._dead_after = timeouts.dead_after
         self._resolve_at = 0.0  # when the controller's name (--master-addr) may be resolved again
+        self.term = 0  # the newest term of command this agent knows without standbys (a resize's)
 
     # ---- carrying out the policy's effects ------------------------------------------------------
 
@@ -171,11 +173,15 @@ class NodeAgent(RoleChanges):
         self.console.line("mindft-launch", f"a new MindSpore scheduler (pid {scheduler.pid}) on {scheduler.address} "
                                            f"for the workers that start again; the previous one's log: {kept}")
 
+    @property
+    def known_term(self) -> int:
+        """The newest term of command this agent knows: it refuses what an older one says."""
+        return max(self.term, self.failover.term if self.failover is not None else 0)
+
     def _on_message(self, message: Message, now: float) -> None:
-        if self.failover is not None and isinstance(message, (JobView, RankOrder, AdoptNode)) and \
-                not self.failover.accepts(message.term):
+        if isinstance(message, (JobView, RankOrder, AdoptNode, WorldResize)) and message.term < self.known_term:
             self._say(f"refused a {type(message).__name__} of term {message.term}: this node follows the controller "
-                      f"of term {self.failover.term}")
+                      f"of term {self.known_term}")
             return
         if isinstance(message, JobView):  # sent on every transition of the job, and in answer to each hello
             if self.failover is not None:
@@ -187,6 +193,8 @@ class NodeAgent(RoleChanges):
             self._carry_out(self.policy.on_order(message))
         elif isinstance(message, AdoptNode):
             self._adopt(message)
+        elif isinstance(message, WorldResize):
+            self._resize(message)
         elif isinstance(message, Replaced):
             self._carry_out(self.policy.replaced(message.reason, message.controller))
         elif isinstance(message, Reply) and not message.ok:
@@ -336,7 +344,7 @@ class NodeAgent(RoleChanges):
                            keeper=self.replication.endpoint if self.replication is not None else "",
                            kept=tuple(kept), kept_steps=tuple(kept.values()), spare=self.policy.spare,
                            address=self.failover.address if self.failover is not None else "",
-                           term=self.failover.term if self.failover is not None else 0)
+                           term=self.known_term)
         if self.runner is not None:
             self.runner.controller.from_local_agent(hello)
         else:

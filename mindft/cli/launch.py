@@ -106,8 +106,14 @@ def _fail(message: str) -> None:
                                  "help_option_names": ["-h", "--help"]}, help=_HELP)
 @click.option("--nproc", "--local_worker_num", "nproc", type=click.IntRange(1, 4096), default=None,
               envvar="MINDFT_NPROC", help="Ranks to start on this node. [default: 1, or --worker_num / --nnodes]")
-@click.option("--nnodes", type=click.IntRange(1, 100000), default=None, envvar="MINDFT_NNODES",
-              help="Nodes in the job. [default: 1, or --worker_num / --local_worker_num]")
+@click.option("--nnodes", default=None, envvar="MINDFT_NNODES", metavar="N|MIN:MAX",
+              help="Nodes in the job; MIN:MAX (torchrun's syntax): a data-parallel job of MAX nodes that goes on "
+                   "with fewer, down to MIN, when a node is lost for good (see --shrink-after). "
+                   "[default: 1, or --worker_num / --local_worker_num]")
+@click.option("--shrink-after", "shrink_after", type=click.FloatRange(0, 86400), default=None,
+              envvar="MINDFT_SHRINK_AFTER",
+              help="With --nnodes MIN:MAX: seconds a lost node is waited for (its launcher again, or a spare) "
+                   "before the job goes on without it. [default: 30]")
 @click.option("--worker_num", "--worker-num", "worker_num", type=click.IntRange(1), default=None,
               help="msrun's name: ranks in the whole job (--nproc x --nnodes).")
 @click.option("--node-rank", "--node_rank", "node_rank", type=click.IntRange(-1), default=None,

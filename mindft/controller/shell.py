@@ -23,13 +23,14 @@ import zmq
 from mindft.net import channel
 from mindft.config import MindftConfig
 from mindft.observe.events import (EventLog, FaultSeen, JobFinished, JobMoved, LadderDecision, NodeGiven, OrderSent,
-                                   RankSlow, TookCommand)
+                                   RankSlow, TookCommand, WorldResized)
 from mindft.exitcodes import ExitCode
 from mindft.flow.cadence import Budget
 from mindft.flow.inputs import SchedulerLost
 from mindft.flow.episode import DYING_GASP
 from mindft.flow import (RECOVERY_STATES, Broadcast, DeviceInput, Effect, Fence, Finish, GiveNode, Job, JobState,
-                         KillRank, Promoted, Send, SlowRank, StartRank, Transition, phase_times)
+                         KillRank, Promoted, Resize, Send, SlowRank, StartRank, Transition, phase_times)
+from mindft.flow.elastic import elastic_of, new_node, successor
 from mindft.flow.slow import policy_of
 from mindft.flow.standby import candidates
 from mindft.protocol import AgentHello, Message
@@ -95,7 +96,8 @@ class Controller:
         self.job = Job(config.world_size, config.timeouts, clock(), snapshot_every=config.snapshot_every or 1,
                        restart_scope=config.restart_scope, budget=job_budget(config),
                        term=standby_term or 0, candidates=candidates(config.standbys, node),
-                       standing_by=standby_term is not None, supersedes=supersedes, slow=policy_of(config))
+                       standing_by=standby_term is not None, supersedes=supersedes, slow=policy_of(config),
+                       elastic=elastic_of(config))
         self._fence: Optional[zmq.Socket] = None  # to the controller it replaced
         self.result: Optional[Finish] = None
         self.metrics = metrics if metrics is not None else JobMetrics()
@@ -172,17 +174,17 @@ class Controller:
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)
         poller.register(self._wake_in, zmq.POLLIN)
-        job, clock = self.job, self._clock
+        clock = self._clock
         try:
             while self.result is None:
-                wait = max(0.0, job.next_wakeup() - clock())
+                wait = max(0.0, self.job.next_wakeup() - clock())
                 ready = dict(poller.poll(min(wait, 3600.0) * 1000.0))
                 if self._socket in ready:
                     self._drain_socket()
                 if self._wake_in in ready:
                     self._drain_inbox()
                 if self.result is None:
-                    self._apply(job.tick(clock()))
+                    self._apply(self.job.tick(clock()))
         except BaseException as error:
             self.result = Finish(ExitCode.FAILED, f"controller crashed: {error!r}")
             raise
@@ -222,7 +224,7 @@ class Controller:
         # Two recv() calls and one RCVMORE check per message rather than recv_multipart, which
         # costs twice as much per frame: at 16k ranks a phase brings 16k acknowledgements.
         sock = self._socket
-        recv, more, clock, handle = sock.recv, sock.getsockopt, self._clock, self.job.handle
+        recv, more, clock = sock.recv, sock.getsockopt, self._clock
         for _ in range(_BATCH):
             try:
                 peer = recv(_NOBLOCK)
@@ -241,7 +243,7 @@ class Controller:
             except ProtocolError as error:
                 self._drop(peer, str(error))
                 continue
-            self._apply(handle(peer, message, clock()))
+            self._apply(self.job.handle(peer, message, clock()))
             if self.result is not None:
                 return
 
@@ -308,6 +310,8 @@ class Controller:
                     self._fence.send(encode(Superseded(effect.term, self.endpoint)), _NOBLOCK)
                 except zmq.Again:  # it is not there yet: the frames queued already say the same
                     pass
+            elif kind is Resize:
+                self._resize(effect)
             elif kind is Promoted:
                 log.warning("this standby controller on node %d takes command of the job (term %d): %s", self.node,
                             effect.term, effect.reason)
@@ -320,6 +324,17 @@ class Controller:
                     self.events.append(JobFinished(int(effect.exit_code), effect.reason, seconds))
                 if effect.exit_code != ExitCode.OK:
                     log.error("job failed: %s", effect.reason)
+
+    def _resize(self, resize: Resize) -> None:
+        """Carry on with the job of the new world (:mod:`mindft.flow.elastic`): the node agents were told
+        (:class:`~mindft.protocol.WorldResize`, sent just before); they say hello as their new nodes."""
+        log.warning("elastic: %s; the job of %d rank(s) is rebuilt in term %d", resize.reason, resize.world_size,
+                    resize.term)
+        if self.events is not None:
+            self.events.append(WorldResized(resize.members, resize.lost, resize.world_size, resize.term,
+                                            self.job.ranks.slowest, resize.reason))
+        self.job = successor(self.job, self._clock())
+        self.node = new_node(resize.members, self.node)
 
     def _log_transition(self, effect: Transition) -> None:
         """The move, and what it tells of the recovery: faults not logged yet, a new rung of the ladder."""

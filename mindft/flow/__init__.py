@@ -5,8 +5,8 @@ input carries the time it happened, every decision comes back as a value.
 """
 from __future__ import annotations
 
-from mindft.flow.effects import (Broadcast, Effect, Fence, Finish, GiveNode, KillRank, Peer, Promoted, Send, SlowRank,
-                                 StartRank, Transition)
+from mindft.flow.effects import (Broadcast, Effect, Fence, Finish, GiveNode, KillRank, Peer, Promoted, Resize, Send,
+                                 SlowRank, StartRank, Transition)
 from mindft.flow.inputs import (DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, HoldRepairs, ProcessExited,
                                 RollbackAll, StopJob)
 from mindft.flow.follower import (ArmFault, Armed, Command, DumpAndExit, Finished, Follower, Ignore, Leave,
@@ -21,5 +21,5 @@ __all__ = ["Armed", "Finished", "Outcome", "RankHooks", "Resumed", "ArmFault", "
            "DeviceFaulty", "DeviceInput", "DeviceRecovered", "DumpAndExit", "Effect", "Event", "Fence", "Finish",
            "GiveNode", "Follower", "HoldRepairs", "RollbackAll", "StartRank", "Ignore", "IllegalTransition", "Job",
            "JobState", "KillRank", "Leave", "Peer", "Promoted", "ProcessExited", "RECOVERY_STATES", "RankRecord",
-           "RankState", "RankTable", "LeaveDevice", "Restore", "Resume", "Send", "Settle", "SlowRank", "StopJob",
+           "RankState", "RankTable", "LeaveDevice", "Resize", "Restore", "Resume", "Send", "Settle", "SlowRank", "StopJob",
            "TERMINAL_STATES", "TRANSITIONS", "Transition", "held_after", "next_state", "phase_times"]

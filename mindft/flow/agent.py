@@ -389,6 +389,22 @@ class NodePolicy:
         self.workers = {rank: Worker(rank) for rank in self.ranks}
         self._hello_at = None  # say hello as the node at once
 
+    def resize(self, ranks: Sequence[int], why: str) -> list[AgentEffect]:
+        """The job goes on in a new world (:class:`~mindft.protocol.WorldResize`, :mod:`mindft.flow.elastic`):
+        this node's processes were stopped, and it runs ``ranks`` from now on, in order the next
+        incarnations of its ranks before (their restarts go on). They start with every worker on the
+        controller's order, in a new MindSpore cluster (its scheduler is renewed before the first)."""
+        before = list(self.workers.values())
+        self.ranks = tuple(ranks)
+        self.workers = {rank: Worker(rank, WorkerPhase.AWAITING_START, restarts=old.restarts,
+                                     restarts_used=old.restarts_used) for rank, old in zip(self.ranks, before)}
+        self.cluster_intact, self.scheduler_lost = False, True
+        self._hello_at = None
+        renamed = ", ".join(f"{old.rank}→{rank}" for old, rank in zip(before, self.ranks) if old.rank != rank)
+        return [Say(f"controller: {why}; this node's ranks {list(self.ranks)}"
+                    + (f" (renumbered {renamed})" if renamed else "")
+                    + " start with every worker from this node's memory when the controller says")]
+
     def replaced(self, reason: str, controller: str = "") -> list[AgentEffect]:
         """This agent's node was given to another agent, or the controller it ran stood down for the
         one at ``controller`` (:class:`~mindft.protocol.Replaced`): it runs nothing of the job any more

@@ -114,6 +114,23 @@ class SlowRank:
 
 
 @dataclass(frozen=True)
+class Resize:
+    """The job goes on with the nodes ``members`` (present numbers, in their new order; ``nproc`` ranks
+    each) in ``term``; ``lost``: the nodes it leaves behind (:mod:`mindft.flow.elastic`). The shell
+    carries on with :meth:`mindft.flow.Job.successor`, the job of the new world."""
+
+    members: tuple[int, ...]
+    nproc: int
+    term: int
+    lost: tuple[int, ...]
+    reason: str
+
+    @property
+    def world_size(self) -> int:
+        return len(self.members) * self.nproc
+
+
+@dataclass(frozen=True)
 class Transition:
     """The job moved from ``source`` to ``target`` (for logs and timelines)."""
 
@@ -133,4 +150,4 @@ class Finish:
     dump_step: int = -1
 
 
-Effect = Union[Send, Broadcast, KillRank, StartRank, GiveNode, Promoted, Fence, SlowRank, Transition, Finish]
+Effect = Union[Send, Broadcast, KillRank, StartRank, GiveNode, Promoted, Fence, SlowRank, Resize, Transition, Finish]

@@ -20,9 +20,11 @@ from typing import Optional
 
 from mindft.config import Timeouts
 from mindft.exitcodes import ExitCode
-from mindft.flow import lost
+from mindft.flow import elastic, lost
 from mindft.flow.cadence import Budget, Tuner
-from mindft.flow.effects import Broadcast, Effect, Fence, Finish, GiveNode, Peer, Promoted, Send, SlowRank, Transition
+from mindft.flow.elastic import ElasticRange
+from mindft.flow.effects import (Broadcast, Effect, Fence, Finish, GiveNode, Peer, Promoted, Resize, Send, SlowRank,
+                                 Transition)
 from mindft.flow.episode import Episode
 from mindft.flow.goodput import Goodput
 from mindft.flow.inputs import (DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, HoldRepairs, ProcessExited,
@@ -70,12 +72,13 @@ class Job:
     of the controller it took over from, told so once it commands (:class:`Fence`).
 
     ``slow``: when a rank is flagged slow (:mod:`mindft.flow.slow`; the job only reports it).
+    ``elastic``: MIN:MAX nodes: the job goes on with fewer nodes (:mod:`mindft.flow.elastic`).
     """
 
     def __init__(self, world_size: int, timeouts: Timeouts, now: float, snapshot_every: int = 1,
                  restart_scope: str = "auto", budget: Optional[Budget] = None, term: int = 0,
                  candidates: tuple[int, ...] = (), standing_by: bool = False, supersedes: str = "",
-                 slow: SlowPolicy = SlowPolicy()) -> None:
+                 slow: SlowPolicy = SlowPolicy(), elastic: Optional[ElasticRange] = None) -> None:
         if snapshot_every < 1:
             raise ValueError(f"snapshot_every must be >= 1, got {snapshot_every}")
         self.timeouts = timeouts
@@ -97,9 +100,13 @@ class Job:
         self.term, self.candidates, self.standing_by = term, candidates, standing_by
         self.supersedes, self._next_fence = supersedes, math.inf
         self.superseded: Optional[Superseded] = None  # a newer term commands the job: this controller stood down
-        self._nproc = 0  # ranks per node, from the first node agent's hello
+        self.nproc = 0  # ranks per node, from the first node agent's hello
         self.goodput = Goodput(now)  # every second of the job's wall time, by bucket
         self.slow = SlowRanks(slow, now)  # every rank's own work per step, and the ranks flagged slow
+        self.elastic, self.resized = elastic, None  # the resize that ends this job's world (flow.elastic)
+        self.rebuild_reason, self.min_hello_term = "", 0  # of a job that rebuilds a resized world
+        self.resizes: tuple[Resize, ...] = ()  # every world this job went through before its own
+        self.below_min: tuple[int, ...] = ()  # the lost nodes the job could not shrink past (said once)
         self.ladder = Ladder(self, self.ranks, timeouts, self.agents, self.replicas, self.survivors, self.tuner)
 
     @property
@@ -117,8 +124,8 @@ class Job:
     def handle(self, peer: Peer, message: Message, now: float) -> list[Effect]:
         """A message from a rank or a client."""
         kind = type(message)
-        if self.superseded is not None and kind is not StatusRequest:
-            return self._flush()  # it stood down: it commands nothing any more
+        if (self.superseded is not None or self.resized is not None) and kind is not StatusRequest:
+            return self._flush()  # it stood down, or its successor commands: it commands nothing any more
         if kind is StepReport:
             self._on_step(peer, message, now)
         elif kind is Heartbeat:
@@ -220,7 +227,7 @@ class Job:
         if now >= self._next_fence:
             self._next_fence = now + HELLO_INTERVAL
             self.emit(Fence(self.supersedes, self.term))
-        if self.state in TERMINAL_STATES or self.superseded is not None:
+        if self.state in TERMINAL_STATES or self.superseded is not None or self.resized is not None:
             return self._flush()
         if now >= self._next_check:
             self._next_check = now + self.timeouts.heartbeat_interval
@@ -233,7 +240,9 @@ class Job:
                 heard = {record.rank: record.last_seen for record in self.ranks}
                 for adoption in self.spares.adopt(self.state, now, heard, self.timeouts.repair):
                     self.emit(GiveNode(adoption.node, adoption.peer, adoption.number, adoption.reason))
-        if self.state is _S.NORMAL:
+            if self.elastic is not None:
+                elastic.shrink_when_lost(self, now)
+        if self.resized is None and self.state is _S.NORMAL:
             for change in self.slow.due(now):
                 self._slow_changed(change)
         lost.kill_late_leavers(self.ladder, now)
@@ -243,7 +252,7 @@ class Job:
 
     def next_wakeup(self) -> float:
         """When :meth:`tick` must be called next (inf once the job ended)."""
-        if self.state in TERMINAL_STATES or self.superseded is not None:
+        if self.state in TERMINAL_STATES or self.superseded is not None or self.resized is not None:
             return self._next_fence
         slow_window = self.slow.window_end if self.state is _S.NORMAL else math.inf
         return min(self._next_check, self.deadline, self._next_fence, slow_window)
@@ -349,12 +358,14 @@ class Job:
         if given is not None:
             self.emit(Send(peer, Replaced(message.node, given_away(given.node, given.number, given.reason))))
             return
+        if message.term < self.min_hello_term and not message.spare:
+            return  # said before its agent learnt of the resize: it says hello again as its new node
         if message.spare:
             self.emit(Send(peer, self._view()))
             if self.state is _S.STARTING and self.survivors.under_way:
                 self._rejoin_when_heard(now)  # a spare for the nodes no agent speaks for
             return
-        self._nproc = self._nproc or len(message.ranks)
+        self.nproc = self.nproc or len(message.ranks)
         world = self.ranks.world_size
         ranks = [r for r in message.ranks if 0 <= r < world]
         if len(ranks) != len(message.ranks):
@@ -377,7 +388,7 @@ class Job:
     def _promote_when_heard(self, now: float) -> None:
         """A standby takes command once half of the job's node agents said hello to it."""
         heard = sorted(node for node, seen in self.spares.nodes.items() if node >= 0)
-        nnodes = self.ranks.world_size // self._nproc if self._nproc else 0
+        nnodes = self.ranks.world_size // self.nproc if self.nproc else 0
         if not promotes(len(heard), nnodes):
             return
         self.standing_by = False
@@ -407,14 +418,15 @@ class Job:
         if self.standing_by:
             return
         unheard = self.survivors.unheard()
-        if unheard and self._nproc and self.spares.waiting:
-            nodes = sorted({rank // self._nproc for rank in unheard})
-            for adoption in self.spares.give(nodes, {node: tuple(range(node * self._nproc, (node + 1) * self._nproc))
+        if unheard and self.nproc and self.spares.waiting:
+            nodes = sorted({rank // self.nproc for rank in unheard})
+            for adoption in self.spares.give(nodes, {node: tuple(range(node * self.nproc, (node + 1) * self.nproc))
                                                      for node in nodes}, now, self.timeouts.repair):
                 self.emit(GiveNode(adoption.node, adoption.peer, adoption.number, adoption.reason))
         if not unheard:
-            lost.rejoin(self.ladder, now, f"the standby controller took command (term {self.term})" if self.term
-                        else "the controller started again while the job was under way")
+            lost.rejoin(self.ladder, now, self.rebuild_reason or (
+                f"the standby controller took command (term {self.term})" if self.term
+                else "the controller started again while the job was under way"))
 
     def _view(self) -> JobView:
         reason = self.result.reason if self.result is not None else ""
@@ -546,7 +558,7 @@ class Job:
             self._retune()
 
     def _slow_changed(self, change: SlowChange) -> None:
-        node = change.rank // self._nproc if self._nproc else -1
+        node = change.rank // self.nproc if self.nproc else -1
         self.emit(SlowRank(change.rank, node, change.slow, round(change.ratio, 3), change.reason(node, self.slow.policy)))
 
     def _retune(self) -> None:

@@ -105,6 +105,21 @@ class NodeGiven:
 
 
 @dataclass(frozen=True)
+class WorldResized:
+    """The job went on with ``members`` (the nodes' numbers before, in their new order), ``world_size``
+    ranks, in ``term``, leaving the ``lost`` nodes behind (:mod:`mindft.flow.elastic`); at ``step``, the
+    slowest rank's progress when it was decided (the rollback follows)."""
+
+    KIND = "world_resized"
+    members: tuple
+    lost: tuple
+    world_size: int
+    term: int
+    step: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class TookCommand:
     """The standby controller on ``node`` took command of the job: ``term`` after ``old_term``, and why."""
 
@@ -186,10 +201,11 @@ class JobFinished:
     seconds: dict = dataclasses.field(default_factory=dict)
 
 
-Record = Union[JobMoved, FaultSeen, LadderDecision, OrderSent, NodeGiven, TookCommand, ControllerFollowed, RankSlow,
+Record = Union[JobMoved, FaultSeen, LadderDecision, OrderSent, NodeGiven, WorldResized, TookCommand, ControllerFollowed, RankSlow,
                ProcessStartRecord, ProcessExitRecord, ClusterFormed, JobFinished]
 RECORDS: dict[str, type] = {cls.KIND: cls for cls in
-                            (JobMoved, FaultSeen, LadderDecision, OrderSent, NodeGiven, TookCommand, ControllerFollowed,
+                            (JobMoved, FaultSeen, LadderDecision, OrderSent, NodeGiven, WorldResized, TookCommand,
+                             ControllerFollowed,
                              RankSlow, ProcessStartRecord, ProcessExitRecord, ClusterFormed, JobFinished)}
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
-from mindft.observe.events import (ClusterFormed, Event, FaultSeen, JobFinished, JobMoved, LadderDecision, NodeGiven,
-                                   OrderSent, ProcessExitRecord, ProcessStartRecord, RankSlow, TookCommand,
-                                   ControllerFollowed)
+from mindft.observe.events import (ClusterFormed, ControllerFollowed, Event, FaultSeen, JobFinished, JobMoved,
+                                   LadderDecision, NodeGiven, OrderSent, ProcessExitRecord, ProcessStartRecord, RankSlow,
+                                   TookCommand, WorldResized)
 from mindft.flow.episode import DYING_GASP, IN_PLACE, RESTART_ALL
 from mindft.flow.goodput import PRODUCTIVE
 
@@ -67,6 +67,8 @@ def describe(event: Event) -> str:
         return f"order: {r.order} rank {r.rank}{pid}: {r.reason}"
     if isinstance(r, NodeGiven):
         return f"node {r.node} given to a warm spare (adoption {r.adoption}): {r.reason}"
+    if isinstance(r, WorldResized):
+        return f"world resized to {r.world_size} rank(s) (term {r.term}, at step {r.step}): {r.reason}"
     if isinstance(r, ControllerFollowed):
         return (f"{event.source}: the controller at {r.old} said nothing for {r.silent:.1f} s; following the "
                 f"standby at {r.new} (term {r.term}{', this node' if r.here else ''})")
@@ -163,6 +165,9 @@ def recoveries(events: Iterable[Event]) -> list[Recovery]:
             current.marks.append((event.at, "MindSpore's cluster formed (init() returns on the ranks)"))
         elif isinstance(r, NodeGiven):
             current.marks.append((event.at, f"node {r.node} given to a warm spare"))
+        elif isinstance(r, WorldResized):
+            current.marks.append((event.at, f"world resized to {r.world_size} rank(s) without node "
+                                            f"{', '.join(map(str, r.lost))}"))
         elif isinstance(r, ProcessStartRecord) and r.role == "scheduler":
             current.marks.append((event.at, "new MindSpore scheduler started"))
         elif isinstance(r, ProcessStartRecord):

@@ -21,11 +21,11 @@ from mindft.protocol.messages import (Ack, Action, ActionKind, AdoptNode, AgentH
                                       InjectRequest, JobState, JobView, MAX_FRAME, Message, NodeLost, OrderKind, Pace,
                                       PROTOCOL_VERSION, ProcessExit, Progress, ProtocolError, RankOrder, RankState,
                                       RankStatus, Register, RegisterAck, REPORT_SUFFIX, Replaced, ReplicaReport,
-                                      Reply, StatusReply, StatusRequest, StepReport, Superseded)
+                                      Reply, StatusReply, StatusRequest, StepReport, Superseded, WorldResize)
 
 __all__ = ['Ack', 'Action', 'ActionKind', 'AdoptNode', 'AgentHello', 'Cadence', 'CostReport', 'DeviceEvent',
            'DeviceStatus', 'Done', 'FaultKind', 'FaultReport', 'Heartbeat', 'InjectRequest', 'JobState', 'JobView',
            'MAX_FRAME', 'MESSAGE_TYPES', 'Message', 'NodeLost', 'OrderKind', 'Pace', 'PROTOCOL_VERSION', 'ProcessExit',
            'Progress', 'ProtocolError', 'RankOrder', 'RankState', 'RankStatus', 'Register', 'RegisterAck',
            'REPORT_SUFFIX', 'Replaced', 'ReplicaReport', 'Reply', 'StatusReply', 'StatusRequest', 'StepReport',
-           'Superseded', 'decode', 'encode', 'encode_heartbeat', 'encode_step_report']
+           'Superseded', 'WorldResize', 'decode', 'encode', 'encode_heartbeat', 'encode_step_report']

@@ -29,7 +29,8 @@ from typing import ClassVar, Optional, Union
 # refused), JobView.standbys (where the standbys listen), AgentHello.address and .term; Superseded (a
 # controller that took command tells the one it replaced), Replaced.controller.
 # 13: slow ranks: Pace (a rank's own work per step, a few times per window), RankStatus.work_ratio and .slow.
-PROTOCOL_VERSION = 13
+# 14: elastic data parallelism: WorldResize (the nodes that stay, renumbered; the next term).
+PROTOCOL_VERSION = 14
 # Large enough for an endpoint map of ~20k ranks; bigger frames are refused unread.
 # A rank reports its steps from the training thread over a socket of its own, named after its
 # control socket with this suffix, so the per-step report never wakes the rank's I/O thread.
@@ -469,6 +470,20 @@ class Superseded:
 
 
 @dataclass(frozen=True)
+class WorldResize:
+    """The job goes on with the nodes ``members`` (their present numbers, in their new order: node
+    ``members[i]`` is node ``i`` from now on, with ``nproc`` ranks each), commanded in ``term``
+    (:mod:`mindft.flow.elastic`). Every node agent of the job stops its ranks, renumbers them and
+    their memory, and says hello again; an agent not among the members waits as a spare."""
+
+    KIND: ClassVar[str] = "world_resize"
+    term: int
+    members: tuple[int, ...]
+    nproc: int
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class JobView:
     """What a node agent needs of the job's state to decide about its processes: sent on every
     transition and in answer to :class:`AgentHello`. ``dump_step``: the step every rank dumps once
@@ -523,4 +538,5 @@ class Reply:
 
 Message = Union[Register, RegisterAck, Heartbeat, StepReport, Progress, FaultReport, Action, Ack, Done,
                 StatusRequest, StatusReply, DeviceEvent, InjectRequest, ProcessExit, ReplicaReport, NodeLost, Reply,
-                CostReport, Pace, Cadence, AgentHello, JobView, RankOrder, AdoptNode, Replaced, Superseded]
+                CostReport, Pace, Cadence, AgentHello, JobView, RankOrder, AdoptNode, Replaced, Superseded,
+                WorldResize]

@@ -110,7 +110,7 @@ def slow_effects(driver: Driver) -> list[SlowRank]:
 
 def test_the_job_flags_a_slow_rank_from_its_paces_names_its_node_and_shows_it() -> None:
     d = Driver(3).start()
-    d.job._nproc = 2  # two ranks per node, as the first node agent's hello says
+    d.job.nproc = 2  # two ranks per node, as the first node agent's hello says
     for number in range(1, 4):
         d.now = 30.0 * number - 0.5  # a Pace proves its rank alive, as any message
         for rank in range(3):

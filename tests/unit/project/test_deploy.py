@@ -76,7 +76,7 @@ def test_volcano_job_args_are_valid_launcher_arguments() -> None:
     [container] = containers(task["template"]["spec"])
     context = launch_main.make_context("mindft-launch", list(container["args"]))
     params = context.params
-    assert params["nnodes"] == task["replicas"] == job["spec"]["minAvailable"]
+    assert int(params["nnodes"]) == task["replicas"] == job["spec"]["minAvailable"]
     devices = container["resources"]["limits"]["huawei.com/Ascend910"]
     assert params["nproc"] == devices
     assert params["key_file"] is not None  # several nodes need one shared key

@@ -11,7 +11,7 @@ from mindft.protocol import (MAX_FRAME, MESSAGE_TYPES, PROTOCOL_VERSION, Ack, Ac
                              AgentHello, JobState, JobView, OrderKind, RankOrder, RankState, Cadence, CostReport,
                              DeviceEvent, DeviceStatus, Done, FaultKind, FaultReport, Heartbeat, InjectRequest,
                              NodeLost, Pace, ProcessExit, ProtocolError, RankStatus, Register, Progress, RegisterAck,
-                             Replaced, ReplicaReport, Superseded, Reply, StatusReply, StatusRequest, StepReport,
+                             Replaced, ReplicaReport, Superseded, WorldResize, Reply, StatusReply, StatusRequest, StepReport,
                              decode, encode)
 
 SAMPLES = [
@@ -57,6 +57,7 @@ SAMPLES = [
     Replaced(node=1, reason="node 1 was given to a spare", request_id=11),
     Replaced(node=0, reason="stands down", controller="tcp://10.0.0.2:29601"),
     Superseded(term=1, controller="tcp://10.0.0.2:29601"),
+    WorldResize(term=1, members=(0, 2), nproc=1, reason="node 1 lost for good"),
 ]
 
 
@@ -170,7 +171,7 @@ def test_enum_values_are_stable_wire_names() -> None:
                                            "FAILED", "DONE"]
     assert [k.value for k in RankState] == ["registered", "running", "faulty", "dead", "off_device", "lost",
                                             "paused", "restored", "resumed", "done"]
-    assert protocol.PROTOCOL_VERSION == 13
+    assert protocol.PROTOCOL_VERSION == 14
 
 
 def test_wire_enums_print_as_their_values() -> None:
@@ -207,19 +208,19 @@ def test_hot_frames_are_decoded_without_json(message, monkeypatch: pytest.Monkey
 
 
 @pytest.mark.parametrize("text, error", [
-    ('{"v":13,"msg":"heartbeat","rank":1,"incarnation":0,"step":01}', "not JSON"),  # JSON has no leading zeros
-    ('{"v":13,"msg":"heartbeat","rank":1,"incarnation":0,"step":1,"x":2}', "unknown field"),
-    ('{"v":13,"msg":"heartbeat","rank":1,"incarnation":0}', "missing field 'step'"),
-    ('{"v":13,"msg":"step_report","rank":1,"step":1.5,"round":0}', "expected an integer"),
-    ('{"v":13,"msg":"step_report","rank":1,"step":true,"round":0}', "expected an integer"),
-    ('{"v":13,"msg":"cost_report","rank":1,"step_time":NaN,"capture_time":0.1}', "expected a finite number"),
-    ('{"v":13,"msg":"replica_report","node":0,"ranks":[0],"steps":[1],"cpu_seconds":-Infinity}',
+    ('{"v":14,"msg":"heartbeat","rank":1,"incarnation":0,"step":01}', "not JSON"),  # JSON has no leading zeros
+    ('{"v":14,"msg":"heartbeat","rank":1,"incarnation":0,"step":1,"x":2}', "unknown field"),
+    ('{"v":14,"msg":"heartbeat","rank":1,"incarnation":0}', "missing field 'step'"),
+    ('{"v":14,"msg":"step_report","rank":1,"step":1.5,"round":0}', "expected an integer"),
+    ('{"v":14,"msg":"step_report","rank":1,"step":true,"round":0}', "expected an integer"),
+    ('{"v":14,"msg":"cost_report","rank":1,"step_time":NaN,"capture_time":0.1}', "expected a finite number"),
+    ('{"v":14,"msg":"replica_report","node":0,"ranks":[0],"steps":[1],"cpu_seconds":-Infinity}',
      "expected a finite number"),
     ('{"v":2,"msg":"step_report","rank":1,"step":1,"round":0}', "unsupported protocol version 2"),
-    ('{"v":13,"msg":"ack","rank":1,"action":"self_destruct","step":1,"held_steps":[1],"round":1}',
+    ('{"v":14,"msg":"ack","rank":1,"action":"self_destruct","step":1,"held_steps":[1],"round":1}',
      "not one of pause, rollback"),
-    ('{"v":13,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[1,"2"],"round":1}', "a list of integers"),
-    ('{"v":13,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[1,],"round":1}', "not JSON"),
+    ('{"v":14,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[1,"2"],"round":1}', "a list of integers"),
+    ('{"v":14,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[1,],"round":1}', "not JSON"),
 ])
 def test_near_misses_of_the_hot_templates_get_the_full_checks(text: str, error: str) -> None:
     with pytest.raises(ProtocolError, match=error):
@@ -227,11 +228,11 @@ def test_near_misses_of_the_hot_templates_get_the_full_checks(text: str, error: 
 
 
 @pytest.mark.parametrize("text, message", [
-    ('{"msg":"heartbeat","v":13,"rank":1,"incarnation":0,"step":2}', protocol.Heartbeat(1, 0, 2)),
-    ('{"v":13,"msg":"step_report","rank":1,"step":2}', protocol.StepReport(1, 2, 0)),
-    ('{"v":13,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[0, 1],"round":1}',
+    ('{"msg":"heartbeat","v":14,"rank":1,"incarnation":0,"step":2}', protocol.Heartbeat(1, 0, 2)),
+    ('{"v":14,"msg":"step_report","rank":1,"step":2}', protocol.StepReport(1, 2, 0)),
+    ('{"v":14,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[0, 1],"round":1}',
      Ack(1, ActionKind.PAUSE, 1, (0, 1), 1)),
-    ('{"v": 13, "msg": "step_report", "rank": -0, "step": 12345678901234567890123, "round": 1}',
+    ('{"v": 14, "msg": "step_report", "rank": -0, "step": 12345678901234567890123, "round": 1}',
      protocol.StepReport(0, 12345678901234567890123, 1)),
 ])
 def test_other_spellings_of_hot_messages_decode_the_same(text: str, message) -> None:

@@ -1,0 +1,109 @@
+"""Elastic data parallelism: a job started with ``mindft-launch --nnodes MIN:MAX`` goes on with fewer
+nodes when one is lost for good.
+
+A node is lost when its agent and every one of its ranks fell silent (:mod:`mindft.flow.spares`);
+it is lost *for good* once it stayed so for ``shrink_after`` more seconds, with no spare given it
+and no launcher of its own back. With at least MIN nodes left the job shrinks to them: the
+controller tells every node agent the new membership (:class:`~mindft.protocol.WorldResize`: the
+nodes that stay, in their order, numbered 0..N-1 from now on) and rebuilds the job in the next
+term of command, as a standby that takes command does (:mod:`mindft.flow.rejoin`): every worker
+restarts from its agent's memory into a new MindSpore cluster of the smaller world, and every
+rank rolls back to the newest snapshot all of them hold. In data parallelism each surviving rank
+holds the whole replicated state (weights, optimizer state, step, RNG); where each rank's data
+comes from is the step's (:mod:`mindft.rank.data`), not the rank's. With fewer than MIN nodes left
+nothing changes: the job waits for the node up to ``timeouts.repair`` and ends with its dying gasps.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from mindft.config import MindftConfig
+from mindft.flow.effects import Broadcast, Resize
+from mindft.flow.states import JobState
+from mindft.protocol import WorldResize
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ElasticRange:
+    """MIN:MAX nodes, and how long a lost node is waited for before the job goes on without it."""
+
+    min_nodes: int
+    max_nodes: int
+    shrink_after: float
+
+    def shrink(self, nnodes: int, lost: Sequence[int]) -> Optional[tuple[int, ...]]:
+        """The nodes that stay (their present numbers, in order) when ``lost`` of ``nnodes`` are gone
+        for good; None when none is lost or fewer than MIN would stay."""
+        members = tuple(node for node in range(nnodes) if node not in set(lost))
+        if len(members) == nnodes or len(members) < self.min_nodes:
+            return None
+        return members
+
+
+def elastic_of(config: MindftConfig) -> Optional[ElasticRange]:
+    """The job's range (MINDFT_ELASTIC), or None when it is not elastic."""
+    if not config.elastic_min:
+        return None
+    return ElasticRange(config.elastic_min, config.elastic_max, config.shrink_after)
+
+
+def new_node(members: Sequence[int], node: int) -> int:
+    """``node``'s number in the world of ``members`` (-1: not a member)."""
+    return members.index(node) if node in members else -1
+
+
+def shrink_reason(nnodes: int, members: Sequence[int], lost: Sequence[int], waited: float, min_nodes: int) -> str:
+    """Why the job shrinks, in the words the logs and the event log use."""
+    gone = ", ".join(map(str, lost))
+    stay = ", ".join(f"{node}→{index}" for index, node in enumerate(members) if node != index)
+    return (f"node {gone} lost for good (no spare and no launcher of its own within {waited:g} s): the job goes on "
+            f"with {len(members)} of {nnodes} nodes (MIN {min_nodes})" + (f", renumbered {stay}" if stay else ""))
+
+
+def shrink_when_lost(job: Any, now: float) -> None:
+    """While ``job`` (a :class:`~mindft.flow.job.Job`, which calls this) trains or recovers: the nodes lost for good (``shrink_after`` past their loss,
+    :mod:`mindft.flow.spares`) are left behind when at least MIN nodes stay (:class:`Resize`, after the
+    node agents' :class:`~mindft.protocol.WorldResize`); below MIN the job goes on waiting, said once."""
+    rules, nproc = job.elastic, job.nproc
+    if rules is None or job.resized is not None or job.standing_by or not nproc or job.state in (
+            JobState.STARTING, JobState.DONE, JobState.FAILED):
+        return
+    heard = {record.rank: record.last_seen for record in job.ranks}
+    lost = job.spares.lost_nodes(now - rules.shrink_after, heard)
+    nnodes = job.ranks.world_size // nproc
+    members = rules.shrink(nnodes, lost)
+    if members is None:
+        if lost and job.below_min != tuple(lost):
+            job.below_min = tuple(lost)
+            log.warning("node %s lost for good, but the job would keep %d node(s), fewer than MIN %d: it waits for "
+                        "the node (timeouts.repair), then ends with its dying gasps", ", ".join(map(str, lost)),
+                        nnodes - len(lost), rules.min_nodes)
+        return
+    reason = shrink_reason(nnodes, members, lost, rules.shrink_after + job.spares.silent_after, rules.min_nodes)
+    resize = Resize(members, nproc, job.term + 1, tuple(lost), reason)
+    job.emit(Broadcast(tuple(dict.fromkeys(job.agents.values())), WorldResize(resize.term, members, nproc, reason)))
+    job.emit(resize)
+    job.resized = resize
+
+
+def successor(job: Any, now: float) -> Any:
+    """The job of the world ``job.resized`` describes, in its term: it rebuilds the job from what the
+    node agents say they hold once every one of them said hello as its new node (:mod:`mindft.flow.rejoin`).
+    What measures the job as a whole goes on: its goodput, its recoveries' count, the cadence's rules."""
+    resize = job.resized
+    if resize is None:
+        raise ValueError("the job was not resized")
+    new = type(job)(resize.world_size, job.timeouts, now, snapshot_every=job.snapshot_every,
+                    restart_scope=job.restart_scope, budget=job.tuner.budget, term=resize.term,
+                    candidates=tuple(new_node(resize.members, node) for node in job.candidates
+                                     if node in resize.members),
+                    slow=job.slow.policy, elastic=job.elastic)
+    new.nproc, new.restart_all, new.goodput = resize.nproc, job.restart_all, job.goodput
+    new.rebuild_reason, new.min_hello_term = resize.reason, resize.term
+    new.ladder.recoveries.extend(job.ladder.recoveries)
+    new.resizes = (*job.resizes, resize)
+    return new
