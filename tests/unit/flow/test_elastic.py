@@ -1,0 +1,129 @@
+"""Elastic data parallelism in the flow (:mod:`mindft.flow.elastic`): when a lost node is left behind,
+what the node agents are told, and the job of the new world rebuilding from what they hold, up to
+the rollback; then the agent's side of a resize (:class:`~mindft.flow.agent.NodePolicy`)."""
+from __future__ import annotations
+
+import pytest
+
+from mindft.config import ConfigError, load_config
+from mindft.flow import Broadcast, Job, JobState, KillRank, Resize, StartRank, Transition
+from mindft.flow.agent import NodePolicy, Say
+from mindft.flow.elastic import ElasticRange, elastic_of, new_node, successor
+from mindft.flow.spares import silent_after
+from mindft.protocol import ActionKind, AgentHello, JobView, OrderKind, RankOrder, Register, StepReport, WorldResize
+from test_job import T, Driver
+
+S = JobState
+LOCAL, NODE1, NODE2 = b"", b"agent/1/10", b"agent/2/20"
+RULES = ElasticRange(min_nodes=2, max_nodes=3, shrink_after=5.0)
+
+
+def test_the_nodes_that_stay_keep_their_order_and_min_bounds_the_shrink() -> None:
+    assert RULES.shrink(3, []) is None  # nothing lost
+    assert RULES.shrink(3, [2]) == (0, 1)
+    assert RULES.shrink(3, [0]) == (1, 2)  # node 1 becomes node 0, node 2 node 1
+    assert new_node((1, 2), 2) == 1 and new_node((1, 2), 0) == -1
+    assert RULES.shrink(3, [0, 2]) is None  # one node left: below MIN 2
+    assert ElasticRange(1, 3, 5.0).shrink(3, [0, 2]) == (1,)
+
+
+@pytest.mark.parametrize("text, nodes", [("2:4", (2, 4)), ("3", None), ("1:1", None)])
+def test_the_range_is_read_once_from_the_environment(text: str, nodes) -> None:
+    config = load_config({"MINDFT_ELASTIC": text, "MINDFT_SHRINK_AFTER": "12"})
+    rules = elastic_of(config)
+    assert (None if rules is None or rules.min_nodes == rules.max_nodes else (rules.min_nodes, rules.max_nodes)) \
+        == nodes
+    assert config.shrink_after == 12.0
+
+
+@pytest.mark.parametrize("text", ["4:2", "0:2", "a:b", "2:", "2:3:4"])
+def test_a_bad_range_names_the_variable_and_what_is_valid(text: str) -> None:
+    with pytest.raises(ConfigError, match=r"MINDFT_ELASTIC: .* is not MIN:MAX nodes with 1 <= MIN <= MAX"):
+        load_config({"MINDFT_ELASTIC": text})
+
+
+# ---- through the Job --------------------------------------------------------------------------
+
+def elastic_job(rules: ElasticRange = RULES) -> Driver:
+    """Three nodes of one rank (node 0's agent in the controller's process), training at step 4."""
+    d = Driver(3)
+    d.job = Job(3, T, 0.0, elastic=rules)
+    d.start()
+    for peer, node in ((LOCAL, 0), (NODE1, 1), (NODE2, 2)):
+        d.job.handle(peer, AgentHello(node, (node,)), d.now)
+    d.steps(4)
+    return d
+
+
+def lose_node_2(d: Driver, until: float) -> None:
+    """Node 2's agent and rank fall silent at 0; the others talk on, second by second, and pause when
+    told (the job then waits for rank 2's new process)."""
+    for t in range(1, int(until) + 1):
+        for rank in (0, 1):
+            d.send(rank, StepReport(rank, 4))
+        d.job.handle(NODE1, AgentHello(1, (1,)), float(t))
+        d.at(float(t))
+        if d.job.state is S.PAUSING and d.job.resized is None:
+            d.ack_all(ActionKind.PAUSE, 5, held=(3, 4), ranks=(0, 1))
+
+
+def test_a_node_lost_for_good_is_left_behind_and_every_agent_is_told_the_new_world() -> None:
+    d = elastic_job()
+    shrink_at = silent_after(T.dead_after) + RULES.shrink_after
+    lose_node_2(d, shrink_at)
+    assert not [e for e in d.effects if isinstance(e, Resize)]  # lost, but waited for (a spare, its launcher)
+    lose_node_2(d, shrink_at + 2)
+    (resize,) = [e for e in d.effects if isinstance(e, Resize)]
+    assert (resize.members, resize.lost, resize.world_size, resize.term) == ((0, 1), (2,), 2, 1)
+    assert "node 2 lost for good" in resize.reason and "2 of 3 nodes (MIN 2)" in resize.reason
+    (told,) = [e for e in d.effects if isinstance(e, Broadcast) and isinstance(e.message, WorldResize)]
+    assert set(told.peers) == {LOCAL, NODE1, NODE2} and told.message == WorldResize(1, (0, 1), 1, resize.reason)
+    # From now on this job commands nothing: its successor does.
+    assert d.job.tick(d.now + 100) == [] and d.send(0, StepReport(0, 5)) == []
+
+
+def test_below_min_the_job_waits_for_the_node_as_without_elasticity() -> None:
+    d = elastic_job(ElasticRange(3, 3, 5.0))
+    lose_node_2(d, 30)
+    assert not [e for e in d.effects if isinstance(e, Resize)] and d.job.below_min == (2,)
+
+
+def test_the_job_of_the_new_world_rebuilds_from_the_agents_memory_and_rolls_back() -> None:
+    d = elastic_job()
+    lose_node_2(d, 14)
+    old = d.job
+    job = successor(old, d.now)
+    assert (job.ranks.world_size, job.term, job.state, job.goodput) == (2, 1, S.STARTING, old.goodput)
+    # A hello said before its agent learnt of the resize (term 0) is not taken for the new world.
+    assert job.handle(NODE1, AgentHello(1, (1,), pids=(111,), newest=(4,)), d.now) == []
+    job.handle(LOCAL, AgentHello(0, (0,), pids=(0,), incarnations=(0,), newest=(4,), term=1), d.now)
+    assert job.state is S.STARTING  # node 1 (node 2 before) has not said what it holds yet
+    out = job.handle(NODE1, AgentHello(1, (1,), pids=(0,), incarnations=(0,), newest=(4,), term=1), d.now)
+    moved = [e for e in out if isinstance(e, Transition)]
+    assert moved and "node 2 lost for good" in moved[0].reason
+    assert not [e for e in out if isinstance(e, KillRank) and e.pid]  # the agents stopped their ranks already
+    starts = [e for e in out if isinstance(e, StartRank)]
+    assert sorted((s.rank, s.agent) for s in starts) == [(0, LOCAL), (1, NODE1)]
+    job.handle(b"rank0.inc1", Register(0, 1, 700, (3, 4)), d.now + 1)
+    out = job.handle(b"rank1.inc1", Register(1, 1, 701, (3, 4)), d.now + 1)
+    rollback = [e.message for e in out if isinstance(e, Broadcast) and getattr(e.message, "kind", None)
+                is ActionKind.ROLLBACK]
+    assert job.state is S.ROLLBACK and rollback[0].step == 4  # no step trained is lost
+
+
+def test_an_agent_renumbers_its_ranks_and_starts_them_with_every_worker() -> None:
+    policy = NodePolicy((2, 3), max_restarts=3)
+    policy.on_view(JobView(S.REPAIRING, restart_all=True))
+    policy.workers[2].restarts = policy.workers[3].restarts = 1
+    for rank in (2, 3):
+        policy.stopped(rank, -9)
+    said = policy.resize((0, 1), "node 1 is node 0 of 1 now")
+    assert isinstance(said[0], Say) and "renumbered 2→0, 3→1" in said[0].text
+    assert sorted(policy.workers) == [0, 1] and all(w.awaiting_start and w.restarts == 1
+                                                   for w in policy.workers.values())
+    policy.on_view(JobView(S.STARTING, restart_all=True, term=1))
+    assert policy.rebuilding
+    (first,) = policy.on_order(RankOrder(0, OrderKind.START, "rebuild", term=1))
+    assert first.renew_cluster and first.restarts == 2  # a new MindSpore cluster, before the first worker
+    (second,) = policy.on_order(RankOrder(1, OrderKind.START, "rebuild", term=1))
+    assert not second.renew_cluster
