@@ -120,6 +120,22 @@ def uses_collectives() -> bool:
     return bool(GlobalComm.INITED) and get_group_size() > 1
 
 
+def elastic_problem(config: MindftConfig) -> str:
+    """Why this process's parallel configuration cannot change its world size ("": it can, or the job
+    is not elastic): only data parallelism keeps the whole state on every rank (a sharded optimizer
+    or model keeps a shard that leaves with its node)."""
+    if not config.elastic_min:
+        return ""
+    mode = ms.get_auto_parallel_context("parallel_mode")
+    asked = f"an elastic job (MINDFT_ELASTIC={config.elastic_min}:{config.elastic_max})"
+    if mode not in ("data_parallel", "stand_alone"):
+        return f"{asked} needs data parallelism, where every rank holds the whole state; parallel_mode is {mode}"
+    if ms.get_auto_parallel_context("enable_parallel_optimizer"):
+        return (f"{asked} cannot shard the optimizer state (enable_parallel_optimizer): a lost node's shard would "
+                f"be gone; turn it off or drop --nnodes MIN:MAX")
+    return ""
+
+
 def rng_meta() -> Dict[str, Any]:
     """MindSpore's global generator state, JSON-able (ops that draw from it replay exactly)."""
     return {"rng_state": [int(v) for v in ms.get_rng_state().asnumpy().tolist()]}
@@ -166,6 +182,9 @@ class Session(RankEngine):
         """Join the job; restore this rank if it is a restarted one. Returns the step to continue after."""
         if not self.enabled:
             return self.step
+        problem = elastic_problem(self.config)
+        if problem:
+            raise ValueError(f"mindft: {problem}")
         collectives = uses_collectives() if collectives is None else collectives
         step = super().start(meta, collectives)
         if collectives:

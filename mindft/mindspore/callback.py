@@ -45,6 +45,11 @@ class FaultTolerance(Callback):
         """Start protecting ``train_network`` (idempotent); returns the step training continues after."""
         if self.session is None:
             self._config = self._config if self._config is not None else load_config()
+            if self._config.elastic_min:
+                raise ValueError(f"mindft: an elastic job (MINDFT_ELASTIC={self._config.elastic_min}:"
+                                 f"{self._config.elastic_max}) changes its world size, and Model.train's dataset, "
+                                 f"sharded for one world size, cannot follow it: train with FaultTolerantLoop.shares "
+                                 f"(mindft.rank.data), or drop --nnodes MIN:MAX")
             optimizer = optimizer if optimizer is not None else optimizer_of(train_network)
             self.session = session_class(self._config)(TrainingState(train_network, optimizer), optimizer,
                                                        self._config, snapshot_every=self._snapshot_every)

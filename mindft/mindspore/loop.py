@@ -1,6 +1,7 @@
 """Fault tolerance for hand-written training loops: :class:`FaultTolerantLoop`."""
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Iterator, Optional, Tuple
 
 from mindspore import nn
@@ -8,6 +9,9 @@ from mindspore import nn
 from mindft.config import MindftConfig, load_config
 from mindft.mindspore._session import TrainingState
 from mindft.mindspore.backend import session_class
+from mindft.rank.data import GlobalBatches, Share
+
+log = logging.getLogger(__name__)
 
 
 class FaultTolerantLoop:
@@ -26,6 +30,9 @@ class FaultTolerantLoop:
     ``config`` defaults to :func:`mindft.config.load_config`; ``overlap`` and
     ``snapshot_every`` are described in :class:`mindft.mindspore._session.Session` (pass
     ``overlap=False`` if the whole step, optimizer included, is one compiled graph Cell).
+
+    An elastic job (``mindft-launch --nnodes MIN:MAX``) changes its world size between steps: iterate
+    :meth:`shares` instead of :meth:`batches`, which it refuses, so that every sample is used once.
     """
 
     def __init__(self, network: nn.Cell, optimizer: nn.Cell, config: Optional[MindftConfig] = None,
@@ -54,6 +61,27 @@ class FaultTolerantLoop:
 
     def batches(self, make_batch: Callable[[int], Any], steps: int) -> Iterator[Tuple[int, Any]]:
         """Yield ``(step, make_batch(step))`` until ``steps`` steps are done on every rank, following rollbacks."""
+        config = self.session.config
+        if config.elastic_min:
+            raise ValueError(f"FaultTolerantLoop.batches: an elastic job (MINDFT_ELASTIC={config.elastic_min}:"
+                             f"{config.elastic_max}) changes its world size, and make_batch(step) cannot follow it: "
+                             f"iterate loop.shares(GlobalBatches(samples, global_batch, seed), steps) and build "
+                             f"each step's batch from share.indices")
+        return self._steps(make_batch, steps)
+
+    def shares(self, data: GlobalBatches, steps: int, start: int = 0) -> Iterator[Tuple[int, Share]]:
+        """Yield ``(step, share)``, this rank's :class:`~mindft.rank.data.Share` of each step's global
+        batch, until ``steps`` steps are done on every rank, following rollbacks and, in an elastic
+        job, the world size (:mod:`mindft.rank.data`: every sample of every epoch used once).
+        ``start``: the steps trained before this job (a resume): its first step is the data's ``start + 1``."""
+        config = self.session.config
+        rule = data.uneven(config.world_size)
+        if rule:
+            log.warning("rank=%d %s", config.rank, rule)
+        for step, share in self._steps(lambda step: data.share(start + step, config.rank, config.world_size), steps):
+            yield start + step, share
+
+    def _steps(self, make_batch: Callable[[int], Any], steps: int) -> Iterator[Tuple[int, Any]]:
         while True:
             while self.session.step < steps:
                 step = self.session.step + 1
