@@ -71,8 +71,10 @@ class HostsJob:
 
     def __init__(self, hosts: Hosts, processes: Processes, tmp: Path, *script_args: str, nodes: int = 2,
                  launch_args: tuple[str, ...] = (), master_addr: str = Hosts.ADDRESSES[0],
+                 script: Path = DP_SCRIPT, job_args: tuple[str, ...] = JOB_ARGS, node_range: str = "",
                  **changes: Optional[str]) -> None:
         self.hosts, self.processes, self.tmp, self.nodes = hosts, processes, tmp, nodes
+        self.script, self.node_range = script, node_range or str(nodes)  # --nnodes: N, or MIN:MAX
         self.master_addr = master_addr  # node 0's --master-addr: its address, or a name (Hosts.name)
         self.launch_args = launch_args  # every launcher's, e.g. ("--standbys", "1")
         self.controller_host = 0  # where the status is asked (a standby's host once it took over)
@@ -80,7 +82,7 @@ class HostsJob:
         subprocess.run([sys.executable, "-m", "mindft.cli.main", "keygen", str(self.key_file)], check=True,
                        env=environment(), capture_output=True, timeout=60)
         self.keys = load_keys(self.key_file)
-        self.script_args = (*JOB_ARGS, *script_args, "--out", str(tmp / "out"))
+        self.script_args = (*job_args, *script_args, "--out", str(tmp / "out"))
         # TIMEOUTS with ``changes`` (None: unset).
         self.timeouts = {k: v for k, v in {**TIMEOUTS, **changes}.items() if v is not None}
         self.launchers: dict[str, subprocess.Popen] = {}
@@ -89,10 +91,10 @@ class HostsJob:
     def start(self, name: str, node: Optional[int], host: Optional[int] = None) -> None:
         """Launcher ``name`` for node ``node`` (None: a warm spare) on host ``host`` (default: ``node``'s)."""
         role = ["--spare"] if node is None else ["--node-rank", str(node)]
-        argv = [sys.executable, "-m", "mindft.cli.launch", "--nproc", "1", "--nnodes", str(self.nodes), *role,
+        argv = [sys.executable, "-m", "mindft.cli.launch", "--nproc", "1", "--nnodes", self.node_range, *role,
                 "--master-addr", self.master_addr, "--master-port", str(PORT), "--key-file", str(self.key_file),
                 "--run-dir", str(self.tmp / f"run-{name}"), "--cluster_time_out", "120", *self.launch_args,
-                str(DP_SCRIPT), *self.script_args]
+                str(self.script), *self.script_args]
         dump = self.dump_dir(node) if node is not None else self.tmp / f"dump-{name}"
         env = environment(self.tmp, MS_ENABLE_TFT="{RSC:1}", MINDFT_DUMP_DIR=str(dump),
                           MINDFT_RESET_FILE=str(self.tmp / f"reset-{name}.json"), **self.timeouts)

@@ -1,0 +1,108 @@
+"""Elastic data parallelism on three hosts (network namespaces on one bridge), no spare:
+examples/train_elastic.py started with ``--nnodes 2:3``, one rank per node, MCCL all-reducing across
+the links. A node lost for good leaves the job on the other two; every sample of every epoch is used
+once (each process records the sample ids of every step it completes), and the final weights are
+bit-identical to a fault-free run that changes its world size after the same step (the step the job
+rolled back to, read from the event log): that step on three ranks, the rest on two."""
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from harness import ROOT, Hosts, Processes, assert_ranks_identical, environment, free_port_pair
+from host_jobs import TIMEOUTS, HostsJob, assert_nothing_left, made_hosts
+from mindft.observe.events import JobMoved, WorldResized, read
+from mindft.rank.data import GlobalBatches
+
+pytestmark = [pytest.mark.slow, pytest.mark.mindspore, pytest.mark.timeout(900)]
+
+SCRIPT = ROOT / "examples" / "train_elastic.py"
+STEPS, GLOBAL_BATCH, SAMPLES, SEED = 48, 12, 120, 1  # the script's defaults: 4.8 epochs
+JOB_ARGS = ("--steps", str(STEPS), "--step-seconds", "0.15")
+
+
+@pytest.fixture
+def hosts() -> Iterator[Hosts]:
+    yield from made_hosts(3)
+
+
+def trained(records: Path) -> dict[int, tuple[int, list[list[int]]]]:
+    """Step → (its world size, each rank's sample ids), as the job finally trained it: of the records
+    of a step (a step rolled back is trained again), each rank's last."""
+    last: dict[tuple[int, int], dict] = {}
+    for path in records.glob("steps-*.jsonl"):
+        for line in path.read_text().splitlines():
+            entry = json.loads(line)
+            key = (entry["step"], entry["rank"])
+            if key not in last or entry["t"] > last[key]["t"]:
+                last[key] = entry
+    steps: dict[int, tuple[int, list[list[int]]]] = {}
+    for step in sorted({s for s, _ in last}):
+        newest = max((e for (s, _), e in last.items() if s == step), key=lambda e: e["t"])
+        world = newest["world"]
+        steps[step] = (world, [last[(step, rank)]["indices"] for rank in range(world)])
+    return steps
+
+
+def assert_every_sample_used_once(steps: dict[int, tuple[int, list[list[int]]]]) -> None:
+    assert sorted(steps) == list(range(1, STEPS + 1)), sorted(steps)
+    used = [i for step in sorted(steps) for share in steps[step][1] for i in share]
+    data = GlobalBatches(SAMPLES, GLOBAL_BATCH, SEED)
+    assert used == [i for step in range(1, STEPS + 1) for i in data.batch(step).tolist()]
+    epochs = len(used) // SAMPLES
+    for epoch in range(epochs):
+        assert sorted(used[epoch * SAMPLES:(epoch + 1) * SAMPLES]) == list(range(SAMPLES)), f"epoch {epoch}"
+    assert max(Counter(used[epochs * SAMPLES:]).values()) == 1
+
+
+def reference(processes: Processes, tmp: Path, worlds: list[tuple[int, int]]) -> Path:
+    """A fault-free run on one host that trains ``worlds`` = [(ranks, up to step)...] one after the
+    other, each part starting from the state the previous one wrote; its final weights' directory."""
+    start, state = 0, None
+    for part, (ranks, until) in enumerate(worlds):
+        out = tmp / f"reference-{part}"
+        argv = [sys.executable, "-m", "mindft.cli.launch", "--nproc", str(ranks), "--master_port",
+                str(free_port_pair()), "--run-dir", str(tmp / f"reference-run-{part}"), "--cluster_time_out", "120",
+                str(SCRIPT), "--steps", str(until), "--start", str(start), "--out", str(out),
+                *(("--load", str(state)) if state is not None else ())]
+        env = environment(tmp, MS_ENABLE_TFT="{RSC:1}", **TIMEOUTS)
+        code, output = processes.run(argv, env, tmp / f"reference-{part}.out")
+        assert code == 0, output[-4000:]
+        start, state = until, out / "rank0.npz"
+    return out
+
+
+def test_node_2_lost_for_good_the_job_goes_on_with_two_nodes_every_sample_once_and_bit_identical(
+        hosts: Hosts, processes: Processes, tmp_path: Path) -> None:
+    records = tmp_path / "records"
+    job = HostsJob(hosts, processes, tmp_path, "--record", str(records), nodes=3, node_range="2:3",
+                   script=SCRIPT, job_args=JOB_ARGS, MINDFT_SHRINK_AFTER="3")
+    job.start_training()
+    lost_at = job.lose("node2", 2)
+    codes = {name: job.wait(name) for name in ("node0", "node1")}
+    took = time.monotonic() - lost_at
+    assert codes == {"node0": 0, "node1": 0}, job.outputs()
+    node0 = job.output("node0")
+    assert "node 2 lost for good" in node0 and "the job goes on with 2 of 3 nodes (MIN 2)" in node0, node0[-4000:]
+    events = read(tmp_path / "run-node0")
+    resized = [e for e in events if isinstance(e.record, WorldResized)]
+    assert [(e.record.members, e.record.lost, e.record.world_size, e.record.term) for e in resized] == \
+        [([0, 1], [2], 2, 1)], events
+    restored = [re.search(r"every rank restored step (\d+)", e.record.reason) for e in events
+                if isinstance(e.record, JobMoved) and e.at > resized[0].at]
+    rollback = int(next(found for found in restored if found)[1])
+    steps = trained(records)
+    assert {world for step, (world, _) in steps.items() if step <= rollback} == {3}
+    assert {world for step, (world, _) in steps.items() if step > rollback} == {2}
+    assert_every_sample_used_once(steps)
+    assert_ranks_identical(tmp_path / "out", reference(processes, tmp_path, [(3, rollback), (2, STEPS)]), 2)
+    assert_nothing_left(hosts)
+    print(f"node 2 lost for good at step ~{rollback}: the job went on with 2 nodes from step {rollback}; every "
+          f"launcher exited 0 {took:.1f} s after the loss")
