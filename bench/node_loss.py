@@ -119,7 +119,7 @@ def main() -> None:
             print(f"{name}: training resumed {result['resumed_s']:.1f} s after the loss, every launcher exited "
                   f"{result['exited_s']:.1f} s after it {result['codes']}", flush=True)
         for standbys, spare, what in STEADY[-1:] if args.quick else STEADY:
-            result = run_steady(root / f"steady{len(results['steady'])}", standbys, spare)
+            result = {"mode": what, **run_steady(root / f"steady{len(results['steady'])}", standbys, spare)}
             results["steady"].append(result)
             print(f"(d) no fault, {what}: {result['wall_s']:.1f} s, {result['cpu_s']:.1f} CPU s {result['codes']}",
                   flush=True)

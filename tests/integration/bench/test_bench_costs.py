@@ -4,7 +4,8 @@ breaks a benchmark fails here, not on the day someone measures. bench/step_cost.
 bench/coordination.py have their own smoke runs (test_bench_smoke.py).
 
 Timings are not asserted (speed is the benchmarks' to measure); each run must end with exit 0, its
-JSON written and its verdict line printed.
+JSON written and its verdict line printed, and that JSON must hold every figure docs/performance.md
+marks for the benchmark (bench/figures.py --keys: the page names no value the benchmark stopped writing).
 """
 from __future__ import annotations
 
@@ -60,3 +61,4 @@ def test_node_loss_runs_a_standby_and_a_spare(tmp_path: Path) -> None:
     out = run_bench("node_loss.py", "--quick", "--output", str(tmp_path / "n.json"))
     result = json.loads((tmp_path / "n.json").read_text())
     assert len(result["losses"]) == 1 and len(result["steady"]) == 1 and "wrote" in out
+    assert " 0 contradicted" in run_bench("figures.py", "--keys", str(tmp_path / "n.json"))

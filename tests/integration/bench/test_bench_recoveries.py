@@ -4,7 +4,8 @@ breaks a benchmark fails here, not on the day someone measures. bench/step_cost.
 bench/coordination.py have their own smoke runs (test_bench_smoke.py).
 
 Timings are not asserted (speed is the benchmarks' to measure); each run must end with exit 0, its
-JSON written and its verdict line printed.
+JSON written and its verdict line printed, and that JSON must hold every figure docs/performance.md
+marks for the benchmark (bench/figures.py --keys: the page names no value the benchmark stopped writing).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ def test_recovery_runs_its_three_ways_to_identical_weights(tmp_path: Path) -> No
     result = json.loads((tmp_path / "r.json").read_text())
     assert {kind: len(rows) for kind, rows in result["rows"].items()} == {"a": 1, "b": 1, "c": 1}
     assert result["weights_identical"] == [True] and "bit-identical across (a), (b), (c): yes" in out
+    assert " 0 contradicted" in run_bench("figures.py", "--keys", str(tmp_path / "r.json"))
 
 
 def test_goodput_runs_mindft_and_kill_all_under_one_schedule(tmp_path: Path) -> None:
@@ -35,6 +37,7 @@ def test_goodput_runs_mindft_and_kill_all_under_one_schedule(tmp_path: Path) -> 
     assert result["faults_hit"]["a"] and result["faults_hit"]["b"]  # both ways met faults
     assert 0 < result["results"]["a"]["goodput"] <= 1.05 and 0 < result["results"]["b"]["goodput"] <= 1.05
     assert result["weights_identical"] and "ratio of goodput (a)/(b)" in out
+    assert " 0 contradicted" in run_bench("figures.py", "--keys", str(tmp_path / "g.json"))
 
 
 def test_formation_runs_both_heartbeat_intervals(tmp_path: Path) -> None:

@@ -374,6 +374,17 @@ def test_readme_lists_every_page_of_the_docs() -> None:
     assert listed == pages, f"README.md's table of the docs misses {sorted(pages - listed)}, names gone {sorted(listed - pages)}"
 
 
+def test_every_run_in_the_testing_pages_log_names_when_it_ran() -> None:
+    # The suite's current counts and times are the README's (checked); a row of this log that names no
+    # issue or commit would read as a current figure once the suite has grown (issue 47: "862 of 984").
+    text = (DOCS / "testing.md").read_text(encoding="utf-8")
+    log = re.search(r"^\| run \| tests \| wall time \|.*\n\|[-|]+\|\n((?:\|.*\n)+)", text, re.MULTILINE)
+    assert log, "docs/testing.md: no log of runs (header: run | tests | wall time | ...)"
+    rows = [line.split(" | ")[0].lstrip("| ") for line in log.group(1).splitlines()]
+    undated = [row for row in rows if not re.search(r"\bissues? \d+|\bcommit [0-9a-f]{7,40}\b", row)]
+    assert len(rows) >= 5 and not undated, f"docs/testing.md's log: rows naming no issue or commit: {undated}"
+
+
 def test_readme_is_short() -> None:
     lines = README.read_text(encoding="utf-8").count("\n")
     assert lines <= 250, f"README.md has {lines} lines; keep it to ~250 and move the rest into docs/"
