@@ -70,11 +70,18 @@ def shrink_when_lost(job: Any, now: float) -> None:
     node agents' :class:`~mindft.protocol.WorldResize`); below MIN the job goes on waiting, said once."""
     rules, nproc = job.elastic, job.nproc
     if rules is None or job.resized is not None or job.standing_by or not nproc or job.state in (
-            JobState.STARTING, JobState.DONE, JobState.FAILED):
+            JobState.DONE, JobState.FAILED):
         return
-    heard = {record.rank: record.last_seen for record in job.ranks}
-    lost = job.spares.lost_nodes(now - rules.shrink_after, heard)
     nnodes = job.ranks.world_size // nproc
+    if job.state is JobState.STARTING:
+        # A controller that rebuilds the job (a standby in command, or one started again) waits for
+        # every node's agent: the nodes none speaks for within shrink_after are lost for good.
+        if not job.survivors.under_way or now - job.history[0][1] < rules.shrink_after:
+            return
+        lost = sorted({rank // nproc for rank in job.survivors.unheard()})
+    else:
+        heard = {record.rank: record.last_seen for record in job.ranks}
+        lost = job.spares.lost_nodes(now - rules.shrink_after, heard)
     members = rules.shrink(nnodes, lost)
     if members is None:
         if lost and job.below_min != tuple(lost):
@@ -101,7 +108,7 @@ def successor(job: Any, now: float) -> Any:
                     restart_scope=job.restart_scope, budget=job.tuner.budget, term=resize.term,
                     candidates=tuple(new_node(resize.members, node) for node in job.candidates
                                      if node in resize.members),
-                    slow=job.slow.policy, elastic=job.elastic)
+                    supersedes=job.supersedes, slow=job.slow.policy, elastic=job.elastic)
     new.nproc, new.restart_all, new.goodput = resize.nproc, job.restart_all, job.goodput
     new.rebuild_reason, new.min_hello_term = resize.reason, resize.term
     new.ladder.recoveries.extend(job.ladder.recoveries)

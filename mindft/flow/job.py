@@ -98,7 +98,8 @@ class Job:
         self.survivors = Survivors(world_size)  # what ranks and agents say while STARTING: is the job under way?
         self.spares = Spares(timeouts.dead_after)  # warm spare nodes, and the lost nodes given to them
         self.term, self.candidates, self.standing_by = term, candidates, standing_by
-        self.supersedes, self._next_fence = supersedes, math.inf
+        # A standby tells the controller it replaced once it commands (and so does its successor).
+        self.supersedes, self._next_fence = supersedes, now if supersedes and not standing_by else math.inf
         self.superseded: Optional[Superseded] = None  # a newer term commands the job: this controller stood down
         self.nproc = 0  # ranks per node, from the first node agent's hello
         self.goodput = Goodput(now)  # every second of the job's wall time, by bucket

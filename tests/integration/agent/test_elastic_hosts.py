@@ -106,3 +106,34 @@ def test_node_2_lost_for_good_the_job_goes_on_with_two_nodes_every_sample_once_a
     assert_nothing_left(hosts)
     print(f"node 2 lost for good at step ~{rollback}: the job went on with 2 nodes from step {rollback}; every "
           f"launcher exited 0 {took:.1f} s after the loss")
+
+
+def test_node_0_lost_for_good_the_standby_goes_on_with_nodes_1_and_2_every_sample_once_and_bit_identical(
+        hosts: Hosts, processes: Processes, tmp_path: Path) -> None:
+    """Node 0 (the controller, MindSpore's scheduler, rank 0) is lost for good and no spare is there:
+    node 1's standby takes command (term 1), no agent speaks for node 0 within --shrink-after, and
+    nodes 1 and 2 go on as nodes 0 and 1 (term 2) behind a scheduler on node 1's host."""
+    records = tmp_path / "records"
+    job = HostsJob(hosts, processes, tmp_path, "--record", str(records), nodes=3, node_range="2:3",
+                   script=SCRIPT, job_args=JOB_ARGS, launch_args=("--standbys", "1"), MINDFT_SHRINK_AFTER="3")
+    job.start_training()
+    lost_at = job.lose("node0", 0)
+    codes = {name: job.wait(name) for name in ("node1", "node2")}
+    took = time.monotonic() - lost_at
+    assert codes == {"node1": 0, "node2": 0}, job.outputs()
+    node1 = job.output("node1")
+    assert "this standby controller on node 1 takes command of the job (term 1)" in node1, node1[-4000:]
+    assert "node 0 lost for good" in node1 and "renumbered 1→0, 2→1" in node1, node1[-4000:]
+    events = read(tmp_path / "run-node1")
+    resized = [e for e in events if isinstance(e.record, WorldResized)]
+    assert [(e.record.members, e.record.lost, e.record.term) for e in resized] == [([1, 2], [0], 2)], events
+    restored = [re.search(r"every rank restored step (\d+)", e.record.reason) for e in events
+                if isinstance(e.record, JobMoved) and e.at > resized[0].at]
+    rollback = int(next(found for found in restored if found)[1])
+    steps = trained(records)
+    assert {world for step, (world, _) in steps.items() if step > rollback} == {2}
+    assert_every_sample_used_once(steps)
+    assert_ranks_identical(tmp_path / "out", reference(processes, tmp_path, [(3, rollback), (2, STEPS)]), 2)
+    assert_nothing_left(hosts)
+    print(f"node 0 lost for good: node 1's standby took command and went on with nodes 1 and 2 from step "
+          f"{rollback}; both launchers exited 0 {took:.1f} s after the loss")

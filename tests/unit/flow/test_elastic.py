@@ -127,3 +127,24 @@ def test_an_agent_renumbers_its_ranks_and_starts_them_with_every_worker() -> Non
     assert first.renew_cluster and first.restarts == 2  # a new MindSpore cluster, before the first worker
     (second,) = policy.on_order(RankOrder(1, OrderKind.START, "rebuild", term=1))
     assert not second.renew_cluster
+
+
+def test_a_standby_in_command_leaves_a_node_no_agent_speaks_for_behind() -> None:
+    """Node 0 lost with the controller: node 1's standby takes command (term 1); no agent of node 0
+    and no spare speaks to it within shrink_after: nodes 1 and 2 go on as nodes 0 and 1 (term 2)."""
+    job = Job(3, T, 0.0, term=1, standing_by=True, supersedes="tcp://10.0.0.1:29601", elastic=RULES)
+    job.handle(LOCAL, AgentHello(1, (1,), pids=(501,), incarnations=(0,), newest=(7,), term=0), 1.0)
+    job.handle(NODE2, AgentHello(2, (2,), pids=(502,), incarnations=(0,), newest=(7,), term=0), 1.0)
+    assert not job.standing_by and job.state is S.STARTING  # in command, waiting for node 0's agent
+    assert not [e for e in job.tick(4.0) if isinstance(e, Resize)]
+    out = job.tick(RULES.shrink_after + 0.5)
+    (resize,) = [e for e in out if isinstance(e, Resize)]
+    assert (resize.members, resize.lost, resize.term) == ((1, 2), (0,), 2)
+    (told,) = [e for e in out if isinstance(e, Broadcast) and isinstance(e.message, WorldResize)]
+    assert set(told.peers) == {LOCAL, NODE2}
+    new = successor(job, RULES.shrink_after + 0.5)
+    assert (new.ranks.world_size, new.term, new.supersedes) == (2, 2, job.supersedes)
+    assert any(e.term == 2 for e in new.tick(RULES.shrink_after + 0.5) if hasattr(e, "address"))  # fences on
+    new.handle(LOCAL, AgentHello(0, (0,), pids=(0,), incarnations=(0,), newest=(7,), term=2), 6.0)
+    out = new.handle(NODE2, AgentHello(1, (1,), pids=(0,), incarnations=(0,), newest=(7,), term=2), 6.0)
+    assert sorted((s.rank, s.agent) for s in out if isinstance(s, StartRank)) == [(0, LOCAL), (1, NODE2)]
