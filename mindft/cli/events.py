@@ -30,7 +30,7 @@ def events_command(job: Path, follow: bool, as_json: bool) -> None:
     run directory holds no event log (without --follow).
     """
     from mindft.observe import events
-    from mindft.observe.timeline import goodput_text, recoveries, render
+    from mindft.observe.timeline import describe, goodput_text, recoveries, render
 
     run_dir = job if job.is_dir() else job.parent
     if not run_dir.is_dir():
@@ -57,6 +57,8 @@ def events_command(job: Path, follow: bool, as_json: bool) -> None:
     for event in found:
         if isinstance(event.record, events.RankSlow):
             click.echo(f"{events.iso_time(event.at)} {event.record.reason}")
+        elif isinstance(event.record, events.WorldResized):
+            click.echo(f"{events.iso_time(event.at)} {describe(event)}")
     finished = [e for e in found if isinstance(e.record, events.JobFinished)]
     if finished:
         click.echo(f"job finished: exit code {finished[-1].record.exit_code}: {finished[-1].record.reason}")

@@ -68,6 +68,9 @@ def status(job: Optional[Path], address: Optional[str], key_file: Optional[Path]
     if reply.wall_seconds > 0:
         click.echo("goodput: " + goodput_text({PRODUCTIVE: reply.productive_seconds,
                                                 **dict(zip(reply.badput, reply.badput_seconds))}))
+    if reply.max_nodes:
+        click.echo(f"world: {reply.world_size} rank(s) on {reply.nodes} node(s), elastic {reply.min_nodes}:"
+                   f"{reply.max_nodes} (--nnodes), {reply.resizes} resize(s) so far (mindft events: when and why)")
     if reply.term or reply.standbys or reply.spares:
         click.echo(f"controller: {_controller_text(reply)}")
 

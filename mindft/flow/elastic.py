@@ -110,6 +110,8 @@ def successor(job: Any, now: float) -> Any:
                                      if node in resize.members),
                     supersedes=job.supersedes, slow=job.slow.policy, elastic=job.elastic)
     new.nproc, new.restart_all, new.goodput = resize.nproc, job.restart_all, job.goodput
+    if job.elastic is not None:
+        new.goodput.resized(len(resize.members) / job.elastic.max_nodes, now)
     new.rebuild_reason, new.min_hello_term = resize.reason, resize.term
     new.ladder.recoveries.extend(job.ladder.recoveries)
     new.resizes = (*job.resizes, resize)

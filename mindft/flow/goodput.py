@@ -8,7 +8,8 @@ The controller's clock runs from its start. While the job is
 - ``NORMAL``: training, of which the share the snapshots cost the step (the job's measured
   cadence cost) is **snapshots**; the steps that only redo what a recovery rolled back (up to the
   step the slowest rank had reached when the fault came) are **replayed**; the rest is
-  **productive**;
+  **productive**, but for the share of it an elastic job lost by running fewer nodes than its
+  MAX (:mod:`mindft.flow.elastic`), which is **smaller world**;
 - ``PAUSING``, ``REPAIRING``, ``ROLLBACK``, ``RESUMING``: that phase of a recovery (**pause**,
   **repair** — waiting for a device, a process, a node —, **rollback**, **resume**);
 - ``DONE`` or ``FAILED``: the clock stops.
@@ -22,10 +23,10 @@ from dataclasses import dataclass, field
 
 from mindft.protocol import JobState
 
-PRODUCTIVE, STARTUP, SNAPSHOTS, REPLAYED = "productive", "start-up", "snapshots", "replayed"
+PRODUCTIVE, STARTUP, SNAPSHOTS, REPLAYED, SMALLER = "productive", "start-up", "snapshots", "replayed", "smaller world"
 _PHASES = {JobState.PAUSING: "pause", JobState.REPAIRING: "repair", JobState.ROLLBACK: "rollback",
            JobState.RESUMING: "resume"}
-BADPUT = (STARTUP, SNAPSHOTS, *_PHASES.values(), REPLAYED)  # in the order a job meets them
+BADPUT = (STARTUP, SNAPSHOTS, *_PHASES.values(), REPLAYED, SMALLER)  # in the order a job meets them
 
 
 @dataclass
@@ -39,6 +40,7 @@ class Goodput:
     _reached: int = 0  # the step the slowest rank had reached before the last rollback
     _slowest: int = 0
     _cost: float = 0.0  # the snapshots' share of a step while training
+    capacity: float = 1.0  # the share of its MAX nodes an elastic job trains on
 
     def __post_init__(self) -> None:
         self._since = self.started
@@ -54,6 +56,11 @@ class Goodput:
         """Every rank has finished ``slowest``; snapshots cost ``cost`` of a step now (0.01: 1%)."""
         self._count(now)
         self._slowest, self._cost = slowest, max(0.0, min(cost, 1.0))
+
+    def resized(self, capacity: float, now: float) -> None:
+        """An elastic job trains on ``capacity`` of its MAX nodes from now on."""
+        self._count(now)
+        self.capacity = max(0.0, min(capacity, 1.0))
 
     def at(self, now: float) -> dict[str, float]:
         """Every bucket's seconds up to ``now``, productive first."""
@@ -76,7 +83,8 @@ class Goodput:
                 self.seconds[REPLAYED] += span
             else:
                 self.seconds[SNAPSHOTS] += span * self._cost
-                self.seconds[PRODUCTIVE] += span * (1.0 - self._cost)
+                self.seconds[SMALLER] += span * (1.0 - self._cost) * (1.0 - self.capacity)
+                self.seconds[PRODUCTIVE] += span * (1.0 - self._cost) * self.capacity
         else:
             self.seconds[_PHASES[self.state]] += span
 

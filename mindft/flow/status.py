@@ -36,4 +36,7 @@ def job_status(job: Any, now: float, request_id: int = 0) -> StatusReply:
                        spares=len(job.spares.live_spares(now)), standing_by=job.standing_by,
                        wall_seconds=round(sum(seconds.values()), 3),
                        productive_seconds=round(seconds[PRODUCTIVE], 3), badput=BADPUT,
-                       badput_seconds=tuple(round(seconds[name], 3) for name in BADPUT))
+                       badput_seconds=tuple(round(seconds[name], 3) for name in BADPUT),
+                       world_size=job.ranks.world_size, nodes=job.ranks.world_size // job.nproc if job.nproc else 0,
+                       min_nodes=job.elastic.min_nodes if job.elastic else 0,
+                       max_nodes=job.elastic.max_nodes if job.elastic else 0, resizes=len(job.resizes))

@@ -109,6 +109,12 @@ def _status_families(status: Optional[StatusReply] = None) -> Iterator[Metric]:
     work = GaugeMetricFamily("mindft_rank_work_ratio", "A rank's own work per step (up to its collectives) over its "
                                                        "peers' median in the newest window; absent until measured.",
                              labels=["rank"])
+    nodes = GaugeMetricFamily("mindft_world_nodes", "Nodes in the job's world now (an elastic job's changes "
+                                                    "with its losses and returns).")
+    world = GaugeMetricFamily("mindft_world_size", "Ranks in the job's world now.")
+    limits = GaugeMetricFamily("mindft_world_nodes_limit", "An elastic job's MIN and MAX nodes (--nnodes MIN:MAX); "
+                                                           "absent for a job that is not elastic.", labels=["limit"])
+    resizes = CounterMetricFamily("mindft_world_resizes", "Changes of the job's world size so far.")
     goodput = GaugeMetricFamily("mindft_goodput_ratio", "The productive share of the job's wall time so far "
                                                         "(effective training time).")
     spent = CounterMetricFamily("mindft_job_seconds", "The job's wall time so far by where it went: productive "
@@ -142,7 +148,15 @@ def _status_families(status: Optional[StatusReply] = None) -> Iterator[Metric]:
         if status.overhead_budget > 0:
             budget.add_metric([], status.overhead_budget)
         over.add_metric([], 1.0 if status.over_budget else 0.0)
-    yield from (state, step, step_seconds, ranks, every, overhead, budget, over, lag, lost, slow, work, goodput, spent)
+        world.add_metric([], status.world_size)
+        if status.nodes:
+            nodes.add_metric([], status.nodes)
+        if status.max_nodes:
+            limits.add_metric(["min"], status.min_nodes)
+            limits.add_metric(["max"], status.max_nodes)
+        resizes.add_metric([], status.resizes)
+    yield from (state, step, step_seconds, ranks, every, overhead, budget, over, lag, lost, slow, work, goodput, spent,
+                world, nodes, limits, resizes)
 
 
 class JobMetrics:

@@ -39,6 +39,8 @@ def status_document(status: StatusReply, past: Iterable[list[str]]) -> dict[str,
                 "overhead_budget": status.overhead_budget, "over_budget": status.over_budget,
                 "term": status.term, "standing_by": status.standing_by, "standbys": list(status.standbys),
                 "spares": status.spares, "wall_seconds": status.wall_seconds,
+                "world": {"ranks": status.world_size, "nodes": status.nodes, "min_nodes": status.min_nodes,
+                          "max_nodes": status.max_nodes, "resizes": status.resizes},
                 "productive_seconds": status.productive_seconds,
                 "badput_seconds": dict(zip(status.badput, status.badput_seconds))},
         "recovery": ({"state": status.state.value, "waiting_for": status.waiting,
@@ -112,6 +114,7 @@ pre { background: #fff; border: 1px solid #e1e4e8; padding: .6em; overflow-x: au
 <h1>mindft job <span id="state" class="state">…</span></h1>
 <div id="job" class="muted">waiting for the controller…</div>
 <div id="goodput" class="muted"></div>
+<div id="world" class="muted"></div>
 <div id="controller" class="muted"></div>
 <div id="error"></div>
 <h2>Recovery in progress</h2><div id="recovery" class="muted">none</div>
@@ -136,6 +139,8 @@ function draw(doc) {
   text("goodput", job.wall_seconds > 0 ? `goodput ${(100 * job.productive_seconds / job.wall_seconds).toFixed(1)}% ` +
        `of ${job.wall_seconds.toFixed(1)} s; the rest: ` + (Object.entries(job.badput_seconds)
        .filter(([, s]) => s >= 0.05).map(([name, s]) => `${name} ${s.toFixed(1)} s`).join(", ") || "none") : "");
+  text("world", `${job.world.ranks} rank(s) on ${job.world.nodes} node(s)` + (job.world.max_nodes ?
+       ` · elastic ${job.world.min_nodes}:${job.world.max_nodes}, ${job.world.resizes} resize(s)` : ""));
   text("controller", `term ${job.term}` + (job.standing_by ? " (a standby, not in command yet)" : "") +
        ` · standbys: ${job.standbys.map(s => s || "(not heard yet)").join(", ") || "none"}` +
        ` · warm spares waiting: ${job.spares}`);

@@ -326,6 +326,11 @@ class StatusReply:
     productive_seconds: float = 0.0  # of which productive training
     badput: tuple[str, ...] = ()  # the rest, by bucket: names ...
     badput_seconds: tuple[float, ...] = ()  # ... and seconds, pairwise
+    world_size: int = 0  # ranks in the job's world now
+    nodes: int = 0  # nodes in the job's world now (0: not known yet)
+    min_nodes: int = 0  # an elastic job's MIN:MAX nodes (0: not elastic)
+    max_nodes: int = 0
+    resizes: int = 0  # the job's changes of world size so far (mindft.flow.elastic)
 
 
 @dataclass(frozen=True)

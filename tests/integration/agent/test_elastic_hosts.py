@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -98,6 +99,10 @@ def test_node_2_lost_for_good_the_job_goes_on_with_two_nodes_every_sample_once_a
     restored = [re.search(r"every rank restored step (\d+)", e.record.reason) for e in events
                 if isinstance(e.record, JobMoved) and e.at > resized[0].at]
     rollback = int(next(found for found in restored if found)[1])
+    told = subprocess.run([sys.executable, "-m", "mindft.cli.main", "events", "--job", str(tmp_path / "run-node0")],
+                          capture_output=True, text=True, timeout=60, env=environment(tmp_path))
+    assert told.returncode == 0 and "world resized to 2 rank(s) (term 1" in told.stdout, told.stdout + told.stderr
+    assert "world resized to 2 rank(s) without node 2" in told.stdout  # in the recovery's timeline
     steps = trained(records)
     assert {world for step, (world, _) in steps.items() if step <= rollback} == {3}
     assert {world for step, (world, _) in steps.items() if step > rollback} == {2}

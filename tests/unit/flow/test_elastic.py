@@ -148,3 +148,27 @@ def test_a_standby_in_command_leaves_a_node_no_agent_speaks_for_behind() -> None
     new.handle(LOCAL, AgentHello(0, (0,), pids=(0,), incarnations=(0,), newest=(7,), term=2), 6.0)
     out = new.handle(NODE2, AgentHello(1, (1,), pids=(0,), incarnations=(0,), newest=(7,), term=2), 6.0)
     assert sorted((s.rank, s.agent) for s in out if isinstance(s, StartRank)) == [(0, LOCAL), (1, NODE2)]
+
+
+def test_the_world_its_range_and_its_resizes_are_shown_by_status_metrics_and_the_event_log() -> None:
+    from prometheus_client import generate_latest
+
+    from mindft.observe.events import Event, WorldResized
+    from mindft.observe.metrics import JobMetrics
+    from mindft.observe.timeline import describe
+
+    d = elastic_job()
+    assert (d.job.status(d.now).nodes, d.job.status(d.now).max_nodes, d.job.status(d.now).resizes) == (3, 3, 0)
+    lose_node_2(d, 14)
+    (resize,) = [e for e in d.effects if isinstance(e, Resize)]
+    status = successor(d.job, d.now).status(d.now)
+    assert (status.world_size, status.nodes, status.min_nodes, status.max_nodes, status.resizes) == (2, 2, 2, 3, 1)
+    metrics = JobMetrics()
+    metrics.watch(lambda timeout=5.0: status)
+    text = generate_latest(metrics.registry).decode()
+    for line in ("mindft_world_size 2.0", "mindft_world_nodes 2.0", 'mindft_world_nodes_limit{limit="min"} 2.0',
+                 'mindft_world_nodes_limit{limit="max"} 3.0', "mindft_world_resizes_total 1.0"):
+        assert line in text, text
+    record = WorldResized(list(resize.members), list(resize.lost), resize.world_size, resize.term, 4, resize.reason)
+    said = describe(Event(0.0, "controller", record))
+    assert said.startswith("world resized to 2 rank(s) (term 1, at step 4): node 2 lost for good")

@@ -29,7 +29,8 @@ def test_each_state_counts_in_its_bucket_and_the_buckets_sum_to_the_wall_time() 
     seconds = goodput.at(200.0)  # the clock stopped with the job
     # Training: 1 s before any cost was known, then 13 s of which snapshots took 10%; 4 s replayed.
     assert seconds == pytest.approx({PRODUCTIVE: 1.0 + 0.9 * 13, "start-up": 5.0, "snapshots": 0.1 * 13,
-                                     "pause": 0.5, "repair": 3.0, "rollback": 0.25, "resume": 0.25, "replayed": 4.0})
+                                     "pause": 0.5, "repair": 3.0, "rollback": 0.25, "resume": 0.25, "replayed": 4.0,
+                                     "smaller world": 0.0})
     assert sum(seconds.values()) == pytest.approx(27.0) and list(seconds) == [PRODUCTIVE, *BADPUT]
     assert ratio(seconds) == pytest.approx(12.7 / 27.0)
 
@@ -59,3 +60,14 @@ def test_a_job_still_starting_is_all_start_up() -> None:
     d.send(0, Register(0, 0, 10))
     status = d.job.status(3.0)
     assert status.productive_seconds == 0 and dict(zip(status.badput, status.badput_seconds))["start-up"] == 3.0
+
+
+def test_an_elastic_job_on_fewer_nodes_counts_the_capacity_it_lost_as_a_smaller_world() -> None:
+    goodput = Goodput(started=0.0)
+    goodput.moved(S.NORMAL, 0, 0.0)
+    goodput.progress(1, 0.0, 10.0)  # 10 s on every node
+    goodput.resized(2 / 3, 10.0)  # one node of three left behind
+    goodput.progress(4, 0.0, 40.0)
+    seconds = goodput.at(40.0)
+    assert seconds[PRODUCTIVE] == pytest.approx(10.0 + 20.0) and seconds["smaller world"] == pytest.approx(10.0)
+    assert sum(seconds.values()) == pytest.approx(40.0)
