@@ -47,7 +47,7 @@ def take_over_lost_node(spec: LaunchSpec, keys: Any, client: Client, replicating
         return None  # node 0 is not up yet: the job is starting
     rows = {row.rank: row for row in status.ranks}
     local = list(spec.local_ranks)
-    if not NodePolicy.replaces_lost_node(status.state, rows, local):
+    if not NodePolicy.replaces_lost_node(status.state, rows, local, spec.node_rank, status.nodes):
         return None
     say(f"the job already runs ({status.state}, every rank finished step {status.step}): this node replaces "
         f"node {spec.node_rank}, lost with rank(s) {local} and their snapshots")

@@ -432,9 +432,13 @@ class NodePolicy:
         return self.reports and not self.runs_controller
 
     @staticmethod
-    def replaces_lost_node(state: JobState, known_ranks: Iterable[int], local_ranks: Iterable[int]) -> bool:
-        """An agent that starts while the job already runs with its ranks replaces a lost node."""
-        return state not in (JobState.STARTING, *_TERMINAL) and bool(set(known_ranks) & set(local_ranks))
+    def replaces_lost_node(state: JobState, known_ranks: Iterable[int], local_ranks: Iterable[int],
+                           node: int = 0, nodes: int = 0) -> bool:
+        """An agent that starts while the job already runs with its ranks replaces a lost node; so does,
+        as far as it can tell, one for a node beyond the job's world of ``nodes`` (an elastic job that
+        went on without it): the job answers whether it has the node (:mod:`mindft.flow.elastic`)."""
+        beyond = 0 < nodes <= node
+        return state not in (JobState.STARTING, *_TERMINAL) and (beyond or bool(set(known_ranks) & set(local_ranks)))
 
     def rejoin(self, incarnations: dict[int, int]) -> list[AgentEffect]:
         """After reporting the lost node (:meth:`replaces_lost_node`): start its ranks as new

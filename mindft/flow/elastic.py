@@ -64,6 +64,24 @@ def shrink_reason(nnodes: int, members: Sequence[int], lost: Sequence[int], wait
             f"with {len(members)} of {nnodes} nodes (MIN {min_nodes})" + (f", renumbered {stay}" if stay else ""))
 
 
+def left_behind(job: Any, peer: bytes, node: int, now: float) -> str:
+    """Why the agent at ``peer``, speaking for ``node``, has no node in the job's world ("": it has
+    one): a node beyond the world (one the job left behind, its launcher started again), or, once
+    the job was resized, a number another live agent holds now (the nodes were renumbered). It is
+    answered :class:`~mindft.protocol.Replaced` and waits as a spare."""
+    if job.elastic is None or node < 0 or not job.nproc:
+        return ""
+    nnodes = job.ranks.world_size // job.nproc
+    if node >= nnodes:
+        return (f"the job runs on {nnodes} node(s) now (elastic {job.elastic.min_nodes}:{job.elastic.max_nodes}): "
+                f"node {node} was left behind; this agent waits as a spare")
+    seen = job.spares.nodes.get(node)
+    if job.resizes and seen is not None and seen.peer != peer and now - seen.last_seen <= job.spares.silent_after:
+        return (f"node {node} is another agent's since the job was resized (term {job.term}); this agent waits "
+                f"as a spare")
+    return ""
+
+
 def shrink_when_lost(job: Any, now: float) -> None:
     """While ``job`` (a :class:`~mindft.flow.job.Job`, which calls this) trains or recovers: the nodes lost for good (``shrink_after`` past their loss,
     :mod:`mindft.flow.spares`) are left behind when at least MIN nodes stay (:class:`Resize`, after the

@@ -164,9 +164,10 @@ class Job:
             self.emit(Send(peer, Reply(not detail, detail, message.request_id)))
         elif kind is NodeLost:
             given = self.spares.refuses(message)
-            if given is not None:
-                self.emit(Send(peer, Replaced(message.node, given_away(given.node, given.number, given.reason),
-                                              message.request_id)))
+            behind = "" if given is not None else elastic.left_behind(self, peer, message.node, now)
+            if given is not None or behind:
+                self.emit(Send(peer, Replaced(message.node, behind or given_away(given.node, given.number,
+                                                                                given.reason), message.request_id)))
             else:
                 ok, detail = lost.node_lost(self.ladder, message, now)
                 self.emit(Send(peer, Reply(ok, detail, message.request_id)))
@@ -355,9 +356,11 @@ class Job:
         view and, again, any order still pending for its ranks (one may have been lost with its
         previous connection). While STARTING, what it says it runs and holds may show that the
         job was under way before this controller (:mod:`mindft.flow.rejoin`)."""
-        given = self.spares.hello(peer, message.node, message.ranks, message.spare, now, message.address)
-        if given is not None:
-            self.emit(Send(peer, Replaced(message.node, given_away(given.node, given.number, given.reason))))
+        behind = "" if message.spare else elastic.left_behind(self, peer, message.node, now)
+        given = None if behind else self.spares.hello(peer, message.node, message.ranks, message.spare, now,
+                                                      message.address)
+        if given is not None or behind:
+            self.emit(Send(peer, Replaced(message.node, behind or given_away(given.node, given.number, given.reason))))
             return
         if message.term < self.min_hello_term and not message.spare:
             return  # said before its agent learnt of the resize: it says hello again as its new node

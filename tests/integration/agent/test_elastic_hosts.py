@@ -25,7 +25,7 @@ from mindft.rank.data import GlobalBatches
 pytestmark = [pytest.mark.slow, pytest.mark.mindspore, pytest.mark.timeout(900)]
 
 SCRIPT = ROOT / "examples" / "train_elastic.py"
-STEPS, GLOBAL_BATCH, SAMPLES, SEED = 48, 12, 120, 1  # the script's defaults: 4.8 epochs
+STEPS, GLOBAL_BATCH, SAMPLES, SEED = 96, 12, 120, 1  # 9.6 epochs; the script's other defaults
 JOB_ARGS = ("--steps", str(STEPS), "--step-seconds", "0.15")
 
 
@@ -87,11 +87,17 @@ def test_node_2_lost_for_good_the_job_goes_on_with_two_nodes_every_sample_once_a
                    script=SCRIPT, job_args=JOB_ARGS, MINDFT_SHRINK_AFTER="3")
     job.start_training()
     lost_at = job.lose("node2", 2)
-    codes = {name: job.wait(name) for name in ("node0", "node1")}
+    while "world resized" not in job.output("node0") and "the job of 2 rank(s) is rebuilt" not in job.output("node0"):
+        assert time.monotonic() - lost_at < 120, job.outputs()
+        time.sleep(0.2)
+    job.start("node2-again", 2)  # node 2's launcher back after the job went on without it
+    codes = {name: job.wait(name) for name in ("node0", "node1", "node2-again")}
     took = time.monotonic() - lost_at
-    assert codes == {"node0": 0, "node1": 0}, job.outputs()
-    node0 = job.output("node0")
+    assert codes == {"node0": 0, "node1": 0, "node2-again": 0}, job.outputs()
+    node0, again = job.output("node0"), job.output("node2-again")
     assert "node 2 lost for good" in node0 and "the job goes on with 2 of 3 nodes (MIN 2)" in node0, node0[-4000:]
+    assert "node 2 was left behind; this agent waits as a spare" in again, again[-4000:]
+    assert "the job is done: this spare was not needed" in again, again[-4000:]
     events = read(tmp_path / "run-node0")
     resized = [e for e in events if isinstance(e.record, WorldResized)]
     assert [(e.record.members, e.record.lost, e.record.world_size, e.record.term) for e in resized] == \

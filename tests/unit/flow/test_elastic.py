@@ -172,3 +172,21 @@ def test_the_world_its_range_and_its_resizes_are_shown_by_status_metrics_and_the
     record = WorldResized(list(resize.members), list(resize.lost), resize.world_size, resize.term, 4, resize.reason)
     said = describe(Event(0.0, "controller", record))
     assert said.startswith("world resized to 2 rank(s) (term 1, at step 4): node 2 lost for good")
+
+
+def test_a_launcher_for_a_node_the_job_left_behind_or_renumbered_waits_as_a_spare() -> None:
+    from mindft.protocol import NodeLost, Replaced
+
+    d = elastic_job(ElasticRange(2, 3, 5.0))
+    lose_node_2(d, 14)
+    job = successor(d.job, d.now)
+    job.handle(LOCAL, AgentHello(0, (0,), pids=(0,), newest=(4,), term=1), d.now)
+    job.handle(NODE1, AgentHello(1, (1,), pids=(0,), newest=(4,), term=1), d.now)
+    # Node 2's launcher, started again: the world has two nodes now.
+    out = job.handle(b"agent/2/99", AgentHello(2, (2,), term=1), d.now)
+    assert isinstance(out[-1].message, Replaced) and "node 2 was left behind" in out[-1].message.reason
+    # After a shrink that renumbered (node 0 lost: node 1 is node 0 now), a launcher of the old node 1 that
+    # thinks it replaces a lost node 1 is told that number is another agent's.
+    out = job.handle(b"agent/1/98", NodeLost(1, (1,), (4,), (0,), "a new agent"), d.now)
+    assert isinstance(out[-1].message, Replaced) and "node 1 is another agent's" in out[-1].message.reason
+    assert job.spares.nodes[1].peer == NODE1 and job.agents[1] == NODE1  # the live agent keeps its node
