@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import signal
+import time
 from typing import Any, Optional
 
 from mindft.agent.links import ControllerHost, ControllerLink
@@ -27,8 +28,11 @@ from mindft.net.channel import Client, endpoint_host
 from mindft.observe.events import ControllerFollowed, EventLog
 from mindft.flow.elastic import new_node
 from mindft.protocol import AdoptNode, Replaced, WorldResize
+from mindft.snapshot.store import newest_step
 
 log = logging.getLogger(__name__)
+
+GROW_HOLD_WAIT = 10.0  # s: for this node's memory to hold a growth's boundary step before its ranks stop
 
 
 class RoleChanges:
@@ -198,6 +202,11 @@ class RoleChanges:
         self.term = max(self.term, order.term)
         if self.failover is not None:
             self.failover.term, self.failover.moved = max(self.failover.term, order.term), 0
+        if order.join >= 0:
+            self._join(order)
+            return
+        if order.step >= 0:
+            self._hold_step(order.step)
         running = self.workers.running()
         if running:
             self.workers.kill_worker(running, signal.SIGKILL, self.spec.grace_period)
@@ -208,7 +217,7 @@ class RoleChanges:
             self._become_spare("")
             return
         old = self.spec
-        spec = dataclasses.replace(old, nproc=order.nproc, nnodes=len(order.members), node_rank=node,
+        spec = dataclasses.replace(old, nproc=order.nproc, nnodes=order.nodes or len(order.members), node_rank=node,
                                    controller_node=new_node(order.members, old.controller_node))
         if spec.state_dir is not None:
             moves = list(zip(old.local_ranks, spec.local_ranks))
@@ -228,6 +237,34 @@ class RoleChanges:
             self.node_metrics.node, self.node_metrics.replication = str(node), self.replication
         self._carry_out(self.policy.resize(spec.local_ranks, f"node {old.node_rank} is node {node} of "
                                                                f"{spec.nnodes} now: {order.reason}"))
+        self.write_job_file()
+
+    def _hold_step(self, step: int) -> None:
+        """A growth's snapshot boundary: wait (a few seconds at most) until this node's memory holds
+        ``step`` of every local rank, so that stopping the ranks loses no step they trained."""
+        deadline = time.monotonic() + GROW_HOLD_WAIT
+        dirs = [self.spec.state_dir / f"rank{rank}" for rank in self.spec.local_ranks] if self.spec.state_dir else []
+        while any(newest_step(d) < step for d in dirs) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def _join(self, order: WorldResize) -> None:
+        """The job grows by this spare (:mod:`mindft.flow.elastic`): it becomes node ``order.join`` of
+        ``order.nodes``; its ranks start with every worker, each from a data-parallel peer's state the
+        controller names."""
+        if not self.policy.spare:
+            log.warning("the controller made node %d of this agent, which runs node %d: ignored", order.join,
+                        self.spec.node_rank)
+            return
+        spec = dataclasses.replace(self.spec, node_rank=order.join, nnodes=order.nodes, nproc=order.nproc, spare=False)
+        self.replication = start_replication(spec, self.keys)
+        if self.replication is not None:
+            spec = dataclasses.replace(spec, replica_endpoint=self.replication.endpoint)
+        self.spec = spec
+        self.workers.assign(spec)
+        if self.node_metrics is not None:
+            self.node_metrics.node, self.node_metrics.replication = str(order.join), self.replication
+        self._carry_out(self.policy.resize(spec.local_ranks, f"this spare becomes node {order.join} of "
+                                                             f"{order.nodes}: {order.reason}"))
         self.write_job_file()
 
     def _become_spare(self, controller: str) -> None:

@@ -120,7 +120,8 @@ class NodeAgent(RoleChanges):
                 if effect.renew_cluster:
                     self._renew_cluster()
                 if effect.restore_from:
-                    restore_replica(self.spec, self.keys, effect.rank, effect.restore_from, self._say)
+                    restore_replica(self.spec, self.keys, effect.rank, effect.restore_from, self._say,
+                                    effect.restore_rank)
                 self.console.line("mindft-launch", effect.reason)
                 self.policy.started(effect.rank, self.workers.start(effect.rank, effect.restarts))
                 self.write_job_file()

@@ -87,19 +87,22 @@ def restore_replicas(spec: LaunchSpec, keys: Any, endpoints: Mapping[int, str], 
     return {rank: restore_replica(spec, keys, rank, keeper, say) for rank in spec.local_ranks}
 
 
-def restore_replica(spec: LaunchSpec, keys: Any, rank: int, keeper: str, say: Callable[[str], None]) -> int:
-    """Fetch ``rank``'s replica from the keeper at ``keeper`` into this node's memory; the step
-    restored (-1: none, said why; the rank then starts from what its memory holds)."""
+def restore_replica(spec: LaunchSpec, keys: Any, rank: int, keeper: str, say: Callable[[str], None],
+                    source: int = -1) -> int:
+    """Fetch ``rank``'s replica from the keeper at ``keeper`` into this node's memory (``source``: the
+    rank whose state the keeper serves instead, a data-parallel peer's); the step restored (-1: none,
+    said why; the rank then starts from what its memory holds)."""
     from mindft.replica import fetch_replica
     from mindft.snapshot.store import SnapshotError, SnapshotStore
 
     assert spec.state_dir is not None, "replicas are restored into the node agent's memory"
     try:
-        snapshot = fetch_replica(keeper, rank, keys, REPLICA_FETCH_TIMEOUT)
+        snapshot = fetch_replica(keeper, rank if source < 0 else source, keys, REPLICA_FETCH_TIMEOUT)
         with SnapshotStore(home=spec.state_dir / f"rank{rank}") as store:
             store.adopt(snapshot)
     except SnapshotError as error:
         say(f"rank {rank}: no replica restored from the keeper at {keeper}: {error}")
         return -1
-    say(f"restored rank {rank}'s replica of step {snapshot.step} from the keeper at {keeper} into this node's memory")
+    whose = f"rank {rank}'s replica" if source < 0 else f"a copy of rank {source}'s state for rank {rank}"
+    say(f"restored {whose} of step {snapshot.step} from the keeper at {keeper} into this node's memory")
     return snapshot.step

@@ -95,6 +95,7 @@ class Worker:
     stop_ordered: bool = False      # killed on the controller's order, to wait for its START
     start_ordered: Optional[str] = None  # a START that came while its process was still leaving: the reason
     restore_from: str = ""          # the keeper the START said to restore its replica from first
+    restore_rank: int = -1          # whose state it serves, when not the rank's own
 
     @property
     def final(self) -> bool:
@@ -290,7 +291,8 @@ class NodePolicy:
                     KillWorker(order.rank, worker.pid, order.reason)]
         if self.interrupted:
             return []
-        worker.restore_from = order.restore_from or worker.restore_from
+        if order.restore_from:
+            worker.restore_from, worker.restore_rank = order.restore_from, order.restore_rank
         if worker.pid is not None:
             if order.pid and order.pid == worker.pid:
                 # The process the controller saw leave has not exited here yet (the rank said
@@ -316,10 +318,11 @@ class NodePolicy:
         renew = not self.running() and (self.scheduler_lost or (self.restart_all and not self.cluster_intact))
         if renew:
             self.cluster_intact, self.scheduler_lost = True, False
-        restore_from, worker.restore_from = worker.restore_from, ""
+        restore_from, restore_rank, worker.restore_from, worker.restore_rank = (worker.restore_from,
+                                                                                worker.restore_rank, "", -1)
         return [StartWorker(worker.rank, worker.restarts, f"controller: {reason}: starting rank {worker.rank} "
                                                           f"(restart {worker.restarts})", renew_cluster=renew,
-                            restore_from=restore_from)]
+                            restore_from=restore_from, restore_rank=restore_rank)]
 
     def on_scheduler_exit(self, pid: int, code: int, why: str, log_path: str, formed: bool) -> list[AgentEffect]:
         """MindSpore's scheduler (``pid``) exited with ``code``; ``why`` is the last error line of
@@ -396,9 +399,10 @@ class NodePolicy:
         controller's order, in a new MindSpore cluster (its scheduler is renewed before the first)."""
         before = list(self.workers.values())
         self.ranks = tuple(ranks)
-        self.workers = {rank: Worker(rank, WorkerPhase.AWAITING_START, restarts=old.restarts,
-                                     restarts_used=old.restarts_used) for rank, old in zip(self.ranks, before)}
-        self.cluster_intact, self.scheduler_lost = False, True
+        self.workers = {rank: Worker(rank, WorkerPhase.AWAITING_START) for rank in self.ranks}
+        for worker, old in zip(self.workers.values(), before):  # a spare that joins has none before
+            worker.restarts, worker.restarts_used = old.restarts, old.restarts_used
+        self.cluster_intact, self.scheduler_lost, self.spare = False, True, False
         self._hello_at = None
         renamed = ", ".join(f"{old.rank}→{rank}" for old, rank in zip(before, self.ranks) if old.rank != rank)
         return [Say(f"controller: {why}; this node's ranks {list(self.ranks)}"

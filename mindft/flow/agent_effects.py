@@ -20,6 +20,7 @@ class StartWorker:
     reason: str
     renew_cluster: bool = False
     restore_from: str = ""
+    restore_rank: int = -1  # whose state the keeper serves, when not the rank's own
 
 
 @dataclass(frozen=True)

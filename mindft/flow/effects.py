@@ -63,10 +63,12 @@ class StartRank:
     agent: Optional[Peer] = None
     pid: int = 0
     restore_from: str = ""
+    restore_rank: int = -1  # whose state restore_from serves, when not the rank's own (an elastic job's growth)
 
     def order(self) -> RankOrder:
         """The order as it travels to the agent."""
-        return RankOrder(self.rank, OrderKind.START, self.reason, pid=self.pid, restore_from=self.restore_from)
+        return RankOrder(self.rank, OrderKind.START, self.reason, pid=self.pid, restore_from=self.restore_from,
+                         restore_rank=self.restore_rank)
 
 
 @dataclass(frozen=True)
@@ -124,10 +126,15 @@ class Resize:
     term: int
     lost: tuple[int, ...]
     reason: str
+    joins: tuple[Peer, ...] = ()  # spares the job grows by: nodes len(members), len(members) + 1, ...
+
+    @property
+    def nnodes(self) -> int:
+        return len(self.members) + len(self.joins)
 
     @property
     def world_size(self) -> int:
-        return len(self.members) * self.nproc
+        return self.nnodes * self.nproc
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,11 @@ nothing changes: the job waits for the node up to ``timeouts.repair`` and ends w
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional, Sequence
 
 from mindft.config import MindftConfig
-from mindft.flow.effects import Broadcast, Resize
+from mindft.flow.effects import Broadcast, Resize, Send
 from mindft.flow.states import JobState
 from mindft.protocol import WorldResize
 
@@ -82,6 +82,38 @@ def left_behind(job: Any, peer: bytes, node: int, now: float) -> str:
     return ""
 
 
+def resize_when_due(job: Any, now: float) -> None:
+    """The job's world changes when a node is lost for good (:func:`shrink_when_lost`) or a spare can
+    take it back towards MAX (:func:`grow_when_spare`)."""
+    shrink_when_lost(job, now)
+    grow_when_spare(job, now)
+
+
+def grow_when_spare(job: Any, now: float) -> None:
+    """While the job trains on fewer than MAX nodes: a live spare joins at the next snapshot boundary
+    (the slowest rank finished a step every rank snapshots: no step trained is lost), once this world
+    trained past the step the previous one had reached (no resize right after another). It becomes the
+    next node; every worker restarts into the larger world, the spare's ranks from a data-parallel
+    peer's state (:meth:`~mindft.flow.rejoin.Survivors.copy`). One spare per resize."""
+    rules, nproc = job.elastic, job.nproc
+    if rules is None or job.resized is not None or job.state is not JobState.NORMAL or not nproc:
+        return
+    nnodes, step = job.ranks.world_size // nproc, job.ranks.slowest
+    spares = job.spares.live_spares(now)
+    if nnodes >= rules.max_nodes or not spares or step <= job.trained_before or \
+            job.tuner.schedule.at_or_before(step) != step:
+        return
+    members = tuple(range(nnodes))
+    reason = (f"a spare joins as node {nnodes}: the job grows to {nnodes + 1} of {rules.max_nodes} nodes (MAX) after "
+              f"step {step}, every rank's snapshot")
+    resize = Resize(members, nproc, job.term + 1, (), reason, joins=(spares[0],))
+    told = WorldResize(resize.term, members, nproc, reason, nodes=resize.nnodes, step=step)
+    job.emit(Broadcast(tuple(dict.fromkeys(job.agents.values())), told))
+    job.emit(Send(spares[0], replace(told, join=nnodes)))
+    job.emit(resize)
+    job.resized = resize
+
+
 def shrink_when_lost(job: Any, now: float) -> None:
     """While ``job`` (a :class:`~mindft.flow.job.Job`, which calls this) trains or recovers: the nodes lost for good (``shrink_after`` past their loss,
     :mod:`mindft.flow.spares`) are left behind when at least MIN nodes stay (:class:`Resize`, after the
@@ -129,8 +161,10 @@ def successor(job: Any, now: float) -> Any:
                     supersedes=job.supersedes, slow=job.slow.policy, elastic=job.elastic)
     new.nproc, new.restart_all, new.goodput = resize.nproc, job.restart_all, job.goodput
     if job.elastic is not None:
-        new.goodput.resized(len(resize.members) / job.elastic.max_nodes, now)
+        new.goodput.resized(resize.nnodes / job.elastic.max_nodes, now)
     new.rebuild_reason, new.min_hello_term = resize.reason, resize.term
+    new.survivors.joining = len(resize.members) * resize.nproc
+    new.trained_before = job.ranks.slowest
     new.ladder.recoveries.extend(job.ladder.recoveries)
     new.resizes = (*job.resizes, resize)
     return new

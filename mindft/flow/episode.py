@@ -45,6 +45,7 @@ class Fault:
     # (its replica's, restored on the new node; empty: none). None: its node was not lost.
     replica: Optional[tuple[int, ...]] = None
     restore_from: str = ""  # the keeper its new process's agent restores its replica from first ("": none)
+    restore_rank: int = -1  # whose state that keeper serves, when not this rank's own (an elastic job's growth)
 
     def describe(self, rank: int) -> str:
         what = f"NODE LOST (node {self.node})" if self.node >= 0 else self.kind.name

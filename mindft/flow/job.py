@@ -107,6 +107,7 @@ class Job:
         self.elastic, self.resized = elastic, None  # the resize that ends this job's world (flow.elastic)
         self.rebuild_reason, self.min_hello_term = "", 0  # of a job that rebuilds a resized world
         self.resizes: tuple[Resize, ...] = ()  # every world this job went through before its own
+        self.trained_before = 0  # the step the world before this one had reached
         self.below_min: tuple[int, ...] = ()  # the lost nodes the job could not shrink past (said once)
         self.ladder = Ladder(self, self.ranks, timeouts, self.agents, self.replicas, self.survivors, self.tuner)
 
@@ -243,7 +244,7 @@ class Job:
                 for adoption in self.spares.adopt(self.state, now, heard, self.timeouts.repair):
                     self.emit(GiveNode(adoption.node, adoption.peer, adoption.number, adoption.reason))
             if self.elastic is not None:
-                elastic.shrink_when_lost(self, now)
+                elastic.resize_when_due(self, now)
         if self.resized is None and self.state is _S.NORMAL:
             for change in self.slow.due(now):
                 self._slow_changed(change)

@@ -328,7 +328,7 @@ class Ladder:
         elif fault.left_at >= 0 and fault.exited and not fault.device_pending and not fault.start_ordered:
             fault.start_ordered = True
             self.job.emit(StartRank(rank, "its device was reset and is back", self.agents.get(rank), self._pid(rank),
-                                    fault.restore_from))
+                                    fault.restore_from, fault.restore_rank))
 
     def _start_every_worker_if_ready(self) -> None:
         """Start every stopped worker together once every one exited and every device is back."""
@@ -341,7 +341,8 @@ class Ladder:
                 self.job.emit(StartRank(number, "every worker restarts from the node agents' memory"
                                         + (f" (this one from its replica at {waiting.restore_from})"
                                            if waiting.restore_from else ""),
-                                        self.agents.get(number), self._pid(number), waiting.restore_from))
+                                        self.agents.get(number), self._pid(number), waiting.restore_from,
+                                        waiting.restore_rank))
 
     def _pid(self, rank: int) -> int:
         record = self.ranks.get(rank)
@@ -360,7 +361,8 @@ class Ladder:
                                    restart=False, agent=agent))
         elif order is OrderKind.START:
             self.job.emit(StartRank(rank, "still to be started for the recovery", agent,
-                                    record.pid if record is not None else 0, fault.restore_from))
+                                    record.pid if record is not None else 0, fault.restore_from,
+                                    fault.restore_rank))
 
     def remember_endpoints(self) -> None:
         """Every rank registered: the replica endpoints of the start barrier, which a ROLLBACK and a

@@ -257,11 +257,18 @@ def rejoin(ladder: Ladder, now: float, why: str = "the controller started again 
             fault.kind, fault.collateral, fault.node = FaultKind.PROCESS_DIED, False, said.node
             fault.replica = (replica.step,) if replica is not None else ()
             fault.restore_from = replica.keeper if replica is not None else ""
-            fault.detail = (f"node {said.node} lost with the controller; "
-                            + (f"its replica of step {replica.step} is on node {replica.node}" if replica
-                               else "no node keeps a replica of it"))
-            log.warning("rank=%d NODE LOST: %s", rank, fault.detail)
+            fault.restore_rank = replica.rank if replica is not None else -1
+            if replica is not None and replica.rank >= 0:  # a node the job grows by: not lost, new
+                fault.detail = (f"node {said.node} joins the job: it starts from rank {replica.rank}'s state of step "
+                                f"{replica.step} on node {replica.node}")
+                log.info("rank=%d %s", rank, fault.detail)
+            else:
+                fault.detail = (f"node {said.node} lost with the controller; "
+                                + (f"its replica of step {replica.step} is on node {replica.node}" if replica
+                                   else "no node keeps a replica of it"))
+                log.warning("rank=%d NODE LOST: %s", rank, fault.detail)
             rec.lost.add(rank)
-    nodes = ", ".join(map(str, sorted({survivors.agents[r].node for r in lost})))
-    why += f" (node {nodes} lost with {rank_list(sorted(lost))})" if lost else ""
+    gone = sorted(r for r, replica in lost.items() if replica is None or replica.rank < 0)
+    nodes = ", ".join(map(str, sorted({survivors.agents[r].node for r in gone})))
+    why += f" (node {nodes} lost with {rank_list(gone)})" if gone else ""
     ladder.restart_every_worker(why, now, Event.REJOIN)

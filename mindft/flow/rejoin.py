@@ -36,6 +36,7 @@ class Replica:
     keeper: str
     step: int
     node: int  # the keeper's
+    rank: int = -1  # whose state it is, when not the rank's own: a data-parallel peer's copy
 
 
 class Survivors:
@@ -46,6 +47,8 @@ class Survivors:
         self.agents: dict[int, AgentSaid] = {}
         self.replicas: dict[int, Replica] = {}
         self.progress: dict[int, int] = {}  # rank → the step it said it got to when it registered (-1: a new process)
+        self.keepers: dict[int, str] = {}  # node → its agent's keeper
+        self.joining = world_size  # the first rank of the nodes an elastic job grows by (none: the world size)
 
     def hello(self, message: AgentHello) -> None:
         """A node agent's hello; one without ``pids`` says nothing yet (its ranks are not started)."""
@@ -56,6 +59,7 @@ class Survivors:
                 self.agents[rank] = AgentSaid(message.node, _at(message.pids, index, 0),
                                               _at(message.incarnations, index, 0), _at(message.newest, index, -1))
         if message.keeper:
+            self.keepers[message.node] = message.keeper
             for rank, step in zip(message.kept, message.kept_steps):
                 held = self.replicas.get(rank)
                 if 0 <= rank < self.world_size and (held is None or step > held.step):
@@ -85,8 +89,19 @@ class Survivors:
     def lost(self) -> dict[int, Optional[Replica]]:
         """The ranks whose state is gone from their node (its agent holds none and their process
         got nowhere: a new node), each with the replica it can start from (None: none kept)."""
-        return {rank: self.replicas.get(rank) for rank, said in sorted(self.agents.items())
-                if said.newest < 0 and self.progress.get(rank, -1) < 0}
+        return {rank: self.replicas.get(rank) or (self.copy() if rank >= self.joining else None)
+                for rank, said in sorted(self.agents.items()) if said.newest < 0 and self.progress.get(rank, -1) < 0}
+
+    def copy(self) -> Optional[Replica]:
+        """For a rank of a node the job grows by: a data-parallel peer's state, served by the keeper of
+        that peer's node: the peer whose memory's newest snapshot is the oldest, which every other rank
+        still holds (ranks in lockstep are at most a step apart, and each keeps two)."""
+        peers = [(said.newest, rank, said.node) for rank, said in self.agents.items()
+                 if rank < self.joining and said.newest >= 0 and said.node in self.keepers]
+        if not peers:
+            return None
+        step, rank, node = min(peers)
+        return Replica(self.keepers[node], step, node, rank)
 
 
 def _at(values: tuple[int, ...], index: int, default: int) -> int:

@@ -479,13 +479,17 @@ class WorldResize:
     """The job goes on with the nodes ``members`` (their present numbers, in their new order: node
     ``members[i]`` is node ``i`` from now on, with ``nproc`` ranks each), commanded in ``term``
     (:mod:`mindft.flow.elastic`). Every node agent of the job stops its ranks, renumbers them and
-    their memory, and says hello again; an agent not among the members waits as a spare."""
+    their memory, and says hello again; an agent not among the members waits as a spare. A spare
+    told ``join`` becomes that node (numbered after the members)."""
 
     KIND: ClassVar[str] = "world_resize"
     term: int
     members: tuple[int, ...]
     nproc: int
     reason: str = ""
+    join: int = -1  # to a spare the job grows by: the node it becomes (its ranks start from a peer's copy)
+    nodes: int = 0  # nodes in the new world (0: the members alone)
+    step: int = -1  # a growth's snapshot boundary: the agents stop their ranks once their memory holds it
 
 
 @dataclass(frozen=True)
@@ -519,7 +523,9 @@ class RankOrder:
     is left alone) or start its process (``pid``: the one that left, perhaps not yet seen
     exiting by the agent). ``restart`` (KILL): start it again at once (a hang) rather than wait
     for a START. ``restore_from`` (START): the keeper endpoint whose replica of the rank the agent
-    puts into its memory first (its node was lost with the controller; "": its memory has it)."""
+    puts into its memory first (its node was lost with the controller; "": its memory has it);
+    ``restore_rank``: the rank whose state that is, when not the rank's own (-1): a node an elastic
+    job grows by takes a copy of a data-parallel peer's state from that peer's agent."""
 
     KIND: ClassVar[str] = "rank_order"
     rank: int
@@ -529,6 +535,7 @@ class RankOrder:
     restart: bool = False
     restore_from: str = ""
     term: int = 0  # the controller's: an order of an older term is refused
+    restore_rank: int = -1
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import zmq
 
 from mindft.net import sockets
 from mindft.net.keys import CurveKeys, start_authenticator
-from mindft.replica.sources import LocalSnapshot, read_shared
+from mindft.replica.sources import LocalSnapshot, own_copy, read_shared
 from mindft.replica.spill import SPILL_DIRECTORY, Spill, in_memory_filesystem
 from mindft.replica.wire import ReplicaHeader, check_frames, decode_json
 from mindft.snapshot.slots import Slot, nbytes
@@ -114,16 +114,19 @@ class Keeper:
     ZAP). Requests: ``begin`` → ``have`` + ``{"owner_rank", "step", "arrays"}`` (the indices not to
     send), ``part``, ``end`` (a streamed push, see :mod:`mindft.replica.wire`) → ``ok`` +
     ``{"owner_rank", "step"}``; ``push`` (header, array frames; one request) → the same; ``fetch``
-    (``{"owner_rank"}``) → ``replica`` + header + frames. Errors answer ``error``.
+    (``{"owner_rank"}``) → ``replica`` + header + frames: the replica held, or for one of this node's
+    own ranks (``own``: rank → its slot directory) a copy of its newest snapshot, from which a node
+    an elastic job grows by starts (data-parallel ranks hold the same state). Errors answer ``error``.
     """
 
     def __init__(self, home: Optional[Path], ip: str, keys: Optional[CurveKeys], port: int = 0,
                  local: Optional[Callable[[], List[LocalSnapshot]]] = None, spill: Optional[Path] = None,
-                 cpu: Optional[ThreadCpu] = None) -> None:
+                 cpu: Optional[ThreadCpu] = None, own: Optional[Callable[[int], Optional[Path]]] = None) -> None:
         self.home = None if home is None else Path(home)
         if self.home is not None:
             self.home.mkdir(parents=True, exist_ok=True)
         self._local = local
+        self._own = own  # this node's own ranks' slot directories: a fetch of one serves a copy of its state
         self._spill = None if spill is None else Path(spill)
         if self._spill is not None and in_memory_filesystem(self._spill):
             log.warning("replica keeper: %s is in memory (tmpfs): a replica moved there while the next arrives "
@@ -415,6 +418,14 @@ class Keeper:
 
     def _fetch(self, owner: int) -> List[Any]:
         """The replica as a push would carry it; shared arrays are read from the local snapshot."""
+        with self._lock:
+            replica = self._held.get(owner)
+        directory = self._own(owner) if replica is None and self._own is not None else None
+        if directory is not None:  # read outside the lock: a push goes on meanwhile
+            copy = own_copy(directory, owner)
+            if copy is None:
+                raise SnapshotError(f"rank {owner} of this node holds no complete snapshot")
+            return [b"replica", copy[0].encode(), *copy[1]]
         with self._lock:
             replica = self._held.get(owner)
             if replica is None:

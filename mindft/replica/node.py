@@ -120,7 +120,7 @@ class NodeReplication:
         self.cpu = cpu  # read by the node's metrics
         self.keeper = Keeper(Path(state_dir) / "replicas", node_ip(master_ip), keys,
                              local=slot_files([Path(state_dir) / f"rank{rank}" for rank in local_ranks]), spill=spill,
-                             cpu=cpu)
+                             cpu=cpu, own=lambda rank: Path(state_dir) / f"rank{rank}" if rank in local_ranks else None)
         self.sender = Sender({rank: Path(state_dir) / f"rank{rank}" for rank in local_ranks}, keys,
                              self._find_keeper, node=node_rank, report=self._send_report, cpu=cpu)
 

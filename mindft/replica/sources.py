@@ -92,6 +92,23 @@ def store_slots(store: SnapshotStore) -> Callable[[], List[LocalSnapshot]]:
     return snapshots
 
 
+def own_copy(directory: Path, owner: int) -> Optional[Tuple[ReplicaHeader, List[bytes]]]:
+    """The newest complete snapshot in a rank's slot files (this node's own rank ``owner``), as a
+    fetched replica carries it; None when there is none that stays intact while it is read."""
+    for manifest in sorted(filter(None, (read_manifest(directory / f"slot{i}.json") for i in (0, 1))),
+                           key=lambda m: m.step, reverse=True):
+        try:
+            with open(manifest.data, "rb") as handle:
+                frames = [os.pread(handle.fileno(), nbytes(dtype, shape), start)
+                          for _, dtype, shape, start in manifest.layout]
+        except OSError:
+            continue
+        if manifest.intact() and all(len(f) == nbytes(d, s) for f, (_, d, s, _) in zip(frames, manifest.layout)):
+            arrays = tuple((name, dtype, shape, manifest.checksums[name]) for name, dtype, shape, _ in manifest.layout)
+            return ReplicaHeader(owner, manifest.step, arrays, manifest.meta, manifest.algorithm), frames
+    return None
+
+
 def read_shared(local: List[LocalSnapshot], header: ReplicaHeader,
                  spec: Tuple[str, str, Tuple[int, ...], int]) -> Optional[bytes]:
     """A shared array's bytes, from the first local snapshot of the replica's step that still holds them."""

@@ -15,6 +15,7 @@ import pytest
 
 from bench_runs import run_bench
 from harness import hosts_or_skip
+from mindft.exitcodes import ExitCode
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -26,6 +27,8 @@ def test_elastic_runs_shrink_wait_and_gasp_on_three_hosts(tmp_path: Path) -> Non
     assert sorted(ways) == ["a", "b", "c"] and all(w["resumed_after_seconds"] > 0 for w in ways.values()), ways
     assert ways["a"]["codes"] == {"node0": 0, "node1": 0} and ways["b"]["codes"] == \
         {"node0": 0, "node1": 0, "node2-again": 0}, ways
+    assert ways["c"]["codes"] == {"node0": ExitCode.DUMPED, "node1": ExitCode.DUMPED, "fresh node0": 0,
+                                  "fresh node1": 0}, ways  # the failed job's dying gasps, the fresh job to its end
     assert ways["a"]["steps_per_second_before"] > 0 and ways["a"]["steps_per_second_after"] > 0, ways["a"]
     assert ways["a"]["resumed_after_seconds"] < ways["c"]["resumed_after_seconds"], ways
     assert "wrote" in out

@@ -190,3 +190,38 @@ def test_a_launcher_for_a_node_the_job_left_behind_or_renumbered_waits_as_a_spar
     out = job.handle(b"agent/1/98", NodeLost(1, (1,), (4,), (0,), "a new agent"), d.now)
     assert isinstance(out[-1].message, Replaced) and "node 1 is another agent's" in out[-1].message.reason
     assert job.spares.nodes[1].peer == NODE1 and job.agents[1] == NODE1  # the live agent keeps its node
+
+
+def test_a_spare_joins_a_job_below_max_at_a_snapshot_boundary_from_a_peers_state() -> None:
+    from mindft.flow import Send
+
+    SPARE = b"agent/-1/30"
+    d = Driver(2)
+    d.job = Job(2, T, 0.0, elastic=ElasticRange(2, 3, 5.0))  # a job that shrank to two of three nodes
+    d.start()
+    d.job.handle(LOCAL, AgentHello(0, (0,)), 0.0)
+    d.job.handle(NODE1, AgentHello(1, (1,)), 0.0)
+    d.steps(4)
+    assert not [e for e in d.at(1.0) if isinstance(e, Resize)]  # no spare: nothing to grow by
+    d.job.handle(SPARE, AgentHello(-1, (), spare=True), 1.5)
+    out = d.at(2.0)
+    (resize,) = [e for e in out if isinstance(e, Resize)]
+    assert (resize.members, resize.joins, resize.nnodes, resize.term) == ((0, 1), (SPARE,), 3, 1)
+    (told,) = [e.message for e in out if isinstance(e, Broadcast) and isinstance(e.message, WorldResize)]
+    (joins,) = [e for e in out if isinstance(e, Send) and isinstance(e.message, WorldResize)]
+    assert (told.nodes, told.step, told.join) == (3, 4, -1)  # the boundary: every rank's snapshot of step 4
+    assert joins.peer == SPARE and joins.message.join == 2
+    new = successor(d.job, 2.0)
+    assert new.ranks.world_size == 3 and new.goodput.capacity == 1.0
+    new.handle(LOCAL, AgentHello(0, (0,), pids=(0,), newest=(4,), keeper="tcp://k0:1", term=1), 2.5)
+    new.handle(NODE1, AgentHello(1, (1,), pids=(0,), newest=(3,), keeper="tcp://k1:1", term=1), 2.5)
+    out = new.handle(SPARE, AgentHello(2, (2,), pids=(0,), newest=(-1,), keeper="tcp://k2:1", term=1), 2.5)
+    starts = {s.rank: s for s in out if isinstance(s, StartRank)}
+    # Its state: a copy of the peer whose newest snapshot is the oldest (step 3, which rank 0 still holds).
+    assert (starts[2].restore_from, starts[2].restore_rank, starts[2].agent) == ("tcp://k1:1", 1, SPARE)
+    assert starts[0].restore_from == "" and starts[0].restore_rank == -1
+    for rank, peer in ((0, b"r0"), (1, b"r1"), (2, b"r2")):
+        out = new.handle(peer, Register(rank, 1, 700 + rank, (3, 4) if rank == 0 else (3,)), 3.0)
+    rollback = [e.message for e in out if isinstance(e, Broadcast) and getattr(e.message, "kind", None)
+                is ActionKind.ROLLBACK]
+    assert new.state is S.ROLLBACK and rollback[0].step == 3

@@ -376,3 +376,25 @@ def test_a_begin_waits_for_the_keepers_own_capture_of_its_step(tmp_path: Path, k
     until(lambda: keeper.held == {0: 5}, "the replica of step 5")
     assert keeper.nbytes == 16 and keeper.shared_bytes == sum(a.nbytes for a in state(5).values())
     assert fetch_replica(keeper.endpoint, 0, keys, 5.0).arrays["position"].tolist() == [0, 320]
+
+
+def test_a_fetch_of_one_of_the_nodes_own_ranks_serves_a_copy_of_its_newest_snapshot(tmp_path: Path, keys,
+                                                                                    parts) -> None:
+    """A node an elastic job grows by starts from a data-parallel peer's state: the peer's keeper
+    serves a copy of its own rank's newest snapshot, meta included, checked as any replica."""
+    own = tmp_path / "node0" / "rank0"
+    keeper = Keeper(tmp_path / "node0" / "replicas", "127.0.0.1", keys,
+                    own=lambda rank: own if rank == 0 else None)
+    store = SnapshotStore(home=own)
+    parts += [keeper, store]
+    with pytest.raises(SnapshotError, match="rank 0 of this node holds no complete snapshot"):
+        fetch_replica(keeper.endpoint, 0, keys, 5.0)
+    for step in (3, 4):
+        store.capture(step, state(step), {"step": step, "rng_state": [step]})
+        store.wait()
+    copy = fetch_replica(keeper.endpoint, 0, keys, 5.0)
+    assert copy.step == 4 and copy.meta == {"step": 4, "rng_state": [4]}
+    for name, array in state(4).items():
+        assert copy.arrays[name].tobytes() == array.tobytes()
+    with pytest.raises(SnapshotError, match="no replica of rank 5 held here"):
+        fetch_replica(keeper.endpoint, 5, keys, 5.0)  # neither its own nor held
