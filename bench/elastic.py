@@ -4,14 +4,14 @@ against a dying gasp and a fresh job on the nodes left; and the throughput on th
 Three hosts made of network namespaces on one bridge (needs root and iproute2's ``ip``; the harness
 of tests/integration/agent/test_elastic_hosts.py), examples/train_elastic.py data-parallel with MCCL
 across the links, one rank per node, no spare; node 2 (every process of its host, its shared memory)
-lost once the job has trained ``--lose-at`` steps. Three ways, in one run:
+lost at step 80 (8 with ``--quick``). Three ways, in one run:
 
 * (a) **shrink**: ``--nnodes 2:3``, ``MINDFT_SHRINK_AFTER=3``: the job goes on with nodes 0 and 1;
   the steps per second before the loss (3 ranks) and after (2 ranks), from rank 0's step records;
-* (b) **wait for the node**: ``--nnodes 3``, node 2's launcher started again ``--again-after``
-  seconds after the loss (a pod rescheduled elsewhere);
+* (b) **wait for the node**: ``--nnodes 3``, node 2's launcher started again 30 s (10 s) after the
+  loss (a pod rescheduled);
 * (c) **dying gasp, then a new job**: ``--nnodes 3``, node 2 never back: the job ends with its dying
-  gasps after ``MINDFT_REPAIR_TIMEOUT`` (``--repair``, not mindft's 180 s), then a fresh 2-node job
+  gasps after ``MINDFT_REPAIR_TIMEOUT`` (20 s, 10 s; mindft's default: 180 s), then a fresh 2-node job
   starts on hosts 0 and 1. train_elastic.py cannot resume from dying gasps (only train_dp.py
   ``--loop`` can), so (c) is the failed job's end plus a fresh job's start until its first step: the
   time a user pays, without loading the checkpoint (a few KB here).
@@ -19,7 +19,7 @@ lost once the job has trained ``--lose-at`` steps. Three ways, in one run:
 "Training again" for (a) and (b) is the controller's first move to NORMAL after the loss (node 0's
 event log, wall clock), for (c) the fresh job's status NORMAL at step >= 1.
 
-    sudo python bench/elastic.py           # (a), (b), (c) once (~3.5 min on 2 cores)
+    sudo python bench/elastic.py           # (a), (b), (c) once (~4 min on 2 cores)
     sudo python bench/elastic.py --quick   # fewer steps, shorter waits: every path once (~2 min)
 Writes bench/results/elastic.json.
 """
@@ -137,7 +137,7 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "elastic.json")
     args = parser.parse_args()
     hosts_or_skip()
-    # Full form: enough steps on each world for a steady rate (~0.1-0.2 s a step on 2 busy cores).
+    # Full form: enough steps on each world for a steady rate (~0.1 s a step on 2 cores).
     steps, args.lose_at, args.again_after, args.repair = (60, 8, 10.0, 10) if args.quick else (400, 80, 30.0, 20)
     args.job_args = ("--steps", str(steps), "--step-seconds", STEP_SECONDS)
     results: dict = {"benchmark": "elastic", "machine": platform.node(), "quick": args.quick,
@@ -159,8 +159,9 @@ def main() -> None:
     print(f"\n(a) steps per second: {a['steps_per_second_before']:.2f} on 3 ranks, {a['steps_per_second_after']:.2f} "
           f"on 2 ranks (×{a['after_over_before']:.2f}); the world resized {a['resized_after_seconds']:.1f} s after "
           f"the loss\n(c) the failed job ended {c['ended_after_seconds']:.1f} s after the loss, the fresh job "
-          f"trained {c['fresh_start_seconds']:.1f} s after its start ({c['resumed_after_seconds_at_default_repair']:.0f} s "
-          f"after the loss with the default repair timeout, {DEFAULT_REPAIR:g} s)")
+          f"trained {c['fresh_start_seconds']:.1f} s after its start "
+          f"({c['resumed_after_seconds_at_default_repair']:.0f} s after the loss with the default repair timeout, "
+          f"{DEFAULT_REPAIR:g} s)")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(results, indent=2))
     print(f"wrote {args.output}")
