@@ -81,7 +81,8 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
 # order once it is free: these are collected first, so that neither worker starts one of them
 # while the other has nothing left to do. A module that grows past ~4 minutes is split instead.
 _LONGEST_FIRST = tuple(_INTEGRATION / path for path in (
-    "mindformers/test_mindformers.py", "agent/test_two_hosts.py", "agent/test_three_hosts.py",
+    "mindformers/test_mindformers.py", "agent/test_two_hosts.py", "agent/test_elastic_hosts.py",
+    "bench/test_bench_elastic.py", "agent/test_three_hosts.py",
     "mindspore/test_dp_recovery.py", "bench/test_bench_costs.py", "bench/test_bench_recoveries.py",
     "cli/test_launch.py", "mindio/test_mindio_backend.py",
     "mindspore/test_dp_failures.py", "mindio/test_mindio_recovery.py", "mindspore/test_mindspore_recovery.py",
