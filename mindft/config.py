@@ -25,6 +25,7 @@ DEFAULT_RESET_FILE = Path("/user/restore/reset/config/reset.json")
 DEFAULT_CONTROLLER_PORT = 29600
 BACKENDS = ("auto", "mindft", "mindio")
 RESTART_SCOPES = ("auto", "rank", "all")
+SLOW_ACTIONS = ("report", "spare")
 
 # Option → allowed values, as MindSpore 2.10 and the MindCluster guides document them.
 _FLAG_VALUES = ("0", "1")
@@ -229,6 +230,7 @@ class MindftConfig:
     slow_threshold: float = 0.3  # a rank whose own work per step is this much over its peers' median is slow...
     slow_windows: int = 3  # ...in this many windows in a row (mindft.flow.slow)...
     slow_window: float = 30.0  # ...of this many seconds
+    slow_action: str = "report"  # "spare": a node flagged slow is given to a warm spare (mindft.flow.spares)
     # MINDFT_ELASTIC (mindft-launch --nnodes MIN:MAX): the job may go on with no fewer than
     # elastic_min nodes (0: not elastic) and take nodes back up to elastic_max (mindft.flow.elastic).
     elastic_min: int = 0
@@ -336,6 +338,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("MINDFT_SLOW_WINDOWS", "slow windows in a row that flag a rank (and its node) slow, and healthy ones that "
            "clear it", "3", "1..100"),
     EnvVar("MINDFT_SLOW_WINDOW", "seconds of training in one window of the slow-rank detection", "30", "1..3600"),
+    EnvVar("MINDFT_SLOW_ACTION", "what a rank flagged slow does to its node: report (the metrics, the status, the "
+           "event log say so), or spare (also: its node is given to a live warm spare, as a lost node is; never node "
+           "0, whose agent runs the controller)", "report", ", ".join(SLOW_ACTIONS)),
     EnvVar("MINDFT_ELASTIC", "a data-parallel job that goes on with fewer nodes when one is lost for good, down to "
            "MIN, and takes nodes back up to MAX (mindft-launch --nnodes MIN:MAX)", "'' (not elastic)",
            "MIN:MAX, 1 <= MIN <= MAX"),
@@ -398,7 +403,7 @@ FIELD_VARIABLES: dict[str, str] = {
     "replica_buddy": "MINDFT_REPLICA_BUDDY", "agent_replication": "MINDFT_AGENT_REPLICATION",
     "standbys": "MINDFT_STANDBYS", "replica_endpoint": "MINDFT_REPLICA_ENDPOINT", "restart_scope": "MINDFT_RESTART_SCOPE",
     "warm_start": "MINDFT_WARM_START", "preload": "MINDFT_PRELOAD", "slow_threshold": "MINDFT_SLOW_THRESHOLD",
-    "slow_windows": "MINDFT_SLOW_WINDOWS", "slow_window": "MINDFT_SLOW_WINDOW",
+    "slow_windows": "MINDFT_SLOW_WINDOWS", "slow_window": "MINDFT_SLOW_WINDOW", "slow_action": "MINDFT_SLOW_ACTION",
     "elastic_min": "MINDFT_ELASTIC", "elastic_max": "MINDFT_ELASTIC", "shrink_after": "MINDFT_SHRINK_AFTER",
     **{t.attribute: t.variable for t in _TIMEOUT_VARS},
 }
@@ -432,6 +437,9 @@ def load_config(environ: Mapping[str, str] = os.environ) -> MindftConfig:
     if restart_scope not in RESTART_SCOPES:
         raise ConfigError(f"MINDFT_RESTART_SCOPE: unknown scope {restart_scope!r}; valid: {', '.join(RESTART_SCOPES)}")
     elastic = parse_node_range(environ.get("MINDFT_ELASTIC", ""), "MINDFT_ELASTIC") or (0, 0)
+    slow_action = environ.get("MINDFT_SLOW_ACTION", "").strip() or "report"
+    if slow_action not in SLOW_ACTIONS:
+        raise ConfigError(f"MINDFT_SLOW_ACTION: unknown action {slow_action!r}; valid: {', '.join(SLOW_ACTIONS)}")
     return MindftConfig(
         tft=tft,
         backend=backend,
@@ -460,6 +468,7 @@ def load_config(environ: Mapping[str, str] = os.environ) -> MindftConfig:
         slow_threshold=_number(environ, "MINDFT_SLOW_THRESHOLD", float, 0.3, 0.05, 10),
         slow_windows=_number(environ, "MINDFT_SLOW_WINDOWS", int, 3, 1, 100),
         slow_window=_number(environ, "MINDFT_SLOW_WINDOW", float, 30.0, 1, 3600),
+        slow_action=slow_action,
         elastic_min=elastic[0],
         elastic_max=elastic[1],
         shrink_after=_number(environ, "MINDFT_SHRINK_AFTER", float, 30.0, 0, 86400),

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TypeVar
@@ -476,3 +477,32 @@ def snapshot_state(value: float, size: int = 1000) -> dict:
         "adam.m": np.full(size, value, np.float64),
         "step": np.array(int(value), np.int64),
     }
+
+
+class Throttle:
+    """Process ``pid`` gets ``share`` of the wall time: stopped, then let run, every 60 ms."""
+
+    def __init__(self, pid: int, share: float) -> None:
+        self.pid, self.share = pid, share
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        period = 0.06
+        try:
+            while not self._stop.is_set():
+                os.kill(self.pid, signal.SIGSTOP)
+                time.sleep(period * (1 - self.share))
+                os.kill(self.pid, signal.SIGCONT)
+                time.sleep(period * self.share)
+        except ProcessLookupError:
+            pass  # it ended (killed, or its node given away)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        try:
+            os.kill(self.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass

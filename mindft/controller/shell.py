@@ -294,7 +294,7 @@ class Controller:
                 else:
                     self._out.to(effect.agent, encode(order))
             elif kind is GiveNode:
-                log.warning("node %d lost: given to a warm spare (adoption %d): %s", effect.node, effect.adoption,
+                log.warning("node %d given to a warm spare (adoption %d): %s", effect.node, effect.adoption,
                             effect.reason)
                 if self.events is not None:
                     self.events.append(NodeGiven(effect.node, effect.adoption, effect.reason))

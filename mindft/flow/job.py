@@ -20,10 +20,10 @@ from typing import Optional
 
 from mindft.config import Timeouts
 from mindft.exitcodes import ExitCode
-from mindft.flow import elastic, lost
+from mindft.flow import elastic, lost, standby
 from mindft.flow.cadence import Budget, Tuner
 from mindft.flow.elastic import ElasticRange
-from mindft.flow.effects import (Broadcast, Effect, Fence, Finish, GiveNode, Peer, Promoted, Resize, Send, SlowRank,
+from mindft.flow.effects import (Broadcast, Effect, Fence, Finish, GiveNode, Peer, Resize, Send, SlowRank,
                                  Transition)
 from mindft.flow.episode import Episode
 from mindft.flow.goodput import Goodput
@@ -35,7 +35,6 @@ from mindft.flow.rejoin import Survivors
 from mindft.flow.replicas import KeptSteps, ReplicaWatch, rank_list
 from mindft.flow.slow import SlowChange, SlowPolicy, SlowRanks
 from mindft.flow.spares import HELLO_INTERVAL, Spares, given_away
-from mindft.flow.standby import promotes
 from mindft.flow.status import job_status
 from mindft.flow.states import RECOVERY_STATES, TERMINAL_STATES, Event, JobState, next_state
 from mindft.protocol import (REPORT_SUFFIX, Ack, Action, ActionKind, AgentHello, Cadence, CostReport, DeviceEvent,
@@ -99,7 +98,7 @@ class Job:
         self.spares = Spares(timeouts.dead_after)  # warm spare nodes, and the lost nodes given to them
         self.term, self.candidates, self.standing_by = term, candidates, standing_by
         # A standby tells the controller it replaced once it commands (and so does its successor).
-        self.supersedes, self._next_fence = supersedes, now if supersedes and not standing_by else math.inf
+        self.supersedes, self.next_fence = supersedes, now if supersedes and not standing_by else math.inf
         self.superseded: Optional[Superseded] = None  # a newer term commands the job: this controller stood down
         self.nproc = 0  # ranks per node, from the first node agent's hello
         self.goodput = Goodput(now)  # every second of the job's wall time, by bucket
@@ -175,7 +174,7 @@ class Job:
         elif kind is AgentHello:
             self._on_agent(peer, message, now)
         elif kind is Superseded:
-            self._stand_down(message)
+            standby.stand_down(self, message)
         else:
             log.warning("dropped %s from peer %r: not addressed to the controller", kind.__name__, peer[:32])
         return self._flush()
@@ -207,7 +206,7 @@ class Job:
             self.ladder.add_fault(record, FaultKind.DEVICE_RESET, record.progress + 1,
                                   f"device plugin: error {event.error_code or '?'} policy {event.policy or '?'}",
                                   now, device=True)
-            self._tell_agents()  # no agent may restart the rank's process on its own now
+            self.tell_agents()  # no agent may restart the rank's process on its own now
         elif isinstance(event, DeviceRecovered):
             self.ladder.device_recovered(event.rank, now)
         elif isinstance(event, DeviceFailed):
@@ -227,8 +226,8 @@ class Job:
 
     def tick(self, now: float) -> list[Effect]:
         """Hang detection and phase deadlines due at ``now`` (no heartbeats: see :meth:`_on_heartbeat`)."""
-        if now >= self._next_fence:
-            self._next_fence = now + HELLO_INTERVAL
+        if now >= self.next_fence:
+            self.next_fence = now + HELLO_INTERVAL
             self.emit(Fence(self.supersedes, self.term))
         if self.state in TERMINAL_STATES or self.superseded is not None or self.resized is not None:
             return self._flush()
@@ -247,7 +246,7 @@ class Job:
                 elastic.resize_when_due(self, now)
         if self.resized is None and self.state is _S.NORMAL:
             for change in self.slow.due(now):
-                self._slow_changed(change)
+                self._slow_changed(change, now)
         lost.kill_late_leavers(self.ladder, now)
         if self.state not in TERMINAL_STATES and now >= self.deadline:
             self.ladder.phase_timeout(now)
@@ -256,9 +255,9 @@ class Job:
     def next_wakeup(self) -> float:
         """When :meth:`tick` must be called next (inf once the job ended)."""
         if self.state in TERMINAL_STATES or self.superseded is not None or self.resized is not None:
-            return self._next_fence
+            return self.next_fence
         slow_window = self.slow.window_end if self.state is _S.NORMAL else math.inf
-        return min(self._next_check, self.deadline, self._next_fence, slow_window)
+        return min(self._next_check, self.deadline, self.next_fence, slow_window)
 
     def status(self, now: float, request_id: int = 0) -> StatusReply:
         """The job as ``mindft status`` shows it (:func:`mindft.flow.status.job_status`)."""
@@ -323,7 +322,7 @@ class Job:
             return
         if message.collectives and self.restart_scope == "auto" and not self.restart_all:
             self.restart_all = True
-            self._tell_agents()
+            self.tell_agents()
             log.info("rank=%d uses collectives a restarted process cannot rejoin: a lost process restarts "
                      "every worker", rank)
         restarts = message.incarnation if old is None else old.restarts + (message.incarnation > old.incarnation)
@@ -337,7 +336,7 @@ class Job:
         if self.state is _S.STARTING:
             self.survivors.registered(rank, message.progress)
             if self.survivors.under_way:
-                self._rejoin_when_heard(now)
+                self.rejoin_when_heard(now)
             elif self.ranks.complete:
                 self._start_training(now)
             return
@@ -368,7 +367,7 @@ class Job:
         if message.spare:
             self.emit(Send(peer, self._view()))
             if self.state is _S.STARTING and self.survivors.under_way:
-                self._rejoin_when_heard(now)  # a spare for the nodes no agent speaks for
+                self.rejoin_when_heard(now)  # a spare for the nodes no agent speaks for
             return
         self.nproc = self.nproc or len(message.ranks)
         world = self.ranks.world_size
@@ -386,37 +385,11 @@ class Job:
         if self.state is _S.STARTING:
             self.survivors.hello(message)
             if self.standing_by:
-                self._promote_when_heard(now)
+                standby.promote_when_heard(self, now)
             elif self.survivors.under_way:
-                self._rejoin_when_heard(now)
+                self.rejoin_when_heard(now)
 
-    def _promote_when_heard(self, now: float) -> None:
-        """A standby takes command once half of the job's node agents said hello to it."""
-        heard = sorted(node for node, seen in self.spares.nodes.items() if node >= 0)
-        nnodes = self.ranks.world_size // self.nproc if self.nproc else 0
-        if not promotes(len(heard), nnodes):
-            return
-        self.standing_by = False
-        self.emit(Promoted(self.term, f"node agents {heard} of {nnodes} said hello to this standby (at least half)"))
-        if self.supersedes:
-            self._next_fence = now
-        self._tell_agents()
-        if self.survivors.under_way:
-            self._rejoin_when_heard(now)
-
-    def _stand_down(self, message: Superseded) -> None:
-        """A controller of a newer term commands the job: this one stands down for good, and tells its
-        own node agent to join the job there as a spare."""
-        if message.term <= self.term or self.superseded is not None:
-            return
-        self.superseded = message
-        node = next((n for n, seen in self.spares.nodes.items() if seen.peer == self.spares.local), 0)
-        reason = (f"the job is commanded in term {message.term} at {message.controller}; this controller (term "
-                  f"{self.term}) stands down")
-        log.warning("%s", reason)
-        self.emit(Send(self.spares.local, Replaced(node, reason, controller=message.controller)))
-
-    def _rejoin_when_heard(self, now: float) -> None:
+    def rejoin_when_heard(self, now: float) -> None:
         """The job was under way: rebuild it once every rank's node agent said what it holds (until
         then, or timeouts.register, the job waits); the nodes no agent speaks for go to warm spares.
         A standby waits for its promotion."""
@@ -452,7 +425,7 @@ class Job:
         record = self.ranks.get(rank)
         return record is None or record.state in (RankState.LOST, RankState.DEAD)
 
-    def _tell_agents(self) -> None:
+    def tell_agents(self) -> None:
         peers = tuple(dict.fromkeys((*self.agents.values(), *self.spares.waiting)))
         if peers:
             self.emit(Broadcast(peers, self._view()))
@@ -527,7 +500,7 @@ class Job:
             self.survivors.exited(event.rank)
             if record is not None and record.alive:
                 record.state = RankState.DEAD
-            self._rejoin_when_heard(now)
+            self.rejoin_when_heard(now)
             return True, f"rank {event.rank} starts with every worker once the job is rebuilt"
         if self.state is _S.STARTING and (record is None or not will_restart):
             self.ladder.fail(f"{what} before every rank registered", now, Event.FAULT)
@@ -562,9 +535,16 @@ class Job:
             self.tuner.report(record.rank, message.step_time, message.capture_time)
             self._retune()
 
-    def _slow_changed(self, change: SlowChange) -> None:
+    def _slow_changed(self, change: SlowChange, now: float) -> None:
         node = change.rank // self.nproc if self.nproc else -1
-        self.emit(SlowRank(change.rank, node, change.slow, round(change.ratio, 3), change.reason(node, self.slow.policy)))
+        reason = change.reason(node, self.slow.policy)
+        self.emit(SlowRank(change.rank, node, change.slow, round(change.ratio, 3), reason))
+        old = self.spares.nodes.get(node)
+        moved = self.spares.replace_slow(node, now, self.timeouts.repair, reason) if change.slow and \
+            self.slow.policy.to_spare else None
+        if moved is not None:  # the spare adopts the node from its replicas; its agent stops its ranks
+            self.emit(GiveNode(moved.node, moved.peer, moved.number, moved.reason))
+            self.emit(Send(old.peer, Replaced(node, given_away(node, moved.number, moved.reason))))
 
     def _retune(self) -> None:
         if self.state is _S.NORMAL:
@@ -583,7 +563,7 @@ class Job:
         self.history.append((self.state, now))
         del self.history[:-256]
         self.emit(Transition(source, self.state, reason))
-        self._tell_agents()
+        self.tell_agents()
 
     def emit(self, effect: Effect) -> None:
         """An effect goes out with the answer to the current input."""

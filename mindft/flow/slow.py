@@ -28,11 +28,13 @@ REPORTS_PER_WINDOW = 3  # a rank's reports per window: a lost or late one costs 
 @dataclass(frozen=True)
 class SlowPolicy:
     """``threshold``: how much slower than its peers' median a rank's own work per step may be (0.3:
-    30%); ``windows``: the windows in a row that flag it, and clear it; ``window``: seconds."""
+    30%); ``windows``: the windows in a row that flag it, and clear it; ``window``: seconds;
+    ``to_spare``: a flagged rank's node is given to a warm spare (:meth:`~mindft.flow.spares.Spares.replace_slow`)."""
 
     threshold: float = 0.3
     windows: int = 3
     window: float = 30.0
+    to_spare: bool = False  # a node flagged slow is given to a live warm spare (MINDFT_SLOW_ACTION=spare)
 
     def __post_init__(self) -> None:
         if not (self.threshold > 0 and self.windows >= 1 and self.window > 0):
@@ -45,8 +47,8 @@ class SlowPolicy:
 
 
 def policy_of(config: MindftConfig) -> SlowPolicy:
-    """The job's policy: MINDFT_SLOW_THRESHOLD, MINDFT_SLOW_WINDOWS, MINDFT_SLOW_WINDOW."""
-    return SlowPolicy(config.slow_threshold, config.slow_windows, config.slow_window)
+    """The job's policy: MINDFT_SLOW_THRESHOLD, MINDFT_SLOW_WINDOWS, MINDFT_SLOW_WINDOW, MINDFT_SLOW_ACTION."""
+    return SlowPolicy(config.slow_threshold, config.slow_windows, config.slow_window, config.slow_action == "spare")
 
 
 @dataclass(frozen=True)

@@ -134,6 +134,17 @@ class Spares:
             made.append(adoption)
         return made
 
+    def replace_slow(self, node: int, now: float, grace: float, reason: str) -> Optional[Adoption]:
+        """A node flagged slow (:mod:`mindft.flow.slow`, MINDFT_SLOW_ACTION=spare) is given to the
+        longest-waiting live spare as a lost one is; its agent is to be answered
+        :class:`~mindft.protocol.Replaced` (it stops its ranks and waits as a spare). Not node 0's agent,
+        which runs the controller, nor a node given away already; None when no spare is there."""
+        seen = self.nodes.get(node)
+        if seen is None or seen.peer == self.local or node in self.given or not self.live_spares(now):
+            return None
+        (adoption,) = self._give({node: seen.ranks}, now, grace, {node: reason})
+        return adoption
+
     def refuses(self, message: NodeLost) -> Optional[Adoption]:
         """The adoption that gave ``message``'s node to another agent, if the report is not that
         adoption's own (a launcher for the node, started after it was given away); else None."""

@@ -21,10 +21,14 @@ agents that followed the new one.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
-from mindft.protocol import JobView
+from mindft.flow.effects import Promoted, Send
+from mindft.protocol import JobView, Replaced, Superseded
+
+log = logging.getLogger(__name__)
 
 MAX_STANDBYS = 2
 
@@ -52,6 +56,34 @@ def candidates(standbys: int, node: int) -> tuple[int, ...]:
 def promotes(heard_nodes: int, nnodes: int) -> bool:
     """A standby takes command once at least half of the job's ``nnodes`` node agents said hello to it."""
     return nnodes > 0 and 2 * heard_nodes >= nnodes
+
+
+def promote_when_heard(job: Any, now: float) -> None:
+    """A standby :class:`~mindft.flow.job.Job` takes command once half of the job's node agents said hello to it."""
+    heard = sorted(node for node in job.spares.nodes if node >= 0)
+    nnodes = job.ranks.world_size // job.nproc if job.nproc else 0
+    if not promotes(len(heard), nnodes):
+        return
+    job.standing_by = False
+    job.emit(Promoted(job.term, f"node agents {heard} of {nnodes} said hello to this standby (at least half)"))
+    if job.supersedes:
+        job.next_fence = now
+    job.tell_agents()
+    if job.survivors.under_way:
+        job.rejoin_when_heard(now)
+
+
+def stand_down(job: Any, message: Superseded) -> None:
+    """A controller of a newer term commands the job: this one stands down for good, and tells its own
+    node agent to join the job there as a spare."""
+    if message.term <= job.term or job.superseded is not None:
+        return
+    job.superseded = message
+    node = next((n for n, seen in job.spares.nodes.items() if seen.peer == job.spares.local), 0)
+    reason = (f"the job is commanded in term {message.term} at {message.controller}; this controller (term "
+              f"{job.term}) stands down")
+    log.warning("%s", reason)
+    job.emit(Send(job.spares.local, Replaced(node, reason, controller=message.controller)))
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ them, each scenario ending bit-identical to a fault-free run with nothing left r
 - node 0 lost for good, ``--standbys 1``: node 1's standby takes command in term 1 and the spare
   takes rank 0; node 0 back on its old address after that is fenced and waits as a spare;
 - a partition around node 0 and its controller: one controller in command at any time;
-- node 0 back on another host under the same name (``--master-addr`` a name): found there.
+- node 0 back on another host under the same name (``--master-addr`` a name): found there;
+- a node flagged slow (``MINDFT_SLOW_ACTION=spare``): given to the spare.
 """
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from typing import Iterator
 
 import pytest
 
-from harness import Hosts, Processes, assert_ranks_identical
-from host_jobs import HostsJob, assert_nothing_left, made_hosts, references
+from harness import Hosts, Processes, Throttle, assert_ranks_identical
+from host_jobs import HostsJob, assert_nothing_left, launch_one_host, made_hosts, references
 from mindft.observe.events import ControllerFollowed, NodeGiven, TookCommand, read
 
 pytestmark = [pytest.mark.slow, pytest.mark.mindspore, pytest.mark.timeout(900)]
@@ -181,4 +182,33 @@ def test_node_0_back_on_another_host_under_its_name_is_found_there(
     assert "the controller started again while the job was under way (node 0 lost with rank 0)" in moved
     assert re.search(r"restored rank 0's replica of step \d+ from the keeper at tcp://10\.77\.0\.2:", moved)
     assert_ranks_identical(tmp_path / "out", references("model"), 2)
+    assert_nothing_left(hosts)
+
+
+def test_a_slow_node_is_given_to_the_spare_and_the_job_ends_bit_identical(
+        hosts: Hosts, processes: Processes, tmp_path: Path) -> None:
+    """MINDFT_SLOW_ACTION=spare: rank 1 (node 1) held to a third of the CPU is flagged slow after two
+    windows; its node is given to the spare, which restores rank 1's replica from node 0's keeper, and
+    node 1's agent stops its rank and waits as a spare itself. The job ends bit-identical."""
+    # 384 steps of compute alone (a sleep would not slow down under SIGSTOP): time to be flagged, moved, train on.
+    epochs = ("--epochs", "24", "--step-seconds", "0")
+    job = HostsJob(hosts, processes, tmp_path, *epochs, MINDFT_SLOW_ACTION="spare", MINDFT_SLOW_WINDOW="3",
+                   MINDFT_SLOW_WINDOWS="2", MINDFT_SLOW_THRESHOLD="0.3")
+    job.start("spare", None, host=SPARE_HOST)
+    status = job.start_training()
+    throttle = Throttle(next(r.pid for r in status.ranks if r.rank == 1), 1 / 3)
+    try:
+        started = time.monotonic()
+        while "this spare becomes node 1 (adoption 1)" not in job.output("spare"):
+            assert time.monotonic() - started < 90, job.outputs()
+            time.sleep(0.2)
+    finally:
+        throttle.stop()
+    codes = {name: job.wait(name) for name in ("node0", "node1", "spare")}
+    assert codes == {"node0": 0, "node1": 0, "spare": 0}, job.outputs()
+    node1 = job.output("node1")
+    assert "node 1 was given to a spare (adoption 1" in node1 and "this agent is a warm spare now" in node1, node1
+    given = [e.record for e in read(tmp_path / "run-node0") if isinstance(e.record, NodeGiven)]
+    assert [(g.node, g.adoption) for g in given] == [(1, 1)] and "rank 1 (node 1) is slow" in given[0].reason
+    assert_ranks_identical(tmp_path / "out", launch_one_host(processes, tmp_path, "reference", *epochs), 2)
     assert_nothing_left(hosts)

@@ -12,43 +12,19 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 from dp_jobs import job_status, launch, wait_for_status
 
-from harness import ROOT, Processes, environment
+from harness import ROOT, Processes, Throttle, environment
 from mindft.net.channel import ControllerUnreachable
 from mindft.observe.events import RankSlow, read
 
 pytestmark = [pytest.mark.mindspore, pytest.mark.timeout(900)]
 
 WINDOWS = {"MINDFT_SLOW_WINDOW": "3", "MINDFT_SLOW_WINDOWS": "2", "MINDFT_SLOW_THRESHOLD": "0.3"}
-
-
-class Throttle:
-    """Process ``pid`` gets ``share`` of the wall time: stopped, then let run, every 60 ms."""
-
-    def __init__(self, pid: int, share: float) -> None:
-        self.pid, self.share = pid, share
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        period = 0.06
-        while not self._stop.is_set():
-            os.kill(self.pid, signal.SIGSTOP)
-            time.sleep(period * (1 - self.share))
-            os.kill(self.pid, signal.SIGCONT)
-            time.sleep(period * self.share)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        os.kill(self.pid, signal.SIGCONT)
 
 
 def stop_job(launcher: subprocess.Popen) -> int:

@@ -134,3 +134,53 @@ def test_a_recovery_discards_the_window_under_way_and_paces_sent_meanwhile() -> 
     for rank in range(2):
         d.send(rank, Pace(rank, 50, 0.3 if rank else 0.1))  # while the job recovers: not training
     assert d.job.slow.due(35.0) == [] and d.job.slow.ratios == {}
+
+
+@pytest.mark.parametrize("action, spare, moved", [("spare", True, True), ("spare", False, False),
+                                                  ("report", True, False)])
+def test_with_the_spare_action_a_slow_node_is_given_to_a_live_spare(action: str, spare: bool, moved: bool) -> None:
+    from mindft.flow import Job, Send
+    from mindft.flow.effects import GiveNode
+    from mindft.protocol import AgentHello, Replaced
+    from test_job import T
+
+    policy = policy_of(load_config({"MINDFT_SLOW_ACTION": action, "MINDFT_SLOW_WINDOWS": "1"}))
+    assert policy.to_spare is (action == "spare")
+    d = Driver(3)
+    d.job = Job(3, T, 0.0, slow=policy)
+    d.start()
+    peers = {0: b"", 1: b"agent/1", 2: b"agent/2"}
+    for node, peer in peers.items():
+        d.job.handle(peer, AgentHello(node, (node,)), 0.0)
+    d.now = 29.5
+    if spare:
+        d.job.handle(b"agent/spare", AgentHello(-1, (), spare=True), d.now)
+    for rank in range(3):
+        d.send(rank, Pace(rank, 50, 0.2 if rank == 2 else 0.1))
+    d.at(30.0)
+    assert [e.rank for e in slow_effects(d)] == [2]
+    given = [e for e in d.effects if isinstance(e, GiveNode)]
+    told = [e for e in d.effects if isinstance(e, Send) and isinstance(e.message, Replaced)]
+    assert [(g.node, g.spare) for g in given] == ([(2, b"agent/spare")] if moved else [])
+    assert [(t.peer, t.message.node) for t in told] == ([(b"agent/2", 2)] if moved else [])
+    if moved:
+        assert "rank 2 (node 2) is slow" in given[0].reason and "given to a spare (adoption 1" in told[0].message.reason
+
+
+def test_the_controllers_own_node_is_never_given_away_for_being_slow() -> None:
+    from mindft.flow import Job
+    from mindft.flow.effects import GiveNode
+    from mindft.protocol import AgentHello
+    from test_job import T
+
+    d = Driver(2)
+    d.job = Job(2, T, 0.0, slow=SlowPolicy(windows=1, to_spare=True))
+    d.start()
+    d.job.handle(b"", AgentHello(0, (0,)), 0.0)
+    d.job.handle(b"agent/1", AgentHello(1, (1,)), 0.0)
+    d.job.handle(b"agent/spare", AgentHello(-1, (), spare=True), 29.0)
+    d.now = 29.5
+    for rank in range(2):
+        d.send(rank, Pace(rank, 50, 0.3 if rank == 0 else 0.1))
+    d.at(30.0)
+    assert [e.rank for e in slow_effects(d)] == [0] and not [e for e in d.effects if isinstance(e, GiveNode)]
