@@ -175,13 +175,7 @@ class RoleChanges:
         self._say(f"this spare becomes node {order.node} (adoption {order.adoption}): {order.reason}")
         spec = dataclasses.replace(self.spec, node_rank=order.node, spare=False)
         self.policy.adopt(spec.local_ranks)
-        self.replication = start_replication(spec, self.keys)
-        if self.replication is not None:
-            spec = dataclasses.replace(spec, replica_endpoint=self.replication.endpoint)
-        self.spec = spec
-        self.workers.assign(spec)
-        if self.node_metrics is not None:
-            self.node_metrics.node, self.node_metrics.replication = str(order.node), self.replication
+        self._run_node(spec)
         if self.policy.rebuilding:
             # A controller that took over rebuilds the job: it restarts every worker, this node's
             # from the replicas it names, once this agent said it holds nothing of them.
@@ -226,15 +220,9 @@ class RoleChanges:
                     (spec.state_dir / f"rank{before}").rename(spec.state_dir / f"rank{after}")
         if self.replication is not None:
             self.replication.close()
-            self.replication = start_replication(spec, self.keys)
-            if self.replication is not None:
-                spec = dataclasses.replace(spec, replica_endpoint=self.replication.endpoint)
-        self.spec = spec
-        self.workers.assign(spec)
+        self._run_node(spec)
         if self.scheduler is not None:
-            self.scheduler.spec = spec
-        if self.node_metrics is not None:
-            self.node_metrics.node, self.node_metrics.replication = str(node), self.replication
+            self.scheduler.spec = self.spec
         self._carry_out(self.policy.resize(spec.local_ranks, f"node {old.node_rank} is node {node} of "
                                                                f"{spec.nnodes} now: {order.reason}"))
         self.write_job_file()
@@ -256,16 +244,21 @@ class RoleChanges:
                         self.spec.node_rank)
             return
         spec = dataclasses.replace(self.spec, node_rank=order.join, nnodes=order.nodes, nproc=order.nproc, spare=False)
+        self._run_node(spec)
+        self._carry_out(self.policy.resize(spec.local_ranks, f"this spare becomes node {order.join} of "
+                                                             f"{order.nodes}: {order.reason}"))
+        self.write_job_file()
+
+    def _run_node(self, spec: LaunchSpec) -> None:
+        """This agent runs ``spec``'s node from now on: the node's replication (along its ring), its
+        workers, its metrics."""
         self.replication = start_replication(spec, self.keys)
         if self.replication is not None:
             spec = dataclasses.replace(spec, replica_endpoint=self.replication.endpoint)
         self.spec = spec
         self.workers.assign(spec)
         if self.node_metrics is not None:
-            self.node_metrics.node, self.node_metrics.replication = str(order.join), self.replication
-        self._carry_out(self.policy.resize(spec.local_ranks, f"this spare becomes node {order.join} of "
-                                                             f"{order.nodes}: {order.reason}"))
-        self.write_job_file()
+            self.node_metrics.node, self.node_metrics.replication = str(spec.node_rank), self.replication
 
     def _become_spare(self, controller: str) -> None:
         """This agent's node was given to another agent, or the controller it ran stood down for the
