@@ -138,7 +138,7 @@ def main() -> None:
     args = parser.parse_args()
     hosts_or_skip()
     # Full form: enough steps on each world for a steady rate (~0.1 s a step on 2 cores).
-    steps, args.lose_at, args.again_after, args.repair = (60, 8, 10.0, 10) if args.quick else (400, 80, 30.0, 20)
+    steps, args.lose_at, args.again_after, args.repair = (40, 8, 5.0, 8) if args.quick else (400, 80, 30.0, 20)
     args.job_args = ("--steps", str(steps), "--step-seconds", STEP_SECONDS)
     results: dict = {"benchmark": "elastic", "machine": platform.node(), "quick": args.quick,
                      "date": time.strftime("%Y-%m-%d"), "load_before": round(os.getloadavg()[0], 2),
