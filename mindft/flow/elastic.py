@@ -107,17 +107,13 @@ def grow_when_spare(job: Any, now: float) -> None:
     reason = (f"a spare joins as node {nnodes}: the job grows to {nnodes + 1} of {rules.max_nodes} nodes (MAX) after "
               f"step {step}, every rank's snapshot")
     resize = Resize(members, nproc, job.term + 1, (), reason, joins=(spares[0],))
-    told = WorldResize(resize.term, members, nproc, reason, nodes=resize.nnodes, step=step)
-    job.emit(Broadcast(tuple(dict.fromkeys(job.agents.values())), told))
-    job.emit(Send(spares[0], replace(told, join=nnodes)))
-    job.emit(resize)
-    job.resized = resize
+    _resize(job, resize, step)
 
 
 def shrink_when_lost(job: Any, now: float) -> None:
-    """While ``job`` (a :class:`~mindft.flow.job.Job`, which calls this) trains or recovers: the nodes lost for good (``shrink_after`` past their loss,
-    :mod:`mindft.flow.spares`) are left behind when at least MIN nodes stay (:class:`Resize`, after the
-    node agents' :class:`~mindft.protocol.WorldResize`); below MIN the job goes on waiting, said once."""
+    """While ``job`` (the :class:`~mindft.flow.job.Job` that calls this) trains or recovers: the nodes
+    lost for good (``shrink_after`` past their loss, :mod:`mindft.flow.spares`) are left behind when at
+    least MIN nodes stay (:class:`Resize`); below MIN the job goes on waiting, said once."""
     rules, nproc = job.elastic, job.nproc
     if rules is None or job.resized is not None or job.standing_by or not nproc or job.state in (
             JobState.DONE, JobState.FAILED):
@@ -141,8 +137,17 @@ def shrink_when_lost(job: Any, now: float) -> None:
                         nnodes - len(lost), rules.min_nodes)
         return
     reason = shrink_reason(nnodes, members, lost, rules.shrink_after + job.spares.silent_after, rules.min_nodes)
-    resize = Resize(members, nproc, job.term + 1, tuple(lost), reason)
-    job.emit(Broadcast(tuple(dict.fromkeys(job.agents.values())), WorldResize(resize.term, members, nproc, reason)))
+    _resize(job, Resize(members, nproc, job.term + 1, tuple(lost), reason))
+
+
+def _resize(job: Any, resize: Resize, step: int = -1) -> None:
+    """Tell every node agent of the job the new world (each spare that joins, the node it becomes;
+    ``step``: the boundary their memory must hold before they stop their ranks), then the shell: this
+    job commands nothing more, its :func:`successor` does."""
+    told = WorldResize(resize.term, resize.members, resize.nproc, resize.reason, nodes=resize.nnodes, step=step)
+    job.emit(Broadcast(tuple(dict.fromkeys(job.agents.values())), told))
+    for number, spare in enumerate(resize.joins, start=len(resize.members)):
+        job.emit(Send(spare, replace(told, join=number)))
     job.emit(resize)
     job.resized = resize
 

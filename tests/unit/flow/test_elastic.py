@@ -77,7 +77,7 @@ def test_a_node_lost_for_good_is_left_behind_and_every_agent_is_told_the_new_wor
     assert (resize.members, resize.lost, resize.world_size, resize.term) == ((0, 1), (2,), 2, 1)
     assert "node 2 lost for good" in resize.reason and "2 of 3 nodes (MIN 2)" in resize.reason
     (told,) = [e for e in d.effects if isinstance(e, Broadcast) and isinstance(e.message, WorldResize)]
-    assert set(told.peers) == {LOCAL, NODE1, NODE2} and told.message == WorldResize(1, (0, 1), 1, resize.reason)
+    assert set(told.peers) == {LOCAL, NODE1, NODE2} and told.message == WorldResize(1, (0, 1), 1, resize.reason, nodes=2)
     # From now on this job commands nothing: its successor does.
     assert d.job.tick(d.now + 100) == [] and d.send(0, StepReport(0, 5)) == []
 
