@@ -45,9 +45,10 @@ def test_a_rank_held_to_two_thirds_of_the_cpu_is_flagged_then_cleared(tmp_path: 
     assert not any(r.slow for r in status.ranks)
     throttle = Throttle(status.ranks[1].pid, 2 / 3)  # its work takes 1.5× as long
     try:
-        # Flagged after two slow windows of 3 s in a row (mindft.flow.slow's tests count them exactly).
+        # Flagged after two slow windows of 3 s in a row (mindft.flow.slow's tests count them exactly); on
+        # 2 cores shared with a three-host test a window is sometimes within 1.3× (1.5× expected): 120 s.
         status = wait_for_status(job_file, launcher, output, lambda s: any(r.slow for r in s.ranks), "a slow rank",
-                                 timeout=60)
+                                 timeout=120)
         shown = subprocess.run([sys.executable, "-m", "mindft.cli.main", "status", "--job", str(job_file)],
                                env=environment(tmp_path), capture_output=True, text=True, timeout=60, cwd=ROOT)
     finally:
@@ -57,7 +58,7 @@ def test_a_rank_held_to_two_thirds_of_the_cpu_is_flagged_then_cleared(tmp_path: 
     assert "SLOW: rank 1: its own work per step is over its peers' median" in shown.stdout, shown.stdout
     assert "SLOW" in [line for line in shown.stdout.splitlines() if line.startswith("1 ")][0], shown.stdout
     wait_for_status(job_file, launcher, output, lambda s: not any(r.slow for r in s.ranks), "rank 1 cleared",
-                    timeout=60)
+                    timeout=120)
     stop_job(launcher)
     (flagged, cleared) = flags(tmp_path / "run")
     assert (flagged.rank, flagged.node, flagged.slow, cleared.rank, cleared.slow) == (1, 0, True, 1, False)
