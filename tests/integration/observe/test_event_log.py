@@ -117,7 +117,10 @@ def test_a_hot_reset_is_logged_field_by_field(tmp_path: Path, processes: Process
     assert moves[1].reason.startswith("rank 1 DEVICE_RESET in step ") and moves[-1].step == 60
     (fault,) = [r for r in records if isinstance(r, FaultSeen)]
     assert (fault.rank, fault.fault, fault.node, fault.collateral) == (1, "device_reset", -1, False)
-    assert fault.step == moves[1].step + 1 and "device plugin: error" in fault.reason
+    # The step rank 1 was in: past the slowest rank's (these ranks have no collectives to keep them in
+    # lockstep, so rank 1 may be a step or two ahead), and the one the transition names.
+    assert fault.step >= moves[1].step + 1 and f"in step {fault.step} " in moves[1].reason
+    assert "device plugin: error" in fault.reason
     assert [(r.rung, r.reason) for r in records if isinstance(r, LadderDecision)] == [("in_place", moves[1].reason)]
     (order,) = [r for r in records if isinstance(r, OrderSent)]
     assert (order.rank, order.order, order.restart) == (1, "start", False) and "device was reset" in order.reason
