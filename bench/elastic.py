@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import REPO
+from _common import REPO, results_parser
 
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # the tree under test, and the hosts harness
 
@@ -132,10 +132,7 @@ def run_way(way: str, case: str, measure, root: Path, args: argparse.Namespace) 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer steps, shorter waits: every path once")
-    parser.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "elastic.json")
-    args = parser.parse_args()
+    args = results_parser(__doc__, "elastic", "fewer steps, shorter waits: every path once").parse_args()
     hosts_or_skip()
     # Full form: enough steps on each world for a steady rate (~0.1 s a step on 2 cores).
     steps, args.lose_at, args.again_after, args.repair = (40, 8, 5.0, 8) if args.quick else (400, 80, 30.0, 20)

@@ -25,7 +25,6 @@ Writes bench/results/node_loss.json.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import resource
@@ -34,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import REPO
+from _common import REPO, results_parser
 
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # the tree under test, and the hosts harness
 
@@ -105,10 +104,7 @@ STEADY = ((False, False, "plain"), (True, False, "--standbys 1"), (True, True, "
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="only (c) and (d) with a standby and a spare")
-    parser.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "node_loss.json")
-    args = parser.parse_args()
+    args = results_parser(__doc__, "node_loss", "only (c) and (d) with a standby and a spare").parse_args()
     hosts_or_skip()
     results: dict = {"benchmark": "node_loss", "machine": platform.node(), "losses": [], "steady": []}
     with tempfile.TemporaryDirectory(prefix="mindft-bench-node-loss-") as tmp:

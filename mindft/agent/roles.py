@@ -201,11 +201,7 @@ class RoleChanges:
             return
         if order.step >= 0:
             self._hold_step(order.step)
-        running = self.workers.running()
-        if running:
-            self.workers.kill_worker(running, signal.SIGKILL, self.spec.grace_period)
-            for rank, code in self.workers.exits().items():
-                self.policy.stopped(rank, code)
+        self._stop_ranks()
         node = new_node(order.members, self.spec.node_rank)
         if node < 0:
             self._become_spare("")
@@ -260,15 +256,19 @@ class RoleChanges:
         if self.node_metrics is not None:
             self.node_metrics.node, self.node_metrics.replication = str(spec.node_rank), self.replication
 
-    def _become_spare(self, controller: str) -> None:
-        """This agent's node was given to another agent, or the controller it ran stood down for the
-        one at ``controller``: stop what still runs of the node (its ranks, its controller, MindSpore's
-        scheduler, its replication), and wait as a spare of the job's controller."""
+    def _stop_ranks(self) -> None:
+        """Kill what still runs of this node's ranks, and tell the policy they stopped as told."""
         running = self.workers.running()
         if running:
             self.workers.kill_worker(running, signal.SIGKILL, self.spec.grace_period)
             for rank, code in self.workers.exits().items():
                 self.policy.stopped(rank, code)
+
+    def _become_spare(self, controller: str) -> None:
+        """This agent's node was given to another agent, or the controller it ran stood down for the
+        one at ``controller``: stop what still runs of the node (its ranks, its controller, MindSpore's
+        scheduler, its replication), and wait as a spare of the job's controller."""
+        self._stop_ranks()
         if self.runner is not None:
             self.runner.stop()
             self.runner = None

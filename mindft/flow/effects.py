@@ -119,7 +119,7 @@ class SlowRank:
 class Resize:
     """The job goes on with the nodes ``members`` (present numbers, in their new order; ``nproc`` ranks
     each) in ``term``; ``lost``: the nodes it leaves behind (:mod:`mindft.flow.elastic`). The shell
-    carries on with :meth:`mindft.flow.Job.successor`, the job of the new world."""
+    carries on with :func:`mindft.flow.elastic.successor`, the job of the new world."""
 
     members: tuple[int, ...]
     nproc: int
