@@ -14,13 +14,15 @@ on the same global batch whatever the world size, split over the ranks there are
 which the samples the job trained on can be checked. ``--load FILE --start K``: start from a state
 another run wrote with ``--out`` after ``K`` steps (a fault-free run that changes its world size
 after step K: K steps on one world, then the rest on another). ``--step-seconds`` slows each step
-down, to leave time for a fault from outside.
+down, to leave time for a fault from outside. ``--api model`` trains the same steps with
+``Model.train`` through ``mindft.mindspore.train``, from ``mindft.mindspore.elastic_dataset``.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import math
 import time
 from pathlib import Path
 
@@ -28,7 +30,9 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 from mindspore.communication import get_group_size, get_rank, init
+from mindspore.train import Callback, Model
 
+import mindft.mindspore
 from mindft.mindspore import FaultTolerantLoop, GlobalBatches
 from train_dp import CLASSES, FEATURES, HIDDEN, SyntheticClassification, save_weights
 
@@ -38,6 +42,26 @@ def load_state(path: Path, net: nn.Cell, optimizer: nn.Optimizer) -> None:
     saved = np.load(path)
     for param in (*net.get_parameters(), *optimizer.get_parameters()):
         param.set_data(ms.Tensor(saved[param.name]))
+
+
+class ModelSteps(Callback):
+    """For ``Model.train``: slows each step down, records its samples (found from its rows) and stops
+    after step ``last`` (steps count from ``start``; mindft puts ``cur_step_num`` back after a rollback)."""
+
+    def __init__(self, source: SyntheticClassification, start: int, last: int, record, seconds: float) -> None:
+        super().__init__()
+        self.rows = {row.tobytes(): index for index, row in enumerate(source.x)}
+        self.start, self.last, self.record, self.seconds = start, last, record, seconds
+
+    def on_train_step_begin(self, run_context) -> None:
+        time.sleep(self.seconds)
+
+    def on_train_step_end(self, run_context) -> None:
+        params = run_context.original_args()
+        step = self.start + params.cur_step_num
+        self.record(step, np.array([self.rows[row.tobytes()] for row in params.train_dataset_element[0].asnumpy()]))
+        if step >= self.last:
+            run_context.request_stop()
 
 
 def main() -> None:
@@ -51,6 +75,8 @@ def main() -> None:
     parser.add_argument("--load", type=Path)
     parser.add_argument("--start", type=int, default=0, help="steps trained before (with --load)")
     parser.add_argument("--step-seconds", type=float, default=0.0)
+    parser.add_argument("--api", choices=("loop", "model"), default="loop",
+                        help="a custom loop over shares, or Model.train over elastic_dataset")
     args = parser.parse_args()
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
@@ -74,20 +100,34 @@ def main() -> None:
     if record is not None:
         args.record.mkdir(parents=True, exist_ok=True)
 
-    def train_step(step: int, indices: np.ndarray, weight: float) -> None:
-        time.sleep(args.step_seconds)
-        _, grads = grad_fn(ms.Tensor(source.x[indices]), ms.Tensor(source.y[indices]),
-                           ms.Tensor(weight, ms.float32))
-        optimizer(reducer(grads))
+    def recorded(step: int, indices: np.ndarray) -> None:
         if record is not None:
             with record.open("a") as lines:
                 lines.write(json.dumps({"step": step, "rank": rank, "world": world, "indices": indices.tolist(),
                                         "t": time.time()}) + "\n")
 
+    def train_step(step: int, indices: np.ndarray, weight: float) -> None:
+        time.sleep(args.step_seconds)
+        _, grads = grad_fn(ms.Tensor(source.x[indices]), ms.Tensor(source.y[indices]),
+                           ms.Tensor(weight, ms.float32))
+        optimizer(reducer(grads))
+        recorded(step, indices)
+
     data = GlobalBatches(args.samples, args.global_batch, args.seed)
-    with FaultTolerantLoop(net, optimizer) as loop:  # mindft's line
-        for step, share in loop.shares(data, args.steps - args.start, start=args.start):
-            loop.step(train_step, step, share.indices, share.weight)
+    if args.api == "model":
+        dataset = mindft.mindspore.elastic_dataset(data, lambda indices: (source.x[indices], source.y[indices]),
+                                                   ["x", "y"])
+        model = Model(net, loss_fn, optimizer)
+        per_epoch = dataset.get_dataset_size()
+        first_epoch, skipped = divmod(args.start, per_epoch)
+        dataset.set_init_step(skipped)  # a resume inside an epoch, as MindFormers' does
+        steps = ModelSteps(source, args.start, args.steps, recorded, args.step_seconds)
+        mindft.mindspore.train(model, math.ceil(args.steps / per_epoch), dataset, [steps],  # mindft's line
+                               initial_epoch=first_epoch)
+    else:
+        with FaultTolerantLoop(net, optimizer) as loop:  # mindft's line
+            for step, share in loop.shares(data, args.steps - args.start, start=args.start):
+                loop.step(train_step, step, share.indices, share.weight)
 
     if args.out:
         save_weights(args.out, rank, net, optimizer)

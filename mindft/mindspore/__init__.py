@@ -3,7 +3,8 @@
 Two ways in:
 
 * ``Model.train``: ``mindft.mindspore.train(model, epoch, train_dataset, ...)`` (or pass
-  :class:`FaultTolerance` to ``Model.train`` yourself).
+  :class:`FaultTolerance` to ``Model.train`` yourself); in an elastic job its dataset from
+  :func:`elastic_dataset`.
 * hand-written loops: :class:`FaultTolerantLoop` (in an elastic job, each step's samples from
   :class:`GlobalBatches`).
 
@@ -15,7 +16,8 @@ from mindft.rank.data import GlobalBatches, Share
 from mindft.rank.faults import DeviceFault
 from mindft.mindspore._session import EXIT_DUMPED, RewindRequired
 from mindft.mindspore.callback import FaultTolerance, train
+from mindft.mindspore.data import elastic_dataset
 from mindft.mindspore.loop import FaultTolerantLoop
 
 __all__ = ["DeviceFault", "EXIT_DUMPED", "FaultTolerance", "FaultTolerantLoop", "GlobalBatches", "RewindRequired",
-           "Share", "train"]
+           "Share", "elastic_dataset", "train"]

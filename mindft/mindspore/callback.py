@@ -12,6 +12,7 @@ from mindspore.train import Callback, Model
 from mindft.config import MindftConfig, load_config
 from mindft.exitcodes import ExitCode
 from mindft.mindspore.backend import delegates_to_mindspore, mindio_callback, session_class
+from mindft.mindspore.data import StepSampler, step_sampler
 from mindft.mindspore._session import RewindRequired, Session, TrainingState, optimizer_of
 
 log = logging.getLogger(__name__)
@@ -45,11 +46,11 @@ class FaultTolerance(Callback):
         """Start protecting ``train_network`` (idempotent); returns the step training continues after."""
         if self.session is None:
             self._config = self._config if self._config is not None else load_config()
-            if self._config.elastic_min:
+            if self._config.elastic_min and not self._driven:
                 raise ValueError(f"mindft: an elastic job (MINDFT_ELASTIC={self._config.elastic_min}:"
-                                 f"{self._config.elastic_max}) changes its world size, and Model.train's dataset, "
-                                 f"sharded for one world size, cannot follow it: train with FaultTolerantLoop.shares "
-                                 f"(mindft.rank.data), or drop --nnodes MIN:MAX")
+                                 f"{self._config.elastic_max}) changes its world size, which only "
+                                 f"mindft.mindspore.train can follow (with an elastic_dataset): call it instead of "
+                                 f"Model.train")
             optimizer = optimizer if optimizer is not None else optimizer_of(train_network)
             self.session = session_class(self._config)(TrainingState(train_network, optimizer), optimizer,
                                                        self._config, snapshot_every=self._snapshot_every)
@@ -151,6 +152,12 @@ def train(model: Model, epoch: int, train_dataset: Any, callbacks: Optional[Iter
     if ft is None:
         ft = FaultTolerance(config, snapshot_every)
         cbs.insert(0, ft)
+    sampler = step_sampler(train_dataset)
+    if config.elastic_min and sampler is None:
+        raise ValueError(f"mindft.mindspore.train: an elastic job (MINDFT_ELASTIC={config.elastic_min}:"
+                         f"{config.elastic_max}) changes its world size, and this dataset, sharded for one world "
+                         f"size, cannot follow it: build it with mindft.mindspore.elastic_dataset, or drop "
+                         f"--nnodes MIN:MAX")
     per_epoch = train_dataset.get_dataset_size()
     # Batches the dataset already skips in its first epoch (set_init_step: MindFormers' resume does).
     skipped = train_dataset.get_init_step() % per_epoch
@@ -160,7 +167,7 @@ def train(model: Model, epoch: int, train_dataset: Any, callbacks: Optional[Iter
     session = ft.session
     try:
         while True:
-            _train_to(model, epoch, initial_epoch, train_dataset, cbs, session, per_epoch, total, skipped)
+            _train_to(model, epoch, initial_epoch, train_dataset, cbs, session, per_epoch, total, skipped, sampler)
             if session.finish() is None:  # None: every rank is done; else a late fault rolled back
                 break
     finally:
@@ -178,7 +185,7 @@ def sink_problem(sink_mode: bool, sink_size: int, device: str, pynative: bool) -
 
 
 def _train_to(model: Model, epoch: int, first_epoch: int, dataset: Any, cbs: List[Callback], session: Session,
-              per_epoch: int, total: int, skipped: int) -> None:
+              per_epoch: int, total: int, skipped: int, sampler: Optional[StepSampler]) -> None:
     """Run Model.train until ``total`` steps after batch ``skipped`` of epoch ``first_epoch``,
     re-entering it after every rollback."""
     while session.step < total:
@@ -188,6 +195,8 @@ def _train_to(model: Model, epoch: int, first_epoch: int, dataset: Any, cbs: Lis
             # _handle_tft re-enters: the interrupted epoch starts at batch offset + 1 (set_init_step
             # applies to the first epoch of the call), so callbacks see one train begin and end.
             dataset.set_init_step(offset)
+            if sampler is not None:
+                sampler.first_epoch = first_epoch + done  # Model.train counts this call's epochs from 0
             model.train(epoch, dataset, callbacks=cbs, dataset_sink_mode=False, initial_epoch=first_epoch + done)
             break  # finished, or stopped on request: either way not to be re-entered
         except RewindRequired as rewind:

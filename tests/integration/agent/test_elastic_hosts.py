@@ -3,7 +3,9 @@ examples/train_elastic.py started with ``--nnodes 2:3``, one rank per node, MCCL
 the links. A node lost for good leaves the job on the other two; every sample of every epoch is used
 once (each process records the sample ids of every step it completes), and the final weights are
 bit-identical to a fault-free run that changes its world size after the same step (the step the job
-rolled back to, read from the event log): that step on three ranks, the rest on two."""
+rolled back to, read from the event log): that step on three ranks, the rest on two. The first
+scenario trains with the custom loop (``FaultTolerantLoop.shares``), the second with ``Model.train``
+(``mindft.mindspore.train`` over ``elastic_dataset``)."""
 from __future__ import annotations
 
 import json
@@ -63,15 +65,16 @@ def assert_every_sample_used_once(steps: dict[int, tuple[int, list[list[int]]]])
     assert max(Counter(used[epochs * SAMPLES:]).values()) == 1
 
 
-def reference(processes: Processes, tmp: Path, worlds: list[tuple[int, int]]) -> Path:
+def reference(processes: Processes, tmp: Path, worlds: list[tuple[int, int]], api: str = "loop") -> Path:
     """A fault-free run on one host that trains ``worlds`` = [(ranks, up to step)...] one after the
-    other, each part starting from the state the previous one wrote; its final weights' directory."""
+    other, each part starting from the state the previous one wrote, with the script's ``api``; its
+    final weights' directory."""
     start, state = 0, None
     for part, (ranks, until) in enumerate(worlds):
         out = tmp / f"reference-{part}"
         argv = [sys.executable, "-m", "mindft.cli.launch", "--nproc", str(ranks), "--master_port",
                 str(free_port_pair()), "--run-dir", str(tmp / f"reference-run-{part}"), "--cluster_time_out", "120",
-                str(SCRIPT), "--steps", str(until), "--start", str(start), "--out", str(out),
+                str(SCRIPT), "--api", api, "--steps", str(until), "--start", str(start), "--out", str(out),
                 *(("--load", str(state)) if state is not None else ())]
         env = environment(tmp, MS_ENABLE_TFT="{RSC:1}", **TIMEOUTS)
         code, output = processes.run(argv, env, tmp / f"reference-{part}.out")
@@ -131,14 +134,15 @@ def test_node_2_lost_for_good_then_back_the_job_shrinks_to_two_grows_back_to_thr
           f"{grown}; every launcher exited 0 {took:.1f} s after the loss")
 
 
-def test_node_0_lost_for_good_the_standby_goes_on_with_nodes_1_and_2_every_sample_once_and_bit_identical(
+def test_node_0_lost_for_good_the_standby_goes_on_with_nodes_1_and_2_model_train_every_sample_once(
         hosts: Hosts, processes: Processes, tmp_path: Path) -> None:
     """Node 0 (the controller, MindSpore's scheduler, rank 0) is lost for good and no spare is there:
     node 1's standby takes command (term 1), no agent speaks for node 0 within --shrink-after, and
-    nodes 1 and 2 go on as nodes 0 and 1 (term 2) behind a scheduler on node 1's host."""
+    nodes 1 and 2 go on as nodes 0 and 1 (term 2) behind a scheduler on node 1's host. Trained with
+    Model.train."""
     records = tmp_path / "records"
     job = HostsJob(hosts, processes, tmp_path, "--record", str(records), nodes=3, node_range="2:3",
-                   script=SCRIPT, job_args=JOB_ARGS, launch_args=("--standbys", "1"), MINDFT_SHRINK_AFTER="3")
+                   script=SCRIPT, job_args=(*JOB_ARGS, "--api", "model"), launch_args=("--standbys", "1"), MINDFT_SHRINK_AFTER="3")
     job.start_training()
     lost_at = job.lose("node0", 0)
     codes = {name: job.wait(name) for name in ("node1", "node2")}
@@ -154,7 +158,7 @@ def test_node_0_lost_for_good_the_standby_goes_on_with_nodes_1_and_2_every_sampl
     steps = trained(records)
     assert {world for step, (world, _) in steps.items() if step > rollback} == {2}
     assert_every_sample_used_once(steps)
-    assert_ranks_identical(tmp_path / "out", reference(processes, tmp_path, [(3, rollback), (2, STEPS)]), 2)
+    assert_ranks_identical(tmp_path / "out", reference(processes, tmp_path, [(3, rollback), (2, STEPS)], "model"), 2)
     assert_nothing_left(hosts)
     print(f"node 0 lost for good: node 1's standby took command and went on with nodes 1 and 2 from step "
           f"{rollback}; both launchers exited 0 {took:.1f} s after the loss")
