@@ -47,6 +47,10 @@ they run and hold, their live ranks reconnect and register again with how far th
 new watcher's first read reports the chips still being reset. A StartWorker with ``restore_from``
 first puts the rank's replica from the next node's keeper into its agent's memory.
 :meth:`fault_in_phase` with ``kind="node"`` loses the rank's node when an episode reaches a phase.
+
+``elastic=(MIN, MAX)`` makes the job elastic (tests/sim_elastic.py): a node lost for good
+(``replace_after=math.inf``) is left behind, a spare or a launcher back is taken back, and the
+simulator carries on with the job of each new world.
 """
 from __future__ import annotations
 
@@ -64,9 +68,11 @@ from mindft.flow import (TRANSITIONS, Armed, Broadcast, DeviceFailed, DeviceFaul
 from mindft.flow.agent import AbortJob, KillWorker, NodePolicy, StartWorker
 from mindft.flow.inputs import SchedulerLost
 from mindft.flow.cadence import Budget, Schedule
+from mindft.flow.effects import GiveNode, Resize
+from mindft.flow.elastic import ElasticRange
 from mindft.protocol import (Action, ActionKind, AgentHello, Cadence, CostReport, Done, FaultKind, FaultReport,
                              Heartbeat, JobView, NodeLost, ProcessExit, Progress, RankOrder, Register, RegisterAck,
-                             ReplicaReport)
+                             Replaced, ReplicaReport, WorldResize)
 
 TIMEOUTS = Timeouts(heartbeat_interval=0.5, heartbeat_misses=6, register=30.0, pause=10.0, repair=20.0,
                     rollback=10.0, resume=10.0)
@@ -78,6 +84,7 @@ _NONE_IN_ANY_STATE = dict.fromkeys(RankState, 0)
 MAX_RESTARTS = 5  # each node agent's --max-restarts
 # The phases of an episode a fault can be scheduled in (:meth:`SimJob.fault_in_phase`).
 PHASES = ("pausing", "repairing", "leaving", "restarting", "rollback", "resuming")
+RESIZING = "resizing"  # an elastic job's new world, from the resize until it trains (tests/sim_elastic.py)
 _PHASE_OF = {JobState.PAUSING: "pausing", JobState.REPAIRING: "repairing", JobState.ROLLBACK: "rollback",
              JobState.RESUMING: "resuming"}
 
@@ -119,9 +126,11 @@ def expected_state(steps: int) -> int:
 class SimRank:
     """One rank process: its snapshots and model, and the RankHooks the follower calls."""
 
-    def __init__(self, job: SimJob, rank: int, incarnation: int, snapshots: dict[int, int]) -> None:
+    def __init__(self, job: SimJob, rank: int, incarnation: int, snapshots: dict[int, int],
+                 process: bool = True) -> None:
         self.sim, self.rank, self.incarnation = job, rank, incarnation
-        self.peer = f"rank{rank}.inc{incarnation}".encode()
+        world = f".w{job.world.resizes}" if job.world is not None and job.world.resizes else ""
+        self.peer = f"rank{rank}.inc{incarnation}{world}".encode()
         self.follower = Follower(rank, job.snapshot_every)
         self.snapshots = dict(snapshots)
         self.position = 0 if not snapshots else max(snapshots)
@@ -134,7 +143,10 @@ class SimRank:
         self.last_sent = self.last_heard = self.last_beat = 0.0
         self.collective_step = 0
         self.released = False  # the collective it waits in completed
-        self.communicator = job.join_communicator(self)
+        # process=False: only what its agent's memory holds of the rank (the world was resized).
+        self.communicator = job.join_communicator(self) if process else -1
+        if not process:
+            self.mode = "dead"
 
     def on_cadence(self, message: Cadence | RegisterAck) -> None:
         wire = message.schedule if isinstance(message, Cadence) else message.cadence
@@ -299,13 +311,20 @@ class SimJob:
     # Node 0 lost with the controller: the one that rebuilds the job is a standby on another node
     # (a term higher, commanding nothing until half of the node agents said hello), not node 0's own.
     standby: bool = False
+    # MIN:MAX nodes (tests/sim_elastic.py): a node lost for good is left behind, a spare taken back.
+    elastic: Optional[tuple[int, int]] = None
+    shrink_after: float = 5.0
 
     def __post_init__(self) -> None:
         if self.world_size % self.nodes:
             raise ValueError(f"{self.world_size} ranks do not spread evenly over {self.nodes} nodes")
         self.random = random.Random(self.seed)
         self.now = 0.0
-        self.job = Job(self.world_size, self.timeouts, self.now, self.snapshot_every, budget=self.budget)
+        self.job = Job(self.world_size, self.timeouts, self.now, self.snapshot_every, budget=self.budget,
+                       elastic=self.elastic_range)
+        self.peers: dict[int, bytes] = {}  # node -> its agent's link, where not agent_peer(node) (elastic)
+        from sim_elastic import ElasticWorld  # it builds on this module
+        self.world = ElasticWorld(self) if self.elastic else None
         self.communicator, self.members = 0, 0
         self.dead_communicators: set[int] = set()  # formed by a scheduler that died
         self.scheduler_down = False  # until node 0's agent starts a new scheduler
@@ -334,7 +353,7 @@ class SimJob:
         self.node_lost = False  # a node was lost: a FAILED job must have had no common step
         self.truth: Optional[frozenset[int]] = None  # the steps every rank could restore when the job failed
         self.agents: dict[int, NodePolicy] = {}  # per node, from run() on (spread() may change the nodes)
-        self.phase_hits: dict[str, int] = dict.fromkeys(PHASES, 0)  # faults injected in each phase
+        self.phase_hits: dict[str, int] = dict.fromkeys((*PHASES, RESIZING), 0)  # faults injected in each phase
         self.controller_lost = False  # node 0 is gone with the controller, not replaced yet
         self.controllers = 1  # started so far
         self.watch_pending = False  # a new controller's reset-file watcher has not read the file yet
@@ -360,9 +379,12 @@ class SimJob:
         return self
 
     def lose_node_at(self, node: int, step: int, replace_after: float = 2.0) -> SimJob:
-        """Node ``node`` is lost when one of its ranks enters ``step``; a new node replaces it later."""
+        """Node ``node`` is lost when one of its ranks enters ``step``; a new node replaces it later
+        (``math.inf``: never; only in an elastic job, and not node 0, which runs the controller)."""
         if not 0 <= node < self.nodes or self.nodes < 2:
             raise ValueError(f"no node {node} of {self.nodes} to lose (a lost node needs a next one)")
+        if math.isinf(replace_after) and (node == 0 or self.elastic is None):
+            raise ValueError("only a node other than 0 of an elastic job is lost for good")
         self.node_losses[(node, step)] = replace_after
         return self
 
@@ -383,12 +405,13 @@ class SimJob:
     def fault_in_phase(self, phase: str, rank: int, kind: str = "device", seconds: float = 1.0) -> SimJob:
         """When an episode first reaches ``phase`` (one of :data:`PHASES`; "leaving": a rank was
         told to leave its device or killed and its process still runs; "restarting": a process
-        was ordered started and has not registered), rank ``rank``'s chip faults and is reset
-        for ``seconds`` ("device", if its process runs), its process is killed ("kill"), or its node is
-        lost and replaced ``seconds`` later ("node")."""
-        if phase not in PHASES or kind not in ("device", "kill", "node"):
-            raise ValueError(f"phase must be one of {PHASES} and kind 'device', 'kill' or 'node', got {phase!r}, "
-                             f"{kind!r}")
+        was ordered started and has not registered; or :data:`RESIZING`, a kill waiting for the rank's
+        new process), rank ``rank``'s chip faults and is reset for ``seconds`` ("device", if its process
+        runs), its process is killed ("kill"), or its node is lost and replaced ``seconds`` later
+        ("node"; rank and node numbers are the world's at that moment)."""
+        if phase not in (*PHASES, RESIZING) or kind not in ("device", "kill", "node"):
+            raise ValueError(f"phase must be one of {(*PHASES, RESIZING)} and kind 'device', 'kill' or 'node', got "
+                             f"{phase!r}, {kind!r}")
         self.phase_faults.append((phase, rank, kind, seconds))
         return self
 
@@ -396,9 +419,10 @@ class SimJob:
         """The phases of an episode the job is in now."""
         job = self.job
         phase = _PHASE_OF.get(job.state)
+        resizing = {RESIZING} if self.world is not None and self.world.resizing else set()
         if phase is None:
-            return set()
-        phases = {phase}
+            return resizing
+        phases = {phase} | resizing
         for number, fault in job.recovery.faults.items():
             if fault.left_at >= 0 and not fault.exited and self.ranks[number].alive:
                 phases.add("leaving")
@@ -411,9 +435,13 @@ class SimJob:
             return
         phases = self._phases()
         for planned in [p for p in self.phase_faults if p[0] in phases]:
-            self.phase_faults.remove(planned)
             phase, number, kind, seconds = planned
-            rank = self.ranks[number]
+            rank = self.ranks.get(number)
+            if phase == RESIZING and kind == "kill" and rank is not None and not rank.alive:
+                continue  # the new world's process is not started yet: killed once it is, if still resizing
+            self.phase_faults.remove(planned)
+            if rank is None:
+                continue  # no such rank in the world the job shrank to
             if (not rank.alive and kind != "node") or self.node_of(number) in self.lost_nodes:
                 continue
             self.phase_hits[phase] += 1
@@ -461,6 +489,18 @@ class SimJob:
         self.timers.append((self.now + 0.1, "scheduler", 76 + self.schedulers))
 
     # ---- nodes and replicas ----
+    @property
+    def elastic_range(self) -> Optional[ElasticRange]:
+        return None if self.elastic is None else ElasticRange(*self.elastic, self.shrink_after)
+
+    def peer_of(self, node: int) -> bytes:
+        """The link of node ``node``'s agent."""
+        return self.peers.get(node) or agent_peer(node)
+
+    def node_at(self, peer: bytes) -> int:
+        """The node whose agent is at ``peer`` (-1: none of this world's)."""
+        return next((node for node in self.agents if self.peer_of(node) == peer), -1)
+
     def node_of(self, rank: int) -> int:
         return rank // (self.world_size // self.nodes)
 
@@ -506,7 +546,7 @@ class SimJob:
             ranks = self.node_ranks(node)
             lost = tuple(r for r in ranks if self.now - self.behind_since.get(r, self.now) > AGENT_LOST_AFTER)
             report = ReplicaReport(node, ranks, tuple(self.confirmed.get(r, -1) for r in ranks), lost)
-            self._apply_agent(self.job.handle(f"agent{node}".encode(), report, self.now))
+            self._apply_agent(self.job.handle(self.peer_of(node), report, self.now))
 
     def lose_node(self, node: int, replace_after: float) -> None:
         """The node dies: processes, the agent's memory and the replicas its keeper held; nobody reports it."""
@@ -531,8 +571,9 @@ class SimJob:
             self.timers = [t for t in self.timers if t[1] != "scheduler"]
         self.timers.append((self.now + replace_after, "replace", node))
 
-    def _replace_node(self, node: int) -> None:
-        """A new node's agent restores its ranks' replicas from the next node, reports the loss, starts them."""
+    def _replace_node(self, node: int, adoption: int = 0) -> None:
+        """A new node's agent (a spare's, by ``adoption``) restores its ranks' replicas from the next
+        node, reports the loss, starts them."""
         self.lost_nodes.discard(node)
         if self.controller_lost and node == 0:
             self._restart_controller()
@@ -552,8 +593,9 @@ class SimJob:
             held = None if buddy in self.lost_nodes else self.keeper.get(number)
             self.ranks[number].snapshots = {} if held is None else {held[1]: held[2]}
             steps.append(-1 if held is None else held[1])
-        report = NodeLost(node, ranks, tuple(steps), self.node_ranks((node - 1) % self.nodes), "simulated")
-        self._apply_agent(self.job.handle(agent_peer(node), report, self.now))
+        report = NodeLost(node, ranks, tuple(steps), self.node_ranks((node - 1) % self.nodes), "simulated",
+                          adoption=adoption)
+        self._apply_agent(self.job.handle(self.peer_of(node), report, self.now))
         # Every worker restarts together: a start order given while the node was gone comes again
         # in answer to the new agent's hello.
         self._start_agent(node, replacing=True)
@@ -564,7 +606,8 @@ class SimJob:
         self.controller_lost = False
         self.controllers += 1
         self.job = Job(self.world_size, self.timeouts, self.now, self.snapshot_every, budget=self.budget,
-                       term=self.controllers - 1 if self.standby else 0, standing_by=self.standby)
+                       term=self.controllers - 1 if self.standby else 0, standing_by=self.standby,
+                       elastic=self.elastic_range)
         self.up.clear()  # sent to the lost controller
         self.last_round, self.recovery_started, self.watch_pending = 0, None, True
         self.scheduler_down, self.schedulers = False, self.schedulers + 1
@@ -590,7 +633,8 @@ class SimJob:
             return -1 if fresh else max(rank.snapshots, default=-1)
         return AgentHello(node, ranks, tuple(workers[r].pid or 0 for r in ranks),
                           tuple(workers[r].restarts for r in ranks), tuple(newest(self.ranks[r]) for r in ranks),
-                          f"keeper{node}", tuple(kept), tuple(kept.values()))
+                          f"keeper{node}", tuple(kept), tuple(kept.values()),
+                          term=self.world.known_term(node) if self.world is not None else 0)
 
     def _start_agent(self, node: int, replacing: bool = False) -> None:
         """A node agent starts: it starts its ranks (or, replacing a lost node, rejoins them as its
@@ -608,7 +652,7 @@ class SimJob:
             for number in ranks:
                 policy.started(number, pid_of(number, 0))
         if not self.controller_lost:  # else it says hello to the next controller
-            self._apply(self.job.handle(agent_peer(node), self.hello(node), self.now))
+            self._apply(self.job.handle(self.peer_of(node), self.hello(node), self.now))
 
     def exited(self, rank: SimRank, code: int) -> None:
         """A rank's process ended; its agent notices a moment later."""
@@ -617,9 +661,9 @@ class SimJob:
     def _order(self, agent: Optional[bytes], order: RankOrder) -> None:
         if agent is None:
             raise Violation(f"the job ordered {order.kind.value} for rank {order.rank} without its agent's address")
-        node = int(agent.decode().removeprefix("agent"))
-        if node in self.lost_nodes:
-            return  # the agent went with its node: the order is lost (the new agent's hello asks again)
+        node = self.node_at(agent)
+        if node < 0 or node in self.lost_nodes:
+            return  # the agent went with its node, or the world it ran: the order is lost
         self._carry_out(node, self.agents[node].on_order(order))
 
     def _carry_out(self, node: int, effects: list) -> None:
@@ -627,11 +671,13 @@ class SimJob:
         for effect in effects:
             if isinstance(effect, ProcessExit):  # on the agent's link, as the shell sends it
                 if not self.controller_lost:  # else lost with the link: the agent's next hello says it
-                    self._apply_agent(self.job.handle(agent_peer(node), effect, self.now))
+                    self._apply_agent(self.job.handle(self.peer_of(node), effect, self.now))
             elif isinstance(effect, SchedulerLost):  # in the controller's process, as node 0's shell reports it
                 self._apply(self.job.scheduler_lost(effect, self.now))
             elif isinstance(effect, StartWorker):
-                if effect.restore_from:
+                if effect.restore_from and effect.restore_rank >= 0:
+                    self.world.copy(effect.rank, effect.restore_from, effect.restore_rank)
+                elif effect.restore_from:
                     self._restore(effect.rank, effect.restore_from)
                 if node == 0 and effect.renew_cluster:
                     # A new scheduler: the cluster the old one was forming is given up with it.
@@ -660,7 +706,7 @@ class SimJob:
     def _apply_agent(self, effects: list) -> None:
         """Effects of an agent's request: its reply goes to the agent, the rest to the job."""
         self._apply([e for e in effects if not (isinstance(e, Send) and e.peer.startswith(b"agent")
-                                                and not isinstance(e.message, JobView))])
+                                                and not isinstance(e.message, (JobView, Replaced)))])
 
     def _restorable(self) -> frozenset[int]:
         """The steps every rank could restore now: from its process or its agent's memory, a lost
@@ -682,9 +728,12 @@ class SimJob:
         self.up.append((rank.peer, message))
 
     def _deliver(self, peers: tuple[bytes, ...], message: object) -> None:
+        if isinstance(message, (WorldResize, Replaced)) and self.world is not None:
+            self.world.told(peers, message)
+            return
         if isinstance(message, JobView):
             for node, policy in self.agents.items():
-                if agent_peer(node) in peers and node not in self.lost_nodes:
+                if self.peer_of(node) in peers and node not in self.lost_nodes:
                     policy.on_view(message)
             return
         for rank in self.ranks.values():
@@ -714,12 +763,17 @@ class SimJob:
             elif isinstance(effect, KillRank):
                 self._order(effect.agent, effect.order())
             elif isinstance(effect, StartRank):
-                if self.ranks[effect.rank].alive:
+                # (An order repeated in answer to an agent's hello may cross the start of the process.)
+                if self.ranks[effect.rank].alive and not effect.reason.startswith("still to be started"):
                     raise Violation(f"told to start rank {effect.rank}, whose process is still running")
                 if effect.rank in self.resetting or any(kind == "device" and payload.rank == effect.rank
                                                         for _, kind, payload in self.timers):
                     raise Violation(f"told to start rank {effect.rank} before its device was back")
                 self._order(effect.agent, effect.order())
+            elif isinstance(effect, (Resize, GiveNode)):
+                if self.world is None:
+                    raise Violation(f"{type(effect).__name__} in a job that is not elastic and has no spare")
+                self.world.effect(effect)
             elif isinstance(effect, Finish):
                 self.finished_at = self.now
                 if effect.exit_code != ExitCode.OK:
@@ -764,17 +818,21 @@ class SimJob:
                 raise Violation(f"recovery took {self.now - self.recovery_started:.2f} s, over its deadlines")
             self.recovery_started = None
         self.transitions.append((effect.source, effect.target, self.now))
+        if self.world is not None:
+            self.world.moved(effect)
 
     def _timers_due(self) -> None:
         due = [t for t in self.timers if t[0] <= self.now]
         self.timers = [t for t in self.timers if t[0] > self.now]
         for _, kind, payload in sorted(due, key=lambda t: t[0]):
+            if self.world is not None and self.world.timer(kind, payload):
+                continue
             if kind in ("exited", "restart") and self.node_of(payload[0].rank) in self.lost_nodes:
                 continue  # its agent went with the node: no report, no restart (the new node's agent starts it)
             if kind == "exited":
                 rank, code = payload
                 node = self.node_of(rank.rank)
-                if self.ranks[rank.rank] is rank:  # not a process its agent already replaced
+                if self.ranks.get(rank.rank) is rank:  # not a process its agent replaced, nor of a world before
                     self._carry_out(node, self.agents[node].on_exit(rank.rank, code))
             elif kind == "restart" and self.job.result is None:
                 old, incarnation = payload
@@ -789,8 +847,8 @@ class SimJob:
             elif kind == "device" and not self.controller_lost:  # else read by the next watcher
                 self._apply(self.job.device(payload, self.now))
             elif kind == "hello" and not self.controller_lost and payload not in self.lost_nodes:
-                self._apply(self.job.handle(agent_peer(payload), self.hello(payload), self.now))
-            elif kind == "reconnect" and not self.controller_lost and self.ranks[payload.rank] is payload \
+                self._apply(self.job.handle(self.peer_of(payload), self.hello(payload), self.now))
+            elif kind == "reconnect" and not self.controller_lost and self.ranks.get(payload.rank) is payload \
                     and payload.alive:
                 started = payload.mode not in ("start", "barrier")
                 self.to_job(payload, Register(payload.rank, payload.incarnation,
@@ -874,6 +932,8 @@ class SimJob:
                 rank.last_beat = self.now
                 self.to_job(rank, Heartbeat(rank.rank, rank.incarnation, rank.position))
         self._timers_due()
+        if self.world is not None and not self.controller_lost:
+            self.world.tick()
         if self.unsent and not self.replica_speed:
             self._send_replica()
         self._device_plugin()
@@ -883,7 +943,7 @@ class SimJob:
         self._report_replicas()
         self._apply(job.tick(self.now))
         self._phase_faults()
-        if self.finished_at is None and math.isinf(job.next_wakeup()):
+        if self.finished_at is None and math.isinf(self.job.next_wakeup()):  # a resize's successor, if any
             raise Violation("the job stopped waking up before it ended")
 
     # ---- results ----
@@ -896,6 +956,8 @@ class SimJob:
         result = self.job.result
         if result is None:
             raise Violation("the job has no result")
+        if self.world is not None and self.world.check_end(result):
+            return
         ranks = self.ranks.values()
         if result.exit_code == ExitCode.OK:
             for rank in ranks:

@@ -168,6 +168,7 @@ def successor(job: Any, now: float) -> Any:
     if job.elastic is not None:
         new.goodput.resized(resize.nnodes / job.elastic.max_nodes, now)
     new.rebuild_reason, new.min_hello_term = resize.reason, resize.term
+    new.resized_links = frozenset((*job.agents.values(), *resize.joins))
     new.survivors.joining = len(resize.members) * resize.nproc
     new.trained_before = job.ranks.slowest
     new.ladder.recoveries.extend(job.ladder.recoveries)

@@ -105,6 +105,7 @@ class Job:
         self.slow = SlowRanks(slow, now)  # every rank's own work per step, and the ranks flagged slow
         self.elastic, self.resized = elastic, None  # the resize that ends this job's world (flow.elastic)
         self.rebuild_reason, self.min_hello_term = "", 0  # of a job that rebuilds a resized world
+        self.resized_links: frozenset[Peer] = frozenset()  # the agents told of that resize (flow.elastic)
         self.resizes: tuple[Resize, ...] = ()  # every world this job went through before its own
         self.trained_before = 0  # the step the world before this one had reached
         self.below_min: tuple[int, ...] = ()  # the lost nodes the job could not shrink past (said once)
@@ -356,14 +357,17 @@ class Job:
         view and, again, any order still pending for its ranks (one may have been lost with its
         previous connection). While STARTING, what it says it runs and holds may show that the
         job was under way before this controller (:mod:`mindft.flow.rejoin`)."""
+        if message.term < self.min_hello_term and not message.spare and peer in self.resized_links:
+            # Said before its agent learnt of the resize, as its node before: it says hello again as its new
+            # node (told Replaced, it would leave with its ranks' memory). An agent the resize was not told
+            # to (a spare given a node since, a launcher started again for a lost node) is heard.
+            return
         behind = "" if message.spare else elastic.left_behind(self, peer, message.node, now)
         given = None if behind else self.spares.hello(peer, message.node, message.ranks, message.spare, now,
                                                       message.address)
         if given is not None or behind:
             self.emit(Send(peer, Replaced(message.node, behind or given_away(given.node, given.number, given.reason))))
             return
-        if message.term < self.min_hello_term and not message.spare:
-            return  # said before its agent learnt of the resize: it says hello again as its new node
         if message.spare:
             self.emit(Send(peer, self._view()))
             if self.state is _S.STARTING and self.survivors.under_way:
@@ -396,7 +400,10 @@ class Job:
         if self.standing_by:
             return
         unheard = self.survivors.unheard()
-        if unheard and self.nproc and self.spares.waiting:
+        # The agents of a resized world stop their ranks and rename their memory before they say hello
+        # as their new nodes: a node is given to a spare only once its agent stayed silent as a lost one's.
+        settling = bool(self.resizes) and now - self.history[0][1] < self.spares.silent_after
+        if unheard and self.nproc and self.spares.waiting and not settling:
             nodes = sorted({rank // self.nproc for rank in unheard})
             for adoption in self.spares.give(nodes, {node: tuple(range(node * self.nproc, (node + 1) * self.nproc))
                                                      for node in nodes}, now, self.timeouts.repair):

@@ -60,6 +60,14 @@ def process_exited(ladder: Ladder, record: RankRecord, event: ProcessExited, wil
                    now: float) -> tuple[bool, str]:
     """A registered rank's process exited (the job started); what to answer its node agent."""
     fault = ladder.recovery.faults.get(event.rank) if ladder.job.state in RECOVERY_STATES else None
+    if (fault is not None and ladder.job.restart_all and ladder.recovery.restart_all and fault.start_ordered
+            and fault.process_pending and not record.alive and event.pid != record.pid and will_restart):
+        # The process started for this round died before it registered: the others join a cluster it
+        # cannot join any more (and its agent waits for a START), so every worker restarts again.
+        fault.start_ordered = False
+        ladder.restart_every_worker(f"rank {event.rank}'s new process {event.pid} exited with code "
+                                    f"{event.returncode} before it registered", now)
+        return True, f"rank {event.rank} starts again with every worker"
     # A process started for a recovery and killed before it registered has a pid the job never learnt.
     unregistered = fault is not None and fault.kill_ordered and not fault.exited and not record.alive
     if event.pid and record.pid and event.pid != record.pid and not unregistered:

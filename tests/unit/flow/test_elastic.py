@@ -44,10 +44,10 @@ def test_a_bad_range_names_the_variable_and_what_is_valid(text: str) -> None:
 
 # ---- through the Job --------------------------------------------------------------------------
 
-def elastic_job(rules: ElasticRange = RULES) -> Driver:
+def elastic_job(rules: ElasticRange = RULES, restart_scope: str = "auto") -> Driver:
     """Three nodes of one rank (node 0's agent in the controller's process), training at step 4."""
     d = Driver(3)
-    d.job = Job(3, T, 0.0, elastic=rules)
+    d.job = Job(3, T, 0.0, elastic=rules, restart_scope=restart_scope)
     d.start()
     for peer, node in ((LOCAL, 0), (NODE1, 1), (NODE2, 2)):
         d.job.handle(peer, AgentHello(node, (node,)), d.now)
@@ -55,16 +55,18 @@ def elastic_job(rules: ElasticRange = RULES) -> Driver:
     return d
 
 
-def lose_node_2(d: Driver, until: float) -> None:
-    """Node 2's agent and rank fall silent at 0; the others talk on, second by second, and pause when
-    told (the job then waits for rank 2's new process)."""
+def lose_node_2(d: Driver, until: float, node: int = 2) -> None:
+    """Node 2's (or ``node``'s) agent and rank fall silent at 0; the others talk on, second by second,
+    and pause when told (the job then waits for the lost rank's new process)."""
+    alive = tuple(n for n in (0, 1, 2) if n != node)
     for t in range(1, int(until) + 1):
-        for rank in (0, 1):
+        for rank in alive:
             d.send(rank, StepReport(rank, 4))
-        d.job.handle(NODE1, AgentHello(1, (1,)), float(t))
+            if rank:
+                d.job.handle((NODE1, NODE2)[rank - 1], AgentHello(rank, (rank,)), float(t))
         d.at(float(t))
         if d.job.state is S.PAUSING and d.job.resized is None:
-            d.ack_all(ActionKind.PAUSE, 5, held=(3, 4), ranks=(0, 1))
+            d.ack_all(ActionKind.PAUSE, 5, held=(3, 4), ranks=alive)
 
 
 def test_a_node_lost_for_good_is_left_behind_and_every_agent_is_told_the_new_world() -> None:
@@ -225,3 +227,68 @@ def test_a_spare_joins_a_job_below_max_at_a_snapshot_boundary_from_a_peers_state
     rollback = [e.message for e in out if isinstance(e, Broadcast) and getattr(e.message, "kind", None)
                 is ActionKind.ROLLBACK]
     assert new.state is S.ROLLBACK and rollback[0].step == 3
+
+
+# ---- found by the explorer (tests/sim_elastic.py) ----------------------------------------------
+
+def test_a_hello_an_agent_said_before_it_learnt_of_the_resize_is_not_answered_as_its_old_node() -> None:
+    """Node 1 lost for good: node 2 is node 1 now. A hello node 2's agent said before the WorldResize
+    reached it names node 2, beyond the new world: answered Replaced, the agent would leave as a spare
+    with its rank's memory once renumbered. It is ignored; the agent says hello again as node 1."""
+    d = elastic_job()
+    lose_node_2(d, 14, node=1)
+    (resize,) = [e for e in d.effects if isinstance(e, Resize)]
+    assert resize.members == (0, 2)
+    job = successor(d.job, d.now)
+    assert job.handle(NODE2, AgentHello(2, (2,), pids=(502,), newest=(4,)), d.now) == []
+    job.handle(LOCAL, AgentHello(0, (0,), pids=(0,), newest=(4,), term=1), d.now)
+    out = job.handle(NODE2, AgentHello(1, (1,), pids=(0,), newest=(4,), term=1), d.now)
+    assert sorted((s.rank, s.agent) for s in out if isinstance(s, StartRank)) == [(0, LOCAL), (1, NODE2)]
+
+
+def test_a_new_world_gives_a_silent_node_to_a_spare_only_once_it_stayed_silent_as_a_lost_one() -> None:
+    """Its agents stop their ranks and rename their memory before they say hello as their new nodes: a
+    spare there meanwhile does not take a node whose agent is about to speak (its memory would be lost)."""
+    from mindft.flow.effects import GiveNode
+
+    spare = b"agent/-1/30"
+    d = elastic_job()
+    lose_node_2(d, 14)
+    job, t = successor(d.job, d.now), d.now
+    job.handle(LOCAL, AgentHello(0, (0,), pids=(0,), newest=(4,), term=1), t)
+    assert not [e for e in job.handle(spare, AgentHello(-1, (), spare=True), t + 0.1) if isinstance(e, GiveNode)]
+    out = job.handle(spare, AgentHello(-1, (), spare=True), t + silent_after(T.dead_after) + 0.1)
+    assert [(e.node, e.spare) for e in out if isinstance(e, GiveNode)] == [(1, spare)]
+
+
+def test_a_spare_given_a_node_of_a_resized_world_is_heard_though_it_knows_no_term() -> None:
+    """The spare a node is given to was told nothing of the resize (an AdoptNode does not raise an
+    agent's term): its hello as that node is heard, or its ranks never get their orders."""
+    spare = b"agent/-1/30"
+    d = elastic_job()
+    lose_node_2(d, 14)
+    job, t = successor(d.job, d.now), d.now + silent_after(T.dead_after) + 0.1
+    job.handle(LOCAL, AgentHello(0, (0,), pids=(0,), newest=(4,), term=1), t)
+    job.handle(spare, AgentHello(-1, (), spare=True), t)
+    job.handle(spare, AgentHello(1, (1,), pids=(0,), newest=(-1,)), t + 1)
+    assert job.agents.get(1) == spare and job.state is not S.STARTING
+
+
+def test_a_process_started_for_the_new_world_that_dies_before_it_registers_restarts_every_worker() -> None:
+    """With collectives its peers join a new cluster it cannot join any more, and its agent waits for a
+    START: taken for the exit of the process stopped before (its agent's hello said pid 0), it was
+    ignored, and the agent's next hello started it alone (or the round timed out)."""
+    from mindft.protocol import ProcessExit
+
+    d = elastic_job(restart_scope="all")
+    lose_node_2(d, 14)
+    job = successor(d.job, d.now)
+    job.handle(LOCAL, AgentHello(0, (0,), pids=(0,), newest=(4,), term=1), d.now)
+    job.handle(NODE1, AgentHello(1, (1,), pids=(0,), newest=(4,), term=1), d.now)
+    assert job.state is S.REPAIRING and job.recovery.round == 1
+    out = job.handle(NODE1, ProcessExit(1, -9, pid=701, will_restart=True), d.now + 1)
+    assert any("rank 1's new process 701 exited with code -9 before it registered" in e.reason
+               for e in out if isinstance(e, Transition))
+    assert job.state is S.REPAIRING and job.recovery.round == 2  # every worker restarts again
+    out = job.handle(LOCAL, ProcessExit(0, -9, pid=700, will_restart=True), d.now + 1.5)  # killed as told
+    assert sorted(s.rank for s in out if isinstance(s, StartRank)) == [0, 1]

@@ -355,7 +355,9 @@ def test_the_explorer_catches_a_flow_that_gives_up_on_every_lost_node(monkeypatc
         return False
 
     monkeypatch.setattr(Ladder, "replicas_fall_short", give_up)
-    with pytest.raises(AssertionError, match="FAILED after a node loss though every rank could restore step"):
+    # (In an elastic job that grows, the rank that joins from a peer's copy is given up on too.)
+    with pytest.raises(AssertionError, match="FAILED after a node loss though every rank could restore step|"
+                                             "FAILED after it grew"):
         explore(range(2000))
 
 
