@@ -43,8 +43,8 @@ from mindft.mindspore.backend import MINDIO, backend_choice
 log = logging.getLogger(__name__)
 
 # The MindSpore minor releases whose TrainFaultTolerance, Model.train and _tft_handler these
-# changes were read from and tested against (CI: 2.10.0).
-TESTED_MINDSPORE = ("2.10",)
+# changes were read from and tested against (CI: 2.7.2, 2.8.0, 2.9.0, 2.10.0; docs/compatibility.md).
+TESTED_MINDSPORE = ("2.7", "2.8", "2.9", "2.10")
 _ON_MINDFT = "_mindft_serves"  # set on a TrainFaultTolerance that mindft serves
 
 

@@ -389,7 +389,9 @@ def test_ctrl_c_on_the_demo_stops_its_launcher_and_every_rank(tmp_path: Path) ->
     with open(out_path, "wb") as out:
         process = subprocess.Popen([sys.executable, str(demo), "--nproc", "2", "--epochs", "1000",
                                     "--fault-rank", "1", "--workdir", str(tmp_path)], stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+                                   start_new_session=True,
+                                   # A suite run as a background job of a shell inherits SIGINT ignored.
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     job_file = tmp_path / "ref-run" / "job.json"
     pids: list[int] = []
     try:

@@ -22,7 +22,7 @@ import pytest
 from harness import ROOT, Processes, environment, free_port_pair, require
 from dp_jobs import wait_for_status
 
-pytestmark = [pytest.mark.mindspore, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.mindspore, pytest.mark.compat, pytest.mark.timeout(600)]
 
 EXAMPLE = ROOT / "examples" / "mindformers"
 FAST_FAULTS = {"MINDFT_HEARTBEAT_INTERVAL": "0.1", "MINDFT_HEARTBEAT_MISSES": "20", "MINDFT_STALL_TIMEOUT": "2",

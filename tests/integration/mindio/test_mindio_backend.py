@@ -72,7 +72,7 @@ def assert_identical(tmp: Path, reference: Path, example: str, world_size: int) 
 @pytest.mark.parametrize("example, world_size, fault_rank, fault_step, tft", [
     ("train_mlp", 2, 1, 6, "{UCE:1}"),
     ("train_mlp", 4, 2, 6, "{RSC:1}"),
-    ("train_model", 2, 0, 11, "{UCE:1}"),
+    pytest.param("train_model", 2, 0, 11, "{UCE:1}", marks=pytest.mark.compat),
 ])
 def test_uce_on_one_rank_is_recovered_through_mindio_bit_identically(tmp_path: Path, reference: Path, example: str,
                                                                     world_size: int, fault_rank: int,

@@ -21,6 +21,7 @@ from mindft.exitcodes import ExitCode
 pytestmark = [pytest.mark.mindspore, pytest.mark.timeout(600)]
 
 
+@pytest.mark.compat
 def test_a_failed_device_leaves_same_step_dying_gasps_and_exit_3(tmp_path: Path, processes: Processes) -> None:
     launcher, output = launch(processes, tmp_path, "run", 2, "--step-seconds", "0.2", wait=False)
     job_file = tmp_path / "run" / "job.json"

@@ -47,7 +47,8 @@ def references(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 # Each API once, each way of starting a worker once (the loop API's warm restart of every worker:
 # test_two_faults_a_crash_then_a_hot_reset_end_bit_identical).
-@pytest.mark.parametrize("api, warm", [("model", "1"), ("loop", "0")], ids=["model", "loop-cold-starts"])
+@pytest.mark.parametrize("api, warm", [pytest.param("model", "1", marks=pytest.mark.compat), ("loop", "0")],
+                         ids=["model", "loop-cold-starts"])
 def test_a_rank_killed_mid_step_restarts_every_worker_from_memory(api: str, warm: str, tmp_path: Path,
                                                                    processes: Processes, references) -> None:
     code, output = launch(processes, tmp_path, "run", 2, *api_args(api), "--fault-step", "12", "--fault-rank", "1",
@@ -99,6 +100,7 @@ def test_a_uce_before_the_all_reduce_restarts_every_worker_after_the_stall(api: 
     assert_ranks_identical(tmp_path / "run" / "out", references(api, 2), 2)
 
 
+@pytest.mark.compat
 def test_mindspores_own_callback_under_ttp_restarts_a_killed_rank_from_memory(tmp_path: Path, processes: Processes,
                                                                               references) -> None:
     # Model.train(callbacks=[TrainFaultTolerance(...)]), the optimizer wrapped for it, as MindSpore's
@@ -123,6 +125,7 @@ def test_a_stopped_rank_is_a_hang_and_every_worker_restarts(tmp_path: Path, proc
     assert processes.leftovers() == []
 
 
+@pytest.mark.compat
 def test_two_faults_a_crash_then_a_hot_reset_end_bit_identical(tmp_path: Path, processes: Processes,
                                                                 references) -> None:
     launcher, output = launch(processes, tmp_path, "run", 2, "--loop", "--step-seconds", "0.2", "--fault-step", "4",
@@ -142,7 +145,7 @@ def test_two_faults_a_crash_then_a_hot_reset_end_bit_identical(tmp_path: Path, p
     assert processes.leftovers() == []
 
 
-@pytest.mark.parametrize("api", ["model", "loop"])
+@pytest.mark.parametrize("api", ["model", pytest.param("loop", marks=pytest.mark.compat)])
 def test_a_uce_after_the_all_reduce_rolls_back_in_place(api: str, tmp_path: Path, processes: Processes,
                                                         references) -> None:
     """The cheapest rung: every rank finished the step's collectives; mindft holds each rank at the

@@ -23,7 +23,7 @@ from mindft.protocol import FaultKind, InjectRequest  # noqa: E402
 
 from harness import assert_identical, start_controller  # noqa: E402
 
-pytestmark = [pytest.mark.mindspore, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.mindspore, pytest.mark.compat, pytest.mark.timeout(120)]
 FAST = Timeouts(heartbeat_interval=0.05, heartbeat_misses=40, register=20.0, pause=20.0, repair=20.0,
                 rollback=20.0, resume=20.0, connect_retries=10)
 SAMPLES, GLOBAL_BATCH, FEATURES = 50, 8, 4  # 6 steps a Model.train epoch; the stream carries 2 samples over

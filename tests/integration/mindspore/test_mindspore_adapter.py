@@ -29,7 +29,7 @@ from harness import EXAMPLES, assert_identical, start_controller  # noqa: E402
 sys.path.insert(0, str(EXAMPLES))
 import train_mlp  # noqa: E402
 
-pytestmark = [pytest.mark.mindspore, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.mindspore, pytest.mark.compat, pytest.mark.timeout(120)]
 FAST = Timeouts(heartbeat_interval=0.05, heartbeat_misses=40, register=20.0, pause=20.0, repair=20.0,
                 rollback=20.0, resume=20.0, connect_retries=10)
 

@@ -13,6 +13,8 @@ import pytest
 from harness import ROOT, environment, require
 from mindft.exitcodes import ExitCode
 
+pytestmark = pytest.mark.compat
+
 
 def _run(code: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=240,
@@ -23,8 +25,8 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess:
 def test_only_tested_mindspore_releases_are_served() -> None:
     from mindft.mindspore.mindspore_tft import tested
 
-    assert tested("2.10.0") and tested("2.10.1") and tested("2.10")
-    assert not tested("2.1.0") and not tested("2.11.0") and not tested("2.100.0")
+    assert tested("2.10.0") and tested("2.10.1") and tested("2.10") and tested("2.7.2") and tested("2.9.0")
+    assert not tested("2.1.0") and not tested("2.6.0") and not tested("2.11.0") and not tested("2.100.0")
 
 
 @pytest.mark.mindspore
@@ -40,7 +42,8 @@ def test_an_untested_mindspore_stops_the_script_with_one_line_before_it_runs(tmp
     assert result.returncode == ExitCode.USAGE, result.stderr
     assert "the script ran" not in result.stdout
     error = result.stderr.strip().splitlines()
-    assert error == ["mindft: MS_ENABLE_TFT: mindft serves MindSpore's TrainFaultTolerance only on MindSpore 2.10.x, "
+    assert error == ["mindft: MS_ENABLE_TFT: mindft serves MindSpore's TrainFaultTolerance only on MindSpore 2.7.x, "
+                     "2.8.x, 2.9.x, 2.10.x, "
                      "this is 2.11.0; install mindspore==2.10.* or use mindft.mindspore.train"], result.stderr
 
 

@@ -37,6 +37,7 @@ def _load_checkpoint(path: Path) -> dict:
     return {name: parameter.asnumpy() for name, parameter in mindspore.load_checkpoint(str(path)).items()}
 
 
+@pytest.mark.compat
 def test_dump_loads_back_with_mindspore_bytewise(store, tmp_path):
     arrays = _dtype_zoo()
     store.capture(41, {name: np.zeros_like(a) for name, a in arrays.items()})

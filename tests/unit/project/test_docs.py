@@ -358,7 +358,7 @@ def test_readme_quick_start_is_what_ci_runs() -> None:
     text = README.read_text(encoding="utf-8")
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     test_command = "pip install -e '.[test]' && pytest"
-    assert test_command in ci.splitlines()[-1], ".ci/run's last line is no longer the README's test command"
+    assert any(line.strip() == test_command for line in ci.splitlines()), ".ci/run no longer runs the README's test command"
     block = re.search(r"## Quick start\s+```bash\n(.*?)```", text, re.DOTALL)
     assert block, "README.md: no bash block under '## Quick start'"
     commands = [line.split("#")[0].strip() for line in block.group(1).splitlines() if line.strip()]
@@ -388,6 +388,25 @@ def test_every_run_in_the_testing_pages_log_names_when_it_ran() -> None:
 def test_readme_is_short() -> None:
     lines = README.read_text(encoding="utf-8").count("\n")
     assert lines <= 250, f"README.md has {lines} lines; keep it to ~250 and move the rest into docs/"
+
+
+def test_every_release_ci_tests_is_in_the_range_and_in_the_compatibility_table() -> None:
+    from packaging.requirements import Requirement
+
+    script = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    suite = re.search(r"^SUITE_RELEASE=(\S+)$", script, re.MULTILINE)
+    compat = re.search(r"^COMPAT_RELEASES=\(([^)]*)\)$", script, re.MULTILINE)
+    assert suite and compat, ".ci/run names no SUITE_RELEASE or COMPAT_RELEASES"
+    releases = [suite[1], *compat[1].split()]
+    parser = configparser.ConfigParser()
+    parser.read(ROOT / "setup.cfg", encoding="utf-8")
+    mindspore = next(Requirement(line) for line in parser["options"]["install_requires"].splitlines()
+                     if line.strip().startswith("mindspore"))
+    assert [r for r in releases if not mindspore.specifier.contains(r)] == [], f"setup.cfg's {mindspore}"
+    assert len({r.rsplit(".", 1)[0] for r in releases}) == 4, f"one release per minor 2.7-2.10: {releases}"
+    table = (ROOT / "docs" / "compatibility.md").read_text(encoding="utf-8")
+    rows = {m[1] for m in re.finditer(r"^\| \*{0,2}(\d+\.\d+\.\d+)\*{0,2} \|", table, re.MULTILINE)}
+    assert set(releases) <= rows, f"docs/compatibility.md's table lacks {sorted(set(releases) - rows)}"
 
 
 def test_mindspore_range_contains_the_tested_version_and_is_documented() -> None:
