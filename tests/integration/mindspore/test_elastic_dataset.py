@@ -5,6 +5,7 @@ thread and the rank talks to it over real ZeroMQ on 127.0.0.1."""
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Iterator
 
 import numpy as np
@@ -21,7 +22,10 @@ from mindft.mindspore import FaultTolerance, GlobalBatches, elastic_dataset, tra
 from mindft.net import channel  # noqa: E402
 from mindft.protocol import FaultKind, InjectRequest  # noqa: E402
 
-from harness import assert_identical, start_controller  # noqa: E402
+from harness import EXAMPLES, assert_identical, start_controller  # noqa: E402
+
+sys.path.insert(0, str(EXAMPLES))
+import train_mlp  # noqa: E402
 
 pytestmark = [pytest.mark.mindspore, pytest.mark.compat, pytest.mark.timeout(120)]
 FAST = Timeouts(heartbeat_interval=0.05, heartbeat_misses=40, register=20.0, pause=20.0, repair=20.0,
@@ -34,6 +38,9 @@ LOSS = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
 
 
 def network() -> tuple[nn.Cell, nn.Optimizer]:
+    # The device first, once per process (MindSpore 2.7-2.9 refuse it after a kernel ran: this
+    # module may share a process with the adapter's tests).
+    train_mlp.configure_mindspore()
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_seed(5)
     net = nn.Dense(FEATURES, 2)
