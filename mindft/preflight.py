@@ -27,8 +27,8 @@ __all__ = ["MINDIO_IMPORT_TIMEOUT", "BackendChoice", "ato_failure_rate", "check_
 def ato_failure_rate(tft: TFTOptions) -> float:
     """Faults per step from MindSpore's ATO statistics, or 0 when they do not apply.
 
-    With ``ATO:1`` MindSpore 2.10 keeps ``{"failure_count", "total_steps"}`` in ``ATO_PATH``
-    (default ``./ato_info.json``) and, once ``failure_count`` reaches ``ATO_THRESHOLD``
+    With ``ATO:1`` MindSpore 2.10 (earlier releases have no ATO) keeps ``{"failure_count",
+    "total_steps"}`` in ``ATO_PATH`` (default ``./ato_info.json``) and, once ``failure_count`` reaches ``ATO_THRESHOLD``
     (default 10), advises the checkpoint interval sqrt(2 t_ckpt / (failure_rate t_step)).
     mindft reads the same file with the same rules; a missing or unreadable file gives 0.
     """

@@ -1,6 +1,6 @@
 """MindSpore's own fault tolerance served by mindft: ``TrainFaultTolerance`` without MindIO.
 
-MindSpore 2.10 runs ``MS_ENABLE_TFT='{TTP:1}'`` (and ``UCE``, ``ARF``, ``HCCE``) through its
+MindSpore (2.7 to 2.10) runs ``MS_ENABLE_TFT='{TTP:1}'`` (and ``UCE``, ``ARF``, ``HCCE``) through its
 ``TrainFaultTolerance`` callback on MindIO TFT's ``mindio_ttp``, on Ascend only, and MindFormers'
 Trainer appends that callback and wraps its optimizer for it. Under mindft's backend,
 ``mindft-launch`` starts such a script through this module (``python -m
