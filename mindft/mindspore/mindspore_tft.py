@@ -58,7 +58,8 @@ def install(config: Optional[MindftConfig] = None) -> None:
     re-enter itself for it and for mindft's own callback (idempotent).
 
     Raises :class:`~mindft.config.ConfigError` on a MindSpore release outside
-    :data:`TESTED_MINDSPORE`: the changes rely on its internals.
+    :data:`TESTED_MINDSPORE`, or one whose internals these changes bind to differ (a patch
+    release could): the changes rely on them.
     """
     if getattr(Model.train, _ON_MINDFT, False):
         return
@@ -66,6 +67,11 @@ def install(config: Optional[MindftConfig] = None) -> None:
         raise ConfigError(f"MS_ENABLE_TFT: mindft serves MindSpore's TrainFaultTolerance only on MindSpore "
                           f"{', '.join(m + '.x' for m in TESTED_MINDSPORE)}, this is {mindspore.__version__}; "
                           f"install mindspore=={TESTED_MINDSPORE[-1]}.* or use mindft.mindspore.train")
+    changed = internals_changed()
+    if changed:
+        raise ConfigError(f"MS_ENABLE_TFT: mindft cannot serve MindSpore {mindspore.__version__}'s "
+                          f"TrainFaultTolerance: {changed}, unlike every release it was tested with; "
+                          f"use mindft.mindspore.train")
     config = config if config is not None else load_config()
     on_mindft = functools.partial(_on_mindft, config)
     TrainFaultTolerance.__init__ = _callback_init(TrainFaultTolerance.__init__, on_mindft)
@@ -74,6 +80,22 @@ def install(config: Optional[MindftConfig] = None) -> None:
     _tft_handler.init = _handler_init(_tft_handler.init, on_mindft)
     Model.train = _model_train(Model.train, config)
     log.info("rank=%d MindSpore's TrainFaultTolerance runs on mindft (MS_ENABLE_TFT=%s)", config.rank, config.tft)
+
+
+_MODEL_TRAIN = ("self", "epoch", "train_dataset", "callbacks", "dataset_sink_mode", "sink_size", "initial_epoch")
+
+
+def internals_changed() -> str:
+    """What of the internals :func:`install` replaces differs from the tested releases ("": nothing)."""
+    train = tuple(inspect.signature(Model.train).parameters)
+    if train != _MODEL_TRAIN:
+        return f"Model.train takes {train}"
+    init = inspect.signature(TrainFaultTolerance.__init__).parameters
+    if "ckpt_save_path" not in init or not any(p.kind is p.VAR_KEYWORD for p in init.values()):
+        return f"TrainFaultTolerance.__init__ takes {tuple(init)}"
+    if not isinstance(inspect.getattr_static(TrainFaultTolerance, "get_optimizer_wrapper"), classmethod):
+        return "TrainFaultTolerance.get_optimizer_wrapper is no classmethod"
+    return ""
 
 
 def _on_mindft(config: MindftConfig) -> bool:

@@ -48,6 +48,26 @@ def test_an_untested_mindspore_stops_the_script_with_one_line_before_it_runs(tmp
 
 
 @pytest.mark.mindspore
+def test_a_release_whose_model_train_changed_stops_the_script_with_one_line(tmp_path: Path) -> None:
+    # This release's internals match (the compatibility tier checks every supported one); a changed
+    # Model.train (a patch release could change it) is refused before the script runs.
+    script = tmp_path / "train.py"
+    script.write_text("print('the script ran')\n")
+    result = _run(f"""
+        from mindspore.train import Model
+        from mindft.mindspore.mindspore_tft import internals_changed, main
+        assert internals_changed() == "", internals_changed()
+        Model.train = lambda self, epoch, train_dataset, callbacks=None: None
+        main([{str(script)!r}])
+        """, MS_ENABLE_TFT="{TTP:1}")
+    assert result.returncode == ExitCode.USAGE, result.stderr
+    assert "the script ran" not in result.stdout
+    error = result.stderr.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith("mindft: MS_ENABLE_TFT: mindft cannot serve MindSpore ") and \
+        "Model.train takes ('self', 'epoch', 'train_dataset', 'callbacks')" in error[0], result.stderr
+
+
+@pytest.mark.mindspore
 def test_the_served_callback_starts_nothing_of_mindios_and_leaves_the_optimizer_alone(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent("""
