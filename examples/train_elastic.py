@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import math
+import os
 import time
 from pathlib import Path
 

@@ -49,11 +49,12 @@ class _Shares:
     """Random access to this rank's shares: item ``i`` is ``load(indices)`` of step ``i + 1``."""
 
     def __init__(self, data: GlobalBatches, load: Callable[[np.ndarray], Sequence[Any]], rank: int,
-                 world: int) -> None:
+                 world: int, steps_per_epoch: int) -> None:
         self.data, self.load, self.rank, self.world = data, load, rank, world
+        self.steps_per_epoch = steps_per_epoch
 
     def __len__(self) -> int:
-        return self.data.samples // self.data.global_batch
+        return self.steps_per_epoch
 
     def __getitem__(self, index: int) -> Tuple[Any, ...]:
         return tuple(self.load(self.data.share(int(index) + 1, self.rank, self.world).indices))
@@ -81,7 +82,7 @@ def elastic_dataset(data: GlobalBatches, load: Callable[[np.ndarray], Sequence[A
                     "Model.train averages the ranks' mean losses, so a sample weighs a little more on the smaller "
                     "shares (a global batch that every world size divides avoids it)", config.rank,
                     data.global_batch, config.world_size, extra - 1, base + 1, base)
-    return ds.GeneratorDataset(_Shares(data, load, config.rank, config.world_size),
+    return ds.GeneratorDataset(_Shares(data, load, config.rank, config.world_size, steps_per_epoch),
                                list(column_names), sampler=StepSampler(steps_per_epoch), num_parallel_workers=1,
                                python_multiprocessing=False)
 
