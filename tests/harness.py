@@ -198,7 +198,8 @@ class ControllerJob:
         env = environment(MS_WORKER_NUM=str(self.world_size), MS_NODE_ID=str(rank), MS_TFT_IP="127.0.0.1",
                           MS_TFT_PORT=str(self.port), MINDFT_RESTART_COUNT=str(restart_count),
                           MINDFT_HEARTBEAT_INTERVAL=str(self.timeouts.heartbeat_interval),
-                          MINDFT_HEARTBEAT_MISSES=str(self.timeouts.heartbeat_misses))
+                          MINDFT_HEARTBEAT_MISSES=str(self.timeouts.heartbeat_misses),
+                          PYTHONFAULTHANDLER="1")  # hung(): SIGABRT prints every thread's stack
         env.update({"MINDFT_KEY_FILE": str(self.key_file)} if self.key_file else {"MINDFT_INSECURE": "1"})
         env.update(extra)
         return env
@@ -225,8 +226,21 @@ class ControllerJob:
         deadline = time.monotonic() + timeout
         while not predicate():
             if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}; logs:\n{self.tail()}")
+                raise AssertionError(f"timed out waiting for {what}; {self.hung()}")
             time.sleep(every)
+
+    def hung(self) -> str:
+        """Why a rank still runs, for a failure message: the controller's state, then every rank's
+        log with the Python stack of each thread of a rank still running (aborted to print it)."""
+        running = [proc for proc in self.started if proc.poll() is None]
+        for proc in running:
+            proc.send_signal(signal.SIGABRT)
+        for proc in running:
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+        return f"controller {self.controller.state}; logs:\n{self.tail(8000)}"
 
     def tail(self, characters: int = 3000) -> str:
         """The end of every rank's log, for a failure message."""

@@ -63,7 +63,7 @@ class Job(ControllerJob):
             try:
                 codes.append(proc.wait(max(0.1, deadline - time.monotonic())))
             except subprocess.TimeoutExpired:
-                pytest.fail(f"rank still running after {timeout} s; logs:\n{self.tail()}")
+                pytest.fail(f"rank still running after {timeout} s; {self.hung()}")
         return codes
 
 
