@@ -37,7 +37,7 @@ from mindft.protocol import AgentHello, Message
 from mindft.net.keys import job_keys, start_authenticator
 from mindft.observe.metrics import JobMetrics
 from mindft.preflight import ato_failure_rate
-from mindft.protocol import ProtocolError, StatusReply, Superseded, decode, encode
+from mindft.protocol import RELAY_SEPARATOR, ProtocolError, StatusReply, Superseded, decode, encode
 
 log = logging.getLogger(__name__)
 
@@ -231,13 +231,15 @@ class Controller:
             except zmq.Again:
                 return
             frame = recv(_NOBLOCK)  # a ROUTER delivers the peer's identity and at least one frame, atomically
-            if more(_RCVMORE):
-                parts = 1
+            if more(_RCVMORE):  # a relay's: [the rank's identity, its frame]
+                rank, frame, parts = frame, recv(_NOBLOCK), 2
                 while more(_RCVMORE):
                     recv(_NOBLOCK)
                     parts += 1
-                self._drop(peer, f"expected 1 frame, got {parts}")
-                continue
+                if parts != 2 or not rank or peer[:1] == b"\x00" or RELAY_SEPARATOR in peer:
+                    self._drop(peer, f"expected 1 frame, or a relayed rank's identity and 1 frame; got {parts}")
+                    continue
+                peer = peer + RELAY_SEPARATOR + rank
             try:
                 message = decode(frame)
             except ProtocolError as error:

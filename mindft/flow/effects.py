@@ -10,9 +10,22 @@ from typing import Optional, Union
 
 from mindft.exitcodes import ExitCode
 from mindft.flow.states import JobState
-from mindft.protocol import AdoptNode, Message, OrderKind, RankOrder
+from mindft.protocol import RELAY_SEPARATOR, AdoptNode, Message, OrderKind, RankOrder, relay_cut
 
 Peer = bytes  # the shell's opaque address of a rank (a ZeroMQ identity)
+
+
+def broadcast_target(peer: Peer) -> Peer:
+    """Where a broadcast meant for ``peer`` goes: itself, or for a rank behind a relay (a node agent
+    that relays its ranks' traffic) the relay's address of all its ranks, so a broadcast crosses each
+    relay's link once."""
+    cut = relay_cut(peer)
+    return peer if cut < 0 else peer[:cut + 1]
+
+
+def relay_of(peer: Peer) -> Peer:
+    """The address of every rank behind ``peer``, a relay's own link."""
+    return peer + RELAY_SEPARATOR
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,11 @@ from typing import Optional
 
 from mindft.config import Timeouts
 from mindft.exitcodes import ExitCode
-from mindft.flow import elastic, lost, standby
+from mindft.flow import elastic, hello, lost, standby
 from mindft.flow.cadence import Budget, Tuner
 from mindft.flow.elastic import ElasticRange
 from mindft.flow.effects import (Broadcast, Effect, Fence, Finish, GiveNode, Peer, Resize, Send, SlowRank,
-                                 Transition)
+                                 Transition, relay_of)
 from mindft.flow.episode import Episode
 from mindft.flow.goodput import Goodput
 from mindft.flow.inputs import (DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, HoldRepairs, ProcessExited,
@@ -37,10 +37,10 @@ from mindft.flow.slow import SlowChange, SlowPolicy, SlowRanks
 from mindft.flow.spares import HELLO_INTERVAL, Spares, given_away
 from mindft.flow.status import job_status
 from mindft.flow.states import RECOVERY_STATES, TERMINAL_STATES, Event, JobState, next_state
-from mindft.protocol import (REPORT_SUFFIX, Ack, Action, ActionKind, AgentHello, Cadence, CostReport, DeviceEvent,
-                             Done, FaultKind, FaultReport, Heartbeat, InjectRequest, JobView, Message, NodeLost, Pace,
-                             Progress, ProcessExit, Register, RegisterAck, Replaced, ReplicaReport, Reply,
-                             StatusReply, StatusRequest, StepReport, Superseded)
+from mindft.protocol import (REPORT_SUFFIX, Ack, AckBatch, Action, ActionKind, AgentHello, Cadence, CostReport,
+                             DeviceEvent, Done, FaultKind, FaultReport, Heartbeat, InjectRequest, JobView, Message,
+                             NodeLost, Pace, Progress, ProcessExit, Register, RegisterAck, Replaced, ReplicaReport,
+                             Reply, StatusReply, StatusRequest, StepBatch, StepReport, Superseded)
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +136,12 @@ class Job:
             record = self._sender(peer, message.rank, now, _ACK_WHAT[message.action])
             if record is not None:
                 self.ladder.ack(record, message, now)
+        elif kind is AckBatch:
+            records = self._relayed(peer, message.ranks, now, _ACK_WHAT[message.action])
+            if records:
+                self.ladder.acks(records, message.action, message.step, message.held_steps, message.round, now)
+        elif kind is StepBatch:
+            self._on_steps(peer, message, now)
         elif kind is FaultReport:
             record = self._sender(peer, message.rank, now, "fault report")
             if record is not None:
@@ -173,7 +179,7 @@ class Job:
                 ok, detail = lost.node_lost(self.ladder, message, now)
                 self.emit(Send(peer, Reply(ok, detail, message.request_id)))
         elif kind is AgentHello:
-            self._on_agent(peer, message, now)
+            hello.agent_hello(self, peer, message, now)
         elif kind is Superseded:
             standby.stand_down(self, message)
         else:
@@ -285,14 +291,46 @@ class Job:
         record.last_seen = now
         return record
 
+    def _relayed(self, peer: Peer, ranks: tuple[int, ...], now: float, what: str) -> list[RankRecord]:
+        """The live records of ``ranks`` that registered through the relay ``peer`` (the rest: dropped)."""
+        target, get = relay_of(peer), self.ranks.get
+        records = [record for record in map(get, ranks) if record is not None and record.target == target]
+        if len(records) != len(ranks):
+            log.warning("dropped %s for ranks that did not register through relay %r: %s", what, peer[:32],
+                        rank_list(sorted(set(ranks) - {r.rank for r in records})))
+        live = [record for record in records if record.alive]
+        for record in live:
+            record.last_seen = now
+        return live
+
     def _on_step(self, peer: Peer, message: StepReport, now: float) -> None:
         record = self.ranks.get(message.rank)
         if record is None or peer not in (record.peer, record.peer + REPORT_SUFFIX) or not record.alive:
             return  # a stale incarnation's last reports, or noise: nothing to learn
         record.last_seen = now
-        if message.round != self.recovery.round:
-            return  # sent before this rank saw the current round: its progress was reset since
-        if self.ranks.advance(record, message.step) and self.state is _S.NORMAL:
+        if message.round == self.recovery.round:  # else sent before it saw this round: its progress was reset since
+            self._advanced(self.ranks.advance(record, message.step), now)
+
+    def _on_steps(self, peer: Peer, message: StepBatch, now: float) -> None:
+        """A relay's steps of its ranks; the relay's heartbeat too, answered like a rank's."""
+        if len(message.steps) != len(message.ranks):
+            log.warning("dropped a step batch from relay %r: %d ranks, %d steps", peer[:32], len(message.ranks),
+                        len(message.steps))
+            return
+        steps = dict(zip(message.ranks, message.steps))
+        records = self._relayed(peer, message.ranks, now, "steps")
+        if message.round == self.recovery.round:
+            advance = self.ranks.advance
+            rose = False
+            for record in records:
+                rose = advance(record, steps[record.rank]) or rose
+            self._advanced(rose, now)
+        if self.state not in TERMINAL_STATES:
+            self.emit(Send(peer, Heartbeat(-1, 0, self.ranks.slowest)))
+
+    def _advanced(self, rose: bool, now: float) -> None:
+        """The slowest rank's progress rose (``rose``): while training, every rank is told."""
+        if rose and self.state is _S.NORMAL:
             self.goodput.progress(self.ranks.slowest, self.tuner.cost(), now)
             if self.tuner.retune_due:
                 self._retune()  # before the Progress that lets ranks past the switch point
@@ -337,7 +375,7 @@ class Job:
         if self.state is _S.STARTING:
             self.survivors.registered(rank, message.progress)
             if self.survivors.under_way:
-                self.rejoin_when_heard(now)
+                hello.rejoin_when_heard(self, now)
             elif self.ranks.complete:
                 self._start_training(now)
             return
@@ -352,68 +390,8 @@ class Job:
         self.emit(Send(peer, self._register_ack()))
         lost.process_registered(self.ladder, record, old, message.incarnation, now)
 
-    def _on_agent(self, peer: Peer, message: AgentHello, now: float) -> None:
-        """A node agent (re)connected: its ranks' orders go to it from now on; it gets the job's
-        view and, again, any order still pending for its ranks (one may have been lost with its
-        previous connection). While STARTING, what it says it runs and holds may show that the
-        job was under way before this controller (:mod:`mindft.flow.rejoin`)."""
-        if message.term < self.min_hello_term and not message.spare and peer in self.resized_links:
-            # Said before its agent learnt of the resize, as its node before: it says hello again as its new
-            # node (told Replaced, it would leave with its ranks' memory). An agent the resize was not told
-            # to (a spare given a node since, a launcher started again for a lost node) is heard.
-            return
-        behind = "" if message.spare else elastic.left_behind(self, peer, message.node, now)
-        given = None if behind else self.spares.hello(peer, message.node, message.ranks, message.spare, now,
-                                                      message.address)
-        if given is not None or behind:
-            self.emit(Send(peer, Replaced(message.node, behind or given_away(given.node, given.number, given.reason))))
-            return
-        if message.spare:
-            self.emit(Send(peer, self._view()))
-            if self.state is _S.STARTING and self.survivors.under_way:
-                self.rejoin_when_heard(now)  # a spare for the nodes no agent speaks for
-            return
-        self.nproc = self.nproc or len(message.ranks)
-        world = self.ranks.world_size
-        ranks = [r for r in message.ranks if 0 <= r < world]
-        if len(ranks) != len(message.ranks):
-            log.warning("node agent %d names ranks outside 0..%d: %s", message.node, world - 1, list(message.ranks))
-        new = [r for r in ranks if self.agents.get(r) != peer]
-        for rank in ranks:
-            self.agents[rank] = peer
-        if new:
-            log.info("node agent %d runs %s", message.node, rank_list(new))
-        self.emit(Send(peer, self._view()))
-        for rank in ranks:
-            self.ladder.repeat_order(rank, peer)
-        if self.state is _S.STARTING:
-            self.survivors.hello(message)
-            if self.standing_by:
-                standby.promote_when_heard(self, now)
-            elif self.survivors.under_way:
-                self.rejoin_when_heard(now)
-
-    def rejoin_when_heard(self, now: float) -> None:
-        """The job was under way: rebuild it once every rank's node agent said what it holds (until
-        then, or timeouts.register, the job waits); the nodes no agent speaks for go to warm spares.
-        A standby waits for its promotion."""
-        if self.standing_by:
-            return
-        unheard = self.survivors.unheard()
-        # The agents of a resized world stop their ranks and rename their memory before they say hello
-        # as their new nodes: a node is given to a spare only once its agent stayed silent as a lost one's.
-        settling = bool(self.resizes) and now - self.history[0][1] < self.spares.silent_after
-        if unheard and self.nproc and self.spares.waiting and not settling:
-            nodes = sorted({rank // self.nproc for rank in unheard})
-            for adoption in self.spares.give(nodes, {node: tuple(range(node * self.nproc, (node + 1) * self.nproc))
-                                                     for node in nodes}, now, self.timeouts.repair):
-                self.emit(GiveNode(adoption.node, adoption.peer, adoption.number, adoption.reason))
-        if not unheard:
-            lost.rejoin(self.ladder, now, self.rebuild_reason or (
-                f"the standby controller took command (term {self.term})" if self.term
-                else "the controller started again while the job was under way"))
-
-    def _view(self) -> JobView:
+    def view(self) -> JobView:
+        """What the node agents are told of the job (:class:`~mindft.protocol.JobView`)."""
         reason = self.result.reason if self.result is not None else ""
         resetting = tuple(sorted(r for r, f in self.recovery.faults.items() if f.device_pending)) \
             if self.state in RECOVERY_STATES else ()
@@ -435,7 +413,7 @@ class Job:
     def tell_agents(self) -> None:
         peers = tuple(dict.fromkeys((*self.agents.values(), *self.spares.waiting)))
         if peers:
-            self.emit(Broadcast(peers, self._view()))
+            self.emit(Broadcast(peers, self.view()))
 
     def _register_ack(self) -> RegisterAck:
         endpoints = {r.rank: r.replica_endpoint for r in sorted(self.ranks, key=lambda r: r.rank)}
@@ -507,7 +485,7 @@ class Job:
             self.survivors.exited(event.rank)
             if record is not None and record.alive:
                 record.state = RankState.DEAD
-            self.rejoin_when_heard(now)
+            hello.rejoin_when_heard(self, now)
             return True, f"rank {event.rank} starts with every worker once the job is rebuilt"
         if self.state is _S.STARTING and (record is None or not will_restart):
             self.ladder.fail(f"{what} before every rank registered", now, Event.FAULT)

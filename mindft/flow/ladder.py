@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Mapping, Optional, Protocol
+from typing import Mapping, Optional, Protocol, Sequence
 
 from mindft.config import Timeouts
 from mindft.exitcodes import ExitCode
@@ -31,7 +31,7 @@ from mindft.flow.effects import Broadcast, Effect, Finish, KillRank, Peer, Send,
 from mindft.flow.episode import ACK_FOR, PHASE_TIMEOUTS, Episode, Fault, retried
 from mindft.flow.ranks import RankRecord, RankState, RankTable
 from mindft.flow.rejoin import Survivors
-from mindft.flow.replicas import ReplicaWatch, no_common_step, replicas_share_a_step
+from mindft.flow.replicas import ReplicaWatch, no_common_step, rank_list, replicas_share_a_step
 from mindft.flow.states import RECOVERY_STATES, TERMINAL_STATES, Event, JobState
 from mindft.protocol import Ack, Action, ActionKind, FaultKind, OrderKind, Progress
 
@@ -180,28 +180,39 @@ class Ladder:
 
     def ack(self, record: RankRecord, message: Ack, now: float) -> None:
         """A rank acknowledged PAUSE, ROLLBACK or RESUME (one of another round or phase is ignored)."""
+        self.acks((record,), message.action, message.step, message.held_steps, message.round, now)
+
+    def acks(self, records: Sequence[RankRecord], action: ActionKind, step: int, held: tuple[int, ...],
+             round_: int, now: float) -> None:
+        """``records``' ranks acknowledged ``action`` of ``round_`` at ``step``, each holding ``held`` (one
+        rank's :class:`~mindft.protocol.Ack`, or a node's :class:`~mindft.protocol.AckBatch`)."""
         rec, state = self.recovery, self.job.state
-        if message.round != rec.round or message.action is not ACK_FOR.get(state):
-            log.info("rank=%d %s ack of round %d ignored in %s round %d", record.rank, message.action.name,
-                     message.round, state.value, rec.round)
+        if round_ != rec.round or action is not ACK_FOR.get(state):
+            log.info("%s: %s ack of round %d ignored in %s round %d", rank_list([r.rank for r in records]),
+                     action.name, round_, state.value, rec.round)
             return
-        if state is _S.ROLLBACK and message.step != rec.repair_step:
-            log.warning("rank=%d restored step %d, expected %d; ignored", record.rank, message.step,
-                        rec.repair_step)
+        if state is _S.ROLLBACK and step != rec.repair_step:
+            log.warning("%s restored step %d, expected %d; ignored", rank_list([r.rank for r in records]),
+                        step, rec.repair_step)
             return
-        if message.action is ActionKind.PAUSE:
-            record.held = tuple(message.held_steps)
-            record.held_round = rec.round
-            rec.know(record.held)
-            if record.state is not RankState.FAULTY:
-                record.state = RankState.PAUSED
-        elif message.action is ActionKind.ROLLBACK:
-            # Restoring dropped its snapshots past the step: a dump from now on is of what is left.
-            record.state, record.held = RankState.RESTORED, tuple(message.held_steps)
-        else:
-            record.state = RankState.RESUMED
+        held = tuple(held)
         waiting = rec.waiting
-        waiting.discard(record.rank)
+        if action is ActionKind.PAUSE:
+            rec.know(held)
+            for record in records:
+                record.held, record.held_round = held, rec.round
+                if record.state is not RankState.FAULTY:
+                    record.state = RankState.PAUSED
+                waiting.discard(record.rank)
+        elif action is ActionKind.ROLLBACK:
+            # Restoring dropped its snapshots past the step: a dump from now on is of what is left.
+            for record in records:
+                record.state, record.held = RankState.RESTORED, held
+                waiting.discard(record.rank)
+        else:
+            for record in records:
+                record.state = RankState.RESUMED
+                waiting.discard(record.rank)
         if not waiting:  # the phase waits for acknowledgements as long as any is missing
             self.advance(now)
 

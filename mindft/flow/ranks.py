@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Iterator, Mapping, Optional
 
-from mindft.flow.effects import Peer
+from mindft.flow.effects import Peer, broadcast_target
 from mindft.protocol import RankState
 
 
@@ -34,6 +34,7 @@ class RankRecord:
     restarts: int = 0
     held_round: int = -1  # the recovery round in which ``held`` was reported
     alive = True  # not a field: set with every assignment to ``state`` (below)
+    target = b""  # not a field: where a broadcast reaches it (set by the table from ``peer``)
 
 
 class _CountedState:
@@ -105,8 +106,8 @@ class RankTable:
         return MappingProxyType(self._in_state)
 
     def peers(self) -> tuple[Peer, ...]:
-        """Peers of the live ranks (broadcast targets)."""
-        return tuple(r.peer for r in self._records.values() if r.alive)
+        """Where a broadcast to the live ranks goes: each one's peer, a relay's once for all its ranks."""
+        return tuple(dict.fromkeys(r.target for r in self._records.values() if r.alive))
 
     def add(self, record: RankRecord) -> Optional[RankRecord]:
         """Insert or replace ``record.rank``'s record; returns the one it replaced."""
@@ -120,6 +121,7 @@ class RankTable:
             raise ValueError(f"rank {record.rank}'s record is already in a table")
         self._records[record.rank] = record
         self._by_peer[record.peer] = record.rank
+        record.target = broadcast_target(record.peer)
         self._count(record.progress, +1)
         record.__dict__["_counts"] = self._in_state
         self._in_state[record.state] += 1
@@ -128,7 +130,7 @@ class RankTable:
     def rebind(self, record: RankRecord, peer: Peer) -> None:
         """The same incarnation reconnected under a new peer address."""
         self._by_peer.pop(record.peer, None)
-        record.peer = peer
+        record.peer, record.target = peer, broadcast_target(peer)
         self._by_peer[peer] = record.rank
 
     def advance(self, record: RankRecord, step: int) -> bool:

@@ -59,7 +59,8 @@ def promotes(heard_nodes: int, nnodes: int) -> bool:
 
 
 def promote_when_heard(job: Any, now: float) -> None:
-    """A standby :class:`~mindft.flow.job.Job` takes command once half of the job's node agents said hello to it."""
+    """A standby :class:`~mindft.flow.job.Job` takes command once half of the job's node agents said hello to it
+    (then, if the job was under way, it rebuilds it: :func:`mindft.flow.hello.rejoin_when_heard`)."""
     heard = sorted(node for node in job.spares.nodes if node >= 0)
     nnodes = job.ranks.world_size // job.nproc if job.nproc else 0
     if not promotes(len(heard), nnodes):
@@ -69,8 +70,6 @@ def promote_when_heard(job: Any, now: float) -> None:
     if job.supersedes:
         job.next_fence = now
     job.tell_agents()
-    if job.survivors.under_way:
-        job.rejoin_when_heard(now)
 
 
 def stand_down(job: Any, message: Superseded) -> None:

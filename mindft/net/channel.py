@@ -16,8 +16,9 @@ from typing import Optional, Tuple, Union
 import zmq
 
 from mindft.net.keys import CurveKeys, secure_client, secure_server
-from mindft.protocol import (MAX_FRAME, DeviceEvent, InjectRequest, NodeLost, ProcessExit, ProtocolError, Replaced,
-                             ReplicaReport, Reply, StatusReply, StatusRequest, decode, encode)
+from mindft.protocol import (MAX_FRAME, DeviceEvent, InjectRequest, NodeLost, ProcessExit,
+                             ProtocolError, Replaced, ReplicaReport, Reply, StatusReply, StatusRequest, decode, encode,
+                             relay_cut)
 
 log = logging.getLogger(__name__)
 
@@ -111,23 +112,26 @@ class RouterSender:
         self._send = super(zmq.Socket, sock).send
 
     def to(self, peer: bytes, frame: bytes) -> None:
-        try:
-            self._send(peer, _MORE_NOBLOCK)
-            self._send(frame, _NOBLOCK)
-        except zmq.ZMQError as error:
-            log.debug("could not send to %r: %s", peer, error)
+        self.to_all((peer,), frame)
 
     def to_all(self, peers: Tuple[bytes, ...], frame: Union[bytes, zmq.Frame]) -> None:
         """The same bytes to every peer, encoded once. A large frame (the start barrier's
         RegisterAck carries every rank's endpoint) goes out as one zmq.Frame whose buffer every
         peer's message shares: sent as bytes, each peer gets its own copy (16 384 ranks: 2.9 GB
-        and ~1 s of copying for one RegisterAck; shared: 180 kB, 30 ms)."""
+        and ~1 s of copying for one RegisterAck; shared: 180 kB, 30 ms). A peer behind a relay
+        (``relay + RELAY_SEPARATOR + rank``; no rank: all of the relay's) is reached through the relay,
+        its rank's identity in a frame of its own."""
         if len(frame) >= self.SHARE_FROM:
             frame = zmq.Frame(frame)
         send = self._send
         for peer in peers:
             try:
-                send(peer, _MORE_NOBLOCK)
+                cut = relay_cut(peer)
+                if cut < 0:
+                    send(peer, _MORE_NOBLOCK)
+                else:
+                    send(peer[:cut], _MORE_NOBLOCK)
+                    send(peer[cut + 1:], _MORE_NOBLOCK)
                 send(frame, _NOBLOCK)
             except zmq.ZMQError as error:
                 log.debug("could not send to %r: %s", peer, error)

@@ -16,16 +16,18 @@ to the same result.
 from __future__ import annotations
 
 from mindft.protocol.codec import (MESSAGE_TYPES, decode, encode, encode_heartbeat, encode_step_report)
-from mindft.protocol.messages import (Ack, Action, ActionKind, AdoptNode, AgentHello, Cadence, CostReport,
+from mindft.protocol.messages import (Ack, AckBatch, Action, ActionKind, AdoptNode, AgentHello, Cadence, CostReport,
                                       DeviceEvent, DeviceStatus, Done, FaultKind, FaultReport, Heartbeat,
-                                      InjectRequest, JobState, JobView, MAX_FRAME, Message, NodeLost, OrderKind, Pace,
-                                      PROTOCOL_VERSION, ProcessExit, Progress, ProtocolError, RankOrder, RankState,
-                                      RankStatus, Register, RegisterAck, REPORT_SUFFIX, Replaced, ReplicaReport,
-                                      Reply, StatusReply, StatusRequest, StepReport, Superseded, WorldResize)
+                                      InjectRequest, JobState, JobView, MAX_FRAME, Message, NodeLost, OrderKind,
+                                      Pace, ProcessExit, Progress, PROTOCOL_VERSION, ProtocolError, RankOrder,
+                                      RankState, RankStatus, Register, RegisterAck, relay_cut, RELAY_SEPARATOR,
+                                      Replaced, ReplicaReport, Reply, REPORT_SUFFIX, StatusReply, StatusRequest,
+                                      StepBatch, StepReport, Superseded, WorldResize)
 
-__all__ = ['Ack', 'Action', 'ActionKind', 'AdoptNode', 'AgentHello', 'Cadence', 'CostReport', 'DeviceEvent',
-           'DeviceStatus', 'Done', 'FaultKind', 'FaultReport', 'Heartbeat', 'InjectRequest', 'JobState', 'JobView',
-           'MAX_FRAME', 'MESSAGE_TYPES', 'Message', 'NodeLost', 'OrderKind', 'Pace', 'PROTOCOL_VERSION', 'ProcessExit',
-           'Progress', 'ProtocolError', 'RankOrder', 'RankState', 'RankStatus', 'Register', 'RegisterAck',
-           'REPORT_SUFFIX', 'Replaced', 'ReplicaReport', 'Reply', 'StatusReply', 'StatusRequest', 'StepReport',
-           'Superseded', 'WorldResize', 'decode', 'encode', 'encode_heartbeat', 'encode_step_report']
+__all__ = ['Ack', 'AckBatch', 'Action', 'ActionKind', 'AdoptNode', 'AgentHello', 'Cadence', 'CostReport', 'decode',
+           'DeviceEvent', 'DeviceStatus', 'Done', 'encode', 'encode_heartbeat', 'encode_step_report', 'FaultKind',
+           'FaultReport', 'Heartbeat', 'InjectRequest', 'JobState', 'JobView', 'MAX_FRAME', 'Message',
+           'MESSAGE_TYPES', 'NodeLost', 'OrderKind', 'Pace', 'ProcessExit', 'Progress', 'PROTOCOL_VERSION',
+           'ProtocolError', 'RankOrder', 'RankState', 'RankStatus', 'Register', 'RegisterAck', 'relay_cut',
+           'RELAY_SEPARATOR', 'Replaced', 'ReplicaReport', 'Reply', 'REPORT_SUFFIX', 'StatusReply', 'StatusRequest',
+           'StepBatch', 'StepReport', 'Superseded', 'WorldResize']

@@ -30,11 +30,24 @@ from typing import ClassVar, Optional, Union
 # controller that took command tells the one it replaced), Replaced.controller.
 # 13: slow ranks: Pace (a rank's own work per step, a few times per window), RankStatus.work_ratio and .slow.
 # 14: elastic data parallelism: WorldResize (the nodes that stay, renumbered; the next term).
-PROTOCOL_VERSION = 14
+# 15: the node agent relays its ranks' control traffic: a rank's own message crosses the agent's link
+# as [rank identity, frame], the controller's to one rank likewise and to all of a relay's ranks as
+# [b"", frame]; the agent answers a phase with AckBatch and reports steps with StepBatch.
+PROTOCOL_VERSION = 15
 # Large enough for an endpoint map of ~20k ranks; bigger frames are refused unread.
 # A rank reports its steps from the training thread over a socket of its own, named after its
 # control socket with this suffix, so the per-step report never wakes the rank's I/O thread.
 REPORT_SUFFIX = b"/steps"
+# The controller's address of a rank behind a relay: the relay's identity, this byte, the rank's
+# identity; the relay's identity and this byte alone address every rank behind it (a broadcast).
+RELAY_SEPARATOR = b"#"
+
+
+def relay_cut(peer: bytes) -> int:
+    """Where the relay's identity ends in ``peer``, the address of a rank behind a relay (-1: ``peer``
+    is no such address). A relay sets its identity; those ZeroMQ makes up for peers that set none
+    begin with a zero byte and may hold any byte, the separator too."""
+    return -1 if peer[:1] == b"\x00" else peer.find(RELAY_SEPARATOR)
 MAX_FRAME = 4 * 1024 * 1024
 
 
@@ -258,6 +271,31 @@ class Ack:
     action: ActionKind
     step: int
     held_steps: tuple[int, ...] = ()
+    round: int = 0
+
+
+@dataclass(frozen=True)
+class AckBatch:
+    """The acknowledgement of one action by several ranks of one node, relayed by its agent: what
+    ``Ack(rank, action, step, held_steps, round)`` of each of ``ranks`` says (the ranks that hold
+    the same steps: a node's ranks usually do)."""
+
+    KIND: ClassVar[str] = "ack_batch"
+    action: ActionKind
+    step: int
+    ranks: tuple[int, ...]
+    held_steps: tuple[int, ...] = ()
+    round: int = 0
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """Several ranks' finished steps, relayed by their node agent: ``StepReport(ranks[i], steps[i], round)``
+    each."""
+
+    KIND: ClassVar[str] = "step_batch"
+    ranks: tuple[int, ...]
+    steps: tuple[int, ...]
     round: int = 0
 
 
@@ -548,7 +586,8 @@ class Reply:
     request_id: int = 0
 
 
-Message = Union[Register, RegisterAck, Heartbeat, StepReport, Progress, FaultReport, Action, Ack, Done,
+Message = Union[Register, RegisterAck, Heartbeat, StepReport, Progress, FaultReport, Action, Ack, AckBatch, StepBatch,
+                Done,
                 StatusRequest, StatusReply, DeviceEvent, InjectRequest, ProcessExit, ReplicaReport, NodeLost, Reply,
                 CostReport, Pace, Cadence, AgentHello, JobView, RankOrder, AdoptNode, Replaced, Superseded,
                 WorldResize]

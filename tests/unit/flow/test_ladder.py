@@ -205,7 +205,7 @@ def test_an_exception_from_the_training_script_ends_the_job_at_once_with_exit_1(
     assert d.job.state is S.FAILED and d.job.result.exit_code == ExitCode.FAILED
     assert "rank 1 raised an exception from the training script in step 5" in d.job.result.reason
     assert d.actions(ActionKind.DUMP_AND_EXIT)[-1].step == 4 and not d.actions(ActionKind.ROLLBACK)
-    assert d.job.status(d.now).recoveries == 0 and d.job._view().exit_code == ExitCode.FAILED
+    assert d.job.status(d.now).recoveries == 0 and d.job.view().exit_code == ExitCode.FAILED
     assert any(isinstance(e, Finish) for e in out)
 
 
@@ -225,7 +225,7 @@ def test_the_same_fault_in_the_same_step_after_a_recovery_ends_the_job(kind, fir
     assert (d.job.state is S.FAILED) is final
     if final:
         assert f"rank 0 {kind.name} in step {again} again after the job recovered from it" in d.job.result.reason
-        assert d.job._view().exit_code == ExitCode.FAILED
+        assert d.job.view().exit_code == ExitCode.FAILED
 
 
 @pytest.mark.parametrize("again, final", [(5, True), (6, True), (7, False)])
@@ -262,7 +262,7 @@ def test_a_failed_job_whose_ranks_may_be_blocked_in_a_collective_stops_them_for_
 def test_a_rank_that_cannot_rewind_fails_the_job_with_its_own_exit_code() -> None:
     d = Driver(2).start()
     d.job.process_exit(ProcessExited(1, ExitCode.REWIND_REQUIRED, 101), d.now, will_restart=False)
-    assert d.job.state is S.FAILED and d.job._view().exit_code == ExitCode.REWIND_REQUIRED
+    assert d.job.state is S.FAILED and d.job.view().exit_code == ExitCode.REWIND_REQUIRED
     assert "Model.train cannot re-enter" in d.job.result.reason
 
 

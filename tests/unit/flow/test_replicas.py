@@ -305,7 +305,7 @@ def test_a_lost_node_whose_replica_the_others_no_longer_hold_fails_at_once() -> 
     dump = d.actions(ActionKind.DUMP_AND_EXIT)[-1]
     assert dump.step == 7 and "every rank dumps step 7" in reason  # the newest step the survivors share
     # The agents hear which ranks the job could not tell to dump: rank 1's replica is written by its keeper.
-    assert d.job._view() == JobView(S.FAILED, False, 7, d.job.result.reason, (), -1, unreached=(1,))
+    assert d.job.view() == JobView(S.FAILED, False, 7, d.job.result.reason, (), -1, unreached=(1,))
 
 
 def test_a_lost_node_without_any_replica_fails_before_anything_is_paused() -> None:
@@ -452,4 +452,4 @@ def test_a_controller_started_again_names_the_ranks_that_never_registered_with_i
     d = Driver(2)
     d.send(1, Register(1, 0, 101, ()))
     d.send(1, FaultReport(1, 9, FaultKind.COMMUNICATION, "peer gone"))
-    assert d.job.state is S.FAILED and d.job._view().unreached == (0,)
+    assert d.job.state is S.FAILED and d.job.view().unreached == (0,)

@@ -12,6 +12,7 @@ from mindft.protocol import (MAX_FRAME, MESSAGE_TYPES, PROTOCOL_VERSION, Ack, Ac
                              DeviceEvent, DeviceStatus, Done, FaultKind, FaultReport, Heartbeat, InjectRequest,
                              NodeLost, Pace, ProcessExit, ProtocolError, RankStatus, Register, Progress, RegisterAck,
                              Replaced, ReplicaReport, Superseded, WorldResize, Reply, StatusReply, StatusRequest, StepReport,
+                             AckBatch, StepBatch,
                              decode, encode)
 
 SAMPLES = [
@@ -58,6 +59,8 @@ SAMPLES = [
     Replaced(node=0, reason="stands down", controller="tcp://10.0.0.2:29601"),
     Superseded(term=1, controller="tcp://10.0.0.2:29601"),
     WorldResize(term=1, members=(0, 2), nproc=1, reason="node 1 lost for good"),
+    AckBatch(ActionKind.PAUSE, 7, ranks=(8, 9, 10), held_steps=(6, 4), round=2),
+    StepBatch(ranks=(8, 9), steps=(12, 13), round=2),
 ]
 
 
@@ -171,7 +174,7 @@ def test_enum_values_are_stable_wire_names() -> None:
                                            "FAILED", "DONE"]
     assert [k.value for k in RankState] == ["registered", "running", "faulty", "dead", "off_device", "lost",
                                             "paused", "restored", "resumed", "done"]
-    assert protocol.PROTOCOL_VERSION == 14
+    assert protocol.PROTOCOL_VERSION == 15
 
 
 def test_wire_enums_print_as_their_values() -> None:
@@ -208,19 +211,19 @@ def test_hot_frames_are_decoded_without_json(message, monkeypatch: pytest.Monkey
 
 
 @pytest.mark.parametrize("text, error", [
-    ('{"v":14,"msg":"heartbeat","rank":1,"incarnation":0,"step":01}', "not JSON"),  # JSON has no leading zeros
-    ('{"v":14,"msg":"heartbeat","rank":1,"incarnation":0,"step":1,"x":2}', "unknown field"),
-    ('{"v":14,"msg":"heartbeat","rank":1,"incarnation":0}', "missing field 'step'"),
-    ('{"v":14,"msg":"step_report","rank":1,"step":1.5,"round":0}', "expected an integer"),
-    ('{"v":14,"msg":"step_report","rank":1,"step":true,"round":0}', "expected an integer"),
-    ('{"v":14,"msg":"cost_report","rank":1,"step_time":NaN,"capture_time":0.1}', "expected a finite number"),
-    ('{"v":14,"msg":"replica_report","node":0,"ranks":[0],"steps":[1],"cpu_seconds":-Infinity}',
+    ('{"v":15,"msg":"heartbeat","rank":1,"incarnation":0,"step":01}', "not JSON"),  # JSON has no leading zeros
+    ('{"v":15,"msg":"heartbeat","rank":1,"incarnation":0,"step":1,"x":2}', "unknown field"),
+    ('{"v":15,"msg":"heartbeat","rank":1,"incarnation":0}', "missing field 'step'"),
+    ('{"v":15,"msg":"step_report","rank":1,"step":1.5,"round":0}', "expected an integer"),
+    ('{"v":15,"msg":"step_report","rank":1,"step":true,"round":0}', "expected an integer"),
+    ('{"v":15,"msg":"cost_report","rank":1,"step_time":NaN,"capture_time":0.1}', "expected a finite number"),
+    ('{"v":15,"msg":"replica_report","node":0,"ranks":[0],"steps":[1],"cpu_seconds":-Infinity}',
      "expected a finite number"),
     ('{"v":2,"msg":"step_report","rank":1,"step":1,"round":0}', "unsupported protocol version 2"),
-    ('{"v":14,"msg":"ack","rank":1,"action":"self_destruct","step":1,"held_steps":[1],"round":1}',
+    ('{"v":15,"msg":"ack","rank":1,"action":"self_destruct","step":1,"held_steps":[1],"round":1}',
      "not one of pause, rollback"),
-    ('{"v":14,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[1,"2"],"round":1}', "a list of integers"),
-    ('{"v":14,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[1,],"round":1}', "not JSON"),
+    ('{"v":15,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[1,"2"],"round":1}', "a list of integers"),
+    ('{"v":15,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[1,],"round":1}', "not JSON"),
 ])
 def test_near_misses_of_the_hot_templates_get_the_full_checks(text: str, error: str) -> None:
     with pytest.raises(ProtocolError, match=error):
@@ -228,11 +231,11 @@ def test_near_misses_of_the_hot_templates_get_the_full_checks(text: str, error: 
 
 
 @pytest.mark.parametrize("text, message", [
-    ('{"msg":"heartbeat","v":14,"rank":1,"incarnation":0,"step":2}', protocol.Heartbeat(1, 0, 2)),
-    ('{"v":14,"msg":"step_report","rank":1,"step":2}', protocol.StepReport(1, 2, 0)),
-    ('{"v":14,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[0, 1],"round":1}',
+    ('{"msg":"heartbeat","v":15,"rank":1,"incarnation":0,"step":2}', protocol.Heartbeat(1, 0, 2)),
+    ('{"v":15,"msg":"step_report","rank":1,"step":2}', protocol.StepReport(1, 2, 0)),
+    ('{"v":15,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[0, 1],"round":1}',
      Ack(1, ActionKind.PAUSE, 1, (0, 1), 1)),
-    ('{"v": 14, "msg": "step_report", "rank": -0, "step": 12345678901234567890123, "round": 1}',
+    ('{"v": 15, "msg": "step_report", "rank": -0, "step": 12345678901234567890123, "round": 1}',
      protocol.StepReport(0, 12345678901234567890123, 1)),
 ])
 def test_other_spellings_of_hot_messages_decode_the_same(text: str, message) -> None:
