@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from mindft.flow import Broadcast, DeviceFaulty, DeviceRecovered, Job, JobState, RankState, Send
 from mindft.flow.effects import broadcast_target
-from mindft.protocol import Ack, AckBatch, Action, ActionKind, Heartbeat, Progress, Register, RegisterAck, StepBatch
+from mindft.flow.relay import Down, Relay, Up
+from mindft.protocol import (Ack, AckBatch, Action, ActionKind, Heartbeat, Progress, Register, RegisterAck, StepBatch,
+                             StepReport)
 
 from test_job import T
 
@@ -132,3 +134,85 @@ def test_a_rank_behind_a_relay_is_still_addressed_alone() -> None:
     leave = [e for e in job.tick(2.0) + job.device(DeviceRecovered(6), 2.0)
              if isinstance(e, Send) and isinstance(e.message, Action)]
     assert all(e.peer.startswith(relay(1) + b"#") for e in leave)
+
+
+# ---- the relay's own rules (mindft.flow.relay): what goes up, and when ----------------------------
+
+def served(relay_: Relay, ranks=(0, 1, 2), now: float = 0.0) -> Relay:
+    for rank in ranks:
+        [up] = relay_.from_rank(f"rank{rank}.inc0".encode(), Register(rank, 0, 100 + rank, (0,)), now)
+        assert up == Up(Register(rank, 0, 100 + rank, (0,)), f"rank{rank}.inc0".encode())  # its own, at once
+    return relay_
+
+
+def ack(relay_: Relay, rank: int, now: float, held=(0,), kind=ActionKind.PAUSE, step: int = 0, round_: int = 1):
+    return relay_.from_rank(f"rank{rank}.inc0".encode(), Ack(rank, kind, step, held, round_), now)
+
+
+def test_a_phase_goes_up_once_every_served_rank_acknowledged_it_grouped_by_held_steps() -> None:
+    r = served(Relay(linger=0.05, interval=1.0, silent_after=2.0, now=0.0))
+    assert ack(r, 0, 0.1) == [] and ack(r, 2, 0.1, held=(0, 1)) == []
+    assert ack(r, 0, 0.1) == []  # said twice: still one rank
+    assert ack(r, 1, 0.1) == [Up(AckBatch(ActionKind.PAUSE, 0, (0, 1), (0,), 1)),
+                              Up(AckBatch(ActionKind.PAUSE, 0, (2,), (0, 1), 1))]
+    assert ack(r, 1, 0.2) == [Up(Ack(1, ActionKind.PAUSE, 0, (0,), 1), b"rank1.inc0")]  # late: at once, itself
+
+
+def test_a_rank_that_does_not_answer_holds_its_node_back_only_for_the_linger() -> None:
+    r = served(Relay(linger=0.05, interval=1.0, silent_after=2.0, now=0.0))
+    ack(r, 0, 0.1)
+    ack(r, 1, 0.1)
+    assert r.tick(0.12) == [] and r.next_wakeup() == 0.1 + 0.05
+    assert r.tick(0.16) == [Up(AckBatch(ActionKind.PAUSE, 0, (0, 1), (0,), 1))]
+    # A rank whose process is gone is not waited for at all.
+    ack(r, 0, 0.2, kind=ActionKind.RESUME)
+    ack(r, 1, 0.2, kind=ActionKind.RESUME)
+    assert r.rank_left(2, 0.21) == [Up(AckBatch(ActionKind.RESUME, 0, (0, 1), (0,), 1))]
+
+
+def steps(r: Relay, now: float, **by_rank: int) -> list:
+    out = []
+    for name, step in by_rank.items():
+        rank = int(name[1:])
+        out += r.from_rank(f"rank{rank}.inc0".encode(), StepReport(rank, step, 0), now)
+    return out
+
+
+def test_steps_go_up_when_the_nodes_slowest_rose_and_as_its_heartbeat() -> None:
+    r = served(Relay(linger=0.05, interval=1.0, silent_after=2.0, now=0.0))
+    assert steps(r, 0.1, r0=1, r1=1) == []
+    assert steps(r, 0.1, r2=1) == [Up(StepBatch((0, 1, 2), (1, 1, 1), 0))]
+    assert steps(r, 0.2, r0=2, r2=2) == []  # rank 1 holds the node at step 1
+    assert r.tick(0.5) == []
+    # An interval with nothing sent up: the node's heartbeat, vouching for the ranks heard lately.
+    assert r.tick(1.21) == [Up(StepBatch((0, 1, 2), (2, 1, 2), 0))]
+    steps(r, 1.5, r0=3, r2=3)
+    assert r.tick(3.3) == [Up(StepBatch((0, 2), (3, 3), 0))]  # rank 1 silent for 3.2 s: not vouched for
+    # A rank's heartbeat stops at the relay, answered with the job's progress it last heard.
+    r.from_controller(Progress(2))
+    assert r.from_rank(b"rank1.inc0", Heartbeat(1, 0, 1), 3.4) == [Down(b"rank1.inc0", Heartbeat(-1, 0, 2))]
+
+
+def test_relays_in_front_of_the_job_make_the_round_the_ranks_make_alone() -> None:
+    """Each rank's ack through its node's relay, what the relays send up fed to the job: the same
+    round as the ranks' acks straight to the job (test_a_round_acknowledged_by_nodes_is_...)."""
+    relays = [Relay(linger=0.05, interval=10.0, silent_after=20.0, now=0.0) for _ in range(NODES)]
+
+    def through_relays(job: Job, action: ActionKind, step: int, round_: int) -> None:
+        for rank in range(NODES * NPROC):
+            node = rank // NPROC
+            for up in relays[node].from_rank(f"rank{rank}.inc0".encode(),
+                                             Ack(rank, action, step, (0,), round_), 1.5):
+                peer = relay(node) + (b"#" + up.identity if up.identity else b"")
+                job.handle(peer, up.message, 1.5)
+
+    outcomes = []
+    for acks in (through_relays, by_rank):
+        job, _ = started()
+        for node, r in enumerate(relays):
+            for rank in node_ranks(node):
+                r.from_rank(f"rank{rank}.inc0".encode(), Heartbeat(rank, 0, 0), 0.0)  # served
+        round_by(acks, job)
+        outcomes.append((job.state, [s for s, _ in job.history], job.recoveries,
+                         {r.rank: (r.state, r.held) for r in job.ranks}))
+    assert outcomes[0] == outcomes[1] and outcomes[0][0] is S.NORMAL
