@@ -224,6 +224,7 @@ class MindftConfig:
     agent_replication: bool = True  # mindft-launch on several nodes: the node agents stream the replicas
     standbys: int = 0  # nodes 1..standbys stand by for the controller (mindft.flow.standby)
     replica_endpoint: str = ""  # the node agent's replica keeper, announced by the rank when it registers
+    relay: str = ""  # the node agent's relay of its ranks' control traffic (mindft.agent.relay); "": the controller
     restart_scope: str = "auto"  # "all": a lost process restarts every worker; auto: when a rank says so
     warm_start: bool = True  # mindft-launch forks the workers from a process that imported MindSpore
     preload: str = "mindspore"  # what that process imports, comma-separated
@@ -242,6 +243,11 @@ class MindftConfig:
     def controller_address(self) -> str:
         """The ZeroMQ endpoint of the controller."""
         return f"tcp://{self.controller_ip}:{self.controller_port}"
+
+    @property
+    def control_address(self) -> str:
+        """Where a rank's control traffic goes: its node agent's relay, or the controller itself."""
+        return self.relay or self.controller_address
 
 
 @dataclass(frozen=True)
@@ -357,6 +363,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "script imports, e.g. mindspore,mindformers)", "mindspore", "module names"),
     EnvVar("MINDFT_REPLICA_ENDPOINT", "the node agent's replica keeper, which a rank announces when it registers "
            "(mindft-launch sets it with agent replication)", "", "tcp://HOST:PORT"),
+    EnvVar("MINDFT_RELAY", "the node agent's relay, through which a rank talks to the controller "
+           "(mindft-launch sets it)", "", "ipc://PATH"),
     EnvVar("MINDFT_LAUNCHER_PID", "mindft-launch's pid (it sets it); a rank started without it gives up "
            "after one silent period when no controller answers", "0", "a pid"),
     EnvVar("MINDFT_RESTART_COUNT", "times this rank was restarted (mindft-launch sets it)", "0",
@@ -401,7 +409,7 @@ FIELD_VARIABLES: dict[str, str] = {
     "launcher_pid": "MINDFT_LAUNCHER_PID", "backend": "MINDFT_BACKEND", "snapshot_every": "MINDFT_SNAPSHOT_EVERY",
     "overhead_budget": "MINDFT_OVERHEAD_BUDGET", "max_replay_steps": "MINDFT_MAX_REPLAY_STEPS",
     "replica_buddy": "MINDFT_REPLICA_BUDDY", "agent_replication": "MINDFT_AGENT_REPLICATION",
-    "standbys": "MINDFT_STANDBYS", "replica_endpoint": "MINDFT_REPLICA_ENDPOINT", "restart_scope": "MINDFT_RESTART_SCOPE",
+    "standbys": "MINDFT_STANDBYS", "replica_endpoint": "MINDFT_REPLICA_ENDPOINT", "relay": "MINDFT_RELAY", "restart_scope": "MINDFT_RESTART_SCOPE",
     "warm_start": "MINDFT_WARM_START", "preload": "MINDFT_PRELOAD", "slow_threshold": "MINDFT_SLOW_THRESHOLD",
     "slow_windows": "MINDFT_SLOW_WINDOWS", "slow_window": "MINDFT_SLOW_WINDOW", "slow_action": "MINDFT_SLOW_ACTION",
     "elastic_min": "MINDFT_ELASTIC", "elastic_max": "MINDFT_ELASTIC", "shrink_after": "MINDFT_SHRINK_AFTER",
@@ -463,6 +471,7 @@ def load_config(environ: Mapping[str, str] = os.environ) -> MindftConfig:
         agent_replication=_number(environ, "MINDFT_AGENT_REPLICATION", int, 1, 0, 1) == 1,
         standbys=_number(environ, "MINDFT_STANDBYS", int, 0, 0, 2),
         replica_endpoint=_replica_endpoint(environ),
+        relay=_relay(environ),
         warm_start=_number(environ, "MINDFT_WARM_START", int, 1, 0, 1) == 1,
         preload=_preload(environ),
         slow_threshold=_number(environ, "MINDFT_SLOW_THRESHOLD", float, 0.3, 0.05, 10),
@@ -505,6 +514,13 @@ def _replica_endpoint(environ: Mapping[str, str]) -> str:
     if endpoint and not (endpoint.startswith("tcp://") and endpoint.rpartition(":")[2].isdigit()):
         raise ConfigError(f"MINDFT_REPLICA_ENDPOINT: {endpoint!r} is not tcp://HOST:PORT "
                           f"(mindft-launch sets it; unset it otherwise)")
+    return endpoint
+
+
+def _relay(environ: Mapping[str, str]) -> str:
+    endpoint = environ.get("MINDFT_RELAY", "").strip()
+    if endpoint and not (endpoint.startswith("ipc://") and len(endpoint) > len("ipc://")):
+        raise ConfigError(f"MINDFT_RELAY: {endpoint!r} is not ipc://PATH (mindft-launch sets it; unset it otherwise)")
     return endpoint
 
 

@@ -87,6 +87,8 @@ class LaunchSpec:
     # This node agent's replica keeper (mindft.replica) when the agents replicate (several
     # nodes, MINDFT_AGENT_REPLICATION=1): the ranks announce it and push nothing themselves.
     replica_endpoint: Optional[str] = None
+    # The node agent's relay (mindft.agent.relay): its ranks talk to the controller through it.
+    relay_endpoint: str = ""
     # Where the node serves its Prometheus metrics (--metrics-port; None: nowhere): node 0 the
     # controller's and its own, the other nodes their own.
     metrics_port: Optional[int] = None
@@ -180,6 +182,8 @@ def rank_environment(spec: LaunchSpec, rank: int, restart_count: int) -> dict[st
         # which the ranks' configuration rightly refuses.
         return env
     env.update({"MS_TFT_IP": spec.master_ip, "MS_TFT_PORT": str(spec.controller_port)})
+    if spec.relay_endpoint:
+        env["MINDFT_RELAY"] = spec.relay_endpoint
     if spec.state_dir is not None:
         env["MINDFT_STATE_DIR"] = str(spec.state_dir / f"rank{rank}")
         if spec.replica_endpoint:

@@ -49,6 +49,7 @@ class RoleChanges:
     runner: Optional[ControllerHost]
     scheduler: Optional[Scheduler]
     replication: Optional[Any]
+    relay: Optional[Any]
     failover: Optional[Failover]
     node_metrics: Optional[Any]
     metrics_server: Optional[Any]
@@ -141,6 +142,8 @@ class RoleChanges:
         self.client = Client(self.spec.controller_address, self.keys)
         if self.replication is not None:
             self.replication.follow(self.spec.controller_address)
+        if self.relay is not None:
+            self.relay.follow(self.spec.controller_address)
         self.policy.hello_again()
         self.write_job_file()
 

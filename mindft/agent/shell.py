@@ -30,6 +30,7 @@ from mindft.config import TFT_VARIABLE
 from mindft.observe.events import EventLog, ProcessExitRecord, node_file
 from mindft.exitcodes import ExitCode, describe_exit
 from mindft.agent.links import ControllerHost, ControllerLink, recovery_progress
+from mindft.agent.relay import RelayShell
 from mindft.agent.memory import (agent_memory, dump_ranks_without_process, release_memory, remove_stale_memory,
                                  start_replication, write_node_gasp)
 from mindft.agent.services import host_controller, serve_node_metrics, start_mindio, start_warm
@@ -94,6 +95,7 @@ class NodeAgent(RoleChanges):
         self.link: Optional[ControllerLink] = None
         self.mindio_host: Optional[Any] = None
         self.replication: Optional[Any] = None  # mindft.replica.NodeReplication
+        self.relay: Optional[RelayShell] = None  # its ranks' control traffic goes through it
         self.scheduler: Optional[Scheduler] = Scheduler(spec, self.warm, self.events) if spec.runs_scheduler else None
         self.inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()  # orders and views, from any thread
         self._signal: Optional[int] = None
@@ -266,6 +268,10 @@ class NodeAgent(RoleChanges):
                 if self.replication is not None:
                     spec = self.spec = self.workers.spec = dataclasses.replace(
                         spec, replica_endpoint=self.replication.endpoint)
+                if not spec.mindio:
+                    self.relay = RelayShell(spec.node_rank, spec.controller_address, self.keys,
+                                            load_config(spec.env).timeouts, spec.state_dir)
+                    spec = self.spec = self.workers.spec = dataclasses.replace(spec, relay_endpoint=self.relay.endpoint)
             if self.scheduler is not None:
                 self.scheduler.start()  # first, as msrun: workers connect to it from init()
             if not spec.spare and not self._take_over_lost_node():
@@ -436,6 +442,8 @@ class NodeAgent(RoleChanges):
             self.workers.kill_worker(running, signal.SIGTERM, self.spec.grace_period)
         if self.scheduler is not None:
             self._stop_scheduler(clean_end=code == ExitCode.OK)
+        if self.relay is not None:
+            self.relay.close()
         if self.runner is not None:
             self.runner.stop()
         if self.link is not None:

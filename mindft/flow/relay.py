@@ -11,7 +11,8 @@ controller's fan-in is the node count. What crosses the node's link:
 * step reports go up as one :class:`~mindft.protocol.StepBatch` when the node's slowest step rose,
   and at least every ``interval`` seconds in which nothing else went up: the node's heartbeat, which
   vouches only for the ranks the relay heard within ``silent_after`` (a silent rank is still found);
-* a rank's heartbeat stops here: the relay answers it with the job's progress it last heard.
+* a rank's heartbeat stops here: the relay answers it with the job's progress it last heard, as long
+  as it heard the controller within ``silent_after`` (so a rank still finds a silent controller).
 
 Nothing here does I/O or reads a clock: the agent's shell passes ``now`` and carries out the result.
 """
@@ -65,6 +66,7 @@ class Relay:
         self._sent_slowest = -1
         self._sent_at = now
         self.progress = 0  # the job's slowest step, as the controller last said
+        self._controller_heard = -float("inf")
 
     def from_rank(self, identity: Identity, message: Message, now: float) -> list[Union[Up, Down]]:
         """A message of the rank ``identity``: what goes up now (or back to it)."""
@@ -83,7 +85,8 @@ class Relay:
             self._steps[message.rank] = max(message.step, self._steps.get(message.rank, message.step))
             return self._steps_due(now, rose_only=True)
         if kind is Heartbeat:
-            return [Down(identity, Heartbeat(-1, 0, self.progress))]
+            heard = now - self._controller_heard <= self.silent_after
+            return [Down(identity, Heartbeat(-1, 0, self.progress))] if heard else []
         if rank is not None:
             self.ranks[rank] = identity  # a new incarnation registers under its own identity
         self._sent_at = now
@@ -96,8 +99,9 @@ class Relay:
         self._heard.pop(rank, None)
         return self._flush_complete(now)
 
-    def from_controller(self, message: Message) -> None:
-        """What the relay learns from a message of the controller on its way to the ranks."""
+    def from_controller(self, message: Message, now: float) -> None:
+        """What the relay learns from a message of the controller (on its way to the ranks, or its own)."""
+        self._controller_heard = now
         if type(message) is Progress or type(message) is Heartbeat:
             self.progress = max(self.progress, message.step)
 

@@ -52,7 +52,7 @@ def run_link(context: zmq.Context, keys: Optional[CurveKeys], config: MindftConf
     re-register with ``register_again()`` (the registration as it stands now: a controller started
     again learns how far the rank got), or give up.
     """
-    timeouts, monotonic, rank, address = config.timeouts, time.monotonic, config.rank, config.controller_address
+    timeouts, monotonic, rank, address = config.timeouts, time.monotonic, config.rank, config.control_address
     # A rank started by hand (not by mindft-launch) has nobody to wait for: one silent period.
     retries = rank_retries(timeouts.connect_retries, config.standbys)
     live = Liveness(timeouts.heartbeat_interval, timeouts.dead_after, retries, retries if config.launcher_pid else 1,

@@ -110,7 +110,7 @@ class Processor:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise ProcessorError(f"rank {self.rank}: no answer from the controller at "
-                                         f"{self._config.controller_address} within "
+                                         f"{self._config.control_address} within "
                                          f"{self._timeouts.register:g} s (timeouts.register): "
                                          f"{channel.UNREACHABLE_CAUSES}")
                 self._cond.wait(left)
@@ -132,7 +132,7 @@ class Processor:
             if self._closed:
                 raise ProcessorError(f"rank {self.rank}: processor is closed")
             sock = self._report_socket = channel.report_dealer(self._context, self._keys,
-                                                               self._config.controller_address,
+                                                               self._config.control_address,
                                                                self.identity + REPORT_SUFFIX)
         try:
             sock.send(encode_step_report(self.rank, report.step, report.round), zmq.NOBLOCK)

@@ -188,9 +188,11 @@ def test_steps_go_up_when_the_nodes_slowest_rose_and_as_its_heartbeat() -> None:
     assert r.tick(1.21) == [Up(StepBatch((0, 1, 2), (2, 1, 2), 0))]
     steps(r, 1.5, r0=3, r2=3)
     assert r.tick(3.3) == [Up(StepBatch((0, 2), (3, 3), 0))]  # rank 1 silent for 3.2 s: not vouched for
-    # A rank's heartbeat stops at the relay, answered with the job's progress it last heard.
-    r.from_controller(Progress(2))
+    # A rank's heartbeat stops at the relay, answered with the job's progress it last heard while the
+    # controller is heard: a silent controller is still found by the rank.
+    r.from_controller(Progress(2), 3.0)
     assert r.from_rank(b"rank1.inc0", Heartbeat(1, 0, 1), 3.4) == [Down(b"rank1.inc0", Heartbeat(-1, 0, 2))]
+    assert r.from_rank(b"rank1.inc0", Heartbeat(1, 0, 1), 5.1) == []
 
 
 def test_relays_in_front_of_the_job_make_the_round_the_ranks_make_alone() -> None:
