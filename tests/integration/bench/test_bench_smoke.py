@@ -50,12 +50,13 @@ def test_coordination_quick_run_simulated_ranks_next_to_the_floor(tmp_path: Path
     output = tmp_path / "coordination.json"
     env = dict(os.environ, PYTHONPATH=str(REPO))
     done = subprocess.run([sys.executable, str(REPO / "bench" / "coordination.py"), "--quick", "--real-sizes", "0",
-                           "--sim-sizes", "64", "--repeat", "2", "--output", str(output)],
+                           "--sim-sizes", "64", "--relay-sizes", "0", "--repeat", "2", "--output", str(output)],
                           env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(output.read_text())
     rows = result["rows"]
-    assert [(r["kind"], r["ranks"], r["repeat"]) for r in rows] == [("simulated", 64, 0), ("simulated", 64, 1)]
+    assert [(r["kind"], r["topology"], r["ranks"], r["repeat"]) for r in rows] == [("simulated", "star", 64, 0),
+                                                                                   ("simulated", "star", 64, 1)]
     for row in rows:
         assert row["rounds"] == 3 and row["median_s"] > 0 and row["floor_median_s"] > 0
         # Every simulated rank acknowledged every phase of every round (the warm-up round's
@@ -65,3 +66,26 @@ def test_coordination_quick_run_simulated_ranks_next_to_the_floor(tmp_path: Path
         assert row["frames_from_controller"]["setup"]["RegisterAck"] == 64
         assert set(row["phase_median_s"]) == {"PAUSING", "REPAIRING", "ROLLBACK", "RESUMING"}
     assert "bare zmq floor ms" in done.stdout
+
+
+def test_coordination_quick_run_relayed_ranks_next_to_their_floor(tmp_path: Path) -> None:
+    """Ranks behind simulated node agents (protocol 15): each phase crosses a node's link once each
+    way, the start barrier's answer and FINISH too."""
+    output = tmp_path / "coordination.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "coordination.py"), "--quick", "--real-sizes", "0",
+                           "--sim-sizes", "0", "--relay-sizes", "60", "--nproc", "8", "--output", str(output)],
+                          env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(output.read_text())["rows"]
+    assert [(r["kind"], r["topology"], r["ranks"], r["nodes"], r["nproc"]) for r in rows] == [
+        ("simulated", "relay", 60, 8, 8)]  # the last node relays 4 ranks
+    row = rows[0]
+    assert row["rounds"] == 3 and row["median_s"] > 0 and row["floor_median_s"] > 0
+    assert row["controller_rss_mb"] >= 0 and "agent_rss_mb" not in row  # no real agent to weigh
+    assert row["frames_to_controller"]["rounds"]["ack"] == 8 * 3 * 3  # one AckBatch per node and phase
+    assert row["frames_to_controller"]["setup"]["ack"] == 8 * 3  # the warm-up round's
+    assert row["frames_to_controller"]["setup"]["other"] == 60 * 2  # each rank's Register and Done, relayed
+    assert row["frames_from_controller"]["setup"]["RegisterAck"] == 8
+    assert row["frames_from_controller"]["setup"]["Action"] == 8 * 4  # the warm-up's phases and FINISH
+    assert "(8 nodes of 8)" in done.stdout
