@@ -50,6 +50,7 @@ def random_job(seed: int) -> SimJob:
     job.standby = pick.random() < 0.5  # drawn last: who rebuilds the job when node 0 is lost
     if pick.random() < 0.15:  # drawn after all the above, which it replaces: an elastic job
         return elastic_job(seed, pick)
+    job.relays = pick.random() < 0.5  # drawn last: the node agents relay their ranks' traffic
     return job
 
 

@@ -68,11 +68,12 @@ from mindft.flow import (TRANSITIONS, Armed, Broadcast, DeviceFailed, DeviceFaul
 from mindft.flow.agent import AbortJob, KillWorker, NodePolicy, StartWorker
 from mindft.flow.inputs import SchedulerLost
 from mindft.flow.cadence import Budget, Schedule
-from mindft.flow.effects import GiveNode, Resize
+from mindft.flow.effects import GiveNode, Resize, broadcast_target
+from mindft.flow.relay import Down, Relay, Up
 from mindft.flow.elastic import ElasticRange
 from mindft.protocol import (Action, ActionKind, AgentHello, Cadence, CostReport, Done, FaultKind, FaultReport,
                              Heartbeat, JobView, NodeLost, ProcessExit, Progress, RankOrder, Register, RegisterAck,
-                             Replaced, ReplicaReport, WorldResize)
+                             Replaced, ReplicaReport, WorldResize, RELAY_SEPARATOR)
 
 TIMEOUTS = Timeouts(heartbeat_interval=0.5, heartbeat_misses=6, register=30.0, pause=10.0, repair=20.0,
                     rollback=10.0, resume=10.0)
@@ -118,6 +119,10 @@ def agent_peer(node: int) -> bytes:
     return f"agent{node}".encode()
 
 
+def relay_peer(node: int) -> bytes:
+    return f"relay/{node}".encode()
+
+
 def expected_state(steps: int) -> int:
     """The model is the running sum of step numbers: right only if every rollback was exact."""
     return steps * (steps + 1) // 2
@@ -130,7 +135,7 @@ class SimRank:
                  process: bool = True) -> None:
         self.sim, self.rank, self.incarnation = job, rank, incarnation
         world = f".w{job.world.resizes}" if job.world is not None and job.world.resizes else ""
-        self.peer = f"rank{rank}.inc{incarnation}{world}".encode()
+        self.identity = f"rank{rank}.inc{incarnation}{world}".encode()
         self.follower = Follower(rank, job.snapshot_every)
         self.snapshots = dict(snapshots)
         self.position = 0 if not snapshots else max(snapshots)
@@ -147,6 +152,13 @@ class SimRank:
         self.communicator = job.join_communicator(self) if process else -1
         if not process:
             self.mode = "dead"
+
+    @property
+    def peer(self) -> bytes:
+        """Where the job knows it: its own identity, or behind its node's relay."""
+        if not self.sim.relays:
+            return self.identity
+        return relay_peer(self.sim.node_of(self.rank)) + RELAY_SEPARATOR + self.identity
 
     def on_cadence(self, message: Cadence | RegisterAck) -> None:
         wire = message.schedule if isinstance(message, Cadence) else message.cadence
@@ -314,6 +326,9 @@ class SimJob:
     # MIN:MAX nodes (tests/sim_elastic.py): a node lost for good is left behind, a spare taken back.
     elastic: Optional[tuple[int, int]] = None
     shrink_after: float = 5.0
+    # Each node's agent relays its ranks' traffic (mindft.flow.relay): acks of a phase as one batch,
+    # steps as the node's heartbeat. Not with elastic jobs (their nodes are renumbered).
+    relays: bool = False
 
     def __post_init__(self) -> None:
         if self.world_size % self.nodes:
@@ -361,6 +376,7 @@ class SimJob:
         # (rank, first, last) of every fault and kill inside a step: the steps the job may say it
         # was in (a killed process's step is the one after its last report that arrived).
         self.injected: list[tuple[int, int, int]] = []
+        self.relay_of: dict[int, Relay] = {}  # node -> its relay (relays), new with its node or a new controller
 
     # ---- schedule ----
     def fail_at(self, rank: int, step: int, kind: FaultKind = FaultKind.UCE) -> SimJob:
@@ -552,6 +568,7 @@ class SimJob:
         """The node dies: processes, the agent's memory and the replicas its keeper held; nobody reports it."""
         self.node_lost = True
         self.lost_nodes.add(node)
+        self.relay_of.pop(node, None)  # what it held back goes with it
         self.node_epoch[node] = self.node_epoch.get(node, 0) + 1
         for number in self.node_ranks(node):
             rank = self.ranks[number]
@@ -609,6 +626,8 @@ class SimJob:
                        term=self.controllers - 1 if self.standby else 0, standing_by=self.standby,
                        elastic=self.elastic_range)
         self.up.clear()  # sent to the lost controller
+        for relay in self.relay_of.values():  # the relays follow the new controller
+            relay.new_controller()
         self.last_round, self.recovery_started, self.watch_pending = 0, None, True
         self.scheduler_down, self.schedulers = False, self.schedulers + 1
         for number in self.node_ranks(0):
@@ -725,7 +744,25 @@ class SimJob:
     # ---- plumbing ----
     def to_job(self, rank: SimRank, message: object) -> None:
         rank.last_sent = self.now
-        self.up.append((rank.peer, message))
+        if not self.relays:
+            self.up.append((rank.peer, message))
+            return
+        node = self.node_of(rank.rank)
+        for effect in self.relay(node).from_rank(rank.identity, message, self.now):
+            if isinstance(effect, Down):
+                rank.last_heard = self.now  # the relay answered its heartbeat
+            else:
+                self._relayed(node, effect)
+
+    def relay(self, node: int) -> Relay:
+        if node not in self.relay_of:
+            interval = self.timeouts.heartbeat_interval
+            self.relay_of[node] = Relay(0.05, interval, 2 * interval, self.now)
+        return self.relay_of[node]
+
+    def _relayed(self, node: int, up: Up) -> None:
+        suffix = RELAY_SEPARATOR + up.identity if up.identity else b""
+        self.up.append((relay_peer(node) + suffix, up.message))
 
     def _deliver(self, peers: tuple[bytes, ...], message: object) -> None:
         if isinstance(message, (WorldResize, Replaced)) and self.world is not None:
@@ -736,8 +773,12 @@ class SimJob:
                 if self.peer_of(node) in peers and node not in self.lost_nodes:
                     policy.on_view(message)
             return
+        if self.relays:
+            for node, relay in self.relay_of.items():
+                if relay_peer(node) + RELAY_SEPARATOR in peers:
+                    relay.from_controller(message, self.now)
         for rank in self.ranks.values():
-            if rank.peer in peers and rank.alive:
+            if (rank.peer in peers or broadcast_target(rank.peer) in peers) and rank.alive:
                 rank.last_heard = self.now
                 if isinstance(message, Progress):
                     rank.follower.on_progress(message.step)
@@ -833,6 +874,9 @@ class SimJob:
                 rank, code = payload
                 node = self.node_of(rank.rank)
                 if self.ranks.get(rank.rank) is rank:  # not a process its agent replaced, nor of a world before
+                    if node in self.relay_of:  # no phase waits for it at its relay any more
+                        for up in self.relay_of[node].rank_left(rank.rank, self.now):
+                            self._relayed(node, up)
                     self._carry_out(node, self.agents[node].on_exit(rank.rank, code))
             elif kind == "restart" and self.job.result is None:
                 old, incarnation = payload
@@ -931,6 +975,9 @@ class SimJob:
                                                          self.now - max(rank.last_heard, rank.last_beat) >= interval):
                 rank.last_beat = self.now
                 self.to_job(rank, Heartbeat(rank.rank, rank.incarnation, rank.position))
+        for node, relay in list(self.relay_of.items()):
+            for up in relay.tick(self.now):
+                self._relayed(node, up)
         self._timers_due()
         if self.world is not None and not self.controller_lost:
             self.world.tick()

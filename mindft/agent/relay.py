@@ -123,6 +123,7 @@ class RelayShell:
                     up.close(0)
                     up = channel.dealer(self._context, self._keys, self._address, self._identity)
                     poller.register(up, zmq.POLLIN)
+                    relay.new_controller()
                 while ranks in ready:
                     try:
                         identity, frame = ranks.recv_multipart(_NOBLOCK)

@@ -62,6 +62,7 @@ class Relay:
         self._phases: dict[tuple[ActionKind, int], _Phase] = {}
         self._sent: set[tuple[ActionKind, int]] = set()  # phases whose batch went up: a late ack follows at once
         self._steps: dict[int, int] = {}  # rank → its newest step of ``_round``
+        self._steps_unsent = False  # a step came since the last StepBatch
         self._round = 0
         self._sent_slowest = -1
         self._sent_at = now
@@ -83,14 +84,30 @@ class Relay:
                     return []  # a report sent before the rank saw the round: its progress was reset since
                 self._round, self._steps, self._sent_slowest = message.round, {}, -1
             self._steps[message.rank] = max(message.step, self._steps.get(message.rank, message.step))
+            self._steps_unsent = True
             return self._steps_due(now, rose_only=True)
         if kind is Heartbeat:
             heard = now - self._controller_heard <= self.silent_after
             return [Down(identity, Heartbeat(-1, 0, self.progress))] if heard else []
-        if rank is not None:
-            self.ranks[rank] = identity  # a new incarnation registers under its own identity
+        if rank is None or rank < 0:
+            return [Up(message, identity)]
+        self.ranks[rank] = identity  # a new incarnation registers under its own identity
+        # A rank's messages reach the controller in the order it sent them: what the relay holds of it
+        # goes first (a Done that overtook its RESUME ack would be taken for one of the round before).
+        held = [key for key, phase in self._phases.items() if rank in phase.acked]
+        out = [up for key in held for up in self._batch(key)]
+        if self._steps_unsent:
+            out += self._steps_due(now, rose_only=False, force=True)
         self._sent_at = now
-        return [Up(message, identity)]
+        return out + [Up(message, identity)]
+
+    def new_controller(self) -> None:
+        """The relay follows another controller (a standby took command), which counts its rounds
+        afresh: what the relay held for the old one is dropped; the ranks it serves stay served."""
+        self._phases.clear()
+        self._sent.clear()
+        self._steps, self._round, self._sent_slowest, self._steps_unsent = {}, 0, -1, False
+        self.progress, self._controller_heard = 0, -float("inf")
 
     def rank_left(self, rank: int, now: float) -> list[Up]:
         """The rank's process is gone: no phase waits for it here any more."""
@@ -145,13 +162,15 @@ class Relay:
         action, round_ = key
         return [Up(AckBatch(action, phase.step, tuple(sorted(ranks)), held, round_)) for held, ranks in phase.held.items()]
 
-    def _steps_due(self, now: float, rose_only: bool) -> list[Up]:
+    def _steps_due(self, now: float, rose_only: bool, force: bool = False) -> list[Up]:
         steps = self._steps
         slowest = min((steps.get(rank, -1) for rank in self.ranks), default=-1)
         rose = slowest > self._sent_slowest
-        if not rose and (rose_only or now - self._sent_at < self.interval):
+        if not (rose or force) and (rose_only or now - self._sent_at < self.interval):
             return []
         self._sent_slowest = max(self._sent_slowest, slowest)
-        self._sent_at = now
-        live = tuple(sorted(rank for rank in self.ranks if now - self._heard.get(rank, now) <= self.silent_after))
-        return [Up(StepBatch(live, tuple(steps.get(rank, 0) for rank in live), self._round))]
+        self._sent_at, self._steps_unsent = now, False
+        live = tuple(sorted(rank for rank in self.ranks if now - self._heard[rank] <= self.silent_after))
+        # The acks it holds were sent before these steps: they go first.
+        held = [up for key in list(self._phases) for up in self._batch(key)]
+        return held + [Up(StepBatch(live, tuple(steps.get(rank, 0) for rank in live), self._round))]

@@ -8,8 +8,8 @@ from __future__ import annotations
 from mindft.flow import Broadcast, DeviceFaulty, DeviceRecovered, Job, JobState, RankState, Send
 from mindft.flow.effects import broadcast_target
 from mindft.flow.relay import Down, Relay, Up
-from mindft.protocol import (Ack, AckBatch, Action, ActionKind, Heartbeat, Progress, Register, RegisterAck, StepBatch,
-                             StepReport)
+from mindft.protocol import (Ack, AckBatch, Action, ActionKind, Done, FaultKind, FaultReport, Heartbeat, Progress,
+                             Register, RegisterAck, StepBatch, StepReport)
 
 from test_job import T
 
@@ -170,6 +170,21 @@ def test_a_rank_that_does_not_answer_holds_its_node_back_only_for_the_linger() -
     assert r.rank_left(2, 0.21) == [Up(AckBatch(ActionKind.RESUME, 0, (0, 1), (0,), 1))]
 
 
+def test_a_ranks_messages_reach_the_controller_in_the_order_it_sent_them() -> None:
+    """Found by the explorer: a Done that overtook its rank's RESUME ack, held for the node's others,
+    was taken for one sent before the round, and the job never ended."""
+    r = served(Relay(linger=0.05, interval=1.0, silent_after=2.0, now=0.0))
+    ack(r, 0, 0.1, kind=ActionKind.RESUME)
+    assert r.from_rank(b"rank0.inc0", Done(0, 8), 0.1) == [Up(AckBatch(ActionKind.RESUME, 0, (0,), (0,), 1)),
+                                                            Up(Done(0, 8), b"rank0.inc0")]
+    assert ack(r, 1, 0.1, kind=ActionKind.RESUME) == [Up(Ack(1, ActionKind.RESUME, 0, (0,), 1), b"rank1.inc0")]
+    # Steps held at the relay go up before a rank's own message too, and held acks before steps.
+    steps(r, 0.2, r0=3)
+    ack(r, 2, 0.2, kind=ActionKind.PAUSE, round_=2)
+    out = r.from_rank(b"rank0.inc0", FaultReport(0, 4, FaultKind.UCE), 0.2)
+    assert [type(up.message) for up in out] == [AckBatch, StepBatch, FaultReport]
+
+
 def steps(r: Relay, now: float, **by_rank: int) -> list:
     out = []
     for name, step in by_rank.items():
@@ -193,6 +208,16 @@ def test_steps_go_up_when_the_nodes_slowest_rose_and_as_its_heartbeat() -> None:
     r.from_controller(Progress(2), 3.0)
     assert r.from_rank(b"rank1.inc0", Heartbeat(1, 0, 1), 3.4) == [Down(b"rank1.inc0", Heartbeat(-1, 0, 2))]
     assert r.from_rank(b"rank1.inc0", Heartbeat(1, 0, 1), 5.1) == []
+
+
+def test_a_relay_that_follows_another_controller_counts_its_rounds_afresh() -> None:
+    r = served(Relay(linger=0.05, interval=1.0, silent_after=2.0, now=0.0))
+    for rank in range(3):
+        r.from_rank(f"rank{rank}.inc0".encode(), StepReport(rank, 9, 4), 0.1)
+    ack(r, 0, 0.1, round_=4)
+    r.new_controller()  # a standby took command: its first round is 0
+    assert steps(r, 0.2, r0=1, r1=1) == [] and steps(r, 0.2, r2=1) == [Up(StepBatch((0, 1, 2), (1, 1, 1), 0))]
+    assert r.tick(5.0)[-1] == Up(StepBatch((), (), 0))  # nothing held for the old one; nobody heard lately
 
 
 def test_relays_in_front_of_the_job_make_the_round_the_ranks_make_alone() -> None:
