@@ -88,7 +88,8 @@ def explore(seeds: range) -> dict[str, int]:
     """Run every seed and check its end; returns how the jobs ended. Raises on a violation,
     naming the seed so it can be replayed with ``random_job(seed).run()``."""
     ends = {"done": 0, "failed": 0, "nodes lost": 0, "controllers lost": 0, "standbys in command": 0,
-            "schedulers lost": 0, "shrinks": 0, "growths": 0, **dict.fromkeys((*PHASES, RESIZING), 0)}
+            "schedulers lost": 0, "shrinks": 0, "growths": 0, "relayed": 0, "relayed faults in a phase": 0,
+            "relayed nodes lost": 0, "relayed standbys in command": 0, **dict.fromkeys((*PHASES, RESIZING), 0)}
     for seed in seeds:
         job = random_job(seed)
         try:
@@ -106,6 +107,11 @@ def explore(seeds: range) -> dict[str, int]:
             ends["growths"] += job.world.growths > 0
         for phase, hits in job.phase_hits.items():
             ends[phase] += hits
+        if job.relays:  # a rank faulting while its relay holds its node's acks; a relay lost mid-phase
+            ends["relayed"] += 1
+            ends["relayed faults in a phase"] += any(job.phase_hits[phase] for phase in PHASES)
+            ends["relayed nodes lost"] += job.node_lost
+            ends["relayed standbys in command"] += job.controllers > 1 and job.standby
     return ends
 
 
@@ -121,4 +127,8 @@ def check_explored(seeds: range) -> None:
     assert ends["schedulers lost"] > len(seeds) * 0.05  # and MindSpore's scheduler lost mid-training
     assert all(ends[phase] > len(seeds) * 0.01 for phase in PHASES), ends  # and faults in every phase of an episode
     assert ends["shrinks"] > len(seeds) * 0.04 and ends["growths"] > len(seeds) * 0.015, ends  # elastic jobs resize
+    assert ends["relayed"] > len(seeds) * 0.3, ends  # node agents relaying their ranks' traffic, with
+    assert ends["relayed faults in a phase"] > len(seeds) * 0.05, ends  # faults while they aggregate,
+    assert ends["relayed nodes lost"] > len(seeds) * 0.03, ends  # a relay lost with its node,
+    assert ends["relayed standbys in command"] > len(seeds) * 0.003, ends  # and a standby controller
     assert ends[RESIZING] > len(seeds) * 0.005, ends  # and a fault or a second lost node while they do

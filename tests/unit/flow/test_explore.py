@@ -280,20 +280,23 @@ def test_a_lost_node_recovers_from_its_replicas_or_ends_with_dying_gasps(collect
 # ---- node 0 lost with the controller: a new one rebuilds the job from what survived ----
 
 # A job with collectives has no "leaving" phase: its ranks are killed, none leaves its chip on its own.
-@pytest.mark.parametrize("phase, collectives, standby", [(phase, collectives, standby) for standby in (False, True)
-                                                         for collectives in (False, True)
-                                                         for phase in ("normal", *PHASES)
-                                                         if not (collectives and phase == "leaving")])
+@pytest.mark.parametrize("phase, collectives, standby, relays",
+                         [(phase, collectives, standby, relays) for standby in (False, True)
+                          for relays in (False, True) for collectives in (False, True)
+                          for phase in ("normal", *PHASES)
+                          if not (collectives and phase == "leaving") and (standby or not relays)])
 def test_node_0_lost_with_the_controller_in_any_phase_ends_exact(phase: str, collectives: bool,
-                                                                 standby: bool) -> None:
+                                                                 standby: bool, relays: bool) -> None:
     """One rank per node, as on the two-host runs: node 0 (the controller, its agent's memory, rank 0)
     is lost while the job trains or when an episode (rank 1 killed, faulted or its chip reset)
     reaches ``phase``, and comes back 0.5–6 s later: the new controller (node 0's, or a standby that
     commands nothing until half of the node agents said hello to it) restarts every worker, rank 0
-    from its replica, and the job ends DONE with every model exact (the simulator checks it)."""
+    from its replica, and the job ends DONE with every model exact (the simulator checks it). With
+    ``relays``, each node's agent relays its rank's traffic (node 0's relay is lost with it)."""
     ends = {"done": 0, "failed": 0}
     for seed in range(40):
-        job = SimJob(2, 10, seed=seed, collectives=collectives, standby=standby).spread(2, replica_speed=3)
+        job = SimJob(2, 10, seed=seed, collectives=collectives, standby=standby,
+                     relays=relays).spread(2, replica_speed=3)
         back = 0.5 + seed % 12 * 0.5
         if phase == "normal":
             job.lose_node_at(0, 3 + seed % 6, replace_after=back)
