@@ -23,6 +23,12 @@ def agent_hello(job: Any, peer: Peer, message: AgentHello, now: float) -> None:
     view and, again, any order still pending for its ranks (one may have been lost with its
     previous connection). While STARTING, what it says it runs and holds may show that the
     job was under way before this controller (:mod:`mindft.flow.rejoin`)."""
+    if message.spare and message.term > job.term:
+        # A spare that follows a newer term is that controller's: this one was superseded (its Superseded is
+        # on the way, after a partition healed) and must not give it a node.
+        log.info("a spare that follows term %d, newer than this controller's %d: not this job's spare", message.term,
+                 job.term)
+        return
     if message.term < job.min_hello_term and not message.spare and peer in job.resized_links:
         # Said before its agent learnt of the resize, as its node before: it says hello again as its new
         # node (told Replaced, it would leave with its ranks' memory). An agent the resize was not told

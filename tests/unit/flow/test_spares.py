@@ -127,3 +127,16 @@ def test_without_a_spare_a_silent_node_is_given_to_nobody() -> None:
         d.send(0, StepReport(0, 4))
         d.at(float(t))
     assert not [e for e in d.effects if isinstance(e, GiveNode)]
+
+
+def test_a_spare_that_follows_a_newer_term_is_given_nothing_by_an_older_controller() -> None:
+    """Found on three hosts: after a partition around node 0 healed, the spare's hello (it follows
+    term 1) reached node 0's controller (term 0) before Superseded did, and that controller gave
+    node 1 to it. A spare that follows a newer term is not this controller's."""
+    d = spare_job()
+    limit = silent_after(T.dead_after)
+    for t in range(1, int(limit) + 2):
+        d.send(0, StepReport(0, 4))
+        assert d.job.handle(SPARE, AgentHello(-1, (), spare=True, term=1), float(t)) == []
+        d.at(float(t))
+    assert not [e for e in d.effects if isinstance(e, GiveNode)]

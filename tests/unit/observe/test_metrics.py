@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness import FAKE_RANK, free_port
+from harness import FAKE_RANK, free_port, free_port_pair
 from mindft.config import ConfigError, MindftConfig, Timeouts
 from mindft.exitcodes import ExitCode
 from mindft.flow import DeviceFaulty, DeviceRecovered, Job, JobState, ProcessExited, Transition
@@ -279,7 +279,7 @@ def test_a_taken_or_shared_metrics_port_is_a_usage_error() -> None:
         with pytest.raises(UsageError, match=f"port {port} on 127.0.0.1, the metrics port \\(--metrics-port\\), "
                                              f"is in use by pid {os.getpid()} .*; choose another --metrics-port"):
             _plan("--metrics-port", str(port))
-    controller = free_port()
+    controller = free_port_pair()  # the check that follows needs P + 1 free too
     with pytest.raises(UsageError, match=f"--metrics-port {controller + 1} is also the controller's port"):
         _plan("--master-port", str(controller), "--metrics-port", str(controller + 1))
 
