@@ -68,6 +68,7 @@ class Spares:
     nodes: dict[int, NodeSeen] = field(default_factory=dict)
     given: dict[int, Adoption] = field(default_factory=dict)  # node → the adoption that gave it away
     adoptions: list[Adoption] = field(default_factory=list)
+    back: dict[bytes, float] = field(default_factory=dict)  # a spare heard again after a silence → since when
 
     @property
     def silent_after(self) -> float:
@@ -78,6 +79,14 @@ class Spares:
         """A node agent's hello; the adoption that gave its node to another agent (it is to be
         answered :class:`~mindft.protocol.Replaced`), or None."""
         if spare:
+            last = self.waiting.get(peer)
+            if last is not None and now - last > self.silent_after:
+                # Silent that long, then heard: its hellos may be ones a partition held back and its
+                # healing delivered at once, sent before it followed another controller. It counts
+                # as a spare again once heard a while later.
+                self.back[peer] = now
+            elif peer in self.back and now - self.back[peer] >= HELLO_INTERVAL / 2:
+                del self.back[peer]
             self.waiting[peer] = now
             return None
         given = self.given.get(node)
@@ -89,7 +98,7 @@ class Spares:
 
     def live_spares(self, now: float) -> list[bytes]:
         """The spares heard from lately, longest waiting first."""
-        return [peer for peer, seen in self.waiting.items() if now - seen <= self.silent_after]
+        return [peer for peer, seen in self.waiting.items() if now - seen <= self.silent_after and peer not in self.back]
 
     def lost_nodes(self, now: float, rank_heard: dict[int, float]) -> list[int]:
         """Nodes whose agent and ranks have all been silent for :attr:`silent_after` (``rank_heard``:

@@ -257,6 +257,7 @@ def test_a_new_world_gives_a_silent_node_to_a_spare_only_once_it_stayed_silent_a
     job, t = successor(d.job, d.now), d.now
     job.handle(LOCAL, AgentHello(0, (0,), pids=(0,), newest=(4,), term=1), t)
     assert not [e for e in job.handle(spare, AgentHello(-1, (), spare=True), t + 0.1) if isinstance(e, GiveNode)]
+    assert not [e for e in job.handle(spare, AgentHello(-1, (), spare=True), t + 3.0) if isinstance(e, GiveNode)]
     out = job.handle(spare, AgentHello(-1, (), spare=True), t + silent_after(T.dead_after) + 0.1)
     assert [(e.node, e.spare) for e in out if isinstance(e, GiveNode)] == [(1, spare)]
 

@@ -64,6 +64,7 @@ def test_a_node_given_away_counts_as_heard_for_the_grace_then_can_be_given_again
     assert len(spares.adopt(S.NORMAL, 6.5, {}, grace=20.0)) == 1
     spares.hello(OTHER_SPARE, -1, (), True, 20.0)
     assert spares.adopt(S.NORMAL, 20.0, {}, grace=20.0) == []  # the spare fetches the replicas meanwhile
+    spares.hello(OTHER_SPARE, -1, (), True, 25.0)
     spares.hello(OTHER_SPARE, -1, (), True, 30.0)
     made = spares.adopt(S.NORMAL, 33.0, {}, grace=20.0)  # the spare that took it fell silent too
     assert [(a.node, a.peer, a.number) for a in made] == [(1, OTHER_SPARE, 2)]
@@ -140,3 +141,16 @@ def test_a_spare_that_follows_a_newer_term_is_given_nothing_by_an_older_controll
         assert d.job.handle(SPARE, AgentHello(-1, (), spare=True, term=1), float(t)) == []
         d.at(float(t))
     assert not [e for e in d.effects if isinstance(e, GiveNode)]
+
+
+def test_a_spare_heard_again_after_a_silence_counts_once_heard_a_while_later() -> None:
+    """Found on three hosts: the hellos a spare sent into a partition, before it followed the standby,
+    arrived at once when the link healed, and the superseded controller gave it a node."""
+    spares = Spares(dead_after=1.0)
+    spares.hello(NODE1, 1, (1,), False, 0.0)
+    spares.hello(SPARE, -1, (), True, 0.0)
+    spares.hello(SPARE, -1, (), True, 15.0)  # two held-back hellos, delivered together
+    spares.hello(SPARE, -1, (), True, 15.001)
+    assert spares.adopt(S.NORMAL, 15.1, {1: 0.0}, grace=20.0) == []
+    spares.hello(SPARE, -1, (), True, 17.0)  # a spare that is really back says hello again
+    assert [a.node for a in spares.adopt(S.NORMAL, 17.1, {1: 0.0}, grace=20.0)] == [1]
