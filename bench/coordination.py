@@ -17,14 +17,27 @@ again), with the time in each phase. One warm-up round (not measured) comes firs
   simulated rank heartbeats only after an interval with nothing sent or heard. Each worker
   counts the frames of each kind it sent and heard (the heartbeat share); the first fault
   comes once every simulated rank heard the start barrier's answer;
+* relayed ranks (issue 46): 4096 … 100000 ranks behind simulated node agents of ``--nproc``
+  ranks (8), one connection per node (the same one-ROUTER trick, the connection introducing
+  itself as ``agent/<node>/sim``), speaking protocol 15's relay wire: each rank's Register and
+  Done relayed as [its identity, frame], each broadcast PAUSE / ROLLBACK / RESUME heard once
+  per node and acknowledged with one AckBatch of its ranks, a StepBatch of its ranks as the
+  node's heartbeat after an idle interval. The node agent's own memory is not measured: a
+  simulated node is a slice of a worker's loop, not an agent;
 * the bare-pyzmq floor at each simulated size, right after it: the same connections, driven
-  the same way, doing three broadcast + gather phases of fixed frames with no mindft logic.
+  the same way, doing three broadcast + gather phases of fixed frames with no mindft logic
+  (relayed: one message per node each way).
+
+Per size: the controller's round (median), its thread's CPU per round, and its memory (the
+growth of this process's RSS from before the controller starts to once every rank registered).
 
     python bench/coordination.py            # full table (~10 minutes on 2 cores)
     python bench/coordination.py --quick    # smaller sizes, fewer rounds (~30 s)
     python bench/coordination.py --real-sizes 0 --sim-sizes 4096,16384   # the large sizes only
+    python bench/coordination.py --real-sizes 0 --sim-sizes 4096,16384 \
+        --relay-sizes 4096,16384,65536,100000 --nproc 8     # issue 46: relays beside the star
 Writes bench/results/coordination.json (--output). 16384 ranks need ~17 500 file descriptors
-(``ulimit -n``) in the benchmark process and in each worker.
+(``ulimit -n``) in the benchmark process and in each worker (relayed: one per node).
 """
 from __future__ import annotations
 
