@@ -294,13 +294,17 @@ class Job:
     def _relayed(self, peer: Peer, ranks: tuple[int, ...], now: float, what: str) -> list[RankRecord]:
         """The live records of ``ranks`` that registered through the relay ``peer`` (the rest: dropped)."""
         target, get = relay_of(peer), self.ranks.get
-        records = [record for record in map(get, ranks) if record is not None and record.target == target]
-        if len(records) != len(ranks):
+        live, strays = [], []
+        for rank in ranks:  # one pass: a relay speaks for hundreds of thousands of ranks per phase
+            record = get(rank)
+            if record is None or record.target != target:
+                strays.append(rank)
+            elif record.alive:
+                record.last_seen = now
+                live.append(record)
+        if strays:
             log.warning("dropped %s for ranks that did not register through relay %r: %s", what, peer[:32],
-                        rank_list(sorted(set(ranks) - {r.rank for r in records})))
-        live = [record for record in records if record.alive]
-        for record in live:
-            record.last_seen = now
+                        rank_list(strays))
         return live
 
     def _on_step(self, peer: Peer, message: StepReport, now: float) -> None:

@@ -196,23 +196,20 @@ class Ladder:
                         step, rec.repair_step)
             return
         held = tuple(held)
-        waiting = rec.waiting
         if action is ActionKind.PAUSE:
             rec.know(held)
             for record in records:
                 record.held, record.held_round = held, rec.round
-                if record.state is not RankState.FAULTY:
-                    record.state = RankState.PAUSED
-                waiting.discard(record.rank)
+            self.ranks.set_states(records, RankState.PAUSED, keep=RankState.FAULTY)
         elif action is ActionKind.ROLLBACK:
             # Restoring dropped its snapshots past the step: a dump from now on is of what is left.
             for record in records:
-                record.state, record.held = RankState.RESTORED, held
-                waiting.discard(record.rank)
+                record.held = held
+            self.ranks.set_states(records, RankState.RESTORED)
         else:
-            for record in records:
-                record.state = RankState.RESUMED
-                waiting.discard(record.rank)
+            self.ranks.set_states(records, RankState.RESUMED)
+        waiting = rec.waiting
+        waiting.difference_update([record.rank for record in records])
         if not waiting:  # the phase waits for acknowledgements as long as any is missing
             self.advance(now)
 
@@ -392,8 +389,7 @@ class Ladder:
         self.job.deadline = math.inf
         for record in self.ranks:
             record.last_seen = now
-            if record.state is not RankState.DONE:  # resumed ranks may have finished already
-                record.state = RankState.RUNNING
+        self.ranks.set_states(self.ranks, RankState.RUNNING, keep=RankState.DONE)  # resumed ranks may have finished
         self.recoveries.append(now - rec.started)
         self.recovered.update(rec.seen)
         log.info("recovery %d done in %.3f s: %s; resumed after step %d", len(self.recoveries),
@@ -417,11 +413,14 @@ class Ladder:
         """
         common: Optional[frozenset[int]] = None
         recovering = self.job.state in RECOVERY_STATES
+        seen: dict[tuple[int, ...], frozenset[int]] = {}  # ranks mostly hold the same steps
         for record in self.ranks:
             if record.state is RankState.LOST:
                 continue  # neither a process nor an agent's memory to dump from (it rolls back only when back)
             if exact or (recovering and record.held_round == self.recovery.round):
-                held = frozenset(record.held)
+                held = seen.get(record.held)
+                if held is None:
+                    held = seen[record.held] = frozenset(record.held)
             else:
                 held = self.tuner.schedule.held_after(record.progress)
             common = held if common is None else common & held

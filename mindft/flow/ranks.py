@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Iterator, Mapping, Optional
+from typing import Callable, Iterable, Iterator, Mapping, Optional
 
 from mindft.flow.effects import Peer, broadcast_target
 from mindft.protocol import RankState
@@ -75,6 +75,8 @@ class RankTable:
         self._at: Counter[int] = Counter()  # progress -> number of ranks there
         self._in_state = dict.fromkeys(RankState, 0)  # state -> number of records in it (kept by the records)
         self.slowest = 0
+        # rank → its record, or None: the dictionary's own lookup (read for every message the job gets).
+        self.get: Callable[[int], Optional[RankRecord]] = self._records.get
 
     def __len__(self) -> int:
         return len(self._records)
@@ -82,8 +84,6 @@ class RankTable:
     def __iter__(self) -> Iterator[RankRecord]:
         return iter(self._records.values())
 
-    def get(self, rank: int) -> Optional[RankRecord]:
-        return self._records.get(rank)
 
     def by_peer(self, peer: Peer) -> Optional[RankRecord]:
         rank = self._by_peer.get(peer)
@@ -126,6 +126,21 @@ class RankTable:
         record.__dict__["_counts"] = self._in_state
         self._in_state[record.state] += 1
         return old
+
+    def set_states(self, records: Iterable[RankRecord], state: RankState, keep: Optional[RankState] = None) -> None:
+        """Every one of ``records`` (of this table) in ``state``, but those in ``keep``: what assigning
+        each one's ``state`` does, with the counts moved once (a node's acknowledgement moves many)."""
+        alive = state is not _DEAD and state is not _OFF_DEVICE and state is not _LOST
+        counts, moved = self._in_state, 0
+        for record in records:
+            values = record.__dict__
+            old = values["state"]
+            if old is state or old is keep:
+                continue
+            values["state"], values["alive"] = state, alive
+            counts[old] -= 1
+            moved += 1
+        counts[state] += moved
 
     def rebind(self, record: RankRecord, peer: Peer) -> None:
         """The same incarnation reconnected under a new peer address."""

@@ -49,6 +49,10 @@ class Survivors:
         self.progress: dict[int, int] = {}  # rank → the step it said it got to when it registered (-1: a new process)
         self.keepers: dict[int, str] = {}  # node → its agent's keeper
         self.joining = world_size  # the first rank of the nodes an elastic job grows by (none: the world size)
+        # How many ranks said they got past the start, and how many agents' memories hold a snapshot: kept
+        # with each report, so that ``under_way``, read at every registration, costs O(1), not O(ranks).
+        self._past_start = 0
+        self._in_memory = 0
 
     def hello(self, message: AgentHello) -> None:
         """A node agent's hello; one without ``pids`` says nothing yet (its ranks are not started)."""
@@ -56,8 +60,11 @@ class Survivors:
             return
         for index, rank in enumerate(message.ranks):
             if 0 <= rank < self.world_size:
-                self.agents[rank] = AgentSaid(message.node, _at(message.pids, index, 0),
-                                              _at(message.incarnations, index, 0), _at(message.newest, index, -1))
+                said = AgentSaid(message.node, _at(message.pids, index, 0), _at(message.incarnations, index, 0),
+                                 _at(message.newest, index, -1))
+                before = self.agents.get(rank)
+                self._in_memory += (said.newest >= 0) - (before is not None and before.newest >= 0)
+                self.agents[rank] = said
         if message.keeper:
             self.keepers[message.node] = message.keeper
             for rank, step in zip(message.kept, message.kept_steps):
@@ -66,6 +73,7 @@ class Survivors:
                     self.replicas[rank] = Replica(message.keeper, step, message.node)
 
     def registered(self, rank: int, progress: int) -> None:
+        self._past_start += (progress >= 0) - (self.progress.get(rank, -1) >= 0)
         self.progress[rank] = progress
 
     def exited(self, rank: int) -> None:
@@ -79,8 +87,7 @@ class Survivors:
         """The job started before this controller: a rank that reconnects was past the start
         barrier, or an agent's memory or keeper holds a snapshot (a rank takes its first, of step 0,
         once past the barrier)."""
-        return (any(p >= 0 for p in self.progress.values()) or bool(self.replicas)
-                or any(said.newest >= 0 for said in self.agents.values()))
+        return self._past_start > 0 or bool(self.replicas) or self._in_memory > 0
 
     def unheard(self) -> list[int]:
         """Ranks whose node agent has not said hello yet."""

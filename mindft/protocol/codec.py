@@ -10,8 +10,8 @@ import re
 import typing
 from typing import Any, Mapping, Optional, Union
 
-from mindft.protocol.messages import (Ack, ActionKind, Heartbeat, MAX_FRAME, Message, PROTOCOL_VERSION, ProtocolError,
-                                      RankStatus, StepReport)
+from mindft.protocol.messages import (Ack, AckBatch, ActionKind, Heartbeat, MAX_FRAME, Message, PROTOCOL_VERSION,
+                                      ProtocolError, RankStatus, StepBatch, StepReport)
 
 
 MESSAGE_TYPES: tuple[type, ...] = typing.get_args(Message)
@@ -60,7 +60,7 @@ _INT = rb"-?(?:0|[1-9][0-9]{0,17})"
 _HOT_HEAD = b'{"v":%d,"msg":"' % PROTOCOL_VERSION
 _HOT_AT = len(_HOT_HEAD)
 _ACTION_BY_WIRE = {kind.value.encode(): kind for kind in ActionKind}
-_HELD: dict[bytes, tuple[int, ...]] = {}  # held_steps as sent → tuple: ranks mostly hold the same steps
+_INTS: dict[bytes, tuple[int, ...]] = {}  # integer lists as sent → tuple (see _ints)
 
 
 # The hot messages are built from values the patterns already checked without the frozen
@@ -85,17 +85,24 @@ def _hot_heartbeat(fields: tuple[bytes, ...]) -> Heartbeat:
     return message
 
 
+def _ints(text: bytes) -> tuple[int, ...]:
+    """A list of integers as sent (the pattern checked it) → tuple, from a cache: a node's ranks and the
+    steps they hold come again phase after phase."""
+    ints = _INTS.get(text)
+    if ints is None:
+        ints = tuple(map(int, text.split(b","))) if text else ()
+        if len(_INTS) >= 65536:
+            _INTS.clear()
+        _INTS[text] = ints
+    return ints
+
+
 def _hot_ack(fields: tuple[bytes, ...]) -> Optional[Ack]:
     rank, action, step, held_text, round_ = fields
     kind = _ACTION_BY_WIRE.get(action)
     if kind is None:
         return None  # the full path names the valid actions
-    held = _HELD.get(held_text)
-    if held is None:
-        held = tuple(map(int, held_text.split(b","))) if held_text else ()
-        if len(_HELD) >= 256:
-            _HELD.clear()
-        _HELD[held_text] = held
+    held = _ints(held_text)
     message = _new(Ack)
     values = message.__dict__
     values["rank"], values["action"], values["step"] = int(rank), kind, int(step)
@@ -103,21 +110,47 @@ def _hot_ack(fields: tuple[bytes, ...]) -> Optional[Ack]:
     return message
 
 
-_HOT: dict[bytes, tuple[Any, Any]] = {  # the first 3 bytes of the kind → (whole-frame pattern, builder)
-    b"ste": (re.compile(re.escape(_HOT_HEAD) + rb'step_report","rank":(%s),"step":(%s),"round":(%s)\}'
-                        % (_INT, _INT, _INT)), _hot_step_report),
-    b"hea": (re.compile(re.escape(_HOT_HEAD) + rb'heartbeat","rank":(%s),"incarnation":(%s),"step":(%s)\}'
-                        % (_INT, _INT, _INT)), _hot_heartbeat),
-    b"ack": (re.compile(re.escape(_HOT_HEAD) + rb'ack","rank":(%s),"action":"([a-z_]{1,32})","step":(%s),'
-                        rb'"held_steps":\[((?:%s(?:,%s)*)?)\],"round":(%s)\}' % (_INT, _INT, _INT, _INT, _INT)),
-             _hot_ack),
+def _hot_ack_batch(fields: tuple[bytes, ...]) -> Optional[AckBatch]:
+    action, step, ranks, held_text, round_ = fields
+    kind = _ACTION_BY_WIRE.get(action)
+    if kind is None:
+        return None
+    message = _new(AckBatch)
+    values = message.__dict__
+    values["action"], values["step"], values["ranks"] = kind, int(step), _ints(ranks)
+    values["held_steps"], values["round"] = _ints(held_text), int(round_)
+    return message
+
+
+def _hot_step_batch(fields: tuple[bytes, ...]) -> StepBatch:
+    ranks, steps, round_ = fields
+    message = _new(StepBatch)
+    values = message.__dict__
+    values["ranks"], values["steps"], values["round"] = _ints(ranks), _ints(steps), int(round_)
+    return message
+
+
+_LIST = rb"((?:%s(?:,%s)*)?)" % (_INT, _INT)
+_HOT: dict[bytes, tuple[Any, Any]] = {  # the first 6 bytes of the kind → (whole-frame pattern, builder)
+    b'step_r': (re.compile(re.escape(_HOT_HEAD) + rb'step_report","rank":(%s),"step":(%s),"round":(%s)\}'
+                           % (_INT, _INT, _INT)), _hot_step_report),
+    b'heartb': (re.compile(re.escape(_HOT_HEAD) + rb'heartbeat","rank":(%s),"incarnation":(%s),"step":(%s)\}'
+                           % (_INT, _INT, _INT)), _hot_heartbeat),
+    b'ack","': (re.compile(re.escape(_HOT_HEAD) + rb'ack","rank":(%s),"action":"([a-z_]{1,32})","step":(%s),'
+                           rb'"held_steps":\[%s\],"round":(%s)\}' % (_INT, _INT, _LIST, _INT)), _hot_ack),
+    # A relay's, one per node per phase and per step (hundreds of ranks at most: within the hot size).
+    b'ack_ba': (re.compile(re.escape(_HOT_HEAD) + rb'ack_batch","action":"([a-z_]{1,32})","step":(%s),'
+                           rb'"ranks":\[%s\],"held_steps":\[%s\],"round":(%s)\}' % (_INT, _LIST, _LIST, _INT)),
+                _hot_ack_batch),
+    b'step_b': (re.compile(re.escape(_HOT_HEAD) + rb'step_batch","ranks":\[%s\],"steps":\[%s\],"round":(%s)\}'
+                           % (_LIST, _LIST, _INT)), _hot_step_batch),
 }
 
 
 def decode(frame: bytes) -> Message:
     """Parse and validate one frame; raise :class:`ProtocolError` with the reason if it is bad."""
-    if type(frame) is bytes and len(frame) <= 512:
-        hot = _HOT.get(frame[_HOT_AT:_HOT_AT + 3])
+    if type(frame) is bytes and len(frame) <= 4096:
+        hot = _HOT.get(frame[_HOT_AT:_HOT_AT + 6])
         if hot is not None:
             fields = hot[0].fullmatch(frame)
             message = None if fields is None else hot[1](fields.groups())

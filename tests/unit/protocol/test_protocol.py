@@ -192,7 +192,9 @@ def test_the_step_report_template_is_what_encode_writes(rank: int, step: int, ro
 
 @pytest.mark.parametrize("message", [protocol.Heartbeat(-1, 0, 7), protocol.Heartbeat(16383, 2, 123456789),
                                      protocol.StepReport(5, 6, 7), Ack(3, ActionKind.PAUSE, 4, (3, 4), 2),
-                                     Ack(0, ActionKind.RESUME, -1, (), 0), Ack(9, ActionKind.ROLLBACK, 0, (0,), 1)])
+                                     Ack(0, ActionKind.RESUME, -1, (), 0), Ack(9, ActionKind.ROLLBACK, 0, (0,), 1),
+                                     AckBatch(ActionKind.PAUSE, 3, tuple(range(64, 72)), (2, 3), 5),
+                                     StepBatch((8, 9, 10), (4, 4, 5), 1), StepBatch((), (), 0)])
 def test_hot_frames_are_decoded_without_json(message, monkeypatch: pytest.MonkeyPatch) -> None:
     frame = encode(message)
     if isinstance(message, protocol.Heartbeat):
@@ -205,7 +207,8 @@ def test_hot_frames_are_decoded_without_json(message, monkeypatch: pytest.Monkey
     decoded = decode(frame)
     # Built without the dataclass __init__: still the same fields, hash and immutability.
     assert decoded == message and vars(decoded) == vars(message) and hash(decoded) == hash(message)
-    assert type(decoded) is type(message) and type(decoded.rank) is int
+    assert type(decoded) is type(message) and all(type(getattr(decoded, name)) is int
+                                                  for name in ("rank", "step", "round") if hasattr(message, name))
     with pytest.raises(dataclasses.FrozenInstanceError):
         decoded.rank = 1  # type: ignore[misc]
 
@@ -224,6 +227,12 @@ def test_hot_frames_are_decoded_without_json(message, monkeypatch: pytest.Monkey
      "not one of pause, rollback"),
     ('{"v":15,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[1,"2"],"round":1}', "a list of integers"),
     ('{"v":15,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[1,],"round":1}', "not JSON"),
+    ('{"v":15,"msg":"ack_batch","action":"sleep","step":1,"ranks":[1],"held_steps":[1],"round":1}',
+     "not one of pause, rollback"),
+    ('{"v":15,"msg":"ack_batch","action":"pause","step":1,"ranks":[1,"2"],"held_steps":[1],"round":1}',
+     "a list of integers"),
+    ('{"v":15,"msg":"step_batch","ranks":[1,2],"steps":[3,4.5],"round":0}', "a list of integers"),
+    ('{"v":15,"msg":"step_batch","ranks":[1,2],"steps":[3,4],"round":0,"node":1}', "unknown field"),
 ])
 def test_near_misses_of_the_hot_templates_get_the_full_checks(text: str, error: str) -> None:
     with pytest.raises(ProtocolError, match=error):
@@ -237,6 +246,9 @@ def test_near_misses_of_the_hot_templates_get_the_full_checks(text: str, error: 
      Ack(1, ActionKind.PAUSE, 1, (0, 1), 1)),
     ('{"v": 15, "msg": "step_report", "rank": -0, "step": 12345678901234567890123, "round": 1}',
      protocol.StepReport(0, 12345678901234567890123, 1)),
+    ('{"v":15,"msg":"ack_batch","action":"resume","step":4,"ranks":[8, 9],"held_steps":[],"round":2}',
+     AckBatch(ActionKind.RESUME, 4, (8, 9), (), 2)),
+    ('{"v":15,"msg":"step_batch","round":2,"ranks":[8,9],"steps":[5,6]}', StepBatch((8, 9), (5, 6), 2)),
 ])
 def test_other_spellings_of_hot_messages_decode_the_same(text: str, message) -> None:
     assert decode(text.encode()) == message
