@@ -157,10 +157,8 @@ def reset(controller: Controller) -> None:
     watcher reports a reset it finds already over. Two on_device_event calls would race the
     round: a controller that takes the fault alone and gathers every PAUSE acknowledgement before
     the recovery is queued (a loaded box, a small job) tells rank 0 to leave its chip, which no
-    simulated rank does, and waits timeouts.leave and then timeouts.repair for its exit. The
-    shell has no public call for two events at once, hence its inbox."""
-    job, fault, recovered = controller.job, DeviceFaulty(0, "bench", "reset"), DeviceRecovered(0)
-    controller._post(lambda now: job.device(fault, now) + job.device(recovered, now))
+    simulated rank does, and waits timeouts.leave and then timeouts.repair for its exit."""
+    controller.on_device_event(DeviceFaulty(0, "bench", "reset"), DeviceRecovered(0))
 
 
 def start_controller(n: int, secure: bool, tmp: Path, timeouts: Timeouts) -> tuple[Controller, str, threading.Thread]:

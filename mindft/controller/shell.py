@@ -123,9 +123,10 @@ class Controller:
 
     # ---- thread-safe inputs -------------------------------------------------------------
 
-    def on_device_event(self, event: DeviceInput) -> None:
-        """A device event (``mindft.flow.DeviceFaulty`` etc.), from any thread."""
-        self._post(lambda now: self.job.device(event, now))
+    def on_device_event(self, *events: DeviceInput) -> None:
+        """Device events (``mindft.flow.DeviceFaulty`` etc.), from any thread; several are handled in one
+        turn (a reset the watcher finds already over: the fault and its recovery)."""
+        self._post(lambda now: [effect for event in events for effect in self.job.device(event, now)])
 
     def from_local_agent(self, message: Union[Message, SchedulerLost]) -> None:
         """A message of the node agent in this process (what other agents send on their link:

@@ -148,6 +148,11 @@ class RankTable:
         record.peer, record.target = peer, broadcast_target(peer)
         self._by_peer[peer] = record.rank
 
+    @property
+    def fastest(self) -> int:
+        """The progress of the rank furthest ahead (0: none registered), in O(distinct steps)."""
+        return max(self._at, default=0)
+
     def advance(self, record: RankRecord, step: int) -> bool:
         """Record that ``record`` finished ``step``; True when the slowest rank's progress rose."""
         if step <= record.progress:

@@ -219,7 +219,7 @@ class JobMetrics:
         self._kind = _first_fault(job) or self._kind or FaultKind.UNKNOWN.value
         self._rung = job.recovery.rung
         if job.state is not JobState.RESUMING:  # from RESUMING on, the ranks' progress starts at the rollback step
-            self._newest = max(self._newest, max((r.progress for r in job.ranks), default=-1))
+            self._newest = max(self._newest, job.ranks.fastest if len(job.ranks) else -1)
 
     def _recovered(self, job: Job) -> None:
         recovery = job.recovery
