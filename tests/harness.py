@@ -26,6 +26,7 @@ import pytest
 from mindft.net import channel
 
 from mindft.agent import plan as launch_plan
+from mindft.agent.relay import RelayShell
 from mindft.config import MindftConfig, Timeouts
 from mindft.controller import Controller
 from mindft.net.keys import generate_keys, load_keys
@@ -175,11 +176,12 @@ class ControllerJob:
     """A controller on a thread of the test process and rank subprocesses on 127.0.0.1.
 
     A test module subclasses it with the command its ranks run; ``agent`` plays the node agent of
-    every rank (it is given the job's orders), ``config`` more MindftConfig fields. :meth:`cleanup` kills whatever
-    is left (:func:`job_fixture` calls it)."""
+    every rank (it is given the job's orders), ``config`` more MindftConfig fields. The ranks talk to
+    the controller through a relay in this process, as a node agent's (``relay=False``: directly).
+    :meth:`cleanup` kills whatever is left (:func:`job_fixture` calls it)."""
 
     def __init__(self, tmp: Path, world_size: int, timeouts: Timeouts, secure: bool = False,
-                 agent: Optional[Callable[[Message], None]] = None, **config: Any) -> None:
+                 agent: Optional[Callable[[Message], None]] = None, relay: bool = True, **config: Any) -> None:
         self.tmp, self.world_size, self.timeouts = tmp, world_size, timeouts
         tmp.mkdir(parents=True, exist_ok=True)
         self.key_file: Optional[Path] = None
@@ -192,6 +194,10 @@ class ControllerJob:
                               key_file=self.key_file, timeouts=timeouts, **config)
         self.controller, self.config = start_controller(server, agent)
         self.port = self.config.controller_port
+        self.relay: Optional[RelayShell] = None
+        if relay:
+            keys = load_keys(self.key_file) if self.key_file else None
+            self.relay = RelayShell(0, self.config.controller_address, keys, timeouts, tmp)
 
     def rank_environment(self, rank: int, restart_count: int = 0, **extra: str) -> dict[str, str]:
         """What a rank needs to find this job's controller, with its heartbeat timeouts, then ``extra``."""
@@ -201,6 +207,8 @@ class ControllerJob:
                           MINDFT_HEARTBEAT_MISSES=str(self.timeouts.heartbeat_misses),
                           PYTHONFAULTHANDLER="1")  # hung(): SIGABRT prints every thread's stack
         env.update({"MINDFT_KEY_FILE": str(self.key_file)} if self.key_file else {"MINDFT_INSECURE": "1"})
+        if self.relay is not None:
+            env["MINDFT_RELAY"] = self.relay.endpoint
         env.update(extra)
         return env
 
@@ -255,6 +263,8 @@ class ControllerJob:
 
     def cleanup(self) -> None:
         end_job(self.started, self.controller)
+        if self.relay is not None:
+            self.relay.close()
 
 
 J = TypeVar("J")
