@@ -63,6 +63,42 @@ def rank_connections(context: zmq.Context, first: int, count: int, port: str,
     return sock, super(zmq.Socket, sock).send
 
 
+class Hearing:
+    """What a worker's simulated peers heard: each frame decoded once (a broadcast is the same frame for
+    every peer; a real one decodes it in its own process, so decoding it once here keeps the
+    simulation from serializing work that is parallel in a real job), frames counted by kind and by
+    period ("rounds" from a peer's first measured PAUSE until its Done, "setup" the rest), and
+    ``stats + ".ready"`` created once every peer heard the start barrier's answer."""
+
+    def __init__(self, count: int, stats: str) -> None:
+        self.stats = stats
+        self.decoded: dict[bytes, object] = {}
+        self.received: dict[str, dict[str, int]] = {"setup": {}, "rounds": {}}
+        self.in_rounds = [False] * count
+        self.acked = [False] * count  # heard the start barrier's RegisterAck
+        self.waiting = count
+
+    def heard(self, index: int, frame: bytes, resumed: int) -> object:
+        """Peer ``index``, after ``resumed`` rounds, heard ``frame``: the message."""
+        message = self.decoded.get(frame)
+        if message is None:
+            message = decode(frame)
+            if len(self.decoded) > 64:
+                self.decoded.clear()
+            self.decoded[frame] = message
+        kind_of = type(message)
+        if kind_of is Action and message.kind is ActionKind.PAUSE and resumed == WARMUP:
+            self.in_rounds[index] = True
+        counts = self.received["rounds" if self.in_rounds[index] else "setup"]
+        counts[kind_of.__name__] = counts.get(kind_of.__name__, 0) + 1
+        if kind_of is RegisterAck and not self.acked[index]:
+            self.acked[index] = True
+            self.waiting -= 1
+            if self.waiting == 0:
+                Path(self.stats + ".ready").touch()
+        return message
+
+
 def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: str, stats: str) -> None:
     """``count`` ranks starting at ``first`` (one connection each, see :func:`rank_connections`),
     driven from one thread; creates ``stats + ".ready"`` once every one of them heard the start
@@ -78,11 +114,9 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
         send(encode(Register(rank, 0, os.getpid(), (0,), "")), 0)
     # Per rank, by its index (rank = first + index).
     resumed = [0] * count
-    acked = [False] * count  # heard the start barrier's RegisterAck
     finished = [False] * count  # got FINISH (after its Done)
-    in_rounds = [False] * count  # from its first measured PAUSE (after the warm-up) until its Done
-    waiting_ack, left = count, count
-    decoded: dict[bytes, object] = {}
+    hearing, left = Hearing(count, stats), count
+    in_rounds, received = hearing.in_rounds, hearing.received
     interval = SIM_TIMEOUTS.heartbeat_interval
     # Like a Processor, a rank heartbeats only after an interval in which it sent nothing, or
     # heard nothing (then at most once per interval); the controller answers each heartbeat.
@@ -107,7 +141,6 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
     # Frames of each kind per period: "rounds" from a rank's first measured PAUSE until its
     # Done, "setup" the registration and the warm-up before and the wait for FINISH after.
     sent = {"setup": {"heartbeat": 0, "ack": 0, "other": count}, "rounds": {"heartbeat": 0, "ack": 0}}
-    received: dict[str, dict[str, int]] = {"setup": {}, "rounds": {}}
     recv = sock.recv
     while left:
         if sock.poll(100):
@@ -123,26 +156,8 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
                     continue
                 rank = first + index
                 last_heard[index] = now
-                # A broadcast is the same frame for every rank; a real rank decodes it in its
-                # own process, so decoding it once here keeps the simulation from serializing
-                # work that is parallel in a real job.
-                message = decoded.get(frame)
-                if message is None:
-                    message = decode(frame)
-                    if len(decoded) > 64:
-                        decoded.clear()
-                    decoded[frame] = message
+                message = hearing.heard(index, frame, resumed[index])
                 kind_of = type(message)
-                if kind_of is Action and message.kind is ActionKind.PAUSE and resumed[index] == WARMUP:
-                    in_rounds[index] = True
-                name = kind_of.__name__
-                counts = received["rounds" if in_rounds[index] else "setup"]
-                counts[name] = counts.get(name, 0) + 1
-                if kind_of is RegisterAck and not acked[index]:
-                    acked[index] = True
-                    waiting_ack -= 1
-                    if waiting_ack == 0:
-                        Path(stats + ".ready").touch()
                 if kind_of is not Action:
                     continue  # heartbeats and Progress: nothing to answer
                 kind = message.kind
@@ -223,13 +238,11 @@ def relay_worker_main(first: int, count: int, nproc: int, world: int, port: int,
     assert acks[0][ActionKind.ROLLBACK] % (3, 7) == encode(AckBatch(ActionKind.ROLLBACK, 3, members[0], HELD, 7))
     assert beats[0] % 7 == encode(StepBatch(members[0], (position,) * len(members[0]), 7))
     resumed = [0] * count
-    acked = [False] * count  # heard the start barrier's RegisterAck
     finished = [0] * count  # how many of its ranks got FINISH
     done = [False] * count  # every one of its ranks got FINISH
-    in_rounds = [False] * count  # from its first measured PAUSE (after the warm-up) until its Dones
     last_round = [0] * count  # the round of the last action it heard: its heartbeat's
-    waiting_ack, left = count, count
-    decoded: dict[bytes, object] = {}
+    hearing, left = Hearing(count, stats), count
+    in_rounds, received = hearing.in_rounds, hearing.received
     interval = SIM_TIMEOUTS.heartbeat_interval
     started = time.monotonic()
     last_sent = [started] * count
@@ -237,7 +250,6 @@ def relay_worker_main(first: int, count: int, nproc: int, world: int, port: int,
     last_beat = [started] * count
     next_check = started + interval / 4
     sent = {"setup": {"heartbeat": 0, "ack": 0, "other": sum(map(len, members))}, "rounds": {"heartbeat": 0, "ack": 0}}
-    received: dict[str, dict[str, int]] = {"setup": {}, "rounds": {}}
     recv, more = sock.recv, sock.getsockopt
     while left:
         if sock.poll(100):
@@ -254,23 +266,8 @@ def relay_worker_main(first: int, count: int, nproc: int, world: int, port: int,
                 if done[index]:
                     continue
                 last_heard[index] = now
-                message = decoded.get(frame)  # a broadcast is the same frame for every node
-                if message is None:
-                    message = decode(frame)
-                    if len(decoded) > 64:
-                        decoded.clear()
-                    decoded[frame] = message
+                message = hearing.heard(index, frame, resumed[index])
                 kind_of = type(message)
-                if kind_of is Action and message.kind is ActionKind.PAUSE and resumed[index] == WARMUP:
-                    in_rounds[index] = True
-                name = kind_of.__name__
-                counts = received["rounds" if in_rounds[index] else "setup"]
-                counts[name] = counts.get(name, 0) + 1
-                if kind_of is RegisterAck and not acked[index]:
-                    acked[index] = True
-                    waiting_ack -= 1
-                    if waiting_ack == 0:
-                        Path(stats + ".ready").touch()
                 if kind_of is not Action:
                     continue  # heartbeats and Progress: nothing to answer
                 kind = message.kind
