@@ -53,6 +53,8 @@ def run_link(context: zmq.Context, keys: Optional[CurveKeys], config: MindftConf
     again learns how far the rank got), or give up.
     """
     timeouts, monotonic, rank, address = config.timeouts, time.monotonic, config.rank, config.control_address
+    # What a rank that hears nothing names: the controller, and the relay its traffic goes through.
+    controller = config.controller_address + (f" (through this node's relay at {config.relay})" if config.relay else "")
     # A rank started by hand (not by mindft-launch) has nobody to wait for: one silent period.
     retries = rank_retries(timeouts.connect_retries, config.standbys)
     live = Liveness(timeouts.heartbeat_interval, timeouts.dead_after, retries, retries if config.launcher_pid else 1,
@@ -96,10 +98,10 @@ def run_link(context: zmq.Context, keys: Optional[CurveKeys], config: MindftConf
                 except zmq.Again:
                     pass
             if check.verdict is Verdict.NEVER_ANSWERED:
-                return (f"rank {rank}: no mindft controller answers at {address} (waited "
+                return (f"rank {rank}: no mindft controller answers at {controller} (waited "
                         f"{check.periods * live.dead_after:g} s): {UNREACHABLE_CAUSES}")
             if check.verdict is Verdict.SILENT:
-                return (f"rank {rank}: controller at {address} silent for {live.retries} periods of "
+                return (f"rank {rank}: controller at {controller} silent for {live.retries} periods of "
                         f"{live.dead_after:g} s (timeouts.connect_retries); is it running, and do both sides "
                         f"use the same key?")
             if check.verdict is Verdict.RECONNECT:

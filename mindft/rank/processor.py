@@ -110,7 +110,7 @@ class Processor:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise ProcessorError(f"rank {self.rank}: no answer from the controller at "
-                                         f"{self._config.control_address} within "
+                                         f"{self._config.controller_address} within "
                                          f"{self._timeouts.register:g} s (timeouts.register): "
                                          f"{channel.UNREACHABLE_CAUSES}")
                 self._cond.wait(left)

@@ -71,6 +71,7 @@ def test_nodes_with_different_keys_name_both_causes(tmp_path: Path) -> None:
             "answer to a wrong key: give every node the same --key-file")
     rank_line = next(line for line in out.splitlines() if line.startswith("[rank 1]") and "answers" in line)
     assert "no mindft controller answers at tcp://127.0.0.1:" in rank_line and both in rank_line, out
+    assert "(through this node's relay at ipc://" in rank_line, out  # the ranks' traffic goes through it
     agent_line = next(line for line in out.splitlines() if line.startswith("[mindft-launch]") and both in line)
     assert "no mindft controller answers this node agent" in agent_line, out
 
