@@ -821,8 +821,8 @@ class SimJob:
                     self.truth = self._restorable()
 
     def _check_bookkeeping(self) -> None:
-        """The rank table's incremental counts and ``alive`` flags match a full recount; no round
-        waits for a rank that was told to leave its device or killed."""
+        """The rank table's incremental counts, ``alive`` flags, ranks down and broadcast peers match a
+        full recount; no round waits for a rank that was told to leave its device or killed."""
         recovery = self.job.recovery
         for number in recovery.waiting:
             fault = recovery.faults.get(number)
@@ -839,6 +839,13 @@ class SimJob:
             state = next(s for s in RankState if counted[s] != table.count(s))
             raise Violation(f"the rank table counts {table.count(state)} rank(s) {state.value}, "
                             f"a recount finds {counted[state]}")
+        live = {record.rank for record in table if record.alive}
+        if table.live() != live or table.all_alive != (len(live) == len(table)):
+            raise Violation(f"the rank table keeps rank(s) {sorted(table.live() ^ live)} on the wrong side of "
+                            f"alive, a recount finds {sorted(set(table.numbers()) - live)} down")
+        if table.peers() != tuple(dict.fromkeys(record.target for record in table if record.alive)):
+            raise Violation(f"the rank table's kept broadcast peers {table.peers()!r} are not its live ranks' "
+                            f"(a live record added, rebound or flipped without the peers recomputed)")
 
     def _on_transition(self, effect: Transition) -> None:
         if (effect.source, effect.target) not in _ALLOWED:

@@ -137,9 +137,7 @@ class Job:
             if record is not None:
                 self.ladder.ack(record, message, now)
         elif kind is AckBatch:
-            records = self._relayed(peer, message.ranks, now, _ACK_WHAT[message.action])
-            if records:
-                self.ladder.acks(records, message.action, message.step, message.held_steps, message.round, now)
+            self._on_acks(peer, message, now)
         elif kind is StepBatch:
             self._on_steps(peer, message, now)
         elif kind is FaultReport:
@@ -302,10 +300,25 @@ class Job:
             elif record.alive:
                 record.last_seen = now
                 live.append(record)
+        self._strays(peer, strays, what)
+        return live
+
+    def _strays(self, peer: Peer, strays: list[int], what: str) -> None:
         if strays:
             log.warning("dropped %s for ranks that did not register through relay %r: %s", what, peer[:32],
                         rank_list(strays))
-        return live
+
+    def _on_acks(self, peer: Peer, message: AckBatch, now: float) -> None:
+        """A relay's acknowledgement of a phase by its node's ranks: when the phase takes it, the ranks'
+        records are checked and moved in one pass (a phase brings one such batch per node)."""
+        ladder, what = self.ladder, _ACK_WHAT[message.action]
+        if ladder.takes(message.action, message.step, message.round):
+            self._strays(peer, ladder.acks(relay_of(peer), message.ranks, message.action, message.held_steps, now),
+                         what)
+            return
+        records = self._relayed(peer, message.ranks, now, what)  # heard all the same
+        if records:
+            ladder.ignored([record.rank for record in records], message.action, message.step, message.round)
 
     def _on_step(self, peer: Peer, message: StepReport, now: float) -> None:
         record = self.ranks.get(message.rank)

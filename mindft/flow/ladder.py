@@ -82,6 +82,7 @@ class Ladder:
         self.dump_step = -1  # the step every rank dumps when the job fails (-1: each its newest)
         self.verdict = -1  # the job's exit code whatever the ranks' (-1: from their codes)
         self._barrier_endpoints: dict[int, str] = {}
+        self._changed: tuple[int, dict[int, str]] = (-1, {})  # _changed_endpoints(), and the table's ``added`` then
 
     # ---- faults and what the ranks say during a recovery -----------------------------------------
 
@@ -180,38 +181,50 @@ class Ladder:
 
     def ack(self, record: RankRecord, message: Ack, now: float) -> None:
         """A rank acknowledged PAUSE, ROLLBACK or RESUME (one of another round or phase is ignored)."""
-        self.acks((record,), message.action, message.step, message.held_steps, message.round, now)
+        if self.takes(message.action, message.step, message.round):
+            self.acks(record.target, (record.rank,), message.action, message.held_steps, now)
+        else:
+            self.ignored((record.rank,), message.action, message.step, message.round)
 
-    def acks(self, records: Sequence[RankRecord], action: ActionKind, step: int, held: tuple[int, ...],
-             round_: int, now: float) -> None:
-        """``records``' ranks acknowledged ``action`` of ``round_`` at ``step``, each holding ``held`` (one
-        rank's :class:`~mindft.protocol.Ack`, or a node's :class:`~mindft.protocol.AckBatch`)."""
+    def takes(self, action: ActionKind, step: int, round_: int) -> bool:
+        """Whether the phase under way waits for acknowledgements of ``action`` of ``round_`` at ``step``."""
         rec, state = self.recovery, self.job.state
-        if round_ != rec.round or action is not ACK_FOR.get(state):
-            log.info("%s: %s ack of round %d ignored in %s round %d", rank_list([r.rank for r in records]),
-                     action.name, round_, state.value, rec.round)
-            return
-        if state is _S.ROLLBACK and step != rec.repair_step:
-            log.warning("%s restored step %d, expected %d; ignored", rank_list([r.rank for r in records]),
-                        step, rec.repair_step)
-            return
+        return (round_ == rec.round and action is ACK_FOR.get(state)
+                and (state is not _S.ROLLBACK or step == rec.repair_step))
+
+    def ignored(self, ranks: Sequence[int], action: ActionKind, step: int, round_: int) -> None:
+        """``ranks``' acknowledgement that the phase under way does not take (:meth:`takes`), told why."""
+        rec, state = self.recovery, self.job.state
+        if round_ == rec.round and action is ACK_FOR.get(state):
+            log.warning("%s restored step %d, expected %d; ignored", rank_list(ranks), step, rec.repair_step)
+        else:
+            log.info("%s: %s ack of round %d ignored in %s round %d", rank_list(ranks), action.name, round_,
+                     state.value, rec.round)
+
+    def acks(self, target: Peer, ranks: Sequence[int], action: ActionKind, held: Sequence[int],
+             now: float) -> list[int]:
+        """``ranks`` acknowledged ``action`` of the phase under way (:meth:`takes`), each holding ``held`` (one
+        rank's :class:`~mindft.protocol.Ack`, or a node's :class:`~mindft.protocol.AckBatch`): those of them
+        alive and reached through ``target`` (the rank's own peer, or the relay's of its node's ranks) are
+        moved in one pass over their records. Returns the ranks not reached through ``target``."""
+        rec = self.recovery
         held = tuple(held)
         if action is ActionKind.PAUSE:
-            rec.know(held)
-            for record in records:
-                record.held, record.held_round = held, rec.round
-            self.ranks.set_states(records, RankState.PAUSED, keep=RankState.FAULTY)
+            acked, strays = self.ranks.acknowledge(target, ranks, now, RankState.PAUSED, RankState.FAULTY,
+                                                   held, rec.round)
+            if acked:
+                rec.know(held)
         elif action is ActionKind.ROLLBACK:
             # Restoring dropped its snapshots past the step: a dump from now on is of what is left.
-            for record in records:
-                record.held = held
-            self.ranks.set_states(records, RankState.RESTORED)
+            acked, strays = self.ranks.acknowledge(target, ranks, now, RankState.RESTORED, held=held)
         else:
-            self.ranks.set_states(records, RankState.RESUMED)
-        waiting = rec.waiting
-        waiting.difference_update([record.rank for record in records])
-        if not waiting:  # the phase waits for acknowledgements as long as any is missing
-            self.advance(now)
+            acked, strays = self.ranks.acknowledge(target, ranks, now, RankState.RESUMED)
+        if acked:
+            waiting = rec.waiting
+            waiting.difference_update(acked)
+            if not waiting:  # the phase waits for acknowledgements as long as any is missing
+                self.advance(now)
+        return strays
 
     # ---- the rounds ---------------------------------------------------------------------------
 
@@ -232,8 +245,8 @@ class Ladder:
     def _answering(self) -> set[int]:
         """The ranks a new round waits for: every live rank but those told to leave their device
         or killed, which count as gone (their exit, or the kill after ``timeouts.leave``, follows)."""
-        faults = self.recovery.faults
-        return {r.rank for r in self.ranks if r.alive and not (r.rank in faults and faults[r.rank].left_at >= 0)}
+        return self.ranks.live().difference([rank for rank, fault in self.recovery.faults.items()
+                                              if fault.left_at >= 0])
 
     def restart_every_worker(self, why: str, now: float, event: Event = Event.FAULT) -> None:
         """The second rung: kill every process (their snapshots stay in the node agents' memory),
@@ -284,7 +297,7 @@ class Ladder:
                     return
                 if self.holding or any(f.device_pending or f.process_pending for f in rec.faults.values()):
                     return
-                if any(not r.alive for r in self.ranks):
+                if not self.ranks.all_alive:
                     return
                 step = self._common_step(exact=True)
                 if step < 0:
@@ -293,14 +306,14 @@ class Ladder:
                     return
                 rec.repair_step = step
                 job.move(Event.REPAIRED, f"every rank holds step {step}", now)
-                rec.waiting = {r.rank for r in self.ranks}
+                rec.waiting = self.ranks.numbers()
                 job.deadline = now + self.timeouts.rollback
                 job.emit(Broadcast(self.ranks.peers(), Action(ActionKind.ROLLBACK, step,
                                                               endpoints=self._changed_endpoints(),
                                                               round=rec.round)))
             elif state is _S.ROLLBACK:
                 job.move(Event.ALL_RESTORED, f"every rank restored step {rec.repair_step}", now)
-                rec.waiting = {r.rank for r in self.ranks}
+                rec.waiting = self.ranks.numbers()
                 self.ranks.reset_progress(rec.repair_step)
                 job.deadline = now + self.timeouts.resume
                 job.emit(Broadcast(self.ranks.peers(), Action(ActionKind.RESUME, rec.repair_step,
@@ -376,11 +389,17 @@ class Ladder:
         """Every rank registered: the replica endpoints of the start barrier, which a ROLLBACK and a
         RESUME name again only where they changed (restarted ranks)."""
         self._barrier_endpoints = {r.rank: r.replica_endpoint for r in self.ranks}
+        self._changed = (-1, {})
 
     def _changed_endpoints(self) -> dict[int, str]:
-        """Replica endpoints that differ from the start barrier's map (restarted ranks)."""
-        return {r.rank: r.replica_endpoint for r in self.ranks
-                if self._barrier_endpoints.get(r.rank) != r.replica_endpoint}
+        """Replica endpoints that differ from the start barrier's map (restarted ranks). A record's endpoint
+        is fixed: the map changes only when a record is added, so each phase of a round reuses it."""
+        added, changed = self._changed
+        if added != self.ranks.added:
+            changed = {r.rank: r.replica_endpoint for r in self.ranks
+                       if self._barrier_endpoints.get(r.rank) != r.replica_endpoint}
+            self._changed = (self.ranks.added, changed)
+        return dict(changed)
 
     def _finish_recovery(self, now: float) -> None:
         rec = self.recovery
@@ -412,12 +431,16 @@ class Ladder:
         resumed: what they reported in the last round is stale).
         """
         common: Optional[frozenset[int]] = None
+        if exact:  # ranks mostly hold the same steps: each distinct set is intersected once
+            for held in {r.held for r in self.ranks if r.state is not RankState.LOST}:
+                common = frozenset(held) if common is None else common.intersection(held)
+            return max(common) if common else -1
         recovering = self.job.state in RECOVERY_STATES
-        seen: dict[tuple[int, ...], frozenset[int]] = {}  # ranks mostly hold the same steps
+        seen: dict[tuple[int, ...], frozenset[int]] = {}
         for record in self.ranks:
             if record.state is RankState.LOST:
                 continue  # neither a process nor an agent's memory to dump from (it rolls back only when back)
-            if exact or (recovering and record.held_round == self.recovery.round):
+            if recovering and record.held_round == self.recovery.round:
                 held = seen.get(record.held)
                 if held is None:
                     held = seen[record.held] = frozenset(record.held)

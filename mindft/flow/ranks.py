@@ -19,7 +19,8 @@ class RankRecord:
 
     ``alive`` follows ``state`` (none of DEAD, OFF_DEVICE, LOST); while the record is in a
     :class:`RankTable`, every assignment to ``state`` also moves it between the table's
-    per-state counts (:meth:`RankTable.count`).
+    per-state counts (:meth:`RankTable.count`) and, when ``alive`` flips, in or out of the
+    table's ranks that are down (:meth:`RankTable.live`).
     """
 
     rank: int
@@ -40,18 +41,23 @@ class RankRecord:
 class _CountedState:
     """``RankRecord.state`` as a setter only: reads are plain attribute reads (a record's
     state and ``alive`` are read for every message the controller receives), and every
-    assignment updates ``alive`` and the counts of the table holding the record, so that
-    "has every rank finished" costs O(1), not a scan of the table per ``Done``."""
+    assignment updates ``alive`` and the bookkeeping of the table holding the record, so that
+    "has every rank finished" costs O(1), not a scan of the table per ``Done``, and a broadcast
+    to the live ranks is not a scan of the table per phase."""
 
     def __set__(self, record: RankRecord, state: RankState) -> None:
         values = record.__dict__
         old = values.get("state")
+        was = values.get("alive", True)
         values["state"] = state
-        values["alive"] = state is not _DEAD and state is not _OFF_DEVICE and state is not _LOST
-        counts = values.get("_counts")
-        if counts is not None and old is not state:
+        values["alive"] = alive = state is not _DEAD and state is not _OFF_DEVICE and state is not _LOST
+        table = values.get("_table")
+        if table is not None and old is not state:
+            counts = table._in_state
             counts[old] -= 1
             counts[state] += 1
+            if alive is not was:
+                table._flipped(record.rank, alive)
 
 
 _DEAD, _OFF_DEVICE, _LOST = RankState.DEAD, RankState.OFF_DEVICE, RankState.LOST
@@ -74,6 +80,9 @@ class RankTable:
         self._by_peer: dict[Peer, int] = {}
         self._at: Counter[int] = Counter()  # progress -> number of ranks there
         self._in_state = dict.fromkeys(RankState, 0)  # state -> number of records in it (kept by the records)
+        self._down: set[int] = set()  # the ranks whose record is not alive (kept by the records)
+        self._peers: Optional[tuple[Peer, ...]] = None  # peers(), until a record is added or rebound, or flips alive
+        self.added = 0  # records added so far: what was derived from the records' fixed fields is stale when it grows
         self.slowest = 0
         # rank → its record, or None: the dictionary's own lookup (read for every message the job gets).
         self.get: Callable[[int], Optional[RankRecord]] = self._records.get
@@ -106,8 +115,32 @@ class RankTable:
         return MappingProxyType(self._in_state)
 
     def peers(self) -> tuple[Peer, ...]:
-        """Where a broadcast to the live ranks goes: each one's peer, a relay's once for all its ranks."""
-        return tuple(dict.fromkeys(r.target for r in self._records.values() if r.alive))
+        """Where a broadcast to the live ranks goes: each one's peer, a relay's once for all its ranks.
+        Kept until the live records or their peers change (each phase of a round broadcasts to the same)."""
+        if self._peers is None:
+            self._peers = tuple(dict.fromkeys(r.target for r in self._records.values() if r.alive))
+        return self._peers
+
+    def numbers(self) -> set[int]:
+        """Every rank with a record."""
+        return set(self._records)
+
+    def live(self) -> set[int]:
+        """The ranks whose record is alive, in O(down ranks) Python work."""
+        return set(self._records).difference(self._down)
+
+    @property
+    def all_alive(self) -> bool:
+        """No record is DEAD, OFF_DEVICE or LOST, in O(1)."""
+        return not self._down
+
+    def _flipped(self, rank: int, alive: bool) -> None:
+        """``rank``'s record, in this table, became alive (``alive``) or not."""
+        if alive:
+            self._down.discard(rank)
+        else:
+            self._down.add(rank)
+        self._peers = None
 
     def add(self, record: RankRecord) -> Optional[RankRecord]:
         """Insert or replace ``record.rank``'s record; returns the one it replaced."""
@@ -115,16 +148,21 @@ class RankTable:
         if old is not None:
             self._by_peer.pop(old.peer, None)
             self._count(old.progress, -1)
-            if old.__dict__.pop("_counts", None) is not None:
+            if old.__dict__.pop("_table", None) is not None:
                 self._in_state[old.state] -= 1
-        if record.__dict__.get("_counts") is not None and old is not record:
+            self._down.discard(old.rank)
+        if record.__dict__.get("_table") is not None and old is not record:
             raise ValueError(f"rank {record.rank}'s record is already in a table")
         self._records[record.rank] = record
         self._by_peer[record.peer] = record.rank
         record.target = broadcast_target(record.peer)
         self._count(record.progress, +1)
-        record.__dict__["_counts"] = self._in_state
+        record.__dict__["_table"] = self
         self._in_state[record.state] += 1
+        if not record.alive:
+            self._down.add(record.rank)
+        self._peers = None
+        self.added += 1
         return old
 
     def set_states(self, records: Iterable[RankRecord], state: RankState, keep: Optional[RankState] = None) -> None:
@@ -137,16 +175,59 @@ class RankTable:
             old = values["state"]
             if old is state or old is keep:
                 continue
+            if values["alive"] is not alive:
+                self._flipped(values["rank"], alive)
             values["state"], values["alive"] = state, alive
             counts[old] -= 1
             moved += 1
         counts[state] += moved
+
+    def acknowledge(self, target: Peer, ranks: Iterable[int], now: float, state: RankState,
+                    keep: Optional[RankState] = None, held: Optional[tuple[int, ...]] = None,
+                    held_round: Optional[int] = None) -> tuple[Iterable[int], list[int]]:
+        """Of ``ranks``, those whose record is reached through ``target`` and alive were heard at ``now``
+        and are in ``state`` (but those in ``keep``), holding ``held`` (None: as they were) reported in
+        ``held_round`` (None: as it was). One pass, each record touched once: a node's acknowledgement
+        of a phase moves all its ranks, and a phase brings one per node. Returns the ranks heard (``ranks``
+        itself when every one was live and ``target``'s) and those not ``target``'s."""
+        alive = state is not _DEAD and state is not _OFF_DEVICE and state is not _LOST
+        get, counts, moved = self._records.get, self._in_state, 0
+        strays: list[int] = []
+        skipped: list[int] = []
+        for rank in ranks:
+            record = get(rank)
+            if record is None or record.target != target:
+                strays.append(rank)
+                skipped.append(rank)
+                continue
+            values = record.__dict__
+            if not values["alive"]:
+                skipped.append(rank)
+                continue
+            values["last_seen"] = now
+            if held is not None:
+                values["held"] = held
+            if held_round is not None:
+                values["held_round"] = held_round
+            old = values["state"]
+            if old is state or old is keep:
+                continue
+            if not alive:
+                self._flipped(rank, alive)
+            values["state"], values["alive"] = state, alive
+            counts[old] -= 1
+            moved += 1
+        counts[state] += moved
+        if skipped:
+            ranks = [rank for rank in ranks if rank not in skipped]
+        return ranks, strays
 
     def rebind(self, record: RankRecord, peer: Peer) -> None:
         """The same incarnation reconnected under a new peer address."""
         self._by_peer.pop(record.peer, None)
         record.peer, record.target = peer, broadcast_target(peer)
         self._by_peer[peer] = record.rank
+        self._peers = None
 
     @property
     def fastest(self) -> int:

@@ -108,6 +108,15 @@ def test_the_explorer_catches_state_counts_out_of_sync(monkeypatch) -> None:
         explore(range(50))
 
 
+def test_the_explorer_catches_ranks_down_and_broadcast_peers_out_of_sync(monkeypatch) -> None:
+    # A round waits for the live ranks and broadcasts to their peers, both kept as records flip alive:
+    # a flip the table misses is caught where it happens.
+    from mindft.flow.ranks import RankTable
+    monkeypatch.setattr(RankTable, "_flipped", lambda self, rank, alive: None)
+    with pytest.raises(AssertionError, match="wrong side of alive|kept broadcast peers"):
+        explore(range(50))
+
+
 def test_a_hot_reset_restarts_the_rank_from_agent_memory_after_its_device_is_back() -> None:
     job = finished(SimJob(3, 8, seed=9).device_reset_at(1, 4, seconds=2.0))
     assert job.ranks[1].incarnation == 1 and job.ranks[1].exit_code == ExitCode.OK

@@ -25,6 +25,9 @@ def assert_in_sync(table: RankTable) -> None:
         assert table.count(state) == counts[state], (state, table.count(state), counts[state])
     for r in table:
         assert r.alive == (r.state not in (RankState.DEAD, RankState.OFF_DEVICE, RankState.LOST)), r
+    assert table.live() == {r.rank for r in table if r.alive}
+    assert table.all_alive == all(r.alive for r in table)
+    assert table.peers() == tuple(dict.fromkeys(r.target for r in table if r.alive))
 
 
 def test_counts_follow_assignments_and_replacements() -> None:
@@ -74,3 +77,23 @@ def test_counts_match_a_full_recount_after_random_changes() -> None:
         else:
             table.get(rank).state = pick.choice(list(RankState))
         assert_in_sync(table)
+
+
+def test_a_nodes_acknowledgement_moves_its_live_ranks_in_one_pass_and_names_the_strays() -> None:
+    table = RankTable(4)
+    for rank in range(4):
+        table.add(RankRecord(rank=rank, peer=b"agent/0/1#" + f"rank{rank}.inc0".encode(), incarnation=0, pid=rank,
+                             replica_endpoint="", held=(0,), last_seen=0.0, state=RankState.RUNNING))
+    table.get(1).state = RankState.FAULTY
+    table.get(2).state = RankState.DEAD
+    table.rebind(table.get(3), b"agent/1/1#rank3.inc0")  # now behind another relay
+    heard, strays = table.acknowledge(b"agent/0/1#", (0, 1, 2, 3), 5.0, RankState.PAUSED, RankState.FAULTY, (4,), 7)
+    assert list(heard) == [0, 1] and strays == [3]
+    assert [table.get(r).state for r in range(4)] == [RankState.PAUSED, RankState.FAULTY, RankState.DEAD,
+                                                      RankState.RUNNING]
+    assert [(table.get(r).held, table.get(r).held_round, table.get(r).last_seen) for r in (0, 1, 2)] == [
+        ((4,), 7, 5.0), ((4,), 7, 5.0), ((0,), -1, 0.0)]
+    everyone, strays = table.acknowledge(b"agent/0/1#", (0, 1), 6.0, RankState.RESUMED)
+    assert everyone == (0, 1) and strays == [] and table.get(1).state is RankState.RESUMED
+    assert table.live() == {0, 1, 3} and not table.all_alive
+    assert_in_sync(table)
