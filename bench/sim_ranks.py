@@ -68,18 +68,42 @@ class Hearing:
     every peer; a real one decodes it in its own process, so decoding it once here keeps the
     simulation from serializing work that is parallel in a real job), frames counted by kind and by
     period ("rounds" from a peer's first measured PAUSE until its Done, "setup" the rest), and
-    ``stats + ".ready"`` created once every peer heard the start barrier's answer."""
+    ``stats + ".ready"`` created once every peer heard the start barrier's answer.
 
-    def __init__(self, count: int, stats: str) -> None:
+    And when each peer heartbeats: like a Processor (and a node agent), only after an interval in
+    which it sent nothing, or heard nothing (then at most once per interval); the controller answers
+    each heartbeat. :meth:`beats_due` says who, checked every quarter of an interval."""
+
+    def __init__(self, count: int, stats: str, interval: float = SIM_TIMEOUTS.heartbeat_interval) -> None:
         self.stats = stats
         self.decoded: dict[bytes, object] = {}
         self.received: dict[str, dict[str, int]] = {"setup": {}, "rounds": {}}
         self.in_rounds = [False] * count
         self.acked = [False] * count  # heard the start barrier's RegisterAck
         self.waiting = count
+        self.interval = interval
+        started = time.monotonic()
+        self.last_sent = [started] * count
+        self.last_heard = [started] * count
+        self.last_beat = [started] * count
+        self.next_check = started + interval / 4
 
-    def heard(self, index: int, frame: bytes, resumed: int) -> object:
-        """Peer ``index``, after ``resumed`` rounds, heard ``frame``: the message."""
+    def beats_due(self, now: float, ended: list) -> list[int]:
+        """The peers (but those ``ended``) whose heartbeat is due at ``now``, each counted as having sent it."""
+        if now < self.next_check:
+            return []
+        interval = self.interval
+        self.next_check = now + interval / 4
+        last_sent, last_heard, last_beat = self.last_sent, self.last_heard, self.last_beat
+        due = [index for index in range(len(last_sent)) if not ended[index] and (
+            now - last_sent[index] >= interval or now - max(last_heard[index], last_beat[index]) >= interval)]
+        for index in due:
+            last_sent[index] = last_beat[index] = now
+        return due
+
+    def heard(self, index: int, frame: bytes, resumed: int, now: float) -> object:
+        """Peer ``index``, after ``resumed`` rounds, heard ``frame`` at ``now``: the message."""
+        self.last_heard[index] = now
         message = self.decoded.get(frame)
         if message is None:
             message = decode(frame)
@@ -116,15 +140,7 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
     resumed = [0] * count
     finished = [False] * count  # got FINISH (after its Done)
     hearing, left = Hearing(count, stats), count
-    in_rounds, received = hearing.in_rounds, hearing.received
-    interval = SIM_TIMEOUTS.heartbeat_interval
-    # Like a Processor, a rank heartbeats only after an interval in which it sent nothing, or
-    # heard nothing (then at most once per interval); the controller answers each heartbeat.
-    started = time.monotonic()
-    last_sent = [started] * count
-    last_heard = [started] * count
-    last_beat = [started] * count
-    next_check = started + interval / 4
+    in_rounds, received, last_sent = hearing.in_rounds, hearing.received, hearing.last_sent
     # Acks from a byte template (checked against encode() once): the simulation stands in
     # for thousands of processes, so its own per-message cost must stay small. Like a
     # follower, a rank acknowledges PAUSE with its position and held steps, ROLLBACK with
@@ -155,8 +171,7 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
                 if finished[index]:
                     continue
                 rank = first + index
-                last_heard[index] = now
-                message = hearing.heard(index, frame, resumed[index])
+                message = hearing.heard(index, frame, resumed[index], now)
                 kind_of = type(message)
                 if kind_of is not Action:
                     continue  # heartbeats and Progress: nothing to answer
@@ -179,16 +194,10 @@ def sim_worker_main(first: int, count: int, port: int, rounds: int, key_file: st
                             send(encode(Done(rank, position)), 0)
                             sent["setup"]["other"] += 1
                             in_rounds[index] = False
-        now = time.monotonic()
-        if now >= next_check:
-            next_check = now + interval / 4
-            for index in range(count):
-                if not finished[index] and (now - last_sent[index] >= interval
-                                            or now - max(last_heard[index], last_beat[index]) >= interval):
-                    last_sent[index] = last_beat[index] = now
-                    send(ids[index], _MORE)
-                    send(encode_heartbeat(first + index, 0, position), 0)
-                    sent["rounds" if in_rounds[index] else "setup"]["heartbeat"] += 1
+        for index in hearing.beats_due(time.monotonic(), finished):
+            send(ids[index], _MORE)
+            send(encode_heartbeat(first + index, 0, position), 0)
+            sent["rounds" if in_rounds[index] else "setup"]["heartbeat"] += 1
     sock.close()
     context.term()
     Path(stats).write_text(json.dumps({"sent": sent, "received": received}))
@@ -242,13 +251,7 @@ def relay_worker_main(first: int, count: int, nproc: int, world: int, port: int,
     done = [False] * count  # every one of its ranks got FINISH
     last_round = [0] * count  # the round of the last action it heard: its heartbeat's
     hearing, left = Hearing(count, stats), count
-    in_rounds, received = hearing.in_rounds, hearing.received
-    interval = SIM_TIMEOUTS.heartbeat_interval
-    started = time.monotonic()
-    last_sent = [started] * count
-    last_heard = [started] * count
-    last_beat = [started] * count
-    next_check = started + interval / 4
+    in_rounds, received, last_sent = hearing.in_rounds, hearing.received, hearing.last_sent
     sent = {"setup": {"heartbeat": 0, "ack": 0, "other": sum(map(len, members))}, "rounds": {"heartbeat": 0, "ack": 0}}
     recv, more = sock.recv, sock.getsockopt
     while left:
@@ -265,8 +268,7 @@ def relay_worker_main(first: int, count: int, nproc: int, world: int, port: int,
                 index = int(local)
                 if done[index]:
                     continue
-                last_heard[index] = now
-                message = hearing.heard(index, frame, resumed[index])
+                message = hearing.heard(index, frame, resumed[index], now)
                 kind_of = type(message)
                 if kind_of is not Action:
                     continue  # heartbeats and Progress: nothing to answer
@@ -299,16 +301,10 @@ def relay_worker_main(first: int, count: int, nproc: int, world: int, port: int,
                                 send(encode(Done(rank, position)), 0)
                             sent["setup"]["other"] += len(members[index])
                             in_rounds[index] = False
-        now = time.monotonic()
-        if now >= next_check:
-            next_check = now + interval / 4
-            for index in range(count):
-                if not done[index] and (now - last_sent[index] >= interval
-                                        or now - max(last_heard[index], last_beat[index]) >= interval):
-                    last_sent[index] = last_beat[index] = now
-                    send(ids[index], _MORE)
-                    send(beats[index] % last_round[index], 0)
-                    sent["rounds" if in_rounds[index] else "setup"]["heartbeat"] += 1
+        for index in hearing.beats_due(time.monotonic(), done):
+            send(ids[index], _MORE)
+            send(beats[index] % last_round[index], 0)
+            sent["rounds" if in_rounds[index] else "setup"]["heartbeat"] += 1
     sock.close()
     context.term()
     Path(stats).write_text(json.dumps({"sent": sent, "received": received}))
