@@ -11,12 +11,12 @@ import itertools
 import logging
 import os
 import time
-from typing import Optional, Tuple, Union
+from typing import Iterable, Optional, Tuple, Union
 
 import zmq
 
 from mindft.net.keys import CurveKeys, secure_client, secure_server
-from mindft.protocol import (MAX_FRAME, DeviceEvent, InjectRequest, NodeLost, ProcessExit,
+from mindft.protocol import (MAX_FRAME, RELAY_SEPARATOR, DeviceEvent, InjectRequest, NodeLost, ProcessExit,
                              ProtocolError, Replaced, ReplicaReport, Reply, StatusReply, StatusRequest, decode, encode,
                              relay_cut)
 
@@ -110,9 +110,12 @@ class RouterSender:
         # send: calling the backend's directly saves a Python call per frame, two frames per
         # rank per broadcast (16 384 ranks: ~15 ms per broadcast).
         self._send = super(zmq.Socket, sock).send
+        # The last broadcast's peers and their routes: the job broadcasts each phase of a round to the
+        # same peers (one tuple, kept while they do not change), so each route is worked out once.
+        self._routes: tuple[Tuple[bytes, ...], list[tuple[bytes, ...]]] = ((), [])
 
     def to(self, peer: bytes, frame: bytes) -> None:
-        self.to_all((peer,), frame)
+        self._to((_route(peer),), frame)
 
     def to_all(self, peers: Tuple[bytes, ...], frame: Union[bytes, zmq.Frame]) -> None:
         """The same bytes to every peer, encoded once. A large frame (the start barrier's
@@ -121,20 +124,29 @@ class RouterSender:
         and ~1 s of copying for one RegisterAck; shared: 180 kB, 30 ms). A peer behind a relay
         (``relay + RELAY_SEPARATOR + rank``; no rank: all of the relay's) is reached through the relay,
         its rank's identity in a frame of its own."""
+        known, routes = self._routes
+        if peers is not known:
+            routes = [_route(peer) for peer in peers]
+            self._routes = (peers, routes)
+        self._to(routes, frame)
+
+    def _to(self, routes: Iterable[tuple[bytes, ...]], frame: Union[bytes, zmq.Frame]) -> None:
         if len(frame) >= self.SHARE_FROM:
             frame = zmq.Frame(frame)
         send = self._send
-        for peer in peers:
+        for route in routes:
             try:
-                cut = relay_cut(peer)
-                if cut < 0:
-                    send(peer, _MORE_NOBLOCK)
-                else:
-                    send(peer[:cut], _MORE_NOBLOCK)
-                    send(peer[cut + 1:], _MORE_NOBLOCK)
+                for part in route:
+                    send(part, _MORE_NOBLOCK)
                 send(frame, _NOBLOCK)
             except zmq.ZMQError as error:
-                log.debug("could not send to %r: %s", peer, error)
+                log.debug("could not send to %r: %s", RELAY_SEPARATOR.join(route), error)
+
+
+def _route(peer: bytes) -> tuple[bytes, ...]:
+    """The frames that address ``peer`` on the ROUTER: its identity, or a relay's and the rank's behind it."""
+    cut = relay_cut(peer)
+    return (peer,) if cut < 0 else (peer[:cut], peer[cut + 1:])
 
 
 _NOBLOCK = int(zmq.NOBLOCK)
