@@ -25,6 +25,7 @@ import math
 import os
 import time
 from pathlib import Path
+from typing import Callable, Optional
 
 import mindspore as ms
 import numpy as np
@@ -45,12 +46,13 @@ def load_state(path: Path, net: nn.Cell, optimizer: nn.Optimizer) -> None:
 
 
 class ModelSteps(Callback):
-    """For ``Model.train``: slows each step down, records its samples (found from its rows) and stops
-    after step ``last`` (steps count from ``start``; mindft puts ``cur_step_num`` back after a rollback)."""
+    """For ``Model.train``: slows each step down, records its samples (found from its first column's
+    rows among ``samples``) and stops after step ``last`` (steps count from ``start``; mindft puts
+    ``cur_step_num`` back after a rollback)."""
 
-    def __init__(self, source: SyntheticClassification, start: int, last: int, record, seconds: float) -> None:
+    def __init__(self, samples: np.ndarray, start: int, last: int, record, seconds: float) -> None:
         super().__init__()
-        self.rows = {row.tobytes(): index for index, row in enumerate(source.x)}
+        self.rows = {row.tobytes(): index for index, row in enumerate(samples)}
         self.start, self.last, self.record, self.seconds = start, last, record, seconds
 
     def on_train_step_begin(self, run_context) -> None:
@@ -62,6 +64,21 @@ class ModelSteps(Callback):
         self.record(step, np.array([self.rows[row.tobytes()] for row in params.train_dataset_element[0].asnumpy()]))
         if step >= self.last:
             run_context.request_stop()
+
+
+def step_recorder(directory: Optional[Path], rank: int, world: int) -> Callable[[int, np.ndarray], None]:
+    """``record(step, indices)``: one JSON line per completed step in ``directory/steps-<pid>.jsonl``
+    (nothing without a directory)."""
+    if directory is None:
+        return lambda step, indices: None
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"steps-{os.getpid()}.jsonl"
+
+    def record(step: int, indices: np.ndarray) -> None:
+        with path.open("a") as lines:
+            lines.write(json.dumps({"step": step, "rank": rank, "world": world, "indices": indices.tolist(),
+                                    "t": time.time()}) + "\n")
+    return record
 
 
 def main() -> None:
@@ -96,15 +113,7 @@ def main() -> None:
     # Each rank's mean loss weighted by its share of the step (1.0 when the world divides the global batch).
     grad_fn = ms.value_and_grad(lambda x, y, weight: loss_fn(net(x), y) * weight, None, optimizer.parameters)
     reducer = nn.DistributedGradReducer(optimizer.parameters)
-    record = args.record / f"steps-{os.getpid()}.jsonl" if args.record else None
-    if record is not None:
-        args.record.mkdir(parents=True, exist_ok=True)
-
-    def recorded(step: int, indices: np.ndarray) -> None:
-        if record is not None:
-            with record.open("a") as lines:
-                lines.write(json.dumps({"step": step, "rank": rank, "world": world, "indices": indices.tolist(),
-                                        "t": time.time()}) + "\n")
+    recorded = step_recorder(args.record, rank, world)
 
     def train_step(step: int, indices: np.ndarray, weight: float) -> None:
         time.sleep(args.step_seconds)
@@ -121,7 +130,7 @@ def main() -> None:
         per_epoch = dataset.get_dataset_size()
         first_epoch, skipped = divmod(args.start, per_epoch)
         dataset.set_init_step(skipped)  # a resume inside an epoch, as MindFormers' does
-        steps = ModelSteps(source, args.start, args.steps, recorded, args.step_seconds)
+        steps = ModelSteps(source.x, args.start, args.steps, recorded, args.step_seconds)
         mindft.mindspore.train(model, math.ceil(args.steps / per_epoch), dataset, [steps],  # mindft's line
                                initial_epoch=first_epoch)
     else:

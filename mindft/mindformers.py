@@ -6,6 +6,11 @@ registry as :data:`CALLBACK_NAME`, so a yaml ``callbacks:`` list can name it, an
 ``Model.train``; see :mod:`mindft.mindspore.mindspore_tft`). :func:`train` does both for a Trainer
 built in code. With ``MS_ENABLE_TFT='{TTP:1}'`` none of this is needed: ``mindft-launch`` serves
 the ``TrainFaultTolerance`` callback MindFormers appends itself.
+
+In an elastic job (``mindft-launch --nnodes MIN:MAX``) a pure data-parallel config (``parallel_mode:
+0``, where MindFormers takes ``data_parallel`` from the world size) follows the world size when the
+Trainer trains on :func:`mindft.mindspore.elastic_dataset`; :func:`train` refuses anything else
+before the Trainer builds its model (:func:`elastic_problem`).
 """
 from __future__ import annotations
 
@@ -16,14 +21,19 @@ import mindspore as ms
 from mindformers.core.context.build_context import Context, build_context
 from mindformers.tools.register import MindFormerModuleType, MindFormerRegister
 
+from mindft.config import MindftConfig, load_config
+from mindft.flow.elastic import parallel_refusal
 from mindft.mindspore.callback import FaultTolerance
+from mindft.mindspore.data import step_sampler
 from mindft.mindspore.mindspore_tft import as_callback_list, install
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CALLBACK_NAME", "train"]
+__all__ = ["CALLBACK_NAME", "elastic_problem", "train"]
 
 CALLBACK_NAME = "MindftFaultTolerance"  # ``- type: MindftFaultTolerance`` in a yaml's callbacks
+# MindFormers' ``parallel.parallel_mode`` numbers, by MindSpore's names.
+_PARALLEL_MODES = {0: "data_parallel", 1: "semi_auto_parallel", 2: "auto_parallel", 3: "hybrid_parallel"}
 _MODES = {"0": ms.GRAPH_MODE, "GRAPH_MODE": ms.GRAPH_MODE, "1": ms.PYNATIVE_MODE, "PYNATIVE_MODE": ms.PYNATIVE_MODE}
 
 
@@ -40,6 +50,9 @@ def train(trainer: Any, **train_kwargs: Any) -> Any:
     Trainer builds it from an empty config, in PyNative mode, whatever the config asks for)."""
     install()
     config = trainer.config
+    problem = elastic_problem(config, train_kwargs.get("train_dataset", trainer.train_dataset), load_config())
+    if problem:
+        raise ValueError(f"mindft.mindformers.train: {problem}")
     if not Context.is_exists():
         build_context(config)
     named = any(_type_of(entry) == CALLBACK_NAME for entry in (config.get("callbacks") or []))
@@ -49,6 +62,26 @@ def train(trainer: Any, **train_kwargs: Any) -> Any:
     result = trainer.train(**train_kwargs)
     _warn_on_mode_change(config)
     return result
+
+
+def elastic_problem(trainer_config: Any, train_dataset: Any, config: MindftConfig) -> str:
+    """Why a Trainer of ``trainer_config`` training on ``train_dataset`` cannot be in an elastic job
+    ("": it can, or the job is not elastic): the config's parallel mode or sharded optimizer
+    (:func:`mindft.flow.elastic.parallel_refusal`), or a dataset sharded for one world size
+    (MindFormers' own from the config, or any but an elastic_dataset)."""
+    if not config.elastic_min:
+        return ""
+    parallel = trainer_config.get("parallel") or {}
+    mode = parallel.get("parallel_mode", 0)
+    refusal = parallel_refusal(config, _PARALLEL_MODES.get(mode, str(mode).lower()),
+                               bool(parallel.get("enable_parallel_optimizer", False)))
+    if refusal:
+        return f"{refusal} (the Trainer's parallel: section; a pure data-parallel config has parallel_mode: 0)"
+    if step_sampler(train_dataset) is None:
+        return (f"an elastic job (MINDFT_ELASTIC={config.elastic_min}:{config.elastic_max}) changes its world "
+                f"size, and the Trainer's dataset is sharded for one world size: give the Trainer "
+                f"train_dataset=mindft.mindspore.elastic_dataset(...) or drop --nnodes MIN:MAX")
+    return ""
 
 
 def _warn_on_mode_change(config: Any) -> None:

@@ -350,12 +350,12 @@ def assert_identical(got: dict[str, np.ndarray], want: dict[str, np.ndarray], wh
     assert not different, f"{what}: {different} differ"
 
 
-def assert_ranks_identical(out: Path, reference: Path, world_size: int) -> None:
+def assert_ranks_identical(out: Path, reference: Path, world_size: int, moments: str = "moment1.") -> None:
     """Every rank's final weights in ``out`` equal the fault-free ones in ``reference``, optimizer
-    state included."""
+    state included (its parameters' names start with ``moments``: Adam's, or ``adam_m.`` AdamW's)."""
     for rank in range(world_size):
         want = weights(reference, rank)
-        assert any(name.startswith("moment1.") for name in want)  # optimizer state is compared too
+        assert any(name.startswith(moments) for name in want)  # optimizer state is compared too
         assert_identical(weights(out, rank), want, f"rank {rank} vs the fault-free run")
 
 

@@ -32,13 +32,17 @@ class CPUTrainOneStepCell(MFTrainOneStepCell):
         return ms.ops.logical_not(ms.ops.stack(finite).all())
 
 
-def token_dataset(config: MindFormerConfig) -> ds.Dataset:
-    """64 random sequences of seq_length + 1 tokens, this rank's share of them, in batches."""
+def tokens(config: MindFormerConfig, samples: int = 64) -> np.ndarray:
+    """``samples`` random sequences of seq_length + 1 tokens, the same on every run."""
     model = config.model.model_config
-    tokens = np.random.default_rng(0).integers(0, model.vocab_size, size=(64, model.seq_length + 1),
-                                               dtype=np.int32)
+    return np.random.default_rng(0).integers(0, model.vocab_size, size=(samples, model.seq_length + 1),
+                                             dtype=np.int32)
+
+
+def token_dataset(config: MindFormerConfig) -> ds.Dataset:
+    """64 random sequences, this rank's share of them, in batches."""
     shard = {"num_shards": get_group_size(), "shard_id": get_rank()} if config.use_parallel else {}
-    return ds.NumpySlicesDataset({"input_ids": tokens}, shuffle=False, **shard).batch(
+    return ds.NumpySlicesDataset({"input_ids": tokens(config)}, shuffle=False, **shard).batch(
         config.runner_config.batch_size, drop_remainder=True)
 
 

@@ -51,6 +51,26 @@ def elastic_of(config: MindftConfig) -> Optional[ElasticRange]:
     return ElasticRange(config.elastic_min, config.elastic_max, config.shrink_after)
 
 
+# The parallel modes whose ranks each hold the whole replicated state (MindSpore's names).
+WHOLE_STATE_MODES = ("data_parallel", "stand_alone")
+
+
+def parallel_refusal(config: MindftConfig, parallel_mode: str, shards_optimizer: bool) -> str:
+    """Why a rank that trains in ``parallel_mode`` (sharding its optimizer state or not) cannot be in
+    an elastic job ("": it can, or the job is not elastic): a lost node must take nothing with it that
+    no other rank holds, which only data parallelism without a sharded optimizer guarantees."""
+    if not config.elastic_min:
+        return ""
+    asked = f"an elastic job (MINDFT_ELASTIC={config.elastic_min}:{config.elastic_max})"
+    if parallel_mode not in WHOLE_STATE_MODES:
+        return (f"{asked} needs data parallelism, where every rank holds the whole state; parallel_mode is "
+                f"{parallel_mode}")
+    if shards_optimizer:
+        return (f"{asked} cannot shard the optimizer state (enable_parallel_optimizer): a lost node's shard would "
+                f"be gone; turn it off or drop --nnodes MIN:MAX")
+    return ""
+
+
 def new_node(members: Sequence[int], node: int) -> int:
     """``node``'s number in the world of ``members`` (-1: not a member)."""
     return members.index(node) if node in members else -1

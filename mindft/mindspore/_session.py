@@ -18,6 +18,7 @@ from mindspore import nn, ops
 
 from mindft.config import MindftConfig
 from mindft.exitcodes import ExitCode
+from mindft.flow.elastic import parallel_refusal
 from mindft.rank.engine import RankEngine
 from mindft.snapshot.store import SnapshotError, SnapshotStore
 
@@ -121,19 +122,9 @@ def uses_collectives() -> bool:
 
 
 def elastic_problem(config: MindftConfig) -> str:
-    """Why this process's parallel configuration cannot change its world size ("": it can, or the job
-    is not elastic): only data parallelism keeps the whole state on every rank (a sharded optimizer
-    or model keeps a shard that leaves with its node)."""
-    if not config.elastic_min:
-        return ""
-    mode = ms.get_auto_parallel_context("parallel_mode")
-    asked = f"an elastic job (MINDFT_ELASTIC={config.elastic_min}:{config.elastic_max})"
-    if mode not in ("data_parallel", "stand_alone"):
-        return f"{asked} needs data parallelism, where every rank holds the whole state; parallel_mode is {mode}"
-    if ms.get_auto_parallel_context("enable_parallel_optimizer"):
-        return (f"{asked} cannot shard the optimizer state (enable_parallel_optimizer): a lost node's shard would "
-                f"be gone; turn it off or drop --nnodes MIN:MAX")
-    return ""
+    """Why this process's parallel context cannot change its world size (:func:`mindft.flow.elastic.parallel_refusal`)."""
+    return parallel_refusal(config, ms.get_auto_parallel_context("parallel_mode"),
+                            bool(ms.get_auto_parallel_context("enable_parallel_optimizer")))
 
 
 def rng_meta() -> Dict[str, Any]:

@@ -144,3 +144,30 @@ print("trained in mode", ms.get_context("mode"))
                             env=environment(tmp_path, LOCAL_DEFAULT_PATH=str(tmp_path / "out")))
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     assert "trained in mode 0" in result.stdout, result.stdout[-2000:]  # GRAPH_MODE, as the yaml asks
+
+
+@pytest.mark.parametrize("change, refused", [
+    ({}, ""),
+    ({"parallel_mode": 1}, "needs data parallelism, where every rank holds the whole state; parallel_mode is "
+                           "semi_auto_parallel (the Trainer's parallel: section"),
+    ({"enable_parallel_optimizer": True}, "cannot shard the optimizer state"),
+    ({"dataset": "own"}, "the Trainer's dataset is sharded for one world size: give the Trainer "
+                         "train_dataset=mindft.mindspore.elastic_dataset(...)"),
+], ids=["data-parallel", "semi-auto", "sharded-optimizer", "its-own-dataset"])
+def test_an_elastic_job_takes_a_pure_data_parallel_trainer_over_elastic_data_only(change: dict, refused: str) -> None:
+    """Refused with one line before the Trainer builds its model: a parallel mode that shards the
+    state, a sharded optimizer, a dataset sharded for one world size (the yaml's own included)."""
+    from mindformers import MindFormerConfig
+
+    from mindft.config import load_config
+    from mindft.mindformers import elastic_problem
+    from mindft.mindspore import GlobalBatches, elastic_dataset
+
+    config = MindFormerConfig(str(EXAMPLE / "tiny_llama.yaml"))
+    config.parallel.update({k: v for k, v in change.items() if k != "dataset"})
+    elastic = load_config({"MINDFT_ELASTIC": "2:3", "RANK_ID": "0", "RANK_SIZE": "2"})
+    dataset = None if "dataset" in change else elastic_dataset(
+        GlobalBatches(24, 12), lambda indices: (np.zeros((len(indices), 4), np.int32),), ["input_ids"], elastic)
+    said = elastic_problem(config, dataset, elastic)
+    assert (refused in said and "\n" not in said) if refused else said == "", said
+    assert elastic_problem(config, dataset, load_config({})) == ""  # not elastic: nothing to refuse

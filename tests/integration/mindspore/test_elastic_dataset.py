@@ -127,3 +127,19 @@ def test_an_elastic_job_refuses_a_plain_dataset_and_model_train_itself() -> None
         train(Model(net, LOSS, optimizer), 1, plain_data, config=config)
     with pytest.raises(ValueError, match="only mindft.mindspore.train can follow"):
         FaultTolerance(config).attach(net, optimizer)
+
+
+def test_an_elastic_job_reads_the_parallel_context_mindspore_trains_in() -> None:
+    """The refusal reads MindSpore's own auto-parallel context (what the network really trains in)."""
+    from mindft.mindspore._session import elastic_problem
+
+    config = MindftConfig(tft=TFTOptions(uce=True), elastic_min=2, elastic_max=3)
+    try:
+        ms.set_auto_parallel_context(parallel_mode="semi_auto_parallel")
+        assert "parallel_mode is semi_auto_parallel" in elastic_problem(config)
+        ms.set_auto_parallel_context(parallel_mode="data_parallel", enable_parallel_optimizer=True)
+        assert "cannot shard the optimizer state" in elastic_problem(config)
+        ms.set_auto_parallel_context(enable_parallel_optimizer=False)
+        assert elastic_problem(config) == ""
+    finally:
+        ms.reset_auto_parallel_context()

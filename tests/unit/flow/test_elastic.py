@@ -8,7 +8,7 @@ import pytest
 from mindft.config import ConfigError, load_config
 from mindft.flow import Broadcast, Job, JobState, KillRank, Resize, StartRank, Transition
 from mindft.flow.agent import NodePolicy, Say
-from mindft.flow.elastic import ElasticRange, elastic_of, new_node, successor
+from mindft.flow.elastic import ElasticRange, elastic_of, new_node, parallel_refusal, successor
 from mindft.flow.spares import silent_after
 from mindft.protocol import ActionKind, AgentHello, JobView, OrderKind, RankOrder, Register, StepReport, WorldResize
 from test_job import T, Driver
@@ -25,6 +25,21 @@ def test_the_nodes_that_stay_keep_their_order_and_min_bounds_the_shrink() -> Non
     assert new_node((1, 2), 2) == 1 and new_node((1, 2), 0) == -1
     assert RULES.shrink(3, [0, 2]) is None  # one node left: below MIN 2
     assert ElasticRange(1, 3, 5.0).shrink(3, [0, 2]) == (1,)
+
+
+@pytest.mark.parametrize("mode, shards, refused", [
+    ("data_parallel", False, ""), ("stand_alone", False, ""),
+    ("semi_auto_parallel", False, "needs data parallelism, where every rank holds the whole state; parallel_mode is "
+                                  "semi_auto_parallel"),
+    ("auto_parallel", False, "parallel_mode is auto_parallel"),
+    ("data_parallel", True, "cannot shard the optimizer state (enable_parallel_optimizer)"),
+])
+def test_only_data_parallelism_without_a_sharded_optimizer_may_be_elastic(mode: str, shards: bool,
+                                                                           refused: str) -> None:
+    elastic = load_config({"MINDFT_ELASTIC": "2:3"})
+    said = parallel_refusal(elastic, mode, shards)
+    assert (refused in said and said.startswith("an elastic job (MINDFT_ELASTIC=2:3)")) if refused else said == ""
+    assert parallel_refusal(load_config({}), mode, shards) == ""  # not elastic: nothing to refuse
 
 
 @pytest.mark.parametrize("text, nodes", [("2:4", (2, 4)), ("3", None), ("1:1", None)])
