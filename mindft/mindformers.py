@@ -24,7 +24,7 @@ from mindformers.tools.register import MindFormerModuleType, MindFormerRegister
 from mindft.config import MindftConfig, load_config
 from mindft.flow.elastic import parallel_refusal
 from mindft.mindspore.callback import FaultTolerance
-from mindft.mindspore.data import step_sampler
+from mindft.mindspore.data import elastic_data_problem
 from mindft.mindspore.mindspore_tft import as_callback_list, install
 
 log = logging.getLogger(__name__)
@@ -77,11 +77,7 @@ def elastic_problem(trainer_config: Any, train_dataset: Any, config: MindftConfi
                                bool(parallel.get("enable_parallel_optimizer", False)))
     if refusal:
         return f"{refusal} (the Trainer's parallel: section; a pure data-parallel config has parallel_mode: 0)"
-    if step_sampler(train_dataset) is None:
-        return (f"an elastic job (MINDFT_ELASTIC={config.elastic_min}:{config.elastic_max}) changes its world "
-                f"size, and the Trainer's dataset is sharded for one world size: give the Trainer "
-                f"train_dataset=mindft.mindspore.elastic_dataset(...) or drop --nnodes MIN:MAX")
-    return ""
+    return elastic_data_problem(train_dataset, config)
 
 
 def _warn_on_mode_change(config: Any) -> None:

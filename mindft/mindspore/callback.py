@@ -12,7 +12,7 @@ from mindspore.train import Callback, Model
 from mindft.config import MindftConfig, load_config
 from mindft.exitcodes import ExitCode
 from mindft.mindspore.backend import delegates_to_mindspore, mindio_callback, session_class
-from mindft.mindspore.data import StepSampler, step_sampler
+from mindft.mindspore.data import StepSampler, elastic_data_problem, step_sampler
 from mindft.mindspore._session import RewindRequired, Session, TrainingState, optimizer_of
 
 log = logging.getLogger(__name__)
@@ -152,12 +152,10 @@ def train(model: Model, epoch: int, train_dataset: Any, callbacks: Optional[Iter
     if ft is None:
         ft = FaultTolerance(config, snapshot_every)
         cbs.insert(0, ft)
+    problem = elastic_data_problem(train_dataset, config)
+    if problem:
+        raise ValueError(f"mindft.mindspore.train: {problem}")
     sampler = step_sampler(train_dataset)
-    if config.elastic_min and sampler is None:
-        raise ValueError(f"mindft.mindspore.train: an elastic job (MINDFT_ELASTIC={config.elastic_min}:"
-                         f"{config.elastic_max}) changes its world size, and this dataset, sharded for one world "
-                         f"size, cannot follow it: build it with mindft.mindspore.elastic_dataset, or drop "
-                         f"--nnodes MIN:MAX")
     per_epoch = train_dataset.get_dataset_size()
     # Batches the dataset already skips in its first epoch (set_init_step: MindFormers' resume does).
     skipped = train_dataset.get_init_step() % per_epoch

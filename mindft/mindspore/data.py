@@ -96,3 +96,13 @@ def step_sampler(dataset: Any) -> Optional[StepSampler]:
         children = getattr(dataset, "children", None) or []
         dataset = children[0] if len(children) == 1 else None
     return None
+
+
+def elastic_data_problem(dataset: Any, config: MindftConfig) -> str:
+    """Why ``dataset`` cannot follow an elastic job's world size ("": it can, or the job is not
+    elastic): only an :func:`elastic_dataset` serves each rank its share of the step's global batch."""
+    if not config.elastic_min or step_sampler(dataset) is not None:
+        return ""
+    return (f"an elastic job (MINDFT_ELASTIC={config.elastic_min}:{config.elastic_max}) changes its world size, "
+            f"and this dataset, sharded for one world size, cannot follow it: build it with "
+            f"mindft.mindspore.elastic_dataset, or drop --nnodes MIN:MAX")

@@ -151,8 +151,8 @@ print("trained in mode", ms.get_context("mode"))
     ({"parallel_mode": 1}, "needs data parallelism, where every rank holds the whole state; parallel_mode is "
                            "semi_auto_parallel (the Trainer's parallel: section"),
     ({"enable_parallel_optimizer": True}, "cannot shard the optimizer state"),
-    ({"dataset": "own"}, "the Trainer's dataset is sharded for one world size: give the Trainer "
-                         "train_dataset=mindft.mindspore.elastic_dataset(...)"),
+    ({"dataset": "own"}, "this dataset, sharded for one world size, cannot follow it: build it with "
+                         "mindft.mindspore.elastic_dataset"),
 ], ids=["data-parallel", "semi-auto", "sharded-optimizer", "its-own-dataset"])
 def test_an_elastic_job_takes_a_pure_data_parallel_trainer_over_elastic_data_only(change: dict, refused: str) -> None:
     """Refused with one line before the Trainer builds its model: a parallel mode that shards the
