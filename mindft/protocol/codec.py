@@ -60,7 +60,11 @@ _INT = rb"-?(?:0|[1-9][0-9]{0,17})"
 _HOT_HEAD = b'{"v":%d,"msg":"' % PROTOCOL_VERSION
 _HOT_AT = len(_HOT_HEAD)
 _ACTION_BY_WIRE = {kind.value.encode(): kind for kind in ActionKind}
-_INTS: dict[bytes, tuple[int, ...]] = {}  # integer lists as sent → tuple (see _ints)
+_INTS: dict[bytes, tuple[int, ...]] = {}  # integer lists as sent, each checked once → tuple (see _ints)
+# A list's pattern only bounds its characters: a list is checked against the strict one on first
+# sight (_ints), then found in the cache. The loose scan costs half the strict one per frame, and
+# a node's rank lists come back every phase.
+_INT_LIST = re.compile(rb"(?:%s(?:,%s)*)?" % (_INT, _INT))
 
 
 # The hot messages are built from values the patterns already checked without the frozen
@@ -85,11 +89,13 @@ def _hot_heartbeat(fields: tuple[bytes, ...]) -> Heartbeat:
     return message
 
 
-def _ints(text: bytes) -> tuple[int, ...]:
-    """A list of integers as sent (the pattern checked it) → tuple, from a cache: a node's ranks and the
-    steps they hold come again phase after phase."""
+def _ints(text: bytes) -> Optional[tuple[int, ...]]:
+    """A list of integers as sent → tuple (None: not spelled as encode() writes it), from a cache: a
+    node's ranks and the steps they hold come again phase after phase."""
     ints = _INTS.get(text)
     if ints is None:
+        if _INT_LIST.fullmatch(text) is None:
+            return None
         ints = tuple(map(int, text.split(b","))) if text else ()
         if len(_INTS) >= 65536:
             _INTS.clear()
@@ -103,6 +109,8 @@ def _hot_ack(fields: tuple[bytes, ...]) -> Optional[Ack]:
     if kind is None:
         return None  # the full path names the valid actions
     held = _ints(held_text)
+    if held is None:
+        return None
     message = _new(Ack)
     values = message.__dict__
     values["rank"], values["action"], values["step"] = int(rank), kind, int(step)
@@ -112,25 +120,27 @@ def _hot_ack(fields: tuple[bytes, ...]) -> Optional[Ack]:
 
 def _hot_ack_batch(fields: tuple[bytes, ...]) -> Optional[AckBatch]:
     action, step, ranks, held_text, round_ = fields
-    kind = _ACTION_BY_WIRE.get(action)
-    if kind is None:
+    kind, ranks, held = _ACTION_BY_WIRE.get(action), _ints(ranks), _ints(held_text)
+    if kind is None or ranks is None or held is None:
         return None
     message = _new(AckBatch)
     values = message.__dict__
-    values["action"], values["step"], values["ranks"] = kind, int(step), _ints(ranks)
-    values["held_steps"], values["round"] = _ints(held_text), int(round_)
+    values["action"], values["step"], values["ranks"] = kind, int(step), ranks
+    values["held_steps"], values["round"] = held, int(round_)
     return message
 
 
-def _hot_step_batch(fields: tuple[bytes, ...]) -> StepBatch:
-    ranks, steps, round_ = fields
+def _hot_step_batch(fields: tuple[bytes, ...]) -> Optional[StepBatch]:
+    ranks, steps = _ints(fields[0]), _ints(fields[1])
+    if ranks is None or steps is None:
+        return None
     message = _new(StepBatch)
     values = message.__dict__
-    values["ranks"], values["steps"], values["round"] = _ints(ranks), _ints(steps), int(round_)
+    values["ranks"], values["steps"], values["round"] = ranks, steps, int(fields[2])
     return message
 
 
-_LIST = rb"((?:%s(?:,%s)*)?)" % (_INT, _INT)
+_LIST = rb"([-0-9,]*)"  # spelled as _INT_LIST says: see _ints
 _HOT: dict[bytes, tuple[Any, Any]] = {  # the first 6 bytes of the kind → (whole-frame pattern, builder)
     b'step_r': (re.compile(re.escape(_HOT_HEAD) + rb'step_report","rank":(%s),"step":(%s),"round":(%s)\}'
                            % (_INT, _INT, _INT)), _hot_step_report),

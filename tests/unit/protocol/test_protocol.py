@@ -232,6 +232,11 @@ def test_hot_frames_are_decoded_without_json(message, monkeypatch: pytest.Monkey
     ('{"v":15,"msg":"ack_batch","action":"pause","step":1,"ranks":[1,"2"],"held_steps":[1],"round":1}',
      "a list of integers"),
     ('{"v":15,"msg":"step_batch","ranks":[1,2],"steps":[3,4.5],"round":0}', "a list of integers"),
+    # A list's pattern only bounds its characters: each list is checked strictly before it is cached.
+    ('{"v":15,"msg":"ack_batch","action":"pause","step":1,"ranks":[1,02],"held_steps":[1],"round":1}', "not JSON"),
+    ('{"v":15,"msg":"ack_batch","action":"pause","step":1,"ranks":[1,2],"held_steps":[1,,2],"round":1}', "not JSON"),
+    ('{"v":15,"msg":"step_batch","ranks":[1,-],"steps":[3,4],"round":0}', "not JSON"),
+    ('{"v":15,"msg":"ack","rank":1,"action":"pause","step":1,"held_steps":[--1],"round":1}', "not JSON"),
     ('{"v":15,"msg":"step_batch","ranks":[1,2],"steps":[3,4],"round":0,"node":1}', "unknown field"),
 ])
 def test_near_misses_of_the_hot_templates_get_the_full_checks(text: str, error: str) -> None:
