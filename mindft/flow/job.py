@@ -311,12 +311,13 @@ class Job:
     def _on_acks(self, peer: Peer, message: AckBatch, now: float) -> None:
         """A relay's acknowledgement of a phase by its node's ranks: when the phase takes it, the ranks'
         records are checked and moved in one pass (a phase brings one such batch per node)."""
-        ladder, what = self.ladder, _ACK_WHAT[message.action]
+        ladder = self.ladder
         if ladder.takes(message.action, message.step, message.round):
-            self._strays(peer, ladder.acks(relay_of(peer), message.ranks, message.action, message.held_steps, now),
-                         what)
+            strays = ladder.acks(relay_of(peer), message.ranks, message.action, message.held_steps, now)
+            if strays:
+                self._strays(peer, strays, _ACK_WHAT[message.action])
             return
-        records = self._relayed(peer, message.ranks, now, what)  # heard all the same
+        records = self._relayed(peer, message.ranks, now, _ACK_WHAT[message.action])  # heard all the same
         if records:
             ladder.ignored([record.rank for record in records], message.action, message.step, message.round)
 

@@ -406,9 +406,8 @@ class Ladder:
         summary = rec.summary()
         self.job.move(Event.ALL_RESUMED, f"every rank resumed after step {rec.repair_step}", now)
         self.job.deadline = math.inf
-        for record in self.ranks:
-            record.last_seen = now
-        self.ranks.set_states(self.ranks, RankState.RUNNING, keep=RankState.DONE)  # resumed ranks may have finished
+        # Every rank heard now (resumed ranks may have finished: DONE stays).
+        self.ranks.set_states(self.ranks, RankState.RUNNING, keep=RankState.DONE, seen=now)
         self.recoveries.append(now - rec.started)
         self.recovered.update(rec.seen)
         log.info("recovery %d done in %.3f s: %s; resumed after step %d", len(self.recoveries),

@@ -165,13 +165,16 @@ class RankTable:
         self.added += 1
         return old
 
-    def set_states(self, records: Iterable[RankRecord], state: RankState, keep: Optional[RankState] = None) -> None:
-        """Every one of ``records`` (of this table) in ``state``, but those in ``keep``: what assigning
-        each one's ``state`` does, with the counts moved once (a node's acknowledgement moves many)."""
+    def set_states(self, records: Iterable[RankRecord], state: RankState, keep: Optional[RankState] = None,
+                   seen: Optional[float] = None) -> None:
+        """Every one of ``records`` (of this table) in ``state``, but those in ``keep``, and each heard at
+        ``seen`` (None: as it was): what assigning each one's ``state`` does, with the counts moved once."""
         alive = state is not _DEAD and state is not _OFF_DEVICE and state is not _LOST
         counts, moved = self._in_state, 0
         for record in records:
             values = record.__dict__
+            if seen is not None:
+                values["last_seen"] = seen
             old = values["state"]
             if old is state or old is keep:
                 continue
