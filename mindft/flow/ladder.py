@@ -430,9 +430,18 @@ class Ladder:
         resumed: what they reported in the last round is stale).
         """
         common: Optional[frozenset[int]] = None
-        if exact:  # ranks mostly hold the same steps: each distinct set is intersected once
-            for held in {r.held for r in self.ranks if r.state is not RankState.LOST}:
-                common = frozenset(held) if common is None else common.intersection(held)
+        if exact:
+            # Ranks mostly hold the same steps, and a node's acknowledgement gives its ranks one tuple:
+            # each distinct set is intersected once, most found by identity without hashing.
+            lost, last, seen = RankState.LOST, None, set()
+            for record in self.ranks:
+                held = record.held
+                if held is last or record.state is lost:
+                    continue
+                last = held
+                if held not in seen:
+                    seen.add(held)
+                    common = frozenset(held) if common is None else common.intersection(held)
             return max(common) if common else -1
         recovering = self.job.state in RECOVERY_STATES
         seen: dict[tuple[int, ...], frozenset[int]] = {}
