@@ -26,6 +26,7 @@ from mindft.flow.standby import Failover, Move
 from mindft.net.address import host_address
 from mindft.net.channel import Client, endpoint_host
 from mindft.observe.events import ControllerFollowed, EventLog
+from mindft.observe.units import size_text
 from mindft.flow.elastic import new_node
 from mindft.protocol import AdoptNode, Replaced, WorldResize
 from mindft.snapshot.store import newest_step
@@ -218,7 +219,10 @@ class RoleChanges:
                 if before != after and (spec.state_dir / f"rank{before}").exists():
                     (spec.state_dir / f"rank{before}").rename(spec.state_dir / f"rank{after}")
         if self.replication is not None:
-            self.replication.close()
+            freed = self.replication.discard()
+            if freed:
+                self._say(f"dropped the replicas of the previous ring ({size_text(freed)}): the new ring replicates "
+                          f"anew")
         self._run_node(spec)
         if self.scheduler is not None:
             self.scheduler.spec = self.spec

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Tuple
@@ -158,3 +159,14 @@ class NodeReplication:
         """Stop sending and serving."""
         self.sender.close()
         self.keeper.close()
+
+    def discard(self) -> int:
+        """Stop, and remove the replicas this node keeps (an elastic job's resize: they name ranks by
+        the old numbering and nodes that may be gone, and the new ring replicates anew); the bytes freed."""
+        self.close()
+        home = self.keeper.home
+        if home is None:
+            return 0
+        freed = sum(path.stat().st_size for path in home.rglob("*") if path.is_file())
+        shutil.rmtree(home, ignore_errors=True)
+        return freed

@@ -116,6 +116,8 @@ def shrink_then_grow(job: HostsJob, tmp: Path) -> tuple[int, int, float]:
     assert codes == {"node0": 0, "node1": 0, "node2-again": 0}, job.outputs()
     node0, again = job.output("node0"), job.output("node2-again")
     assert "node 2 lost for good" in node0 and "the job goes on with 2 of 3 nodes (MIN 2)" in node0, node0[-4000:]
+    # Node 0 kept node 2's replicas, then node 1's: each resize frees them (the new ring replicates anew).
+    assert node0.count("dropped the replicas of the previous ring") == 2, node0[-4000:]
     assert "node 2 was left behind; this agent waits as a spare" in again, again[-4000:]
     assert "this spare becomes node 2 of 3" in again and "a copy of rank " in again, again[-4000:]
     events = read(tmp / "run-node0")

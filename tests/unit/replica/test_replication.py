@@ -243,6 +243,9 @@ def test_node_replication_finds_the_buddy_keeper_through_the_controller(tmp_path
     until(lambda: node1.keeper.held == {0: 2}, "rank 0's replica on node 1")
     until(lambda: "ReplicaReport" in asked, "a report to the controller")
     assert "holding 1 replica(s) of the previous node ({0: 2}" in node1.summary()
+    # An elastic job's resize: the replicas of the old ring go with it, from the node's memory too.
+    parts.remove(node1)
+    assert node1.discard() > 0 and not (tmp_path / "n1" / "replicas").exists()
 
 
 def test_under_mindft_launch_with_a_keeper_the_ranks_announce_it_and_push_nothing(tmp_path: Path) -> None:
