@@ -433,18 +433,18 @@ class Ladder:
         if exact:
             # Ranks mostly hold the same steps, and a node's acknowledgement gives its ranks one tuple:
             # each distinct set is intersected once, most found by identity without hashing.
-            lost, last, seen = RankState.LOST, None, set()
+            lost, last, distinct = RankState.LOST, None, set()
             for record in self.ranks:
                 held = record.held
                 if held is last or record.state is lost:
                     continue
                 last = held
-                if held not in seen:
-                    seen.add(held)
+                if held not in distinct:
+                    distinct.add(held)
                     common = frozenset(held) if common is None else common.intersection(held)
             return max(common) if common else -1
         recovering = self.job.state in RECOVERY_STATES
-        seen: dict[tuple[int, ...], frozenset[int]] = {}
+        seen: dict[tuple[int, ...], frozenset[int]] = {}  # ranks mostly hold the same steps
         for record in self.ranks:
             if record.state is RankState.LOST:
                 continue  # neither a process nor an agent's memory to dump from (it rolls back only when back)
