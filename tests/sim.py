@@ -843,6 +843,10 @@ class SimJob:
         if table.live() != live or table.all_alive != (len(live) == len(table)):
             raise Violation(f"the rank table keeps rank(s) {sorted(table.live() ^ live)} on the wrong side of "
                             f"alive, a recount finds {sorted(set(table.numbers()) - live)} down")
+        for target, (ranks, records) in table._known.items():  # what RankTable._reached kept per node
+            if any(table.get(rank) is not record or record.target != target for rank, record in zip(ranks, records)):
+                raise Violation(f"the rank table keeps records for node {target!r} that a lookup of ranks "
+                                f"{list(ranks)} does not find (a record added or rebound since)")
         if table.peers() != tuple(dict.fromkeys(record.target for record in table if record.alive)):
             raise Violation(f"the rank table's kept broadcast peers {table.peers()!r} are not its live ranks' "
                             f"(a live record added, rebound or flipped without the peers recomputed)")

@@ -83,6 +83,7 @@ class RankTable:
         self._down: set[int] = set()  # the ranks whose record is not alive (kept by the records)
         self._peers: Optional[tuple[Peer, ...]] = None  # peers(), until a record is added or rebound, or flips alive
         self.added = 0  # records added so far: what was derived from the records' fixed fields is stale when it grows
+        self._known: dict[Peer, tuple[Iterable[int], list[RankRecord]]] = {}  # see _reached
         self.slowest = 0
         # rank → its record, or None: the dictionary's own lookup (read for every message the job gets).
         self.get: Callable[[int], Optional[RankRecord]] = self._records.get
@@ -163,6 +164,7 @@ class RankTable:
             self._down.add(record.rank)
         self._peers = None
         self.added += 1
+        self._known.clear()
         return old
 
     def set_states(self, records: Iterable[RankRecord], state: RankState, keep: Optional[RankState] = None,
@@ -194,18 +196,13 @@ class RankTable:
         of a phase moves all its ranks, and a phase brings one per node. Returns the ranks heard (``ranks``
         itself when every one was live and ``target``'s) and those not ``target``'s."""
         alive = state is not _DEAD and state is not _OFF_DEVICE and state is not _LOST
-        get, counts, moved = self._records.get, self._in_state, 0
-        strays: list[int] = []
-        skipped: list[int] = []
-        for rank in ranks:
-            record = get(rank)
-            if record is None or record.target != target:
-                strays.append(rank)
-                skipped.append(rank)
-                continue
+        counts, moved = self._in_state, 0
+        records, strays = self._reached(target, ranks)
+        skipped = strays.copy()
+        for record in records:
             values = record.__dict__
             if not values["alive"]:
-                skipped.append(rank)
+                skipped.append(values["rank"])
                 continue
             values["last_seen"] = now
             if held is not None:
@@ -216,7 +213,7 @@ class RankTable:
             if old is state or old is keep:
                 continue
             if not alive:
-                self._flipped(rank, alive)
+                self._flipped(values["rank"], alive)
             values["state"], values["alive"] = state, alive
             counts[old] -= 1
             moved += 1
@@ -225,12 +222,31 @@ class RankTable:
             ranks = [rank for rank in ranks if rank not in skipped]
         return ranks, strays
 
+    def _reached(self, target: Peer, ranks: Iterable[int]) -> tuple[list[RankRecord], list[int]]:
+        """The records of ``ranks`` reached through ``target``, and the ranks that are not. A node names
+        the same ranks phase after phase: what was found for it is kept until a record is added or
+        rebound (a rank's batch of one is not kept: a rank's own peer names only itself)."""
+        known = self._known.get(target)
+        if known is not None and known[0] == ranks:
+            return known[1], []
+        get, records, strays = self._records.get, [], []
+        for rank in ranks:
+            record = get(rank)
+            if record is None or record.target != target:
+                strays.append(rank)
+            else:
+                records.append(record)
+        if not strays and len(records) > 1:
+            self._known[target] = (tuple(ranks), records)
+        return records, strays
+
     def rebind(self, record: RankRecord, peer: Peer) -> None:
         """The same incarnation reconnected under a new peer address."""
         self._by_peer.pop(record.peer, None)
         record.peer, record.target = peer, broadcast_target(peer)
         self._by_peer[peer] = record.rank
         self._peers = None
+        self._known.clear()
 
     @property
     def fastest(self) -> int:

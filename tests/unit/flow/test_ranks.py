@@ -97,3 +97,21 @@ def test_a_nodes_acknowledgement_moves_its_live_ranks_in_one_pass_and_names_the_
     assert everyone == (0, 1) and strays == [] and table.get(1).state is RankState.RESUMED
     assert table.live() == {0, 1, 3} and not table.all_alive
     assert_in_sync(table)
+
+
+def test_what_a_node_reaches_is_looked_up_again_once_a_record_is_replaced_or_rebound() -> None:
+    table = RankTable(3)
+    for rank in range(3):
+        table.add(RankRecord(rank=rank, peer=b"agent/0/1#" + f"rank{rank}.inc0".encode(), incarnation=0, pid=rank,
+                             replica_endpoint="", held=(0,), last_seen=0.0, state=RankState.RUNNING))
+    node = (0, 1, 2)
+    table.acknowledge(b"agent/0/1#", node, 1.0, RankState.PAUSED)
+    old = table.get(1)
+    table.add(RankRecord(rank=1, peer=b"agent/0/1#rank1.inc1", incarnation=1, pid=9, replica_endpoint="", held=(0,),
+                         last_seen=1.5, state=RankState.PAUSED))
+    table.acknowledge(b"agent/0/1#", node, 2.0, RankState.RESTORED)
+    assert table.get(1).state is RankState.RESTORED and old.state is RankState.PAUSED and old.last_seen == 1.0
+    table.rebind(table.get(2), b"agent/5/1#rank2.inc0")  # its node's agent came back on a new link
+    heard, strays = table.acknowledge(b"agent/0/1#", node, 3.0, RankState.RESUMED)
+    assert list(heard) == [0, 1] and strays == [2] and table.get(2).state is RankState.RESTORED
+    assert_in_sync(table)
