@@ -79,11 +79,17 @@ def test_counts_match_a_full_recount_after_random_changes() -> None:
         assert_in_sync(table)
 
 
-def test_a_nodes_acknowledgement_moves_its_live_ranks_in_one_pass_and_names_the_strays() -> None:
-    table = RankTable(4)
-    for rank in range(4):
+def relayed_table(ranks: int) -> RankTable:
+    """``ranks`` RUNNING ranks, all behind one relay (agent/0/1)."""
+    table = RankTable(ranks)
+    for rank in range(ranks):
         table.add(RankRecord(rank=rank, peer=b"agent/0/1#" + f"rank{rank}.inc0".encode(), incarnation=0, pid=rank,
                              replica_endpoint="", held=(0,), last_seen=0.0, state=RankState.RUNNING))
+    return table
+
+
+def test_a_nodes_acknowledgement_moves_its_live_ranks_in_one_pass_and_names_the_strays() -> None:
+    table = relayed_table(4)
     table.get(1).state = RankState.FAULTY
     table.get(2).state = RankState.DEAD
     table.rebind(table.get(3), b"agent/1/1#rank3.inc0")  # now behind another relay
@@ -100,10 +106,7 @@ def test_a_nodes_acknowledgement_moves_its_live_ranks_in_one_pass_and_names_the_
 
 
 def test_what_a_node_reaches_is_looked_up_again_once_a_record_is_replaced_or_rebound() -> None:
-    table = RankTable(3)
-    for rank in range(3):
-        table.add(RankRecord(rank=rank, peer=b"agent/0/1#" + f"rank{rank}.inc0".encode(), incarnation=0, pid=rank,
-                             replica_endpoint="", held=(0,), last_seen=0.0, state=RankState.RUNNING))
+    table = relayed_table(3)
     node = (0, 1, 2)
     table.acknowledge(b"agent/0/1#", node, 1.0, RankState.PAUSED)
     old = table.get(1)
