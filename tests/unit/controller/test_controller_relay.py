@@ -61,8 +61,10 @@ def test_a_round_through_two_relays_crosses_each_link_once_per_phase(tmp_path: P
         to, message = heard(relays[1])
         assert to == rank_id(4) and isinstance(message, Action) and message.kind is ActionKind.INJECT_FAULT
         # A round: every phase reaches each relay once and is acknowledged by one batch per node.
-        controller.on_device_event(DeviceFaulty(4, "0x1", "reset"))
-        controller.on_device_event(DeviceRecovered(4))
+        # The reset and its recovery in one turn, as the reset watcher reports a reset already over:
+        # told apart, the recovery may come while the job pauses, which then waits for rank 4 to
+        # leave its device (it failed 1 run in 4 on a busy machine).
+        controller.on_device_event(DeviceFaulty(4, "0x1", "reset"), DeviceRecovered(4))
         for kind in (ActionKind.PAUSE, ActionKind.ROLLBACK, ActionKind.RESUME):
             for node, sock in enumerate(relays):
                 to, message = heard(sock)
