@@ -843,7 +843,7 @@ class SimJob:
         if table.live() != live or table.all_alive != (len(live) == len(table)):
             raise Violation(f"the rank table keeps rank(s) {sorted(table.live() ^ live)} on the wrong side of "
                             f"alive, a recount finds {sorted(set(table.numbers()) - live)} down")
-        for target, (ranks, records) in table._known.items():  # what RankTable._reached kept per node
+        for target, (ranks, records) in table._known.items():  # what RankTable.reached kept per node
             if any(table.get(rank) is not record or record.target != target for rank, record in zip(ranks, records)):
                 raise Violation(f"the rank table keeps records for node {target!r} that a lookup of ranks "
                                 f"{list(ranks)} does not find (a record added or rebound since)")

@@ -290,17 +290,13 @@ class Job:
         return record
 
     def _relayed(self, peer: Peer, ranks: tuple[int, ...], now: float, what: str) -> list[RankRecord]:
-        """The live records of ``ranks`` that registered through the relay ``peer`` (the rest: dropped)."""
-        target, get = relay_of(peer), self.ranks.get
-        live, strays = [], []
-        for rank in ranks:  # one pass: a relay speaks for hundreds of thousands of ranks per phase
-            record = get(rank)
-            if record is None or record.target != target:
-                strays.append(rank)
-            elif record.alive:
-                record.last_seen = now
-                live.append(record)
+        """The live records of ``ranks`` that registered through the relay ``peer``, heard at ``now`` (the
+        rest: dropped)."""
+        records, strays = self.ranks.reached(relay_of(peer), ranks)
         self._strays(peer, strays, what)
+        live = [record for record in records if record.alive]
+        for record in live:
+            record.last_seen = now
         return live
 
     def _strays(self, peer: Peer, strays: list[int], what: str) -> None:

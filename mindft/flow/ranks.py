@@ -83,7 +83,7 @@ class RankTable:
         self._down: set[int] = set()  # the ranks whose record is not alive (kept by the records)
         self._peers: Optional[tuple[Peer, ...]] = None  # peers(), until a record is added or rebound, or flips alive
         self.added = 0  # records added so far: what was derived from the records' fixed fields is stale when it grows
-        self._known: dict[Peer, tuple[Iterable[int], list[RankRecord]]] = {}  # see _reached
+        self._known: dict[Peer, tuple[Iterable[int], list[RankRecord]]] = {}  # see reached
         self.slowest = 0
         # rank → its record, or None: the dictionary's own lookup (read for every message the job gets).
         self.get: Callable[[int], Optional[RankRecord]] = self._records.get
@@ -197,7 +197,7 @@ class RankTable:
         itself when every one was live and ``target``'s) and those not ``target``'s."""
         alive = state is not _DEAD and state is not _OFF_DEVICE and state is not _LOST
         counts, moved = self._in_state, 0
-        records, strays = self._reached(target, ranks)
+        records, strays = self.reached(target, ranks)
         skipped = strays.copy()
         for record in records:
             values = record.__dict__
@@ -222,7 +222,7 @@ class RankTable:
             ranks = [rank for rank in ranks if rank not in skipped]
         return ranks, strays
 
-    def _reached(self, target: Peer, ranks: Iterable[int]) -> tuple[list[RankRecord], list[int]]:
+    def reached(self, target: Peer, ranks: Iterable[int]) -> tuple[list[RankRecord], list[int]]:
         """The records of ``ranks`` reached through ``target``, and the ranks that are not. A node names
         the same ranks phase after phase: what was found for it is kept until a record is added or
         rebound (a rank's batch of one is not kept: a rank's own peer names only itself)."""
