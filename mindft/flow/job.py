@@ -20,11 +20,12 @@ from typing import Optional
 
 from mindft.config import Timeouts
 from mindft.exitcodes import ExitCode
-from mindft.flow import elastic, hello, lost, standby
+from mindft.flow import batches, elastic, hello, lost, standby
+from mindft.flow.batches import ACK_WHAT
 from mindft.flow.cadence import Budget, Tuner
 from mindft.flow.elastic import ElasticRange
 from mindft.flow.effects import (Broadcast, Effect, Fence, Finish, GiveNode, Peer, Resize, Send, SlowRank,
-                                 Transition, relay_of)
+                                 Transition)
 from mindft.flow.episode import Episode
 from mindft.flow.goodput import Goodput
 from mindft.flow.inputs import (DeviceFailed, DeviceFaulty, DeviceInput, DeviceRecovered, HoldRepairs, ProcessExited,
@@ -32,7 +33,7 @@ from mindft.flow.inputs import (DeviceFailed, DeviceFaulty, DeviceInput, DeviceR
 from mindft.flow.ladder import Ladder
 from mindft.flow.ranks import RankRecord, RankState, RankTable
 from mindft.flow.rejoin import Survivors
-from mindft.flow.replicas import KeptSteps, ReplicaWatch, rank_list
+from mindft.flow.replicas import KeptSteps, ReplicaWatch
 from mindft.flow.slow import SlowChange, SlowPolicy, SlowRanks
 from mindft.flow.spares import HELLO_INTERVAL, Spares, given_away
 from mindft.flow.status import job_status
@@ -45,7 +46,6 @@ from mindft.protocol import (REPORT_SUFFIX, Ack, AckBatch, Action, ActionKind, A
 log = logging.getLogger(__name__)
 
 _S = JobState
-_ACK_WHAT = {kind: f"{kind.name} ack" for kind in ActionKind}  # formatted once: an ack arrives per rank per phase
 
 
 def held_after(progress: int, snapshot_every: int, keep: int = 2) -> frozenset[int]:
@@ -133,13 +133,13 @@ class Job:
         elif kind is Heartbeat:
             self._on_heartbeat(peer, message, now)
         elif kind is Ack:
-            record = self._sender(peer, message.rank, now, _ACK_WHAT[message.action])
+            record = self._sender(peer, message.rank, now, ACK_WHAT[message.action])
             if record is not None:
                 self.ladder.ack(record, message, now)
         elif kind is AckBatch:
-            self._on_acks(peer, message, now)
+            batches.node_acks(self, peer, message, now)
         elif kind is StepBatch:
-            self._on_steps(peer, message, now)
+            batches.node_steps(self, peer, message, now)
         elif kind is FaultReport:
             record = self._sender(peer, message.rank, now, "fault report")
             if record is not None:
@@ -289,60 +289,15 @@ class Job:
         record.last_seen = now
         return record
 
-    def _relayed(self, peer: Peer, ranks: tuple[int, ...], now: float, what: str) -> list[RankRecord]:
-        """The live records of ``ranks`` that registered through the relay ``peer``, heard at ``now`` (the
-        rest: dropped)."""
-        records, strays = self.ranks.reached(relay_of(peer), ranks)
-        self._strays(peer, strays, what)
-        live = [record for record in records if record.alive]
-        for record in live:
-            record.last_seen = now
-        return live
-
-    def _strays(self, peer: Peer, strays: list[int], what: str) -> None:
-        if strays:
-            log.warning("dropped %s for ranks that did not register through relay %r: %s", what, peer[:32],
-                        rank_list(strays))
-
-    def _on_acks(self, peer: Peer, message: AckBatch, now: float) -> None:
-        """A relay's acknowledgement of a phase by its node's ranks: when the phase takes it, the ranks'
-        records are checked and moved in one pass (a phase brings one such batch per node)."""
-        ladder = self.ladder
-        if ladder.takes(message.action, message.step, message.round):
-            strays = ladder.acks(relay_of(peer), message.ranks, message.action, message.held_steps, now)
-            if strays:
-                self._strays(peer, strays, _ACK_WHAT[message.action])
-            return
-        records = self._relayed(peer, message.ranks, now, _ACK_WHAT[message.action])  # heard all the same
-        if records:
-            ladder.ignored([record.rank for record in records], message.action, message.step, message.round)
-
     def _on_step(self, peer: Peer, message: StepReport, now: float) -> None:
         record = self.ranks.get(message.rank)
         if record is None or peer not in (record.peer, record.peer + REPORT_SUFFIX) or not record.alive:
             return  # a stale incarnation's last reports, or noise: nothing to learn
         record.last_seen = now
         if message.round == self.recovery.round:  # else sent before it saw this round: its progress was reset since
-            self._advanced(self.ranks.advance(record, message.step), now)
+            self.advanced(self.ranks.advance(record, message.step), now)
 
-    def _on_steps(self, peer: Peer, message: StepBatch, now: float) -> None:
-        """A relay's steps of its ranks; the relay's heartbeat too, answered like a rank's."""
-        if len(message.steps) != len(message.ranks):
-            log.warning("dropped a step batch from relay %r: %d ranks, %d steps", peer[:32], len(message.ranks),
-                        len(message.steps))
-            return
-        steps = dict(zip(message.ranks, message.steps))
-        records = self._relayed(peer, message.ranks, now, "steps")
-        if message.round == self.recovery.round:
-            advance = self.ranks.advance
-            rose = False
-            for record in records:
-                rose = advance(record, steps[record.rank]) or rose
-            self._advanced(rose, now)
-        if self.state not in TERMINAL_STATES:
-            self.emit(Send(peer, Heartbeat(-1, 0, self.ranks.slowest)))
-
-    def _advanced(self, rose: bool, now: float) -> None:
+    def advanced(self, rose: bool, now: float) -> None:
         """The slowest rank's progress rose (``rose``): while training, every rank is told."""
         if rose and self.state is _S.NORMAL:
             self.goodput.progress(self.ranks.slowest, self.tuner.cost(), now)
